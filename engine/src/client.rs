@@ -1,0 +1,149 @@
+//! The client the SQL layer uses: DDL through the master, writes split by partition key and sent
+//! to each tablet, scans of one tablet at a time.
+//!
+//! A write of one batch is atomic per tablet, not across tablets: when one tablet rejects its
+//! part (say, a duplicate key), the parts already accepted by other tablets stay, and
+//! [`WriteError`] says how many rows were applied.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use futures::future::join_all;
+use nyala_storage::{ScanIterator, ScanSpec, Schema, TabletOptions, Timestamp, WriteBatch, WriteKind};
+
+use crate::clock::HybridClock;
+use crate::master::{Master, TableInfo};
+use crate::partition::PartitionSchema;
+use crate::tserver::TabletServer;
+use crate::{EngineError, Result};
+
+/// Upper bound on the Arrow memory of one replicated write; larger batches are split so a log
+/// entry never grows without bound.
+const MAX_WRITE_BYTES: usize = 8 << 20;
+
+/// A write that failed after `applied` rows of it had been applied (in other tablets).
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct WriteError {
+    pub applied: usize,
+    #[source]
+    pub error: EngineError,
+}
+
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    master: Master,
+    tserver: Arc<TabletServer>,
+}
+
+/// A table as the client sees it: its definition, for routing and scans.
+pub type TableHandle = Arc<TableInfo>;
+
+impl Client {
+    /// Opens an embedded single node (master and tablet server in this process) in `data_dir`.
+    pub fn open_embedded(data_dir: &Path, options: TabletOptions) -> Result<Self> {
+        let clock = Arc::new(HybridClock::new());
+        let tserver = TabletServer::open(&data_dir.join("tserver"), options, clock.clone())?;
+        let master = Master::open(&data_dir.join("master"), clock, tserver.clone())?;
+        Ok(Self { inner: Arc::new(Inner { master, tserver }) })
+    }
+
+    pub async fn create_table(
+        &self,
+        name: &str,
+        schema: Schema,
+        partition: PartitionSchema,
+        if_not_exists: bool,
+    ) -> Result<bool> {
+        self.inner.master.create_table(name, schema, partition, if_not_exists).await
+    }
+
+    pub async fn drop_table(&self, name: &str, if_exists: bool) -> Result<bool> {
+        self.inner.master.drop_table(name, if_exists).await
+    }
+
+    pub fn table(&self, name: &str) -> Result<TableHandle> {
+        self.inner.master.table(name).ok_or_else(|| EngineError::TableNotFound(name.into()))
+    }
+
+    pub fn tables(&self) -> Vec<TableHandle> {
+        self.inner.master.tables()
+    }
+
+    /// Writes `rows` (see [`WriteBatch`] for the columns each kind needs) to `table`.
+    /// Returns the number of rows applied.
+    pub async fn write(
+        &self,
+        table: &TableInfo,
+        kind: WriteKind,
+        rows: &RecordBatch,
+    ) -> Result<usize, WriteError> {
+        let parts = table
+            .partition
+            .split(&table.schema, rows)
+            .map_err(|error| WriteError { applied: 0, error })?;
+        let writes = parts.into_iter().map(|(bucket, rows)| async move {
+            let replica = self.inner.tserver.replica(&table.tablets[bucket as usize])?;
+            let mut applied = 0;
+            for chunk in chunks(&rows) {
+                applied += replica
+                    .write(&WriteBatch { kind, rows: chunk })
+                    .await
+                    .map_err(|error| WriteError { applied, error })?;
+            }
+            Ok::<usize, WriteError>(applied)
+        });
+        let mut applied = 0;
+        let mut first_error = None;
+        for result in join_all(writes).await {
+            match result {
+                Ok(n) => applied += n,
+                Err(e) => {
+                    applied += e.applied;
+                    first_error.get_or_insert(e.error);
+                }
+            }
+        }
+        match first_error {
+            None => Ok(applied),
+            Some(error) => Err(WriteError { applied, error }),
+        }
+    }
+
+    /// Scans the tablet of `bucket` at `snapshot` (None: that tablet's current safe snapshot).
+    pub fn scan_tablet(
+        &self,
+        table: &TableInfo,
+        bucket: usize,
+        spec: ScanSpec,
+        snapshot: Option<Timestamp>,
+    ) -> Result<ScanIterator> {
+        let tablet = table.tablets.get(bucket).ok_or_else(|| {
+            EngineError::TabletNotFound(format!("bucket {bucket} of table {}", table.name))
+        })?;
+        self.inner.tserver.replica(tablet)?.scan(spec, snapshot)
+    }
+
+    /// Flushes every tablet and the catalog, then stops them.
+    pub fn shutdown(&self) -> Result<()> {
+        let tablets = self.inner.tserver.shutdown();
+        let catalog = self.inner.master.shutdown();
+        tablets.and(catalog)
+    }
+}
+
+/// Splits a batch into slices of at most [`MAX_WRITE_BYTES`] of Arrow memory (zero-copy).
+fn chunks(rows: &RecordBatch) -> Vec<RecordBatch> {
+    let bytes = rows.get_array_memory_size().max(1);
+    let n = rows.num_rows();
+    if bytes <= MAX_WRITE_BYTES || n <= 1 {
+        return vec![rows.clone()];
+    }
+    let per_chunk = (n * MAX_WRITE_BYTES / bytes).max(1);
+    (0..n).step_by(per_chunk).map(|start| rows.slice(start, per_chunk.min(n - start))).collect()
+}

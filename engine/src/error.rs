@@ -1,0 +1,26 @@
+//! Engine errors: what the catalog, routing and replicas report to the SQL layer.
+
+use nyala_raft::RaftError;
+use nyala_storage::StorageError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("table '{0}' does not exist")]
+    TableNotFound(String),
+    #[error("table '{0}' already exists")]
+    TableExists(String),
+    #[error("tablet {0} not found on this server")]
+    TabletNotFound(String),
+    #[error("invalid table definition: {0}")]
+    InvalidTable(String),
+    #[error("{0}")]
+    Storage(#[from] StorageError),
+    #[error("replication: {0}")]
+    Raft(#[from] RaftError),
+    #[error("catalog corrupted: {0}")]
+    CatalogCorrupted(String),
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+}

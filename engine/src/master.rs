@@ -1,0 +1,223 @@
+//! The master: the catalog of tables and where their tablets live.
+//!
+//! As in Kudu, the catalog is itself a tablet (`sys.catalog`) written through its own Raft log:
+//! one row per table, keyed by table id, holding the table's definition as JSON. On start the
+//! master scans it back into memory. DDL is serialised by one lock; creating a table makes its
+//! tablets first and then commits the catalog row, so a crash in between leaves only orphan
+//! tablets, which the next start deletes.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{Array, RecordBatch, StringArray};
+use nyala_storage::{
+    ColumnSchema, ColumnType, ScanSpec, Schema, Timestamp, TabletOptions, WriteBatch, WriteKind,
+};
+use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
+
+use crate::clock::HybridClock;
+use crate::partition::PartitionSchema;
+use crate::replica::TabletReplica;
+use crate::tserver::TabletServer;
+use crate::{EngineError, Result};
+
+pub type TableId = String;
+
+/// A table's definition as the catalog stores it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TableInfo {
+    pub id: TableId,
+    pub name: String,
+    pub schema: Schema,
+    pub partition: PartitionSchema,
+    /// Tablet ids, indexed by hash bucket.
+    pub tablets: Vec<String>,
+}
+
+pub struct Master {
+    catalog: TabletReplica,
+    tserver: Arc<TabletServer>,
+    tables: RwLock<BTreeMap<String, Arc<TableInfo>>>,
+    ddl: tokio::sync::Mutex<()>,
+}
+
+fn catalog_schema() -> Result<Schema> {
+    let column = |name: &str| ColumnSchema {
+        name: name.to_string(),
+        column_type: ColumnType::String,
+        nullable: false,
+    };
+    Ok(Schema::new(vec![column("id"), column("name"), column("info")], vec![0])?)
+}
+
+impl Master {
+    /// Opens the catalog in `dir` (creating it on first start), loads every table, and reconciles
+    /// the local tablet server with it.
+    pub fn open(dir: &Path, clock: Arc<HybridClock>, tserver: Arc<TabletServer>) -> Result<Self> {
+        let catalog_dir = dir.join("catalog");
+        let catalog = if catalog_dir.join("data").exists() {
+            TabletReplica::open(&catalog_dir, "sys.catalog", TabletOptions::default(), clock)?
+        } else {
+            if catalog_dir.exists() {
+                // Left by a crash during the very first start: nothing in it was acknowledged.
+                std::fs::remove_dir_all(&catalog_dir)?;
+            }
+            TabletReplica::create(
+                &catalog_dir,
+                "sys.catalog",
+                catalog_schema()?,
+                TabletOptions::default(),
+                clock,
+            )?
+        };
+        let master = Self {
+            catalog,
+            tserver,
+            tables: RwLock::new(BTreeMap::new()),
+            ddl: tokio::sync::Mutex::new(()),
+        };
+        master.load()?;
+        master.reconcile_tablets()?;
+        Ok(master)
+    }
+
+    fn load(&self) -> Result<()> {
+        let spec = ScanSpec {
+            projection: Some(vec![2]),
+            predicates: vec![],
+            snapshot: Timestamp(0),
+            limit: None,
+            batch_size: 1024,
+        };
+        let mut tables = BTreeMap::new();
+        for batch in self.catalog.scan(spec, None)? {
+            let batch = batch?;
+            let infos = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .ok_or_else(|| EngineError::CatalogCorrupted("info column is not a string".into()))?;
+            for info in infos.iter().flatten() {
+                let info: TableInfo = serde_json::from_str(info)
+                    .map_err(|e| EngineError::CatalogCorrupted(e.to_string()))?;
+                tables.insert(info.name.clone(), Arc::new(info));
+            }
+        }
+        *self.tables.write() = tables;
+        Ok(())
+    }
+
+    /// Deletes tablets no table owns (a crash during CREATE or DROP TABLE) and recreates tablets
+    /// a table owns but the server lacks.
+    fn reconcile_tablets(&self) -> Result<()> {
+        let tables = self.tables.read().clone();
+        let owned: HashSet<&str> =
+            tables.values().flat_map(|t| t.tablets.iter().map(String::as_str)).collect();
+        for id in self.tserver.tablet_ids() {
+            if !owned.contains(id.as_str()) {
+                tracing::warn!(tablet = %id, "deleting orphan tablet");
+                self.tserver.delete_tablet(&id)?;
+            }
+        }
+        for table in tables.values() {
+            for id in &table.tablets {
+                if self.tserver.replica(id).is_err() {
+                    tracing::error!(table = %table.name, tablet = %id, "tablet missing; recreating it empty");
+                    self.tserver.create_tablet(id, &table.schema)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn table(&self, name: &str) -> Option<Arc<TableInfo>> {
+        self.tables.read().get(name).cloned()
+    }
+
+    /// All tables, sorted by name.
+    pub fn tables(&self) -> Vec<Arc<TableInfo>> {
+        self.tables.read().values().cloned().collect()
+    }
+
+    /// Creates a table and its tablets. Returns `Ok(false)` if it exists and `if_not_exists`.
+    pub async fn create_table(
+        &self,
+        name: &str,
+        schema: Schema,
+        partition: PartitionSchema,
+        if_not_exists: bool,
+    ) -> Result<bool> {
+        let _ddl = self.ddl.lock().await;
+        if self.table(name).is_some() {
+            return if if_not_exists { Ok(false) } else { Err(EngineError::TableExists(name.into())) };
+        }
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let info = TableInfo {
+            tablets: (0..partition.num_buckets).map(|b| format!("{id}-{b}")).collect(),
+            id,
+            name: name.to_string(),
+            schema,
+            partition,
+        };
+        let created = self.create_tablets(&info);
+        let committed = match created {
+            Ok(()) => self.write_catalog(WriteKind::Upsert, &info).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = committed {
+            for tablet in &info.tablets {
+                let _ = self.tserver.delete_tablet(tablet);
+            }
+            return Err(e);
+        }
+        self.tables.write().insert(name.to_string(), Arc::new(info));
+        Ok(true)
+    }
+
+    fn create_tablets(&self, info: &TableInfo) -> Result<()> {
+        for tablet in &info.tablets {
+            self.tserver.create_tablet(tablet, &info.schema)?;
+        }
+        Ok(())
+    }
+
+    /// Drops a table and deletes its tablets. Returns `Ok(false)` if it is absent and `if_exists`.
+    pub async fn drop_table(&self, name: &str, if_exists: bool) -> Result<bool> {
+        let _ddl = self.ddl.lock().await;
+        let Some(info) = self.table(name) else {
+            return if if_exists { Ok(false) } else { Err(EngineError::TableNotFound(name.into())) };
+        };
+        self.write_catalog(WriteKind::Delete, &info).await?;
+        self.tables.write().remove(name);
+        for tablet in &info.tablets {
+            if let Err(e) = self.tserver.delete_tablet(tablet) {
+                // The catalog no longer owns it: the next start deletes it.
+                tracing::warn!(tablet = %tablet, error = %e, "could not delete tablet of dropped table");
+            }
+        }
+        Ok(true)
+    }
+
+    async fn write_catalog(&self, kind: WriteKind, info: &TableInfo) -> Result<()> {
+        let json = serde_json::to_string(info)
+            .map_err(|e| EngineError::CatalogCorrupted(e.to_string()))?;
+        let schema = self.catalog.schema().arrow_schema();
+        let rows = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from(vec![info.id.as_str()])) as Arc<dyn Array>,
+                Arc::new(StringArray::from(vec![info.name.as_str()])),
+                Arc::new(StringArray::from(vec![json])),
+            ],
+        )?;
+        self.catalog.write(&WriteBatch { kind, rows }).await?;
+        Ok(())
+    }
+
+    /// Flushes and stops the catalog tablet.
+    pub fn shutdown(&self) -> Result<()> {
+        self.catalog.shutdown()
+    }
+}

@@ -1,0 +1,22 @@
+//! Errors of the SQL layer: what a client sees when a statement is rejected.
+
+use datafusion::error::DataFusionError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SqlError {
+    /// The statement could not be parsed.
+    #[error("syntax error: {0}")]
+    Parse(String),
+    /// The statement is well-formed but not valid here (unknown table, wrong types, ...).
+    #[error("{0}")]
+    Invalid(String),
+    /// The statement is valid SQL that Nyala does not support yet.
+    #[error("not supported: {0}")]
+    NotSupported(String),
+    /// Planning or execution failed inside DataFusion.
+    #[error("{0}")]
+    DataFusion(#[from] DataFusionError),
+    /// The engine (catalog, tablets) rejected or failed an operation.
+    #[error("{0}")]
+    Engine(#[from] nyala_engine::EngineError),
+}

@@ -1,0 +1,92 @@
+//! Filter pushdown: DataFusion expressions → storage column predicates.
+//!
+//! Only simple conjuncts are converted: `col <op> literal` (either side), `BETWEEN`, `IN (list)`,
+//! `IS [NOT] NULL`. A literal is converted to the column's type only when the conversion is
+//! lossless (`int_col < 1.5` is not pushed: as an integer it would become `< 1`). Pushed filters
+//! are reported to DataFusion as inexact, so DataFusion still applies every filter above the scan;
+//! storage uses them to skip rows, rowsets and pages.
+
+use arrow::datatypes::DataType;
+use datafusion::common::ScalarValue;
+use datafusion::logical_expr::{Between, BinaryExpr, Expr, Operator};
+use nyala_storage::{ColumnPredicate, PredicateOp, Scalar, Schema};
+
+/// The storage predicates equivalent to `expr` (a conjunction), or None if it cannot be pushed.
+pub fn to_predicates(schema: &Schema, expr: &Expr) -> Option<Vec<ColumnPredicate>> {
+    match expr {
+        Expr::BinaryExpr(BinaryExpr { left, op: Operator::And, right }) => {
+            let mut preds = to_predicates(schema, left)?;
+            preds.extend(to_predicates(schema, right)?);
+            Some(preds)
+        }
+        Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
+            let (column, literal, op) = match (left.as_ref(), right.as_ref()) {
+                (Expr::Column(c), Expr::Literal(v, _)) => (c, v, *op),
+                (Expr::Literal(v, _), Expr::Column(c)) => (c, v, op.swap()?),
+                _ => return None,
+            };
+            let (column, value) = column_and_value(schema, &column.name, literal)?;
+            let op = match op {
+                Operator::Eq => PredicateOp::Eq(value),
+                Operator::Lt => PredicateOp::Lt(value),
+                Operator::LtEq => PredicateOp::LtEq(value),
+                Operator::Gt => PredicateOp::Gt(value),
+                Operator::GtEq => PredicateOp::GtEq(value),
+                _ => return None,
+            };
+            Some(vec![ColumnPredicate { column, op }])
+        }
+        Expr::Between(Between { expr, negated: false, low, high }) => {
+            let (Expr::Column(c), Expr::Literal(low, _), Expr::Literal(high, _)) =
+                (expr.as_ref(), low.as_ref(), high.as_ref())
+            else {
+                return None;
+            };
+            let (column, low) = column_and_value(schema, &c.name, low)?;
+            let (_, high) = column_and_value(schema, &c.name, high)?;
+            Some(vec![
+                ColumnPredicate { column, op: PredicateOp::GtEq(low) },
+                ColumnPredicate { column, op: PredicateOp::LtEq(high) },
+            ])
+        }
+        Expr::InList(list) if !list.negated => {
+            let Expr::Column(c) = list.expr.as_ref() else { return None };
+            let column = schema.column_index(&c.name)?;
+            let values = list
+                .list
+                .iter()
+                .map(|item| match item {
+                    Expr::Literal(v, _) => column_and_value(schema, &c.name, v).map(|(_, v)| v),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()?;
+            Some(vec![ColumnPredicate { column, op: PredicateOp::InList(values) }])
+        }
+        Expr::IsNull(inner) | Expr::IsNotNull(inner) => {
+            let Expr::Column(c) = inner.as_ref() else { return None };
+            let column = schema.column_index(&c.name)?;
+            let op = if matches!(expr, Expr::IsNull(_)) {
+                PredicateOp::IsNull
+            } else {
+                PredicateOp::IsNotNull
+            };
+            Some(vec![ColumnPredicate { column, op }])
+        }
+        _ => None,
+    }
+}
+
+/// The column index and the literal as a value of the column's type, if lossless and not NULL.
+fn column_and_value(schema: &Schema, name: &str, literal: &ScalarValue) -> Option<(usize, Scalar)> {
+    let column = schema.column_index(name)?;
+    if literal.is_null() {
+        // `col = NULL` is never true; leave such filters to DataFusion.
+        return None;
+    }
+    let target: DataType = schema.columns()[column].column_type.arrow_type();
+    let converted = literal.cast_to(&target).ok()?;
+    if converted.is_null() || converted.cast_to(&literal.data_type()).ok()? != *literal {
+        return None;
+    }
+    Some((column, Scalar(converted.to_array_of_size(1).ok()?)))
+}

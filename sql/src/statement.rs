@@ -1,0 +1,451 @@
+//! Parsing: which statements Nyala handles itself and which go to DataFusion.
+//!
+//! Everything is tokenized and parsed with sqlparser (GenericDialect). Nyala's own syntax is
+//! handled on top of it: `CREATE TABLE ... DISTRIBUTE BY HASH (...) INTO n BUCKETS` (Kudu/Impala;
+//! Impala's `PARTITION BY HASH (...) PARTITIONS n` too) is split at the partitioning clause, the
+//! table part parsed by sqlparser and the clause by us; `UPSERT INTO` is parsed as an INSERT and
+//! marked as a replace, which DataFusion plans as `InsertOp::Replace`. Catalog statements
+//! (`SHOW TABLES`, `DESCRIBE`, `DROP TABLE`) are answered from Nyala's catalog.
+
+use datafusion::sql::sqlparser::ast::{
+    ColumnOption, CreateTable, DataType, ExactNumberInfo, Expr, Ident, ObjectName, ObjectNamePart,
+    ObjectType, Statement, TableConstraint, TimezoneInfo,
+};
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::parser::Parser;
+use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+use nyala_storage::{ColumnSchema, ColumnType, Schema};
+
+use crate::{Result, SqlError};
+
+/// A statement, classified.
+#[derive(Debug)]
+pub enum NyalaStatement {
+    CreateTable(CreateTableSpec),
+    DropTable { name: String, if_exists: bool },
+    ShowTables,
+    Describe { name: String },
+    /// Planned by DataFusion: queries, INSERT/UPSERT/UPDATE/DELETE, EXPLAIN.
+    DataFusion(Box<Statement>),
+}
+
+#[derive(Debug)]
+pub struct CreateTableSpec {
+    pub name: String,
+    pub if_not_exists: bool,
+    pub schema: Schema,
+    /// Indexes into `schema` of the hash columns; empty when there is no DISTRIBUTE BY.
+    pub hash_columns: Vec<usize>,
+    pub buckets: u32,
+}
+
+fn tokenize(sql: &str) -> Result<Vec<Token>> {
+    Tokenizer::new(&GenericDialect {}, sql)
+        .tokenize()
+        .map_err(|e| SqlError::Parse(e.to_string()))
+}
+
+fn is_trivia(token: &Token) -> bool {
+    matches!(token, Token::Whitespace(_))
+}
+
+fn render(tokens: &[Token]) -> String {
+    tokens.iter().map(Token::to_string).collect::<String>().trim().to_string()
+}
+
+/// Splits a script at top-level `;` into non-empty statements (comments and quotes respected).
+pub fn split_statements(sql: &str) -> Result<Vec<String>> {
+    let tokens = tokenize(sql)?;
+    Ok(tokens
+        .split(|t| *t == Token::SemiColon)
+        .filter(|part| part.iter().any(|t| !is_trivia(t)))
+        .map(render)
+        .collect())
+}
+
+/// True if `token` is the unquoted keyword or word `word`.
+fn is_word(token: &Token, word: &str) -> bool {
+    matches!(token, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(word))
+}
+
+/// Parses exactly one statement (a trailing `;` is allowed).
+pub fn parse(sql: &str) -> Result<NyalaStatement> {
+    let mut tokens = tokenize(sql)?;
+    // Drop trailing semicolons and trivia; reject several statements.
+    while tokens.last().is_some_and(|t| is_trivia(t) || *t == Token::SemiColon) {
+        tokens.pop();
+    }
+    if tokens.iter().any(|t| *t == Token::SemiColon) {
+        return Err(SqlError::Parse("expected one statement, found several".into()));
+    }
+    let words: Vec<&Token> = tokens.iter().filter(|t| !is_trivia(t)).collect();
+    if words.is_empty() {
+        return Err(SqlError::Parse("empty statement".into()));
+    }
+    if is_word(words[0], "SHOW") && words.len() == 2 && is_word(words[1], "TABLES") {
+        return Ok(NyalaStatement::ShowTables);
+    }
+    if is_word(words[0], "UPSERT") {
+        let first = tokens.iter().position(|t| !is_trivia(t)).unwrap_or(0);
+        tokens[first] = Token::make_keyword("INSERT");
+        let mut statement = parse_one(tokens)?;
+        match &mut statement {
+            Statement::Insert(insert) => insert.replace_into = true,
+            _ => return Err(SqlError::Parse("expected UPSERT INTO table ...".into())),
+        }
+        return Ok(NyalaStatement::DataFusion(Box::new(statement)));
+    }
+    if is_word(words[0], "CREATE") && words.len() > 1 && is_word(words[1], "TABLE") {
+        return create_table(tokens).map(NyalaStatement::CreateTable);
+    }
+    match parse_one(tokens)? {
+        Statement::Drop { object_type: ObjectType::Table, if_exists, names, .. } => {
+            let [name] = names.as_slice() else {
+                return Err(SqlError::NotSupported("DROP TABLE of several tables".into()));
+            };
+            Ok(NyalaStatement::DropTable { name: object_name(name)?, if_exists })
+        }
+        Statement::Drop { object_type, .. } => {
+            Err(SqlError::NotSupported(format!("DROP {object_type}")))
+        }
+        Statement::ExplainTable { table_name, .. } => {
+            Ok(NyalaStatement::Describe { name: object_name(&table_name)? })
+        }
+        statement => Ok(NyalaStatement::DataFusion(Box::new(statement))),
+    }
+}
+
+fn parse_one(tokens: Vec<Token>) -> Result<Statement> {
+    let mut parser = Parser::new(&GenericDialect {}).with_tokens(tokens);
+    let statement = parser.parse_statement().map_err(|e| SqlError::Parse(e.to_string()))?;
+    if parser.peek_token().token != Token::EOF {
+        return Err(SqlError::Parse(format!(
+            "unexpected {} after the end of the statement",
+            parser.peek_token().token
+        )));
+    }
+    Ok(statement)
+}
+
+/// SQL identifier normalisation as DataFusion does it: unquoted → lowercase, quoted → verbatim.
+pub fn normalize_ident(ident: &Ident) -> String {
+    match ident.quote_style {
+        Some(_) => ident.value.clone(),
+        None => ident.value.to_ascii_lowercase(),
+    }
+}
+
+/// A table name: `t` or `nyala.public.t` / `public.t`.
+fn object_name(name: &ObjectName) -> Result<String> {
+    let parts: Vec<&Ident> = name
+        .0
+        .iter()
+        .map(|p| match p {
+            ObjectNamePart::Identifier(ident) => Ok(ident),
+            other => Err(SqlError::Parse(format!("unexpected name part {other}"))),
+        })
+        .collect::<Result<_>>()?;
+    let Some((table, qualifiers)) = parts.split_last() else {
+        return Err(SqlError::Parse("missing table name".into()));
+    };
+    let expected = [crate::CATALOG_NAME, crate::SCHEMA_NAME];
+    let qualifiers: Vec<String> = qualifiers.iter().map(|i| normalize_ident(i)).collect();
+    if qualifiers.len() > 2 || !expected.ends_with(&qualifiers) {
+        return Err(SqlError::Invalid(format!(
+            "unknown schema '{}': tables live in {}.{}",
+            qualifiers.join("."),
+            crate::CATALOG_NAME,
+            crate::SCHEMA_NAME
+        )));
+    }
+    Ok(normalize_ident(table))
+}
+
+/// `CREATE TABLE name (columns, PRIMARY KEY (...)) [DISTRIBUTE BY HASH (cols) INTO n BUCKETS]`.
+fn create_table(tokens: Vec<Token>) -> Result<CreateTableSpec> {
+    let mut depth = 0i32;
+    let mut split = tokens.len();
+    for (i, token) in tokens.iter().enumerate() {
+        match token {
+            Token::LParen => depth += 1,
+            Token::RParen => depth -= 1,
+            t if depth == 0 && (is_word(t, "DISTRIBUTE") || is_word(t, "PARTITION")) => {
+                split = i;
+                break;
+            }
+            _ => {}
+        }
+    }
+    let partitioning = tokens[split..].to_vec();
+    let mut head = tokens;
+    head.truncate(split);
+    let Statement::CreateTable(create) = parse_one(head)? else {
+        return Err(SqlError::Parse("expected CREATE TABLE".into()));
+    };
+    let (name, if_not_exists, schema) = table_schema(&create)?;
+    let (hash_names, buckets) = if partitioning.is_empty() {
+        (vec![], 1)
+    } else {
+        parse_partitioning(partitioning)?
+    };
+    let hash_columns = hash_names
+        .iter()
+        .map(|n| {
+            schema.column_index(n).ok_or_else(|| {
+                SqlError::Invalid(format!("unknown column '{n}' in DISTRIBUTE BY HASH"))
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok(CreateTableSpec { name, if_not_exists, schema, hash_columns, buckets })
+}
+
+fn table_schema(create: &CreateTable) -> Result<(String, bool, Schema)> {
+    if create.query.is_some() {
+        return Err(SqlError::NotSupported("CREATE TABLE ... AS SELECT".into()));
+    }
+    if create.or_replace || create.temporary || create.external {
+        return Err(SqlError::NotSupported(
+            "CREATE OR REPLACE / TEMPORARY / EXTERNAL TABLE".into(),
+        ));
+    }
+    let name = object_name(&create.name)?;
+    let mut columns = Vec::new();
+    let mut key: Vec<String> = Vec::new();
+    for def in &create.columns {
+        let column_name = normalize_ident(&def.name);
+        let mut nullable = true;
+        for option in &def.options {
+            match &option.option {
+                ColumnOption::Null => nullable = true,
+                ColumnOption::NotNull => nullable = false,
+                ColumnOption::PrimaryKey(_) => {
+                    key.push(column_name.clone());
+                    nullable = false;
+                }
+                other => {
+                    return Err(SqlError::NotSupported(format!(
+                        "column option {other} (column '{column_name}')"
+                    )))
+                }
+            }
+        }
+        columns.push(ColumnSchema {
+            name: column_name,
+            column_type: column_type(&def.data_type)?,
+            nullable,
+        });
+    }
+    for constraint in &create.constraints {
+        match constraint {
+            TableConstraint::PrimaryKey(pk) => {
+                if !key.is_empty() {
+                    return Err(SqlError::Invalid("the primary key is declared twice".into()));
+                }
+                for column in &pk.columns {
+                    match &column.column.expr {
+                        Expr::Identifier(ident) => key.push(normalize_ident(ident)),
+                        other => {
+                            return Err(SqlError::Invalid(format!(
+                                "primary key columns must be column names, got {other}"
+                            )))
+                        }
+                    }
+                }
+            }
+            other => return Err(SqlError::NotSupported(format!("table constraint {other}"))),
+        }
+    }
+    if key.is_empty() {
+        return Err(SqlError::Invalid(format!(
+            "table '{name}' needs a primary key: add PRIMARY KEY (column, ...)"
+        )));
+    }
+    let mut key_indexes = Vec::with_capacity(key.len());
+    for k in &key {
+        let Some(i) = columns.iter().position(|c| &c.name == k) else {
+            return Err(SqlError::Invalid(format!("primary key column '{k}' is not a column")));
+        };
+        if key_indexes.contains(&i) {
+            return Err(SqlError::Invalid(format!("primary key column '{k}' is listed twice")));
+        }
+        // Key columns are implicitly NOT NULL, as in Kudu.
+        columns[i].nullable = false;
+        key_indexes.push(i);
+    }
+    let schema = Schema::new(columns, key_indexes).map_err(|e| SqlError::Invalid(e.to_string()))?;
+    Ok((name, create.if_not_exists, schema))
+}
+
+/// SQL type → Nyala column type. Kudu's names (INT8..INT64, STRING) and the usual SQL synonyms.
+fn column_type(data_type: &DataType) -> Result<ColumnType> {
+    use ColumnType as C;
+    Ok(match data_type {
+        // INT8 is Kudu's 1-byte integer here, not PostgreSQL's 8-byte one.
+        DataType::Int8(_) | DataType::TinyInt(_) => C::Int8,
+        DataType::Int16 | DataType::SmallInt(_) | DataType::Int2(_) => C::Int16,
+        DataType::Int32 | DataType::Int(_) | DataType::Integer(_) | DataType::Int4(_) => C::Int32,
+        DataType::Int64 | DataType::BigInt(_) => C::Int64,
+        DataType::Float(_) | DataType::Real | DataType::Float4 | DataType::Float32 => C::Float,
+        DataType::Double(ExactNumberInfo::None)
+        | DataType::DoublePrecision
+        | DataType::Float8
+        | DataType::Float64 => C::Double,
+        DataType::Bool | DataType::Boolean => C::Bool,
+        DataType::String(_)
+        | DataType::Text
+        | DataType::Varchar(_)
+        | DataType::CharVarying(_)
+        | DataType::CharacterVarying(_) => C::String,
+        DataType::Binary(_) | DataType::Varbinary(_) | DataType::Bytea | DataType::Blob(_) => {
+            C::Binary
+        }
+        DataType::Timestamp(None | Some(6), TimezoneInfo::None | TimezoneInfo::WithTimeZone)
+        | DataType::Datetime(None) => C::Timestamp,
+        DataType::Date => C::Date,
+        DataType::Custom(name, args) if args.is_empty() => {
+            match name.to_string().to_ascii_uppercase().as_str() {
+                "INT8" => C::Int8,
+                "INT16" => C::Int16,
+                "INT32" => C::Int32,
+                "INT64" => C::Int64,
+                "BINARY" => C::Binary,
+                other => return Err(SqlError::NotSupported(format!("column type {other}"))),
+            }
+        }
+        other => return Err(SqlError::NotSupported(format!("column type {other}"))),
+    })
+}
+
+/// `DISTRIBUTE BY HASH (a, b) INTO n BUCKETS` or `PARTITION BY HASH (a, b) PARTITIONS n`.
+fn parse_partitioning(tokens: Vec<Token>) -> Result<(Vec<String>, u32)> {
+    let words: Vec<Token> = tokens.into_iter().filter(|t| !is_trivia(t)).collect();
+    let mut it = words.iter().peekable();
+    let syntax = || {
+        SqlError::Parse(
+            "expected DISTRIBUTE BY HASH (column, ...) INTO n BUCKETS \
+             (or PARTITION BY HASH (column, ...) PARTITIONS n)"
+                .into(),
+        )
+    };
+    let mut expect_word = |it: &mut std::iter::Peekable<std::slice::Iter<Token>>, w: &str| {
+        match it.next() {
+            Some(t) if is_word(t, w) => Ok(()),
+            _ => Err(syntax()),
+        }
+    };
+    let impala = match it.next() {
+        Some(t) if is_word(t, "DISTRIBUTE") => false,
+        Some(t) if is_word(t, "PARTITION") => true,
+        _ => return Err(syntax()),
+    };
+    expect_word(&mut it, "BY")?;
+    if it.peek().is_some_and(|t| is_word(t, "RANGE")) {
+        return Err(SqlError::NotSupported("range partitioning (DISTRIBUTE BY RANGE)".into()));
+    }
+    expect_word(&mut it, "HASH")?;
+    if it.next() != Some(&Token::LParen) {
+        return Err(syntax());
+    }
+    let mut columns = Vec::new();
+    loop {
+        match it.next() {
+            Some(Token::Word(w)) => columns.push(match w.quote_style {
+                Some(_) => w.value.clone(),
+                None => w.value.to_ascii_lowercase(),
+            }),
+            _ => return Err(syntax()),
+        }
+        match it.next() {
+            Some(Token::Comma) => continue,
+            Some(Token::RParen) => break,
+            _ => return Err(syntax()),
+        }
+    }
+    if impala {
+        expect_word(&mut it, "PARTITIONS")?;
+    } else {
+        expect_word(&mut it, "INTO")?;
+    }
+    let buckets = match it.next() {
+        Some(Token::Number(n, _)) => n
+            .parse::<u32>()
+            .map_err(|_| SqlError::Invalid(format!("invalid number of buckets {n}")))?,
+        _ => return Err(syntax()),
+    };
+    if !impala {
+        expect_word(&mut it, "BUCKETS")?;
+    }
+    match it.next() {
+        None => Ok((columns, buckets)),
+        Some(Token::Comma) => {
+            Err(SqlError::NotSupported("more than one level of partitioning".into()))
+        }
+        Some(t) => Err(SqlError::Parse(format!("unexpected {t} after the partitioning clause"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_scripts_respecting_quotes_and_comments() {
+        let parts = split_statements("SELECT ';' ; -- a ; comment\n INSERT INTO t VALUES (1);;").unwrap();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0], "SELECT ';'");
+        assert!(parts[1].ends_with("INSERT INTO t VALUES (1)"));
+    }
+
+    #[test]
+    fn parses_create_table_with_hash_distribution() {
+        let NyalaStatement::CreateTable(spec) = parse(
+            "CREATE TABLE Metrics (host STRING, ts TIMESTAMP, metric STRING, value DOUBLE, \
+             PRIMARY KEY (host, metric, ts)) DISTRIBUTE BY HASH (host, metric) INTO 4 BUCKETS;",
+        )
+        .unwrap() else {
+            panic!("not a create table")
+        };
+        assert_eq!(spec.name, "metrics");
+        assert_eq!(spec.buckets, 4);
+        assert_eq!(spec.hash_columns, vec![0, 2]);
+        assert_eq!(spec.schema.key_columns(), &[0, 2, 1]);
+        assert!(!spec.schema.columns()[1].nullable);
+        assert!(spec.schema.columns()[3].nullable);
+    }
+
+    #[test]
+    fn impala_synonym_and_column_primary_key() {
+        let NyalaStatement::CreateTable(spec) =
+            parse("create table t (id bigint primary key, v int8) partition by hash (id) partitions 3")
+                .unwrap()
+        else {
+            panic!("not a create table")
+        };
+        assert_eq!(spec.buckets, 3);
+        assert_eq!(spec.schema.columns()[1].column_type, ColumnType::Int8);
+    }
+
+    #[test]
+    fn rejects_bad_ddl_with_clear_errors() {
+        for (sql, needle) in [
+            ("CREATE TABLE t (a INT)", "primary key"),
+            ("CREATE TABLE t (a INT, PRIMARY KEY (b))", "'b'"),
+            ("CREATE TABLE t (a INT PRIMARY KEY) DISTRIBUTE BY HASH (z) INTO 2 BUCKETS", "'z'"),
+            ("CREATE TABLE t (a INT PRIMARY KEY) DISTRIBUTE BY HASH (a) INTO BUCKETS", "expected"),
+            ("CREATE TABLE t (a INT PRIMARY KEY, b GEOMETRY)", "GEOMETRY"),
+        ] {
+            let err = parse(sql).unwrap_err().to_string();
+            assert!(err.contains(needle), "{sql}: {err}");
+        }
+    }
+
+    #[test]
+    fn upsert_becomes_replace_insert() {
+        let NyalaStatement::DataFusion(statement) = parse("UPSERT INTO t VALUES (1, 2)").unwrap()
+        else {
+            panic!("not planned by DataFusion")
+        };
+        let Statement::Insert(insert) = *statement else { panic!("not an insert") };
+        assert!(insert.replace_into);
+    }
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite: Rust unit and integration tests, then the Python client tests against a
+# real `nyala serve` process. Installs what it needs (Python packages) itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# One target directory outside the clone, so CI and repeated runs reuse the build.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/nyala-target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+cargo build -p nyala-flight --bin nyala
+export NYALA_BIN="$CARGO_TARGET_DIR/debug/nyala"
+cargo test --workspace
+
+python3 -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
+python3 -m pytest -q tests/python
