@@ -1,1 +1,64 @@
+//! Nyala's Raft layer: raft-rs `RawNode`s whose log is durable on disk and doubles as the WAL.
+//!
+//! The layer replicates opaque, deterministic commands. A user of it implements
+//! [`StateMachine`] (apply a committed command; tell how far its own files are durable) and
+//! proposes commands through a [`RaftNode`]; a proposal resolves with the state machine's output
+//! once the entry is durable, committed and applied. On open, committed entries after the state
+//! machine's durable index are replayed, exactly once, before any new proposal.
+//!
+//! - [`log`](crate::log): segment files with checksums, the hard-state file, truncation.
+//! - [`node`](crate::node): the ready loop, in one place.
+//!
+//! Today every group has one voter (the embedded single node); messages to peers go through the
+//! [`Transport`] seam, which the cluster issue fills with tonic RPC.
 
+use std::path::PathBuf;
+
+mod log;
+mod node;
+
+pub use node::{RaftNode, Transport};
+
+/// The replicated state machine a Raft group drives.
+pub trait StateMachine: Send + 'static {
+    type Output: Send + 'static;
+    /// Index of the last log entry whose effects are durable in the state machine's own files.
+    /// On open, committed entries after it are replayed through `apply`; log segments wholly at
+    /// or below it may be deleted.
+    fn durable_index(&self) -> u64;
+    /// Applies a committed command. Must be deterministic: it may depend only on the state and
+    /// the command. Called on the Raft thread, in log order, once per entry per process lifetime.
+    fn apply(&mut self, index: u64, command: &[u8]) -> Self::Output;
+}
+
+#[derive(Debug, Clone)]
+pub struct RaftConfig {
+    pub node_id: u64,
+    pub log_dir: PathBuf,
+    /// Size at which the log rolls to a new segment file.
+    pub segment_bytes: u64,
+    /// fsync appends and state changes (turn off only in tests that simulate nothing durable).
+    pub sync: bool,
+}
+
+impl RaftConfig {
+    pub fn new(node_id: u64, log_dir: impl Into<PathBuf>) -> Self {
+        Self { node_id, log_dir: log_dir.into(), segment_bytes: 64 << 20, sync: true }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RaftError {
+    #[error("log I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("log corrupted: {0}")]
+    Corruption(String),
+    #[error("not the leader (leader hint: {leader_hint:?})")]
+    NotLeader { leader_hint: Option<u64> },
+    #[error("the replica is stopped")]
+    Stopped,
+    #[error("raft: {0}")]
+    Raft(#[from] raft::Error),
+    #[error("log encoding: {0}")]
+    Encoding(#[from] protobuf::ProtobufError),
+}

@@ -1,0 +1,337 @@
+//! The durable Raft log: the write-ahead log of a tablet.
+//!
+//! On disk a log directory holds segment files `<first index>.seg` and one `state` file.
+//! A segment is a sequence of records `[payload length: u32][crc32 of payload: u32][payload]`,
+//! each payload one protobuf-encoded raft `Entry`. Appends go to the newest segment, which rolls
+//! at `segment_bytes`; one fsync covers all entries of one ready (group commit). The `state` file
+//! holds the hard state, the conf state and the index/term of the last entry removed by log
+//! truncation; it is replaced atomically (temp file, fsync, rename, fsync directory).
+//!
+//! raft-rs reads the log through a [`MemStorage`] mirror, filled from the segments on open and
+//! kept in step with every append. On open, a torn record at the very end of the last segment
+//! (a crash during an append) is cut off: that entry was never acknowledged. A bad record
+//! anywhere else is corruption and opening fails.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+
+use protobuf::Message as _;
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
+use raft::storage::MemStorage;
+use raft::Storage as _;
+
+use crate::RaftError;
+
+const RECORD_HEADER: usize = 8;
+/// A record larger than this is not one we wrote: treat it as corruption, not as an allocation.
+const MAX_RECORD_BYTES: usize = 1 << 30;
+
+fn corruption(path: &Path, what: impl std::fmt::Display) -> RaftError {
+    RaftError::Corruption(format!("{}: {what}", path.display()))
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// What the `state` file stores.
+#[derive(Default, Clone)]
+struct PersistentState {
+    hard_state: HardState,
+    conf_state: ConfState,
+    /// Index and term of the newest entry dropped by truncation (0/0 if none).
+    truncated_index: u64,
+    truncated_term: u64,
+}
+
+impl PersistentState {
+    fn encode(&self) -> Result<Vec<u8>, RaftError> {
+        let hs = self.hard_state.write_to_bytes()?;
+        let cs = self.conf_state.write_to_bytes()?;
+        let mut body = Vec::with_capacity(32 + hs.len() + cs.len());
+        body.extend_from_slice(&self.truncated_index.to_le_bytes());
+        body.extend_from_slice(&self.truncated_term.to_le_bytes());
+        body.extend_from_slice(&(hs.len() as u32).to_le_bytes());
+        body.extend_from_slice(&hs);
+        body.extend_from_slice(&cs);
+        let mut out = crc32fast::hash(&body).to_le_bytes().to_vec();
+        out.extend_from_slice(&body);
+        Ok(out)
+    }
+
+    fn decode(path: &Path, bytes: &[u8]) -> Result<Self, RaftError> {
+        let bad = || corruption(path, "state file is damaged");
+        let (crc, body) = bytes.split_first_chunk::<4>().ok_or_else(bad)?;
+        if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
+            return Err(bad());
+        }
+        let (ti, rest) = body.split_first_chunk::<8>().ok_or_else(bad)?;
+        let (tt, rest) = rest.split_first_chunk::<8>().ok_or_else(bad)?;
+        let (hl, rest) = rest.split_first_chunk::<4>().ok_or_else(bad)?;
+        let hl = u32::from_le_bytes(*hl) as usize;
+        if rest.len() < hl {
+            return Err(bad());
+        }
+        let (hs, cs) = rest.split_at(hl);
+        Ok(Self {
+            hard_state: HardState::parse_from_bytes(hs)?,
+            conf_state: ConfState::parse_from_bytes(cs)?,
+            truncated_index: u64::from_le_bytes(*ti),
+            truncated_term: u64::from_le_bytes(*tt),
+        })
+    }
+}
+
+struct Segment {
+    first_index: u64,
+    path: PathBuf,
+}
+
+/// The log of one Raft group: durable segments plus the in-memory mirror raft-rs reads.
+pub struct DurableLog {
+    dir: PathBuf,
+    segment_bytes: u64,
+    sync: bool,
+    mem: MemStorage,
+    state: PersistentState,
+    segments: Vec<Segment>,
+    /// The open newest segment and its size.
+    active: Option<(File, u64)>,
+}
+
+impl DurableLog {
+    /// Opens the log in `dir`, creating a new group with `voters` if it is empty.
+    pub fn open(dir: &Path, voters: &[u64], segment_bytes: u64, sync: bool) -> Result<Self, RaftError> {
+        std::fs::create_dir_all(dir)?;
+        let state_path = dir.join("state");
+        let fresh = !state_path.exists();
+        let state = if fresh {
+            let mut state = PersistentState::default();
+            state.conf_state.set_voters(voters.to_vec());
+            state
+        } else {
+            PersistentState::decode(&state_path, &std::fs::read(&state_path)?)?
+        };
+        let mem = MemStorage::new();
+        {
+            let mut core = mem.wl();
+            core.set_conf_state(state.conf_state.clone());
+        }
+        if state.truncated_index > 0 {
+            let mut core = mem.wl();
+            let mut snapshot = Snapshot::default();
+            snapshot.mut_metadata().index = state.truncated_index;
+            snapshot.mut_metadata().term = state.truncated_term;
+            snapshot.mut_metadata().set_conf_state(state.conf_state.clone());
+            core.apply_snapshot(snapshot)?;
+        }
+        let mut log = Self {
+            dir: dir.to_path_buf(),
+            segment_bytes,
+            sync,
+            mem,
+            state: state.clone(),
+            segments: Vec::new(),
+            active: None,
+        };
+        log.load_segments()?;
+        {
+            let mut core = log.mem.wl();
+            core.set_hardstate(state.hard_state.clone());
+        }
+        if fresh {
+            log.write_state()?;
+        }
+        Ok(log)
+    }
+
+    /// Reads every segment into the mirror, cutting off a torn tail of the last one.
+    fn load_segments(&mut self) -> Result<(), RaftError> {
+        let mut segments = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+            if let Some(first) = name.strip_suffix(".seg").and_then(|n| n.parse::<u64>().ok()) {
+                segments.push(Segment { first_index: first, path });
+            }
+        }
+        segments.sort_by_key(|s| s.first_index);
+        let last = segments.len().saturating_sub(1);
+        let mut next_index = None;
+        for (i, segment) in segments.iter().enumerate() {
+            let (entries, valid_len, torn) = read_segment(&segment.path)?;
+            if torn {
+                if i != last {
+                    return Err(corruption(&segment.path, "damaged record before the end of the log"));
+                }
+                tracing::warn!(segment = %segment.path.display(), "cutting off a torn record at the log tail");
+                let file = OpenOptions::new().write(true).open(&segment.path)?;
+                file.set_len(valid_len)?;
+                file.sync_all()?;
+            }
+            let mut entries: Vec<Entry> = entries;
+            // Entries at or below the truncation point were applied and dropped already.
+            entries.retain(|e| e.index > self.state.truncated_index);
+            if let (Some(expected), Some(first)) = (next_index, entries.first()) {
+                if first.index > expected {
+                    return Err(corruption(&segment.path, format!("gap in the log at index {expected}")));
+                }
+            }
+            if let Some(e) = entries.last() {
+                next_index = Some(e.index + 1);
+            }
+            self.mem.wl().append(&entries)?;
+        }
+        self.segments = segments;
+        Ok(())
+    }
+
+    pub fn storage(&self) -> &MemStorage {
+        &self.mem
+    }
+
+    pub fn last_index(&self) -> u64 {
+        self.mem.last_index().unwrap_or(self.state.truncated_index)
+    }
+
+    /// Appends entries durably (one fsync). Entries that overwrite a suffix replace it.
+    pub fn append(&mut self, entries: &[Entry]) -> Result<(), RaftError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        if entries[0].index <= self.last_index() {
+            // A new leader overwrote our uncommitted suffix: start a segment at the first new index
+            // (later segments are superseded, so drop them).
+            let first = entries[0].index;
+            self.active = None;
+            while let Some(seg) = self.segments.last() {
+                if seg.first_index < first {
+                    break;
+                }
+                std::fs::remove_file(&seg.path)?;
+                self.segments.pop();
+            }
+            self.roll(first)?;
+        }
+        let mut buf = Vec::new();
+        for entry in entries {
+            let payload = entry.write_to_bytes()?;
+            buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+            buf.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+            buf.extend_from_slice(&payload);
+        }
+        if self.active.as_ref().is_none_or(|(_, size)| *size >= self.segment_bytes) {
+            self.roll(entries[0].index)?;
+        }
+        let (file, size) = self.active.as_mut().ok_or_else(|| RaftError::Stopped)?;
+        file.write_all(&buf)?;
+        if self.sync {
+            file.sync_data()?;
+        }
+        *size += buf.len() as u64;
+        self.mem.wl().append(entries)?;
+        Ok(())
+    }
+
+    fn roll(&mut self, first_index: u64) -> Result<(), RaftError> {
+        let path = self.dir.join(format!("{first_index:020}.seg"));
+        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        let size = file.metadata()?.len();
+        if self.sync {
+            sync_dir(&self.dir)?;
+        }
+        if self.segments.last().is_none_or(|s| s.path != path) {
+            self.segments.push(Segment { first_index, path });
+        }
+        self.active = Some((file, size));
+        Ok(())
+    }
+
+    pub fn set_hard_state(&mut self, hs: HardState) -> Result<(), RaftError> {
+        self.mem.wl().set_hardstate(hs.clone());
+        self.state.hard_state = hs;
+        self.write_state()
+    }
+
+    pub fn set_commit(&mut self, commit: u64) -> Result<(), RaftError> {
+        let mut hs = self.state.hard_state.clone();
+        hs.commit = commit;
+        self.set_hard_state(hs)
+    }
+
+    pub fn hard_state(&self) -> &HardState {
+        &self.state.hard_state
+    }
+
+    fn write_state(&self) -> Result<(), RaftError> {
+        let tmp = self.dir.join("state.tmp");
+        let mut file = File::create(&tmp)?;
+        file.write_all(&self.state.encode()?)?;
+        if self.sync {
+            file.sync_all()?;
+        }
+        std::fs::rename(&tmp, self.dir.join("state"))?;
+        if self.sync {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    /// Drops entries up to `index` (inclusive) from memory, and the segments that hold only
+    /// such entries from disk: their effects are durable in the state machine.
+    pub fn truncate_prefix(&mut self, index: u64) -> Result<(), RaftError> {
+        let index = index.min(self.last_index());
+        if index <= self.state.truncated_index {
+            return Ok(());
+        }
+        let Ok(term) = self.mem.term(index) else { return Ok(()) };
+        // Keep the entry at `index` in memory so raft-rs can still read its term.
+        self.mem.wl().compact(index)?;
+        let mut state = self.state.clone();
+        state.truncated_index = index;
+        state.truncated_term = term;
+        self.state = state;
+        self.write_state()?;
+        // A segment can go when the next one starts at or below index + 1.
+        while self.segments.len() > 1 && self.segments[1].first_index <= index + 1 {
+            let seg = self.segments.remove(0);
+            std::fs::remove_file(&seg.path)?;
+        }
+        Ok(())
+    }
+
+    /// Index of the newest entry removed by truncation.
+    pub fn truncated_index(&self) -> u64 {
+        self.state.truncated_index
+    }
+}
+
+/// Reads all records of a segment: (entries, length of the valid prefix, whether a damaged
+/// record followed it).
+fn read_segment(path: &Path) -> Result<(Vec<Entry>, u64, bool), RaftError> {
+    let mut reader = BufReader::new(File::open(path)?);
+    let mut bytes = Vec::new();
+    reader.read_to_end(&mut bytes)?;
+    let mut entries = Vec::new();
+    let mut pos = 0usize;
+    while pos < bytes.len() {
+        let Some(header) = bytes.get(pos..pos + RECORD_HEADER) else {
+            return Ok((entries, pos as u64, true));
+        };
+        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+        if len > MAX_RECORD_BYTES {
+            return Ok((entries, pos as u64, true));
+        }
+        let Some(payload) = bytes.get(pos + RECORD_HEADER..pos + RECORD_HEADER + len) else {
+            return Ok((entries, pos as u64, true));
+        };
+        if crc32fast::hash(payload) != crc {
+            return Ok((entries, pos as u64, true));
+        }
+        entries.push(Entry::parse_from_bytes(payload).map_err(|e| corruption(path, e))?);
+        pos += RECORD_HEADER + len;
+    }
+    Ok((entries, pos as u64, false))
+}

@@ -1,0 +1,282 @@
+//! The Raft node: one thread per group runs raft-rs's ready loop over the durable log.
+//!
+//! All of a group's work happens on its thread, in one loop: take every queued request
+//! (proposals are batched, so concurrent writers share one fsync), tick, then handle the ready —
+//! persist entries and hard state → send messages → apply committed entries → advance → apply
+//! what the light ready committed. Afterwards the log is truncated up to what the state machine
+//! reports durable. Callers talk to the thread through a channel; a proposal is enqueued when
+//! [`RaftNode::propose`] is called (not when its future is first polled), so callers can order
+//! their proposals by holding a lock around the call.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use raft::eraftpb::{Entry, EntryType, Message};
+use raft::storage::MemStorage;
+use raft::{Config, RawNode, StateRole};
+use tokio::sync::oneshot;
+
+use crate::log::DurableLog;
+use crate::{RaftConfig, RaftError, StateMachine};
+
+const TICK: Duration = Duration::from_millis(100);
+
+/// Delivers Raft messages to peers. Single-voter groups send none.
+pub trait Transport: Send + 'static {
+    fn send(&self, messages: Vec<Message>);
+}
+
+/// The transport of a group without peers.
+struct NoPeers;
+
+impl Transport for NoPeers {
+    fn send(&self, messages: Vec<Message>) {
+        if !messages.is_empty() {
+            tracing::warn!(count = messages.len(), "dropping raft messages: this group has no peers");
+        }
+    }
+}
+
+type Reply<T> = oneshot::Sender<Result<T, RaftError>>;
+
+enum Request<SM: StateMachine> {
+    Propose { command: Vec<u8>, reply: Reply<SM::Output> },
+    Run(Box<dyn FnOnce(&mut SM) + Send>),
+    Stop,
+}
+
+/// Handle to a Raft group's thread. Dropping it stops the thread.
+pub struct RaftNode<SM: StateMachine> {
+    requests: mpsc::Sender<Request<SM>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    last_applied: Arc<AtomicU64>,
+}
+
+impl<SM: StateMachine> RaftNode<SM> {
+    /// Opens (or creates, as a single-voter group of `config.node_id`) the log, replays committed
+    /// entries after `sm.durable_index()` into `sm`, and becomes leader. Returns when the node
+    /// accepts proposals.
+    pub fn open(config: RaftConfig, sm: SM) -> Result<Self, RaftError> {
+        let mut log = DurableLog::open(&config.log_dir, &[config.node_id], config.segment_bytes, config.sync)?;
+        let durable = sm.durable_index();
+        if durable < log.truncated_index() {
+            return Err(RaftError::Corruption(format!(
+                "the state machine is durable up to entry {durable}, but the log was truncated up to {}",
+                log.truncated_index()
+            )));
+        }
+        if log.hard_state().commit > log.last_index() {
+            return Err(RaftError::Corruption(format!(
+                "committed entries up to {} are missing from the log (it ends at {})",
+                log.hard_state().commit,
+                log.last_index()
+            )));
+        }
+        if log.hard_state().commit < durable {
+            // Applied means committed, even if the commit index had not reached the disk yet.
+            log.set_commit(durable)?;
+        }
+        let raft_config = Config {
+            id: config.node_id,
+            election_tick: 10,
+            heartbeat_tick: 3,
+            applied: durable,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            ..Default::default()
+        };
+        raft_config.validate()?;
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let raw = RawNode::new(&raft_config, log.storage().clone(), &logger)?;
+        let last_applied = Arc::new(AtomicU64::new(durable));
+        let mut worker = Worker {
+            raw,
+            log,
+            sm,
+            transport: Box::new(NoPeers),
+            pending: HashMap::new(),
+            last_applied: last_applied.clone(),
+        };
+        worker.raw.campaign()?;
+        // Replay and election: run readies until this node leads and has applied its log.
+        while worker.raw.raft.state != StateRole::Leader || worker.raw.has_ready() {
+            if !worker.raw.has_ready() {
+                worker.raw.tick();
+            }
+            worker.on_ready()?;
+        }
+        let (requests, inbox) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("raft".into())
+            .spawn(move || worker.run(inbox))?;
+        Ok(Self { requests, thread: Mutex::new(Some(thread)), last_applied })
+    }
+
+    /// Proposes `command`. It is enqueued before this returns; the future resolves with the state
+    /// machine's output once the entry is durable, committed and applied.
+    pub fn propose(&self, command: Vec<u8>) -> impl Future<Output = Result<SM::Output, RaftError>> + Send + 'static {
+        let (reply, applied) = oneshot::channel();
+        let sent = self.requests.send(Request::Propose { command, reply }).is_ok();
+        async move {
+            if !sent {
+                return Err(RaftError::Stopped);
+            }
+            applied.await.unwrap_or(Err(RaftError::Stopped))
+        }
+    }
+
+    /// Runs `f` on the Raft thread with exclusive access to the state machine, between applies.
+    /// Blocks the calling thread until it has run.
+    pub fn with_state_machine<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut SM) -> R + Send + 'static,
+    ) -> Result<R, RaftError> {
+        let (tx, rx) = mpsc::channel();
+        let run = Box::new(move |sm: &mut SM| {
+            let _ = tx.send(f(sm));
+        });
+        self.requests.send(Request::Run(run)).map_err(|_| RaftError::Stopped)?;
+        rx.recv().map_err(|_| RaftError::Stopped)
+    }
+
+    pub fn last_applied(&self) -> u64 {
+        self.last_applied.load(Ordering::Acquire)
+    }
+
+    /// Stops the thread; pending and later proposals fail with [`RaftError::Stopped`]. Nothing is
+    /// flushed: what was acknowledged is in the log already.
+    pub fn shutdown(&self) {
+        let _ = self.requests.send(Request::Stop);
+        if let Some(thread) = self.thread.lock().take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl<SM: StateMachine> Drop for RaftNode<SM> {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+struct Worker<SM: StateMachine> {
+    raw: RawNode<MemStorage>,
+    log: DurableLog,
+    sm: SM,
+    transport: Box<dyn Transport>,
+    /// Proposals waiting for their entry to apply: index → (term, reply).
+    pending: HashMap<u64, (u64, Reply<SM::Output>)>,
+    last_applied: Arc<AtomicU64>,
+}
+
+impl<SM: StateMachine> Worker<SM> {
+    fn run(mut self, inbox: mpsc::Receiver<Request<SM>>) {
+        let mut last_tick = Instant::now();
+        loop {
+            let mut requests = Vec::new();
+            match inbox.recv_timeout(TICK.saturating_sub(last_tick.elapsed())) {
+                Ok(request) => requests.push(request),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            requests.extend(inbox.try_iter());
+            for request in requests {
+                match request {
+                    Request::Propose { command, reply } => self.propose(command, reply),
+                    Request::Run(f) => f(&mut self.sm),
+                    Request::Stop => return,
+                }
+            }
+            if last_tick.elapsed() >= TICK {
+                self.raw.tick();
+                last_tick = Instant::now();
+            }
+            if let Err(e) = self.on_ready().and_then(|()| self.truncate_log()) {
+                // The log can no longer be trusted to persist: fail everything and stop.
+                tracing::error!(error = %e, "raft group stopped after a log failure");
+                return;
+            }
+        }
+    }
+
+    fn propose(&mut self, command: Vec<u8>, reply: Reply<SM::Output>) {
+        if self.raw.raft.state != StateRole::Leader {
+            let leader = self.raw.raft.leader_id;
+            let _ = reply.send(Err(RaftError::NotLeader {
+                leader_hint: (leader != 0).then_some(leader),
+            }));
+            return;
+        }
+        match self.raw.propose(vec![], command) {
+            Ok(()) => {
+                let index = self.raw.raft.raft_log.last_index();
+                self.pending.insert(index, (self.raw.raft.term, reply));
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e.into()));
+            }
+        }
+    }
+
+    /// The ready loop body: persist → send → apply → advance → apply.
+    fn on_ready(&mut self) -> Result<(), RaftError> {
+        if !self.raw.has_ready() {
+            return Ok(());
+        }
+        let mut ready = self.raw.ready();
+        self.transport.send(ready.take_messages());
+        self.apply(ready.take_committed_entries());
+        self.log.append(ready.entries())?;
+        if let Some(hs) = ready.hs() {
+            self.log.set_hard_state(hs.clone())?;
+        }
+        self.transport.send(ready.take_persisted_messages());
+        let mut light = self.raw.advance(ready);
+        if let Some(commit) = light.commit_index() {
+            // Persist the commit index before applying: replay must never re-apply an entry.
+            self.log.set_commit(commit)?;
+        }
+        self.transport.send(light.take_messages());
+        self.apply(light.take_committed_entries());
+        self.raw.advance_apply();
+        Ok(())
+    }
+
+    fn apply(&mut self, entries: Vec<Entry>) {
+        for entry in entries {
+            let index = entry.index;
+            if entry.get_entry_type() == EntryType::EntryNormal && !entry.get_data().is_empty() {
+                let output = self.sm.apply(index, entry.get_data());
+                if let Some((term, reply)) = self.pending.remove(&index) {
+                    let result = if term == entry.term {
+                        Ok(output)
+                    } else {
+                        Err(RaftError::NotLeader { leader_hint: None })
+                    };
+                    let _ = reply.send(result);
+                }
+            }
+            self.last_applied.store(index, Ordering::Release);
+        }
+    }
+
+    /// Drops the log prefix the state machine has made durable in its own files.
+    fn truncate_log(&mut self) -> Result<(), RaftError> {
+        let durable = self.sm.durable_index().min(self.last_applied.load(Ordering::Acquire));
+        self.log.truncate_prefix(durable)
+    }
+}
+
+impl<SM: StateMachine> Drop for Worker<SM> {
+    fn drop(&mut self) {
+        for (_, (_, reply)) in self.pending.drain() {
+            let _ = reply.send(Err(RaftError::Stopped));
+        }
+    }
+}
