@@ -10,7 +10,6 @@
 //! at all, but a statement is not atomic across batches and tablets: when one part is rejected,
 //! the error says how many rows of the statement were applied before it.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -57,10 +56,6 @@ impl DisplayAs for NyalaSink {
 
 #[async_trait]
 impl DataSink for NyalaSink {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
     fn schema(&self) -> &SchemaRef {
         &self.schema
     }

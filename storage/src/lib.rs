@@ -1,1 +1,23 @@
+//! Nyala's tablet storage (Kudu paper, section 4): schema and key encoding, the in-memory
+//! MemRowSet, immutable columnar DiskRowSets with delta stores, MVCC snapshots and scans that
+//! return Arrow batches with projection and predicates applied.
+//!
+//! The crate knows nothing of networks, Raft or SQL: the engine applies writes in log order
+//! through [`Tablet::apply`], flushes when asked, and scans at a snapshot timestamp.
 
+mod deltastore;
+mod diskrowset;
+mod error;
+mod key;
+mod memrowset;
+mod scan;
+mod schema;
+mod tablet;
+mod write;
+
+pub use error::StorageError;
+pub use key::{encode_key_columns, encode_keys, format_key};
+pub use scan::{ColumnPredicate, PredicateOp, Scalar, ScanIterator, ScanSpec};
+pub use schema::{ColumnSchema, ColumnType, Schema};
+pub use tablet::{Tablet, TabletOptions};
+pub use write::{Timestamp, WriteBatch, WriteKind};

@@ -1,0 +1,30 @@
+//! Storage errors. Messages are written for the user who sent the rejected write or scan.
+
+use arrow::error::ArrowError;
+use parquet::errors::ParquetError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("duplicate primary key {key}")]
+    DuplicateKey { key: String },
+    #[error("row with primary key {key} not found")]
+    KeyNotFound { key: String },
+    #[error("NULL in primary key column '{column}'")]
+    NullKey { column: String },
+    #[error("NULL in NOT NULL column '{column}'")]
+    NullValue { column: String },
+    #[error("{0}")]
+    SchemaMismatch(String),
+    #[error("invalid schema: {0}")]
+    InvalidSchema(String),
+    #[error("invalid predicate: {0}")]
+    InvalidPredicate(String),
+    #[error("storage I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("storage corrupted: {0}")]
+    Corruption(String),
+    #[error("{0}")]
+    Arrow(#[from] ArrowError),
+    #[error("parquet: {0}")]
+    Parquet(#[from] ParquetError),
+}

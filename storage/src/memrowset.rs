@@ -1,0 +1,132 @@
+//! The MemRowSet: the newest rows of a tablet, in memory.
+//!
+//! Row data lives in a [`RowArena`] of Arrow batches (each applied write appends one batch of
+//! full rows); an ordered index maps each encoded primary key to its versions
+//! `(timestamp, row or deletion)`, oldest first. An UPDATE appends a new full row version, so a
+//! scan at snapshot S takes, per key, the newest version at or before S, and gathers those rows
+//! from the arena with `interleave` — batches in, batches out, in key order.
+//!
+//! The arena also holds the new row images of updates to rows already flushed to DiskRowSets
+//! (see `deltastore`), so one flush empties it.
+
+use std::collections::BTreeMap;
+
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::compute::interleave;
+use arrow::datatypes::SchemaRef;
+
+use crate::{StorageError, Timestamp};
+
+/// A row in the arena: (batch, row).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowRef {
+    pub batch: u32,
+    pub row: u32,
+}
+
+/// One version of a row: its full image, or `None` for a deletion.
+#[derive(Clone, Copy, Debug)]
+pub struct Version {
+    pub ts: Timestamp,
+    pub row: Option<RowRef>,
+}
+
+/// The newest version visible at `snapshot`, if any.
+pub fn visible(versions: &[Version], snapshot: Timestamp) -> Option<&Version> {
+    versions.iter().rev().find(|v| v.ts <= snapshot)
+}
+
+/// Full-row batches with the table schema; append-only until a flush clears it.
+#[derive(Default)]
+pub struct RowArena {
+    batches: Vec<RecordBatch>,
+    bytes: usize,
+}
+
+impl RowArena {
+    /// Appends rows; returns the reference of each.
+    pub fn append(&mut self, batch: RecordBatch) -> Vec<RowRef> {
+        let b = self.batches.len() as u32;
+        let refs = (0..batch.num_rows() as u32).map(|row| RowRef { batch: b, row }).collect();
+        self.bytes += batch.get_array_memory_size();
+        self.batches.push(batch);
+        refs
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn batch(&self, i: u32) -> &RecordBatch {
+        &self.batches[i as usize]
+    }
+
+    pub fn len(&self) -> usize {
+        self.batches.len()
+    }
+
+    /// Gathers rows into one batch with the columns `columns` (indexes into the table schema).
+    pub fn gather(&self, schema: &SchemaRef, columns: &[usize], rows: &[RowRef]) -> Result<RecordBatch, StorageError> {
+        let indices: Vec<(usize, usize)> = rows.iter().map(|r| (r.batch as usize, r.row as usize)).collect();
+        let arrays = columns
+            .iter()
+            .map(|&c| {
+                let sources: Vec<&dyn arrow::array::Array> =
+                    self.batches.iter().map(|b| b.column(c).as_ref()).collect();
+                interleave(&sources, &indices)
+            })
+            .collect::<Result<Vec<ArrayRef>, _>>()?;
+        let projected = std::sync::Arc::new(schema.project(columns)?);
+        Ok(RecordBatch::try_new_with_options(
+            projected,
+            arrays,
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(rows.len())),
+        )?)
+    }
+
+    pub fn clear(&mut self) {
+        self.batches.clear();
+        self.bytes = 0;
+    }
+}
+
+/// Ordered index from encoded primary key to the versions of rows not yet flushed.
+#[derive(Default)]
+pub struct MemRowSet {
+    pub index: BTreeMap<Vec<u8>, Vec<Version>>,
+    key_bytes: usize,
+}
+
+impl MemRowSet {
+    pub fn latest(&self, key: &[u8]) -> Option<&Version> {
+        self.index.get(key).and_then(|v| v.last())
+    }
+
+    pub fn push(&mut self, key: Vec<u8>, version: Version) {
+        let len = key.len();
+        let versions = self.index.entry(key).or_insert_with(|| Vec::with_capacity(1));
+        if versions.is_empty() {
+            self.key_bytes += len + 48;
+        }
+        versions.push(version);
+        self.key_bytes += std::mem::size_of::<Version>();
+    }
+
+    /// Rows visible at `snapshot`, in key order.
+    pub fn visible_rows(&self, snapshot: Timestamp) -> Vec<RowRef> {
+        self.index.values().filter_map(|v| visible(v, snapshot).and_then(|v| v.row)).collect()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.key_bytes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.index.clear();
+        self.key_bytes = 0;
+    }
+}

@@ -1,0 +1,221 @@
+//! Tablet scans: the rows visible at a snapshot, with projection, predicates and limit.
+//!
+//! A scan captures what it needs when it starts — the MemRowSet rows and delta images visible
+//! at its snapshot, gathered into batches, and a reader per DiskRowSet opened on its file — so
+//! it holds no lock while it runs and is unaffected by later writes, flushes or compactions.
+//! Each batch is read with the projected and predicate columns only, filtered with Arrow
+//! kernels, then cut down to the projection.
+
+use std::collections::{HashSet, VecDeque};
+
+use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use arrow::compute::kernels::{boolean, cmp};
+use arrow::compute::{filter_record_batch, is_not_null, is_null};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReader;
+
+use crate::{Schema, StorageError, Timestamp};
+
+#[derive(Clone, Debug)]
+pub struct Scalar(pub ArrayRef);
+
+#[derive(Clone, Debug)]
+pub enum PredicateOp {
+    Eq(Scalar),
+    Lt(Scalar),
+    LtEq(Scalar),
+    Gt(Scalar),
+    GtEq(Scalar),
+    InList(Vec<Scalar>),
+    IsNull,
+    IsNotNull,
+}
+
+#[derive(Clone, Debug)]
+pub struct ColumnPredicate {
+    pub column: usize,
+    pub op: PredicateOp,
+}
+
+#[derive(Clone, Debug)]
+pub struct ScanSpec {
+    /// Table column indexes to return, in this order; None = all columns.
+    pub projection: Option<Vec<usize>>,
+    pub predicates: Vec<ColumnPredicate>,
+    pub snapshot: Timestamp,
+    pub limit: Option<usize>,
+    pub batch_size: usize,
+}
+
+pub type ScanIterator = Box<dyn Iterator<Item = Result<RecordBatch, StorageError>> + Send>;
+
+/// One source of rows for a scan.
+pub(crate) enum Source {
+    /// Rows already gathered (MemRowSet rows, delta images).
+    Batch(RecordBatch),
+    /// A DiskRowSet's base rows, minus the ordinals that deltas replace or delete.
+    Rowset { reader: ParquetRecordBatchReader, hidden: HashSet<u32>, next_ordinal: u32 },
+}
+
+pub(crate) struct Scan {
+    pub schema: Schema,
+    /// Table columns read: the projection, then predicate columns not in it.
+    pub read_columns: Vec<usize>,
+    /// How many of `read_columns` are returned.
+    pub output_len: usize,
+    pub predicates: Vec<ColumnPredicate>,
+    pub remaining: Option<usize>,
+    pub sources: VecDeque<Source>,
+}
+
+impl Scan {
+    fn next_raw(&mut self) -> Option<Result<RecordBatch, StorageError>> {
+        loop {
+            let source = self.sources.front_mut()?;
+            match source {
+                Source::Batch(_) => {
+                    let Some(Source::Batch(b)) = self.sources.pop_front() else { unreachable!() };
+                    return Some(Ok(b));
+                }
+                Source::Rowset { reader, hidden, next_ordinal } => match reader.next() {
+                    None => {
+                        self.sources.pop_front();
+                    }
+                    Some(Err(e)) => return Some(Err(e.into())),
+                    Some(Ok(batch)) => {
+                        let first = *next_ordinal;
+                        *next_ordinal += batch.num_rows() as u32;
+                        // Parquet returns columns in file order; scans want `read_columns` order.
+                        let batch = match reorder(&self.schema, &self.read_columns, &batch) {
+                            Ok(b) => b,
+                            Err(e) => return Some(Err(e)),
+                        };
+                        if hidden.is_empty() {
+                            return Some(Ok(batch));
+                        }
+                        let keep: BooleanArray =
+                            (first..*next_ordinal).map(|o| Some(!hidden.contains(&o))).collect();
+                        return Some(filter_record_batch(&batch, &keep).map_err(Into::into));
+                    }
+                },
+            }
+        }
+    }
+
+    fn apply_predicates(&self, batch: RecordBatch) -> Result<RecordBatch, StorageError> {
+        let mut mask: Option<BooleanArray> = None;
+        for p in &self.predicates {
+            let name = &self.schema.columns()[p.column].name;
+            let column = batch
+                .column_by_name(name)
+                .ok_or_else(|| StorageError::InvalidPredicate(format!("column '{name}' not read")))?;
+            let m = evaluate(column, &p.op)
+                .map_err(|e| StorageError::InvalidPredicate(format!("on column '{name}': {e}")))?;
+            mask = Some(match mask {
+                None => m,
+                Some(prev) => boolean::and(&prev, &m)?,
+            });
+        }
+        let batch = match mask {
+            Some(m) => filter_record_batch(&batch, &m)?,
+            None => batch,
+        };
+        let keep: Vec<usize> = (0..self.output_len).collect();
+        Ok(batch.project(&keep)?)
+    }
+}
+
+fn reorder(schema: &Schema, columns: &[usize], batch: &RecordBatch) -> Result<RecordBatch, StorageError> {
+    let indexes = columns
+        .iter()
+        .map(|&c| {
+            let name = &schema.columns()[c].name;
+            batch
+                .schema()
+                .index_of(name)
+                .map_err(|_| StorageError::Corruption(format!("rowset lacks column '{name}'")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(batch.project(&indexes)?)
+}
+
+fn evaluate(column: &ArrayRef, op: &PredicateOp) -> Result<BooleanArray, arrow::error::ArrowError> {
+    let s = |v: &Scalar| arrow::array::Scalar::new(v.0.clone());
+    Ok(match op {
+        PredicateOp::Eq(v) => cmp::eq(column, &s(v))?,
+        PredicateOp::Lt(v) => cmp::lt(column, &s(v))?,
+        PredicateOp::LtEq(v) => cmp::lt_eq(column, &s(v))?,
+        PredicateOp::Gt(v) => cmp::gt(column, &s(v))?,
+        PredicateOp::GtEq(v) => cmp::gt_eq(column, &s(v))?,
+        PredicateOp::InList(values) => {
+            let mut acc = BooleanArray::from(vec![false; column.len()]);
+            for v in values {
+                acc = boolean::or_kleene(&acc, &cmp::eq(column, &s(v))?)?;
+            }
+            acc
+        }
+        PredicateOp::IsNull => is_null(column.as_ref())?,
+        PredicateOp::IsNotNull => is_not_null(column.as_ref())?,
+    })
+}
+
+impl Iterator for Scan {
+    type Item = Result<RecordBatch, StorageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.remaining == Some(0) {
+                return None;
+            }
+            let batch = match self.next_raw()? {
+                Ok(b) => b,
+                Err(e) => {
+                    self.sources.clear();
+                    return Some(Err(e));
+                }
+            };
+            let batch = match self.apply_predicates(batch) {
+                Ok(b) => b,
+                Err(e) => {
+                    self.sources.clear();
+                    return Some(Err(e));
+                }
+            };
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            let batch = match &mut self.remaining {
+                Some(left) => {
+                    let n = batch.num_rows().min(*left);
+                    *left -= n;
+                    batch.slice(0, n)
+                }
+                None => batch,
+            };
+            return Some(Ok(batch));
+        }
+    }
+}
+
+/// Table columns a scan reads: the projection, then predicate columns not in it.
+pub(crate) fn read_columns(schema: &Schema, spec: &ScanSpec) -> Result<(Vec<usize>, usize), StorageError> {
+    let n = schema.columns().len();
+    let mut columns: Vec<usize> = spec.projection.clone().unwrap_or_else(|| (0..n).collect());
+    if let Some(bad) = columns.iter().find(|&&c| c >= n) {
+        return Err(StorageError::InvalidPredicate(format!("projection column #{bad} does not exist")));
+    }
+    let output_len = columns.len();
+    for p in &spec.predicates {
+        if p.column >= n {
+            return Err(StorageError::InvalidPredicate(format!("predicate column #{} does not exist", p.column)));
+        }
+        if !columns.contains(&p.column) {
+            columns.push(p.column);
+        }
+    }
+    Ok((columns, output_len))
+}
+
+pub(crate) fn boxed(scan: Scan) -> ScanIterator {
+    Box::new(scan)
+}
+

@@ -1,0 +1,181 @@
+//! Table schemas: columns in the order the user declared them, plus the primary key as a list of
+//! column indexes in key order. Key columns are NOT NULL and of a type with a total order that
+//! the key encoding preserves (no FLOAT, DOUBLE or BOOL, as in Kudu).
+
+use std::sync::{Arc, OnceLock};
+
+use arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef, TimeUnit};
+use serde::{Deserialize, Serialize};
+
+use crate::StorageError;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ColumnType {
+    Int8,
+    Int16,
+    Int32,
+    Int64,
+    Float,
+    Double,
+    Bool,
+    String,
+    Binary,
+    /// Microseconds since the Unix epoch, UTC.
+    Timestamp,
+    /// Days since the Unix epoch.
+    Date,
+}
+
+impl ColumnType {
+    pub fn arrow_type(&self) -> DataType {
+        match self {
+            ColumnType::Int8 => DataType::Int8,
+            ColumnType::Int16 => DataType::Int16,
+            ColumnType::Int32 => DataType::Int32,
+            ColumnType::Int64 => DataType::Int64,
+            ColumnType::Float => DataType::Float32,
+            ColumnType::Double => DataType::Float64,
+            ColumnType::Bool => DataType::Boolean,
+            ColumnType::String => DataType::Utf8,
+            ColumnType::Binary => DataType::Binary,
+            ColumnType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            ColumnType::Date => DataType::Date32,
+        }
+    }
+
+    pub fn sql_name(&self) -> &'static str {
+        match self {
+            ColumnType::Int8 => "INT8",
+            ColumnType::Int16 => "INT16",
+            ColumnType::Int32 => "INT32",
+            ColumnType::Int64 => "INT64",
+            ColumnType::Float => "FLOAT",
+            ColumnType::Double => "DOUBLE",
+            ColumnType::Bool => "BOOL",
+            ColumnType::String => "STRING",
+            ColumnType::Binary => "BINARY",
+            ColumnType::Timestamp => "TIMESTAMP",
+            ColumnType::Date => "DATE",
+        }
+    }
+
+    fn can_be_key(&self) -> bool {
+        !matches!(self, ColumnType::Float | ColumnType::Double | ColumnType::Bool)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ColumnSchema {
+    pub name: String,
+    pub column_type: ColumnType,
+    pub nullable: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Schema {
+    columns: Vec<ColumnSchema>,
+    key_columns: Vec<usize>,
+    #[serde(skip)]
+    arrow: OnceLock<SchemaRef>,
+}
+
+impl PartialEq for Schema {
+    fn eq(&self, other: &Self) -> bool {
+        self.columns == other.columns && self.key_columns == other.key_columns
+    }
+}
+
+impl Schema {
+    pub fn new(columns: Vec<ColumnSchema>, key_columns: Vec<usize>) -> Result<Schema, StorageError> {
+        let invalid = |m: String| Err(StorageError::InvalidSchema(m));
+        if columns.is_empty() {
+            return invalid("a table needs at least one column".into());
+        }
+        for (i, c) in columns.iter().enumerate() {
+            if c.name.is_empty() {
+                return invalid("column names cannot be empty".into());
+            }
+            if columns[..i].iter().any(|o| o.name == c.name) {
+                return invalid(format!("column '{}' is declared twice", c.name));
+            }
+        }
+        if key_columns.is_empty() {
+            return invalid("a table needs a primary key".into());
+        }
+        for (i, &k) in key_columns.iter().enumerate() {
+            let Some(c) = columns.get(k) else {
+                return invalid(format!("key column #{k} does not exist"));
+            };
+            if key_columns[..i].contains(&k) {
+                return invalid(format!("key column '{}' is listed twice", c.name));
+            }
+            if c.nullable {
+                return invalid(format!("key column '{}' must be NOT NULL", c.name));
+            }
+            if !c.column_type.can_be_key() {
+                return invalid(format!(
+                    "column '{}' of type {} cannot be part of the primary key",
+                    c.name,
+                    c.column_type.sql_name()
+                ));
+            }
+        }
+        Ok(Schema { columns, key_columns, arrow: OnceLock::new() })
+    }
+
+    pub fn columns(&self) -> &[ColumnSchema] {
+        &self.columns
+    }
+
+    pub fn key_columns(&self) -> &[usize] {
+        &self.key_columns
+    }
+
+    pub fn column_index(&self, name: &str) -> Option<usize> {
+        self.columns.iter().position(|c| c.name == name)
+    }
+
+    pub fn is_key_column(&self, idx: usize) -> bool {
+        self.key_columns.contains(&idx)
+    }
+
+    pub fn arrow_schema(&self) -> SchemaRef {
+        self.arrow
+            .get_or_init(|| {
+                Arc::new(ArrowSchema::new(
+                    self.columns
+                        .iter()
+                        .map(|c| Field::new(&c.name, c.column_type.arrow_type(), c.nullable))
+                        .collect::<Vec<_>>(),
+                ))
+            })
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn col(name: &str, t: ColumnType, nullable: bool) -> ColumnSchema {
+        ColumnSchema { name: name.into(), column_type: t, nullable }
+    }
+
+    #[test]
+    fn validation_errors_name_the_problem() {
+        let cases = [
+            (Schema::new(vec![col("a", ColumnType::Int32, false)], vec![]), "primary key"),
+            (Schema::new(vec![col("a", ColumnType::Double, false)], vec![0]), "DOUBLE"),
+            (Schema::new(vec![col("a", ColumnType::Int32, true)], vec![0]), "NOT NULL"),
+            (
+                Schema::new(vec![col("a", ColumnType::Int32, false), col("a", ColumnType::Int8, true)], vec![0]),
+                "twice",
+            ),
+            (Schema::new(vec![col("a", ColumnType::Int32, false)], vec![3]), "#3"),
+        ];
+        for (result, needle) in cases {
+            let e = result.unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+    }
+}

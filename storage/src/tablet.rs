@@ -1,0 +1,520 @@
+//! The tablet: a MemRowSet, DiskRowSets with their delta stores, and the metadata that ties them.
+//!
+//! Writes are applied by the Raft thread in log order ([`Tablet::apply`]); each write batch is
+//! validated completely before anything changes, so it applies entirely or not at all, and the
+//! outcome depends only on the tablet's state and the batch (replicas and replays agree).
+//!
+//! Flushing writes the MemRowSet's live rows as new DiskRowSets, rewrites rowsets that have
+//! deltas with those deltas applied, and then switches to the new set of files by replacing
+//! `metadata` atomically (temp file, fsync, rename, fsync directory). The metadata records
+//! `durable_index`, the last log entry whose effects the files contain; the WAL is replayed from
+//! there. Files the metadata does not name (left by a crash mid-flush) are deleted on open.
+//! Base data carries no history: a snapshot older than the last flush sees the flushed state.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{Array, RecordBatch};
+use arrow::compute::{cast, interleave};
+use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
+
+use crate::deltastore::DeltaMemStore;
+use crate::diskrowset::DiskRowSet;
+use crate::key::{encode_keys, format_key};
+use crate::memrowset::{MemRowSet, RowArena, RowRef, Version};
+use crate::scan::{self, ScanIterator, ScanSpec, Source};
+use crate::{Schema, StorageError, Timestamp, WriteBatch, WriteKind};
+
+#[derive(Clone, Debug)]
+pub struct TabletOptions {
+    /// MemRowSet + delta memory at which the tablet asks to be flushed.
+    pub flush_threshold_bytes: usize,
+    /// Target size of one DiskRowSet.
+    pub rowset_target_bytes: usize,
+}
+
+impl Default for TabletOptions {
+    fn default() -> Self {
+        Self { flush_threshold_bytes: 64 << 20, rowset_target_bytes: 32 << 20 }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Metadata {
+    schema: Schema,
+    rowsets: Vec<u64>,
+    next_rowset_id: u64,
+    durable_index: u64,
+}
+
+const METADATA: &str = "metadata";
+
+pub struct Tablet {
+    dir: PathBuf,
+    schema: Schema,
+    options: TabletOptions,
+    state: RwLock<State>,
+}
+
+struct State {
+    arena: RowArena,
+    mrs: MemRowSet,
+    rowsets: Vec<Arc<DiskRowSet>>,
+    /// Parallel to `rowsets`.
+    deltas: Vec<DeltaMemStore>,
+    next_rowset_id: u64,
+    last_applied: u64,
+    durable_index: u64,
+}
+
+/// Where the live version of a key is.
+enum Location {
+    Absent,
+    Mem(RowRef),
+    /// In rowset `rs` at `ordinal`; `image` is its newest delta image (None: the base row).
+    Disk { rs: usize, ordinal: u32, image: Option<RowRef> },
+}
+
+impl Tablet {
+    pub fn create(dir: &Path, schema: Schema, options: TabletOptions) -> Result<Tablet, StorageError> {
+        std::fs::create_dir_all(dir)?;
+        let meta = Metadata { schema: schema.clone(), rowsets: vec![], next_rowset_id: 1, durable_index: 0 };
+        write_metadata(dir, &meta)?;
+        Ok(Tablet {
+            dir: dir.to_path_buf(),
+            schema,
+            options,
+            state: RwLock::new(State {
+                arena: RowArena::default(),
+                mrs: MemRowSet::default(),
+                rowsets: vec![],
+                deltas: vec![],
+                next_rowset_id: 1,
+                last_applied: 0,
+                durable_index: 0,
+            }),
+        })
+    }
+
+    pub fn open(dir: &Path, options: TabletOptions) -> Result<Tablet, StorageError> {
+        let meta = read_metadata(dir)?;
+        let mut rowsets = Vec::new();
+        let mut names = HashSet::new();
+        for &id in &meta.rowsets {
+            names.insert(DiskRowSet::file_name(id));
+            rowsets.push(Arc::new(DiskRowSet::open(dir, id)?));
+        }
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name != METADATA && !names.contains(&name) {
+                tracing::info!(file = %entry.path().display(), "removing file left by an interrupted flush");
+                std::fs::remove_file(entry.path())?;
+            }
+        }
+        let deltas = vec![DeltaMemStore::default(); rowsets.len()];
+        Ok(Tablet {
+            dir: dir.to_path_buf(),
+            schema: meta.schema,
+            options,
+            state: RwLock::new(State {
+                arena: RowArena::default(),
+                mrs: MemRowSet::default(),
+                rowsets,
+                deltas,
+                next_rowset_id: meta.next_rowset_id,
+                last_applied: meta.durable_index,
+                durable_index: meta.durable_index,
+            }),
+        })
+    }
+
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    pub fn durable_index(&self) -> u64 {
+        self.state.read().durable_index
+    }
+
+    pub fn memory_bytes(&self) -> usize {
+        let s = self.state.read();
+        s.arena.bytes() + s.mrs.bytes()
+    }
+
+    pub fn needs_flush(&self) -> bool {
+        self.memory_bytes() >= self.options.flush_threshold_bytes
+    }
+
+    pub fn disk_bytes(&self) -> u64 {
+        self.state.read().rowsets.iter().map(|r| r.disk_bytes()).sum()
+    }
+
+    /// Applies one write batch at `ts` as log entry `index`: all rows or none.
+    pub fn apply(&self, index: u64, ts: Timestamp, batch: &WriteBatch) -> Result<usize, StorageError> {
+        let mut state = self.state.write();
+        state.last_applied = state.last_applied.max(index);
+        self.apply_locked(&mut state, ts, batch)
+    }
+
+    fn apply_locked(&self, state: &mut State, ts: Timestamp, batch: &WriteBatch) -> Result<usize, StorageError> {
+        let rows = self.conform(batch)?;
+        let n = rows.num_rows();
+        if n == 0 {
+            return Ok(0);
+        }
+        let keys = encode_keys(&self.schema, &rows)?;
+        // Validate every row before changing anything.
+        let mut seen = HashSet::with_capacity(n);
+        let mut locations = Vec::with_capacity(n);
+        let mut last_of_key = vec![true; n];
+        for (row, key) in keys.iter().enumerate() {
+            if !seen.insert(key.as_slice()) {
+                if batch.kind == WriteKind::Upsert {
+                    // The last image of a key in one UPSERT wins.
+                    let first = keys.iter().position(|k| k == key).unwrap_or(row);
+                    for (i, k) in keys.iter().enumerate().take(row) {
+                        if k == key {
+                            last_of_key[i] = false;
+                        }
+                    }
+                    let _ = first;
+                } else {
+                    return Err(StorageError::DuplicateKey { key: format_key(&self.schema, &rows, row) });
+                }
+            }
+            let location = state.locate(key);
+            match (batch.kind, &location) {
+                (WriteKind::Insert, Location::Mem(_) | Location::Disk { .. }) => {
+                    return Err(StorageError::DuplicateKey { key: format_key(&self.schema, &rows, row) })
+                }
+                (WriteKind::Update | WriteKind::Delete, Location::Absent) => {
+                    return Err(StorageError::KeyNotFound { key: format_key(&self.schema, &rows, row) })
+                }
+                _ => {}
+            }
+            locations.push(location);
+        }
+        // New full row images: the batch's rows for INSERT/UPSERT, old rows with the changed
+        // columns replaced for UPDATE, none for DELETE.
+        let images: Option<Vec<RowRef>> = match batch.kind {
+            WriteKind::Insert | WriteKind::Upsert => Some(state.arena.append(rows.clone())),
+            WriteKind::Update => {
+                let merged = self.updated_rows(state, &rows, &locations)?;
+                Some(state.arena.append(merged))
+            }
+            WriteKind::Delete => None,
+        };
+        for (row, (key, location)) in keys.into_iter().zip(locations).enumerate() {
+            if !last_of_key[row] {
+                continue;
+            }
+            let version = Version { ts, row: images.as_ref().map(|i| i[row]) };
+            match location {
+                Location::Disk { rs, ordinal, .. } => state.deltas[rs].push(ordinal, version),
+                Location::Mem(_) | Location::Absent => state.mrs.push(key, version),
+            }
+        }
+        Ok(n)
+    }
+
+    /// Checks a batch's columns against the schema and returns it in the shape the kind needs:
+    /// full table rows for INSERT/UPSERT, key + changed columns for UPDATE, keys for DELETE.
+    fn conform(&self, batch: &WriteBatch) -> Result<RecordBatch, StorageError> {
+        let table = self.schema.arrow_schema();
+        let rows = &batch.rows;
+        for field in rows.schema().fields() {
+            if table.index_of(field.name()).is_err() {
+                return Err(StorageError::SchemaMismatch(format!("unknown column '{}'", field.name())));
+            }
+        }
+        let wanted: Vec<usize> = match batch.kind {
+            WriteKind::Insert | WriteKind::Upsert => (0..table.fields().len()).collect(),
+            WriteKind::Delete => self.schema.key_columns().to_vec(),
+            WriteKind::Update => {
+                let mut cols = self.schema.key_columns().to_vec();
+                for (i, f) in table.fields().iter().enumerate() {
+                    if !cols.contains(&i) && rows.column_by_name(f.name()).is_some() {
+                        cols.push(i);
+                    }
+                }
+                cols
+            }
+        };
+        let mut columns = Vec::with_capacity(wanted.len());
+        for &c in &wanted {
+            let field = table.field(c);
+            let column = rows.column_by_name(field.name()).ok_or_else(|| {
+                StorageError::SchemaMismatch(format!("missing column '{}'", field.name()))
+            })?;
+            let column = if column.data_type() == field.data_type() {
+                column.clone()
+            } else if matches!((column.data_type(), field.data_type()),
+                (arrow::datatypes::DataType::Timestamp(u1, _), arrow::datatypes::DataType::Timestamp(u2, _)) if u1 == u2)
+            {
+                cast(column, field.data_type())?
+            } else {
+                return Err(StorageError::SchemaMismatch(format!(
+                    "column '{}' is {}, got {}",
+                    field.name(),
+                    self.schema.columns()[c].column_type.sql_name(),
+                    column.data_type()
+                )));
+            };
+            if column.null_count() > 0 {
+                if self.schema.is_key_column(c) {
+                    return Err(StorageError::NullKey { column: field.name().clone() });
+                }
+                if !field.is_nullable() {
+                    return Err(StorageError::NullValue { column: field.name().clone() });
+                }
+            }
+            columns.push(column);
+        }
+        let schema = Arc::new(table.project(&wanted)?);
+        Ok(RecordBatch::try_new(schema, columns)?)
+    }
+
+    /// Full rows for an UPDATE: each target row's current image with the batch's columns over it.
+    fn updated_rows(&self, state: &State, rows: &RecordBatch, locations: &[Location]) -> Result<RecordBatch, StorageError> {
+        let table = self.schema.arrow_schema();
+        let width = table.fields().len();
+        // Base rows of flushed rows without a delta image are read from their rowsets.
+        let mut base_reads: Vec<Vec<u32>> = vec![Vec::new(); state.rowsets.len()];
+        for l in locations {
+            if let Location::Disk { rs, ordinal, image: None } = l {
+                base_reads[*rs].push(*ordinal);
+            }
+        }
+        let mut base_batches: Vec<(usize, Vec<u32>, RecordBatch)> = Vec::new();
+        for (rs, mut ordinals) in base_reads.into_iter().enumerate() {
+            if ordinals.is_empty() {
+                continue;
+            }
+            ordinals.sort_unstable();
+            ordinals.dedup();
+            let batch = state.rowsets[rs].read_rows(width, &ordinals)?;
+            base_batches.push((rs, ordinals, batch));
+        }
+        // Sources for interleave: arena batches, then the base reads.
+        let arena_len = state.arena.len();
+        let mut indices = Vec::with_capacity(locations.len());
+        for l in locations {
+            indices.push(match l {
+                Location::Mem(r) | Location::Disk { image: Some(r), .. } => (r.batch as usize, r.row as usize),
+                Location::Disk { rs, ordinal, image: None } => {
+                    let (pos, (_, ordinals, _)) = base_batches
+                        .iter()
+                        .enumerate()
+                        .find(|(_, (r, _, _))| r == rs)
+                        .ok_or_else(|| StorageError::Corruption("base row not read".into()))?;
+                    let row = ordinals.binary_search(ordinal).map_err(|_| StorageError::Corruption("base row not read".into()))?;
+                    (arena_len + pos, row)
+                }
+                Location::Absent => return Err(StorageError::Corruption("update of an absent row".into())),
+            });
+        }
+        let mut columns = Vec::with_capacity(width);
+        for (c, field) in table.fields().iter().enumerate() {
+            if let Some(new) = rows.column_by_name(field.name()) {
+                columns.push(new.clone());
+                continue;
+            }
+            let mut sources: Vec<&dyn Array> = (0..arena_len as u32).map(|b| state.arena.batch(b).column(c).as_ref()).collect();
+            sources.extend(base_batches.iter().map(|(_, _, b)| b.column(c).as_ref()));
+            columns.push(interleave(&sources, &indices)?);
+        }
+        Ok(RecordBatch::try_new(table, columns)?)
+    }
+
+    pub fn scan(&self, spec: &ScanSpec) -> Result<ScanIterator, StorageError> {
+        let (read_columns, output_len) = scan::read_columns(&self.schema, spec)?;
+        let table = self.schema.arrow_schema();
+        let state = self.state.read();
+        let batch_size = spec.batch_size.max(1);
+        let mut sources = std::collections::VecDeque::new();
+        for (rowset, deltas) in state.rowsets.iter().zip(&state.deltas) {
+            let (hidden, images) = deltas.view(spec.snapshot);
+            sources.push_back(Source::Rowset {
+                reader: rowset.reader(&read_columns, batch_size)?,
+                hidden: hidden.into_iter().collect(),
+                next_ordinal: 0,
+            });
+            for chunk in images.chunks(batch_size) {
+                sources.push_back(Source::Batch(state.arena.gather(&table, &read_columns, chunk)?));
+            }
+        }
+        let mem_rows = state.mrs.visible_rows(spec.snapshot);
+        for chunk in mem_rows.chunks(batch_size) {
+            sources.push_back(Source::Batch(state.arena.gather(&table, &read_columns, chunk)?));
+        }
+        Ok(scan::boxed(scan::Scan {
+            schema: self.schema.clone(),
+            read_columns,
+            output_len,
+            predicates: spec.predicates.clone(),
+            remaining: spec.limit,
+            sources,
+        }))
+    }
+
+    /// Writes in-memory rows and deltas to new DiskRowSets and switches to them atomically.
+    pub fn flush(&self) -> Result<(), StorageError> {
+        let mut state = self.state.write();
+        if state.mrs.is_empty() && state.deltas.iter().all(DeltaMemStore::is_empty) {
+            if state.durable_index != state.last_applied {
+                let meta = self.metadata(&state, state.rowsets.iter().map(|r| r.id).collect(), state.next_rowset_id, state.last_applied);
+                write_metadata(&self.dir, &meta)?;
+                state.durable_index = state.last_applied;
+            }
+            return Ok(());
+        }
+        let table = self.schema.arrow_schema();
+        let all: Vec<usize> = (0..table.fields().len()).collect();
+        let mut next_id = state.next_rowset_id;
+        let mut kept: Vec<Arc<DiskRowSet>> = Vec::new();
+        let mut created: Vec<Arc<DiskRowSet>> = Vec::new();
+        let mut replaced: Vec<Arc<DiskRowSet>> = Vec::new();
+        let latest = Timestamp(u64::MAX);
+        let result = (|| -> Result<(), StorageError> {
+            // Rowsets with deltas: rewritten with their deltas applied.
+            for (rowset, deltas) in state.rowsets.iter().zip(&state.deltas) {
+                if deltas.is_empty() {
+                    kept.push(rowset.clone());
+                    continue;
+                }
+                let (hidden, _) = deltas.view(latest);
+                let hidden: HashSet<u32> = hidden.into_iter().collect();
+                let mut keys: Vec<(Vec<u8>, Option<RowRef>, u32)> = Vec::new();
+                for ordinal in 0..rowset.num_rows() as u32 {
+                    if !hidden.contains(&ordinal) {
+                        keys.push((rowset.key(ordinal).to_vec(), None, ordinal));
+                    } else if let Some(Version { row: Some(r), .. }) = deltas.latest(ordinal) {
+                        keys.push((rowset.key(ordinal).to_vec(), Some(*r), ordinal));
+                    }
+                }
+                let base = rowset.read_rows(all.len(), &(0..rowset.num_rows() as u32).collect::<Vec<_>>())?;
+                let arena_len = state.arena.len();
+                let indices: Vec<(usize, usize)> = keys
+                    .iter()
+                    .map(|(_, image, ordinal)| match image {
+                        Some(r) => (r.batch as usize, r.row as usize),
+                        None => (arena_len, *ordinal as usize),
+                    })
+                    .collect();
+                let mut columns = Vec::new();
+                for c in 0..all.len() {
+                    let mut sources: Vec<&dyn Array> = (0..arena_len as u32).map(|b| state.arena.batch(b).column(c).as_ref()).collect();
+                    sources.push(base.column(c).as_ref());
+                    columns.push(interleave(&sources, &indices)?);
+                }
+                replaced.push(rowset.clone());
+                if keys.is_empty() {
+                    continue;
+                }
+                let batch = RecordBatch::try_new(table.clone(), columns)?;
+                created.push(Arc::new(DiskRowSet::write(&self.dir, next_id, &table, &[batch], keys.into_iter().map(|k| k.0).collect())?));
+                next_id += 1;
+            }
+            // MemRowSet: live rows in key order, rolled at the target rowset size.
+            let live: Vec<(Vec<u8>, RowRef)> = state
+                .mrs
+                .index
+                .iter()
+                .filter_map(|(k, v)| v.last().and_then(|v| v.row).map(|r| (k.clone(), r)))
+                .collect();
+            if !live.is_empty() {
+                let row_bytes = (state.arena.bytes() / live.len().max(1)).max(1);
+                let rows_per_rowset = (self.options.rowset_target_bytes / row_bytes).max(1024);
+                for chunk in live.chunks(rows_per_rowset) {
+                    let refs: Vec<RowRef> = chunk.iter().map(|(_, r)| *r).collect();
+                    let mut batches = Vec::new();
+                    for part in refs.chunks(64 * 1024) {
+                        batches.push(state.arena.gather(&table, &all, part)?);
+                    }
+                    let keys = chunk.iter().map(|(k, _)| k.clone()).collect();
+                    created.push(Arc::new(DiskRowSet::write(&self.dir, next_id, &table, &batches, keys)?));
+                    next_id += 1;
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            for rowset in &created {
+                let _ = std::fs::remove_file(rowset.path());
+            }
+            return Err(e);
+        }
+        let mut rowsets = kept;
+        rowsets.extend(created);
+        let meta = self.metadata(&state, rowsets.iter().map(|r| r.id).collect(), next_id, state.last_applied);
+        write_metadata(&self.dir, &meta)?;
+        // The new state is durable; the replaced files are garbage now (open scans keep their
+        // file handles).
+        for rowset in replaced {
+            if let Err(e) = std::fs::remove_file(rowset.path()) {
+                tracing::warn!(file = %rowset.path().display(), error = %e, "could not remove replaced rowset");
+            }
+        }
+        state.deltas = vec![DeltaMemStore::default(); rowsets.len()];
+        state.rowsets = rowsets;
+        state.next_rowset_id = next_id;
+        state.durable_index = state.last_applied;
+        state.mrs.clear();
+        state.arena.clear();
+        Ok(())
+    }
+
+    fn metadata(&self, _state: &State, rowsets: Vec<u64>, next_rowset_id: u64, durable_index: u64) -> Metadata {
+        Metadata { schema: self.schema.clone(), rowsets, next_rowset_id, durable_index }
+    }
+}
+
+impl State {
+    fn locate(&self, key: &[u8]) -> Location {
+        if let Some(v) = self.mrs.latest(key) {
+            return match v.row {
+                Some(r) => Location::Mem(r),
+                None => Location::Absent,
+            };
+        }
+        for (rs, rowset) in self.rowsets.iter().enumerate() {
+            if let Some(ordinal) = rowset.find(key) {
+                return match self.deltas[rs].latest(ordinal) {
+                    None => Location::Disk { rs, ordinal, image: None },
+                    Some(Version { row: Some(r), .. }) => Location::Disk { rs, ordinal, image: Some(*r) },
+                    Some(Version { row: None, .. }) => Location::Absent,
+                };
+            }
+        }
+        Location::Absent
+    }
+}
+
+fn write_metadata(dir: &Path, meta: &Metadata) -> Result<(), StorageError> {
+    let json = serde_json::to_vec(meta).map_err(|e| StorageError::Corruption(e.to_string()))?;
+    let tmp = dir.join("metadata.tmp");
+    let mut file = File::create(&tmp)?;
+    file.write_all(format!("{:08x}\n", crc32fast::hash(&json)).as_bytes())?;
+    file.write_all(&json)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, dir.join(METADATA))?;
+    File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+fn read_metadata(dir: &Path) -> Result<Metadata, StorageError> {
+    let path = dir.join(METADATA);
+    let bytes = std::fs::read(&path)?;
+    let bad = || StorageError::Corruption(format!("{} is damaged", path.display()));
+    let (crc, json) = bytes.split_at_checked(9).ok_or_else(bad)?;
+    let crc = std::str::from_utf8(&crc[..8]).ok().and_then(|s| u32::from_str_radix(s, 16).ok()).ok_or_else(bad)?;
+    if crc32fast::hash(json) != crc {
+        return Err(bad());
+    }
+    serde_json::from_slice(json).map_err(|_| bad())
+}

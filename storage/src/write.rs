@@ -1,0 +1,67 @@
+//! Write batches: the unit a tablet applies atomically and the payload of a Raft log entry
+//! (one kind byte followed by the rows as an Arrow IPC stream).
+
+use std::io::Cursor;
+
+use arrow::ipc::reader::StreamReader;
+use arrow::ipc::writer::StreamWriter;
+use arrow::record_batch::RecordBatch;
+use serde::{Deserialize, Serialize};
+
+use crate::StorageError;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Timestamp(pub u64);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WriteKind {
+    /// New rows; an existing key is an error.
+    Insert,
+    /// Insert or replace whole rows.
+    Upsert,
+    /// Key columns plus the columns to change; a missing key is an error.
+    Update,
+    /// Key columns; a missing key is an error.
+    Delete,
+}
+
+#[derive(Clone, Debug)]
+pub struct WriteBatch {
+    pub kind: WriteKind,
+    pub rows: RecordBatch,
+}
+
+impl WriteBatch {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![self.kind as u8];
+        // Writing to a Vec only fails for batches that don't match their own schema, which a
+        // RecordBatch cannot be; an empty payload then decodes as an error, never as data.
+        let ok = (|| -> Result<(), arrow::error::ArrowError> {
+            let mut writer = StreamWriter::try_new(&mut out, &self.rows.schema())?;
+            writer.write(&self.rows)?;
+            writer.finish()
+        })();
+        if ok.is_err() {
+            out.truncate(1);
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<WriteBatch, StorageError> {
+        let (kind, payload) = bytes
+            .split_first()
+            .ok_or_else(|| StorageError::Corruption("empty write batch".into()))?;
+        let kind = match kind {
+            0 => WriteKind::Insert,
+            1 => WriteKind::Upsert,
+            2 => WriteKind::Update,
+            3 => WriteKind::Delete,
+            other => return Err(StorageError::Corruption(format!("unknown write kind {other}"))),
+        };
+        let mut reader = StreamReader::try_new(Cursor::new(payload), None)?;
+        let rows = reader
+            .next()
+            .ok_or_else(|| StorageError::Corruption("write batch without rows".into()))??;
+        Ok(WriteBatch { kind, rows })
+    }
+}
