@@ -41,6 +41,12 @@ struct Inner {
     tserver: Arc<TabletServer>,
 }
 
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Client")
+    }
+}
+
 /// A table as the client sees it: its definition, for routing and scans.
 pub type TableHandle = Arc<TableInfo>;
 
@@ -88,7 +94,11 @@ impl Client {
             .split(&table.schema, rows)
             .map_err(|error| WriteError { applied: 0, error })?;
         let writes = parts.into_iter().map(|(bucket, rows)| async move {
-            let replica = self.inner.tserver.replica(&table.tablets[bucket as usize])?;
+            let replica = self
+                .inner
+                .tserver
+                .replica(&table.tablets[bucket as usize])
+                .map_err(|error| WriteError { applied: 0, error })?;
             let mut applied = 0;
             for chunk in chunks(&rows) {
                 applied += replica

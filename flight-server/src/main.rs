@@ -1,1 +1,114 @@
-fn main() {}
+//! The `nyala` binary: `serve` runs an embedded single node with Flight SQL; `sql` runs
+//! statements against a server (`--connect`) or an embedded database (`--data-dir`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use nyala_flight::embedded::EmbeddedConnection;
+use nyala_shell::{Connection, FlightSqlConnection};
+use nyala_sql::{Database, DatabaseOptions};
+
+#[derive(Parser)]
+#[command(name = "nyala", version, about = "Nyala: a Raft-replicated, Arrow-native analytic database")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run an embedded single node (master + tablet server + Flight SQL) in one process.
+    Serve {
+        #[arg(long, default_value = "./nyala-data")]
+        data_dir: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:50051")]
+        listen: SocketAddr,
+    },
+    /// Run SQL: a script with -c/-f, or an interactive shell.
+    Sql {
+        /// Flight SQL server to talk to, e.g. grpc://127.0.0.1:50051; without it an embedded
+        /// database in --data-dir is opened.
+        #[arg(long)]
+        connect: Option<String>,
+        #[arg(long, default_value = "./nyala-data")]
+        data_dir: PathBuf,
+        /// Statements to run (separated by ';').
+        #[arg(short = 'c', conflicts_with = "file")]
+        command: Option<String>,
+        /// A file of statements to run.
+        #[arg(short = 'f')]
+        file: Option<PathBuf>,
+    },
+}
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(Cli::parse()).await {
+        eprintln!("Error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve { data_dir, listen } => serve(data_dir, listen).await,
+        Command::Sql { connect, data_dir, command, file } => {
+            let script = match (command, file) {
+                (Some(c), _) => Some(c),
+                (None, Some(f)) => Some(std::fs::read_to_string(&f).with_context(|| format!("cannot read {}", f.display()))?),
+                (None, None) => None,
+            };
+            match connect {
+                Some(url) => {
+                    let conn = FlightSqlConnection::connect(&url).await?;
+                    shell(&conn, script).await
+                }
+                None => {
+                    let db = Database::open(&data_dir, DatabaseOptions::default())
+                        .await
+                        .with_context(|| format!("cannot open the database in {}", data_dir.display()))?;
+                    let conn = EmbeddedConnection::new(db);
+                    let result = shell(&conn, script).await;
+                    conn.close().await?;
+                    result
+                }
+            }
+        }
+    }
+}
+
+async fn shell(conn: &dyn Connection, script: Option<String>) -> anyhow::Result<()> {
+    match script {
+        Some(script) => nyala_shell::run_script(conn, &script, &mut std::io::stdout()).await,
+        None => nyala_shell::run_interactive(conn).await,
+    }
+}
+
+async fn serve(data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<()> {
+    let db: Arc<Database> = Database::open(&data_dir, DatabaseOptions::default())
+        .await
+        .with_context(|| format!("cannot open the database in {}", data_dir.display()))?;
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let addr = listener.local_addr()?;
+    println!("Nyala listening on grpc://{addr} (data: {})", data_dir.display());
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+    };
+    nyala_flight::serve(db.clone(), listener, shutdown).await?;
+    db.shutdown().await?;
+    Ok(())
+}

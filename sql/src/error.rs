@@ -18,5 +18,7 @@ pub enum SqlError {
     DataFusion(#[from] DataFusionError),
     /// The engine (catalog, tablets) rejected or failed an operation.
     #[error("{0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    #[error("{0}")]
     Engine(#[from] nyala_engine::EngineError),
 }

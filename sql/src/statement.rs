@@ -150,7 +150,8 @@ fn object_name(name: &ObjectName) -> Result<String> {
     };
     let expected = [crate::CATALOG_NAME, crate::SCHEMA_NAME];
     let qualifiers: Vec<String> = qualifiers.iter().map(|i| normalize_ident(i)).collect();
-    if qualifiers.len() > 2 || !expected.ends_with(&qualifiers) {
+    let qualifiers_ref: Vec<&str> = qualifiers.iter().map(String::as_str).collect();
+    if qualifiers.len() > 2 || !expected.ends_with(&qualifiers_ref) {
         return Err(SqlError::Invalid(format!(
             "unknown schema '{}': tables live in {}.{}",
             qualifiers.join("."),
@@ -327,7 +328,7 @@ fn parse_partitioning(tokens: Vec<Token>) -> Result<(Vec<String>, u32)> {
                 .into(),
         )
     };
-    let mut expect_word = |it: &mut std::iter::Peekable<std::slice::Iter<Token>>, w: &str| {
+    let expect_word = |it: &mut std::iter::Peekable<std::slice::Iter<Token>>, w: &str| {
         match it.next() {
             Some(t) if is_word(t, w) => Ok(()),
             _ => Err(syntax()),

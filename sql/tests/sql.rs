@@ -101,7 +101,7 @@ async fn bad_input_gets_clear_errors_and_changes_nothing() {
         ("SELECT nope FROM metrics", "nope"),
         ("INSERT INTO metrics VALUES ('a', '2026-01-01T00:00:00', 'cpu', 9.0)", "duplicate"),
         ("INSERT INTO metrics VALUES ('x', 'not a time', 'cpu', 9.0)", "not a time"),
-        ("INSERT INTO metrics VALUES (NULL, '2026-01-01T00:00:00', 'cpu', 9.0)", "host"),
+        ("INSERT INTO metrics VALUES (NULL, '2026-01-01T00:00:00', 'cpu', 9.0)", "null"),
         ("UPDATE metrics SET host = 'z' WHERE host = 'a'", "primary key"),
         ("CREATE TABLE metrics (a INT PRIMARY KEY)", "already exists"),
         ("DROP TABLE nope", "nope"),

@@ -1,0 +1,69 @@
+"""Nyala through ADBC's Flight SQL driver, against a real `nyala serve` process."""
+
+import os
+import socket
+import subprocess
+import tempfile
+
+import adbc_driver_flightsql.dbapi as flightsql
+import pytest
+
+
+def nyala_bin():
+    if os.environ.get("NYALA_BIN"):
+        return os.environ["NYALA_BIN"]
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "target"))
+    return os.path.join(target, "debug", "nyala")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with tempfile.TemporaryDirectory() as data_dir:
+        proc = subprocess.Popen(
+            [nyala_bin(), "serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = proc.stdout.readline()
+        url = next(w for w in line.split() if w.startswith("grpc://"))
+        yield url
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def conn(server):
+    with flightsql.connect(server, autocommit=True) as conn:
+        yield conn
+
+
+def test_create_insert_update_delete_select(conn):
+    cur = conn.cursor()
+    cur.execute(
+        "CREATE TABLE py_metrics (host STRING, ts TIMESTAMP, value DOUBLE, PRIMARY KEY (host, ts)) "
+        "DISTRIBUTE BY HASH (host) INTO 2 BUCKETS"
+    )
+    cur.execute(
+        "INSERT INTO py_metrics VALUES ('a', '2026-01-01T00:00:00', 1.5), "
+        "('a', '2026-01-01T00:01:00', 2.5), ('b', '2026-01-01T00:00:00', 10.0)"
+    )
+    cur.execute("UPDATE py_metrics SET value = value * 2 WHERE host = 'a'")
+    cur.execute("DELETE FROM py_metrics WHERE value > 9")
+    cur.execute("SELECT host, value FROM py_metrics ORDER BY value")
+    table = cur.fetch_arrow_table()
+    assert table.column("host").to_pylist() == ["a", "a"]
+    assert table.column("value").to_pylist() == [3.0, 5.0]
+    cur.close()
+
+
+def test_errors_are_clear_and_change_nothing(conn):
+    cur = conn.cursor()
+    cur.execute("CREATE TABLE py_keys (id BIGINT PRIMARY KEY, v STRING)")
+    cur.execute("INSERT INTO py_keys VALUES (1, 'x')")
+    with pytest.raises(Exception, match="duplicate primary key"):
+        cur.execute("INSERT INTO py_keys VALUES (1, 'y')")
+    with pytest.raises(Exception, match="no_such_table"):
+        cur.execute("SELECT * FROM no_such_table")
+    cur.execute("SELECT v FROM py_keys")
+    assert cur.fetch_arrow_table().column("v").to_pylist() == ["x"]
+    cur.close()
