@@ -26,7 +26,7 @@ use arrow_flight::sql::{
     CommandStatementUpdate, ProstMessageExt, SqlInfo, TicketStatementQuery,
 };
 use arrow_flight::{Action, FlightDescriptor, FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc, Ticket};
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::{Stream, TryStreamExt};
 use nyala_sql::{Database, Session, SqlError, StatementKind, CATALOG_NAME, SCHEMA_NAME};
 use prost::Message;
 use tonic::{Request, Response, Status, Streaming};

@@ -54,7 +54,7 @@ impl Connection for FlightSqlConnection {
     }
 }
 
-fn flight_error(e: arrow::error::ArrowError) -> anyhow::Error {
+fn flight_error(e: arrow_flight::error::FlightError) -> anyhow::Error {
     anyhow::anyhow!(clean(&e.to_string()))
 }
 
