@@ -33,6 +33,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 pub mod embedded;
 
+/// Prefix of the ticket handle of an already executed DDL/DML statement; SQL never starts with NUL.
+const COUNT_HANDLE: &str = "\0count:";
+
 type DoGetStream = Pin<Box<dyn Stream<Item = Result<arrow_flight::FlightData, Status>> + Send + 'static>>;
 
 /// The Flight SQL service over one database.
@@ -96,22 +99,40 @@ fn one_batch(batch: RecordBatch) -> Response<DoGetStream> {
 }
 
 impl NyalaFlightService {
-    async fn info_for_sql(&self, sql: &str, ticket: Vec<u8>, descriptor: FlightDescriptor) -> Result<Response<FlightInfo>, Status> {
+    /// Plans `sql` for GetFlightInfo. Queries get a ticket carrying the SQL (run at DoGet). DDL
+    /// and DML run now: clients such as ADBC never fetch the result of a statement they consider
+    /// an update, so waiting for DoGet would leave it unapplied. Their ticket carries the count.
+    async fn info_for_sql(&self, sql: &str, descriptor: FlightDescriptor) -> Result<Response<FlightInfo>, Status> {
         let planned = self.session.plan(sql).await.map_err(status)?;
-        Ok(Response::new(flight_info(&planned.schema(), ticket, descriptor)?))
+        let schema = planned.schema();
+        let handle = if planned.kind() == StatementKind::Query {
+            sql.as_bytes().to_vec()
+        } else {
+            let count = Self::count(planned).await?;
+            format!("{COUNT_HANDLE}{count}").into_bytes()
+        };
+        let ticket = TicketStatementQuery { statement_handle: handle.into() };
+        Ok(Response::new(flight_info(&schema, ticket.as_any().encode_to_vec(), descriptor)?))
     }
 
-    async fn stream_sql(&self, sql: &str) -> Result<Response<DoGetStream>, Status> {
-        let planned = self.session.plan(sql).await.map_err(status)?;
+    async fn stream_sql(&self, handle: &[u8]) -> Result<Response<DoGetStream>, Status> {
+        let handle = utf8(handle, "statement handle")?;
+        if let Some(count) = handle.strip_prefix(COUNT_HANDLE) {
+            let count: u64 = count.parse().map_err(|_| Status::invalid_argument("malformed ticket"))?;
+            let schema = Arc::new(Schema::new(vec![Field::new("count", DataType::UInt64, false)]));
+            let batch = RecordBatch::try_new(schema, vec![Arc::new(arrow::array::UInt64Array::from(vec![count]))])
+                .map_err(|e| Status::internal(e.to_string()))?;
+            return Ok(one_batch(batch));
+        }
+        let planned = self.session.plan(&handle).await.map_err(status)?;
         let schema = planned.schema();
         let stream = planned.execute().await.map_err(status)?;
         let batches = stream.map_err(|e| FlightError::ExternalError(Box::new(e)));
         Ok(Response::new(batch_stream(schema, batches)))
     }
 
-    async fn update_sql(&self, sql: &str) -> Result<i64, Status> {
-        let planned = self.session.plan(sql).await.map_err(status)?;
-        let kind = planned.kind();
+    /// Runs a DDL or DML statement and returns its `count`.
+    async fn count(planned: nyala_sql::PlannedStatement) -> Result<u64, Status> {
         let batches: Vec<RecordBatch> = planned
             .execute()
             .await
@@ -119,13 +140,18 @@ impl NyalaFlightService {
             .try_collect()
             .await
             .map_err(|e| Status::invalid_argument(e.strip_backtrace()))?;
-        if kind == StatementKind::Query {
-            return Ok(batches.iter().map(|b| b.num_rows() as i64).sum());
-        }
         Ok(batches
             .first()
-            .and_then(|b| b.column(0).as_any().downcast_ref::<arrow::array::UInt64Array>().map(|c| c.value(0) as i64))
+            .and_then(|b| b.column(0).as_any().downcast_ref::<arrow::array::UInt64Array>().map(|c| c.value(0)))
             .unwrap_or(0))
+    }
+
+    async fn update_sql(&self, sql: &str) -> Result<i64, Status> {
+        let planned = self.session.plan(sql).await.map_err(status)?;
+        if planned.kind() == StatementKind::Query {
+            return Err(Status::invalid_argument("a query cannot be executed as an update; use a query command"));
+        }
+        Ok(Self::count(planned).await? as i64)
     }
 
     fn tables_batch(&self, query: CommandGetTables) -> Result<RecordBatch, Status> {
@@ -202,13 +228,11 @@ impl FlightSqlService for NyalaFlightService {
     }
 
     async fn get_flight_info_statement(&self, query: CommandStatementQuery, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        let ticket = TicketStatementQuery { statement_handle: query.query.clone().into() };
-        self.info_for_sql(&query.query, ticket.as_any().encode_to_vec(), request.into_inner()).await
+        self.info_for_sql(&query.query, request.into_inner()).await
     }
 
     async fn do_get_statement(&self, ticket: TicketStatementQuery, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
-        let sql = utf8(&ticket.statement_handle, "statement handle")?;
-        self.stream_sql(&sql).await
+        self.stream_sql(&ticket.statement_handle).await
     }
 
     async fn do_put_statement_update(&self, command: CommandStatementUpdate, _request: Request<PeekableFlightDataStream>) -> Result<i64, Status> {
@@ -238,12 +262,11 @@ impl FlightSqlService for NyalaFlightService {
 
     async fn get_flight_info_prepared_statement(&self, query: CommandPreparedStatementQuery, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
         let sql = utf8(&query.prepared_statement_handle, "prepared statement handle")?;
-        self.info_for_sql(&sql, query.as_any().encode_to_vec(), request.into_inner()).await
+        self.info_for_sql(&sql, request.into_inner()).await
     }
 
     async fn do_get_prepared_statement(&self, query: CommandPreparedStatementQuery, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
-        let sql = utf8(&query.prepared_statement_handle, "prepared statement handle")?;
-        self.stream_sql(&sql).await
+        self.stream_sql(&query.prepared_statement_handle).await
     }
 
     async fn do_put_prepared_statement_update(&self, query: CommandPreparedStatementUpdate, _request: Request<PeekableFlightDataStream>) -> Result<i64, Status> {
