@@ -64,11 +64,9 @@ impl NyalaFlightService {
 /// A SQL error as a gRPC status: the user's mistakes are InvalidArgument, the rest Internal.
 pub fn status(e: SqlError) -> Status {
     match &e {
-        SqlError::Parse(_) | SqlError::Invalid(_) => Status::invalid_argument(e.to_string()),
         SqlError::NotSupported(_) => Status::unimplemented(e.to_string()),
-        SqlError::Engine(nyala_engine::EngineError::TableNotFound(_) | nyala_engine::EngineError::TableExists(_)) => {
-            Status::invalid_argument(e.to_string())
-        }
+        // Everything else a statement can fail with is about the statement or the data it
+        // touches (parse, planning, types, duplicate keys): the client's to fix.
         _ => Status::invalid_argument(e.to_string()),
     }
 }

@@ -67,16 +67,18 @@ impl DataSink for NyalaSink {
     ) -> Result<u64> {
         let mut applied = 0usize;
         while let Some(batch) = data.next().await {
-            let batch = batch.map_err(|e| self.failed(applied, e))?;
+            let batch = batch.map_err(|e| self.failed(applied, e.find_root().strip_backtrace()))?;
             if batch.num_rows() == 0 {
                 continue;
             }
-            let batch = self.with_table_types(batch).map_err(|e| self.failed(applied, e))?;
+            let batch = self
+                .with_table_types(batch)
+                .map_err(|e| self.failed(applied, e.find_root().strip_backtrace()))?;
             match self.client.write(&self.table, self.kind, &batch).await {
                 Ok(n) => applied += n,
                 Err(e) => {
                     applied += e.applied;
-                    return Err(self.failed(applied, DataFusionError::External(Box::new(e.error))));
+                    return Err(self.failed(applied, e.error.to_string()));
                 }
             }
         }
@@ -86,13 +88,9 @@ impl DataSink for NyalaSink {
 
 impl NyalaSink {
     /// Wraps an error so the client learns what the statement left behind.
-    fn failed(&self, applied: usize, error: DataFusionError) -> DataFusionError {
+    fn failed(&self, applied: usize, error: String) -> DataFusionError {
         let rows = if applied == 1 { "row" } else { "rows" };
-        DataFusionError::Execution(format!(
-            "{}; {} failed after {applied} {rows} had been applied",
-            error.strip_backtrace(),
-            self.verb()
-        ))
+        DataFusionError::Execution(format!("{error}; {} failed after {applied} {rows} had been applied", self.verb()))
     }
 
     /// Re-labels the batch with the table's field definitions (names, nullability, timezone),

@@ -13,12 +13,25 @@ pub enum SqlError {
     /// The statement is valid SQL that Nyala does not support yet.
     #[error("not supported: {0}")]
     NotSupported(String),
-    /// Planning or execution failed inside DataFusion.
+    /// Planning or execution failed inside DataFusion (the message of the innermost error).
     #[error("{0}")]
-    DataFusion(#[from] DataFusionError),
+    DataFusion(String),
     /// The engine (catalog, tablets) rejected or failed an operation.
     #[error("{0}")]
     Arrow(#[from] arrow::error::ArrowError),
     #[error("{0}")]
     Engine(#[from] nyala_engine::EngineError),
+}
+
+impl From<DataFusionError> for SqlError {
+    fn from(e: DataFusionError) -> Self {
+        let mut message = e.find_root().strip_backtrace();
+        // DataFusion's category prefixes say nothing to a user; the message after them does.
+        for prefix in ["Execution error: ", "External error: ", "Arrow error: ", "Invalid argument error: "] {
+            while let Some(rest) = message.strip_prefix(prefix) {
+                message = rest.to_string();
+            }
+        }
+        SqlError::DataFusion(message)
+    }
 }

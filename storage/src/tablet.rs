@@ -174,17 +174,14 @@ impl Tablet {
         let mut last_of_key = vec![true; n];
         for (row, key) in keys.iter().enumerate() {
             if !seen.insert(key.as_slice()) {
-                if batch.kind == WriteKind::Upsert {
-                    // The last image of a key in one UPSERT wins.
-                    let first = keys.iter().position(|k| k == key).unwrap_or(row);
-                    for (i, k) in keys.iter().enumerate().take(row) {
-                        if k == key {
-                            last_of_key[i] = false;
-                        }
-                    }
-                    let _ = first;
-                } else {
+                if batch.kind != WriteKind::Upsert {
                     return Err(StorageError::DuplicateKey { key: format_key(&self.schema, &rows, row) });
+                }
+                // The last image of a key in one UPSERT wins.
+                for (earlier, k) in keys.iter().enumerate().take(row) {
+                    if k == key {
+                        last_of_key[earlier] = false;
+                    }
                 }
             }
             let location = state.locate(key);
@@ -367,7 +364,7 @@ impl Tablet {
         let mut state = self.state.write();
         if state.mrs.is_empty() && state.deltas.iter().all(DeltaMemStore::is_empty) {
             if state.durable_index != state.last_applied {
-                let meta = self.metadata(&state, state.rowsets.iter().map(|r| r.id).collect(), state.next_rowset_id, state.last_applied);
+                let meta = self.metadata(state.rowsets.iter().map(|r| r.id).collect(), state.next_rowset_id, state.last_applied);
                 write_metadata(&self.dir, &meta)?;
                 state.durable_index = state.last_applied;
             }
@@ -451,7 +448,7 @@ impl Tablet {
         }
         let mut rowsets = kept;
         rowsets.extend(created);
-        let meta = self.metadata(&state, rowsets.iter().map(|r| r.id).collect(), next_id, state.last_applied);
+        let meta = self.metadata(rowsets.iter().map(|r| r.id).collect(), next_id, state.last_applied);
         write_metadata(&self.dir, &meta)?;
         // The new state is durable; the replaced files are garbage now (open scans keep their
         // file handles).
@@ -469,7 +466,7 @@ impl Tablet {
         Ok(())
     }
 
-    fn metadata(&self, _state: &State, rowsets: Vec<u64>, next_rowset_id: u64, durable_index: u64) -> Metadata {
+    fn metadata(&self, rowsets: Vec<u64>, next_rowset_id: u64, durable_index: u64) -> Metadata {
         Metadata { schema: self.schema.clone(), rowsets, next_rowset_id, durable_index }
     }
 }
