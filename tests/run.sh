@@ -13,4 +13,5 @@ export NYALA_BIN="$CARGO_TARGET_DIR/debug/nyala"
 cargo test --workspace
 
 python3 -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
-python3 -m pytest -q tests/python
+python3 -m pip install --quiet --disable-pip-version-check -e clients/python
+python3 -m pytest -q tests/python clients/python/tests

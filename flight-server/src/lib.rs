@@ -1,63 +1,96 @@
 //! Nyala's Arrow Flight SQL service.
 //!
-//! Statements travel as text: GetFlightInfo plans a statement (so its schema, or its error,
-//! comes back at once) and returns a ticket carrying the SQL; DoGet plans it again and streams
-//! the result batch by batch. DDL and DML sent as queries (ADBC does this) run at DoGet and
-//! return their `count` row; sent as updates (DoPut) they return the count. Prepared statements
-//! have the SQL text as their handle, because the JDBC driver prepares every statement.
-//! Catalog metadata (catalogs, schemas, tables, table types, primary keys, SQL info) is answered
-//! from the database's catalog.
+//! GetFlightInfo plans a statement (so its schema, or its error, comes back at once) and returns
+//! self-contained tickets ([`tickets::QueryTicket`]: the SQL, bound parameters, a query id);
+//! DoGet plans it again and streams the result batch by batch, never holding it whole. A plain
+//! single-table SELECT (projection and filters) gets one endpoint per tablet, with this server's
+//! location, so parallel readers fetch tablets side by side.
+//!
+//! DDL and DML sent as queries (ADBC does this) run at GetFlightInfo, since such clients never
+//! fetch their result; sent as updates (DoPut) they return the count. Every statement can be
+//! prepared (the JDBC driver prepares everything), with `?` or `$n` parameters bound by DoPut;
+//! several parameter rows run the statement once per row. Bulk ingest loads Arrow batches
+//! into a table as they arrive. Authentication, when configured, is checked for every call by
+//! [`auth::Auth`].
 
 use std::pin::Pin;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray};
+use arrow::array::{RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::FlightServiceServer;
-use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
+use arrow_flight::sql::metadata::{SqlInfoData, XdbcTypeInfoData};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
-    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
-    ActionCreatePreparedStatementResult, Any, CommandGetCatalogs, CommandGetDbSchemas,
-    CommandGetPrimaryKeys, CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables,
-    CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementQuery,
-    CommandStatementUpdate, ProstMessageExt, SqlInfo, TicketStatementQuery,
+    ActionCancelQueryRequest, ActionCancelQueryResult,
+    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult, Any,
+    CommandGetCatalogs, CommandGetCrossReference, CommandGetDbSchemas, CommandGetExportedKeys, CommandGetImportedKeys,
+    CommandGetPrimaryKeys, CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables, CommandGetXdbcTypeInfo,
+    CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementIngest, CommandStatementQuery,
+    CommandStatementUpdate, DoPutPreparedStatementResult, ProstMessageExt, SqlInfo, TableExistsOption,
+    TableNotExistOption, TicketStatementQuery,
 };
-use arrow_flight::{Action, FlightDescriptor, FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc, Ticket};
-use futures::{Stream, TryStreamExt};
-use nyala_sql::{Database, Session, SqlError, StatementKind, CATALOG_NAME, SCHEMA_NAME};
+use arrow_flight::{
+    Action, CancelFlightInfoRequest, CancelFlightInfoResult, CancelStatus, FlightDescriptor, FlightEndpoint,
+    FlightInfo, IpcMessage, SchemaAsIpc, Ticket,
+};
+use futures::{Stream, StreamExt, TryStreamExt};
+use nyala_sql::{Database, IngestMode, IngestTarget, Session, SqlError, StatementKind, CATALOG_NAME, SCHEMA_NAME};
 use prost::Message;
 use tonic::{Request, Response, Status, Streaming};
 
+pub mod auth;
 pub mod embedded;
+mod metadata;
+mod tickets;
 
-/// Prefix of the ticket handle of an already executed DDL/DML statement; SQL never starts with NUL.
-const COUNT_HANDLE: &str = "\0count:";
+use auth::{Auth, Credentials};
+use tickets::{PreparedStatements, Queries, QueryTicket};
+
+/// Request header (`true`) asking for one endpoint even where there could be one per tablet.
+pub const SINGLE_ENDPOINT_HEADER: &str = "x-nyala-single-endpoint";
 
 type DoGetStream = Pin<Box<dyn Stream<Item = Result<arrow_flight::FlightData, Status>> + Send + 'static>>;
+type BatchStream = Pin<Box<dyn Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static>>;
 
 /// The Flight SQL service over one database.
 pub struct NyalaFlightService {
     db: Arc<Database>,
     session: Session,
+    auth: Auth,
+    /// The URI clients reach this server at, given as the location of per-tablet endpoints.
+    location: Option<String>,
     sql_info: SqlInfoData,
+    xdbc_types: XdbcTypeInfoData,
+    prepared: PreparedStatements,
+    queries: Queries,
+}
+
+/// How a server is reached and who may use it.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    /// Location advertised in per-tablet endpoints, e.g. `grpc+tcp://10.0.0.5:50051`.
+    pub location: Option<String>,
+    /// When set, clients must authenticate with these credentials.
+    pub credentials: Option<Credentials>,
 }
 
 impl NyalaFlightService {
-    pub fn new(db: Arc<Database>) -> anyhow::Result<Self> {
-        let mut info = SqlInfoDataBuilder::new();
-        info.append(SqlInfo::FlightSqlServerName, "Nyala");
-        info.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
-        info.append(SqlInfo::FlightSqlServerArrowVersion, "59");
-        info.append(SqlInfo::FlightSqlServerReadOnly, false);
-        info.append(SqlInfo::FlightSqlServerSql, true);
-        info.append(SqlInfo::FlightSqlServerSubstrait, false);
-        info.append(SqlInfo::FlightSqlServerTransaction, 0i32);
-        info.append(SqlInfo::FlightSqlServerCancel, false);
+    pub fn new(db: Arc<Database>, options: ServerOptions) -> anyhow::Result<Self> {
         let session = db.session();
-        Ok(Self { db, session, sql_info: info.build()? })
+        Ok(Self {
+            db,
+            session,
+            auth: Auth::new(options.credentials),
+            location: options.location,
+            sql_info: metadata::sql_info()?,
+            xdbc_types: metadata::xdbc_types()?,
+            prepared: PreparedStatements::default(),
+            queries: Queries::default(),
+        })
     }
 }
 
@@ -71,24 +104,29 @@ pub fn status(e: SqlError) -> Status {
     }
 }
 
-fn utf8(bytes: &[u8], what: &str) -> Result<String, Status> {
-    String::from_utf8(bytes.to_vec()).map_err(|_| Status::invalid_argument(format!("{what} is not valid UTF-8")))
+fn internal(e: impl std::fmt::Display) -> Status {
+    Status::internal(e.to_string())
 }
 
-fn flight_info(schema: &Schema, ticket: Vec<u8>, descriptor: FlightDescriptor) -> Result<FlightInfo, Status> {
-    let info = FlightInfo::new()
-        .try_with_schema(schema)
-        .map_err(|e| Status::internal(e.to_string()))?
-        .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(ticket)))
-        .with_descriptor(descriptor);
+fn flight_info(schema: &Schema, endpoints: Vec<FlightEndpoint>, descriptor: FlightDescriptor) -> Result<FlightInfo, Status> {
+    let mut info = FlightInfo::new().try_with_schema(schema).map_err(internal)?.with_descriptor(descriptor);
+    for endpoint in endpoints {
+        info = info.with_endpoint(endpoint);
+    }
     Ok(info)
 }
 
+/// FlightInfo whose one ticket is the command itself (catalog metadata requests).
+fn command_info(schema: &Schema, command: impl ProstMessageExt, descriptor: FlightDescriptor) -> Result<Response<FlightInfo>, Status> {
+    let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(command.as_any().encode_to_vec()));
+    Ok(Response::new(flight_info(schema, vec![endpoint], descriptor)?))
+}
+
 fn batch_stream(schema: SchemaRef, batches: impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static) -> DoGetStream {
-    let stream = FlightDataEncoderBuilder::new()
-        .with_schema(schema)
-        .build(batches)
-        .map_err(|e| Status::internal(e.to_string()));
+    let stream = FlightDataEncoderBuilder::new().with_schema(schema).build(batches).map_err(|e| match e {
+        FlightError::Tonic(status) => *status,
+        e => Status::invalid_argument(e.to_string()),
+    });
     Box::pin(stream)
 }
 
@@ -96,120 +134,180 @@ fn one_batch(batch: RecordBatch) -> Response<DoGetStream> {
     Response::new(batch_stream(batch.schema(), futures::stream::iter([Ok(batch)])))
 }
 
-impl NyalaFlightService {
-    /// Plans `sql` for GetFlightInfo. Queries get a ticket carrying the SQL (run at DoGet). DDL
-    /// and DML run now: clients such as ADBC never fetch the result of a statement they consider
-    /// an update, so waiting for DoGet would leave it unapplied. Their ticket carries the count.
-    async fn info_for_sql(&self, sql: &str, descriptor: FlightDescriptor) -> Result<Response<FlightInfo>, Status> {
-        let planned = self.session.plan(sql).await.map_err(status)?;
-        let schema = planned.schema();
-        let handle = if planned.kind() == StatementKind::Query {
-            sql.as_bytes().to_vec()
-        } else {
-            let count = Self::count(planned).await?;
-            format!("{COUNT_HANDLE}{count}").into_bytes()
-        };
-        let ticket = TicketStatementQuery { statement_handle: handle.into() };
-        Ok(Response::new(flight_info(&schema, ticket.as_any().encode_to_vec(), descriptor)?))
-    }
+fn count_batch(count: u64) -> Result<RecordBatch, Status> {
+    let schema = Arc::new(Schema::new(vec![Field::new("count", DataType::UInt64, false)]));
+    RecordBatch::try_new(schema, vec![Arc::new(UInt64Array::from(vec![count]))]).map_err(internal)
+}
 
-    async fn stream_sql(&self, handle: &[u8]) -> Result<Response<DoGetStream>, Status> {
-        let handle = utf8(handle, "statement handle")?;
-        if let Some(count) = handle.strip_prefix(COUNT_HANDLE) {
-            let count: u64 = count.parse().map_err(|_| Status::invalid_argument("malformed ticket"))?;
-            let schema = Arc::new(Schema::new(vec![Field::new("count", DataType::UInt64, false)]));
-            let batch = RecordBatch::try_new(schema, vec![Arc::new(arrow::array::UInt64Array::from(vec![count]))])
-                .map_err(|e| Status::internal(e.to_string()))?;
-            return Ok(one_batch(batch));
-        }
-        let planned = self.session.plan(&handle).await.map_err(status)?;
-        let schema = planned.schema();
-        let stream = planned.execute().await.map_err(status)?;
-        let batches = stream.map_err(|e| FlightError::ExternalError(Box::new(e)));
-        Ok(Response::new(batch_stream(schema, batches)))
-    }
+/// The batches of a DoPut upload, decoded.
+fn uploaded_batches(request: Request<PeekableFlightDataStream>) -> FlightRecordBatchStream {
+    // Some clients send the command descriptor in a message of its own, with no IPC payload.
+    let messages = request
+        .into_inner()
+        .try_filter(|data| futures::future::ready(!data.data_header.is_empty()))
+        .map_err(FlightError::from);
+    FlightRecordBatchStream::new_from_flight_data(messages)
+}
 
-    /// Runs a DDL or DML statement and returns its `count`.
-    async fn count(planned: nyala_sql::PlannedStatement) -> Result<u64, Status> {
-        let batches: Vec<RecordBatch> = planned
-            .execute()
-            .await
-            .map_err(status)?
-            .try_collect()
-            .await
-            .map_err(|e| Status::invalid_argument(e.strip_backtrace()))?;
-        Ok(batches
-            .first()
-            .and_then(|b| b.column(0).as_any().downcast_ref::<arrow::array::UInt64Array>().map(|c| c.value(0)))
-            .unwrap_or(0))
-    }
-
-    async fn update_sql(&self, sql: &str) -> Result<i64, Status> {
-        let planned = self.session.plan(sql).await.map_err(status)?;
-        if planned.kind() == StatementKind::Query {
-            return Err(Status::invalid_argument("a query cannot be executed as an update; use a query command"));
-        }
-        Ok(Self::count(planned).await? as i64)
-    }
-
-    fn tables_batch(&self, query: CommandGetTables) -> Result<RecordBatch, Status> {
-        let catalog_ok = query.catalog.as_deref().is_none_or(|c| c == CATALOG_NAME);
-        let schema_ok = query.db_schema_filter_pattern.as_deref().is_none_or(|p| like(SCHEMA_NAME, p));
-        let types_ok = query.table_types.is_empty() || query.table_types.iter().any(|t| t == "TABLE");
-        let pattern = query.table_name_filter_pattern.clone();
-        let mut builder = query.into_builder();
-        if catalog_ok && schema_ok && types_ok {
-            for (name, schema) in self.db.tables() {
-                if pattern.as_deref().is_none_or(|p| like(&name, p)) {
-                    builder
-                        .append(CATALOG_NAME, SCHEMA_NAME, &name, "TABLE", &schema)
-                        .map_err(|e| Status::internal(e.to_string()))?;
-                }
-            }
-        }
-        builder.build().map_err(|e| Status::internal(e.to_string()))
-    }
-
-    fn primary_keys_batch(&self, query: &CommandGetPrimaryKeys) -> Result<RecordBatch, Status> {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("catalog_name", DataType::Utf8, true),
-            Field::new("db_schema_name", DataType::Utf8, true),
-            Field::new("table_name", DataType::Utf8, false),
-            Field::new("column_name", DataType::Utf8, false),
-            Field::new("key_name", DataType::Utf8, true),
-            Field::new("key_sequence", DataType::Int32, false),
-        ]));
-        let columns = if query.catalog.as_deref().is_none_or(|c| c == CATALOG_NAME)
-            && query.db_schema.as_deref().is_none_or(|s| s == SCHEMA_NAME)
-        {
-            self.db.primary_key(&query.table).unwrap_or_default()
-        } else {
-            vec![]
-        };
-        let n = columns.len();
-        let arrays: Vec<ArrayRef> = vec![
-            Arc::new(StringArray::from(vec![CATALOG_NAME; n])),
-            Arc::new(StringArray::from(vec![SCHEMA_NAME; n])),
-            Arc::new(StringArray::from(vec![query.table.as_str(); n])),
-            Arc::new(StringArray::from(columns)),
-            Arc::new(StringArray::from(vec![None::<&str>; n])),
-            Arc::new(Int32Array::from((1..=n as i32).collect::<Vec<_>>())),
-        ];
-        RecordBatch::try_new(schema, arrays).map_err(|e| Status::internal(e.to_string()))
+fn upload_error(e: FlightError) -> Status {
+    match e {
+        FlightError::Tonic(status) => *status,
+        e => Status::invalid_argument(format!("malformed upload: {e}")),
     }
 }
 
-/// SQL LIKE with `%` and `_`, as Flight SQL filter patterns use it.
-fn like(value: &str, pattern: &str) -> bool {
-    fn go(v: &[char], p: &[char]) -> bool {
-        match p.split_first() {
-            None => v.is_empty(),
-            Some(('%', rest)) => (0..=v.len()).any(|i| go(&v[i..], rest)),
-            Some(('_', rest)) => !v.is_empty() && go(&v[1..], rest),
-            Some((c, rest)) => v.first() == Some(c) && go(&v[1..], rest),
+/// Reads an uploaded parameter set: one batch whose rows are the parameter rows.
+async fn read_params(request: Request<PeekableFlightDataStream>) -> Result<Option<RecordBatch>, Status> {
+    let mut stream = uploaded_batches(request);
+    let mut batches = Vec::new();
+    while let Some(batch) = stream.try_next().await.map_err(upload_error)? {
+        batches.push(batch);
+    }
+    tickets::concat_params(stream.schema().cloned(), batches)
+}
+
+/// Stops `stream` with a `cancelled` error once `cancelled` turns true.
+fn cancellable(stream: BatchStream, mut cancelled: tokio::sync::watch::Receiver<bool>) -> BatchStream {
+    let mut flag = cancelled.clone();
+    let stopped = async move {
+        if cancelled.wait_for(|c| *c).await.is_err() {
+            // Nobody can cancel this query any more.
+            std::future::pending::<()>().await;
+        }
+    };
+    let error = futures::stream::once(async move { *flag.borrow_and_update() })
+        .filter_map(|was_cancelled| async move {
+            was_cancelled.then(|| Err(FlightError::Tonic(Box::new(Status::cancelled("the query was cancelled")))))
+        });
+    Box::pin(stream.take_until(stopped).chain(error))
+}
+
+impl NyalaFlightService {
+    /// GetFlightInfo for `sql` with optional parameter rows. Queries get tickets to run at
+    /// DoGet: one per tablet for plain scans, else one. DDL and DML run now (clients such as
+    /// ADBC never fetch the result of a statement they consider an update); their ticket
+    /// carries the count.
+    async fn info_for_sql(&self, sql: &str, params: Option<&RecordBatch>, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
+        // Clients that read only the first endpoint (flightsql-dbapi, hence SQLAlchemy) ask for
+        // a single one with this header.
+        let per_tablet = request.metadata().get(SINGLE_ENDPOINT_HEADER).is_none_or(|v| v != "true");
+        let descriptor = request.into_inner();
+        let rows = tickets::param_rows(params)?;
+        let info = self.session.prepare(sql).await.map_err(status)?;
+        let mut ticket = QueryTicket { sql: sql.to_string(), ..Default::default() };
+        if info.kind != StatementKind::Query {
+            ticket.count = Some(self.run_update(sql, &rows).await?);
+            let endpoint = self.endpoint(&ticket, false);
+            return Ok(Response::new(flight_info(&info.schema, vec![endpoint], descriptor)?));
+        }
+        ticket.id = self.queries.register();
+        ticket.params = tickets::encode_params(params)?;
+        let first = rows.first().map(Vec::as_slice).unwrap_or_default();
+        let planned = self.session.plan_with_params(sql, first).await.map_err(status)?;
+        let schema = planned.schema();
+        let endpoints = match planned.tablet_partitions() {
+            Some(n) if n > 1 && rows.len() == 1 && per_tablet => (0..n as u32)
+                .map(|i| {
+                    let ticket = QueryTicket { partition: Some(i), partitions: n as u32, ..ticket.clone() };
+                    self.endpoint(&ticket, true)
+                })
+                .collect(),
+            _ => vec![self.endpoint(&ticket, false)],
+        };
+        Ok(Response::new(flight_info(&schema, endpoints, descriptor)?))
+    }
+
+    fn endpoint(&self, ticket: &QueryTicket, located: bool) -> FlightEndpoint {
+        let ticket = TicketStatementQuery { statement_handle: ticket.encode_to_vec().into() };
+        let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket.as_any().encode_to_vec()));
+        match (&self.location, located) {
+            (Some(location), true) => endpoint.with_location(location.clone()),
+            _ => endpoint,
         }
     }
-    go(&value.chars().collect::<Vec<_>>(), &pattern.chars().collect::<Vec<_>>())
+
+    /// DoGet of a ticket from [`Self::info_for_sql`].
+    async fn stream_ticket(&self, handle: &[u8]) -> Result<Response<DoGetStream>, Status> {
+        let ticket = QueryTicket::decode_handle(handle)?;
+        if let Some(count) = ticket.count {
+            return Ok(one_batch(count_batch(count)?));
+        }
+        let cancelled = self.queries.start(ticket.id)?;
+        let params = tickets::decode_params(&ticket.params)?;
+        let rows = tickets::param_rows(params.as_ref())?;
+        let mut streams = Vec::with_capacity(rows.len());
+        let mut schema = None;
+        for row in &rows {
+            let planned = self.session.plan_with_params(&ticket.sql, row).await.map_err(status)?;
+            schema.get_or_insert_with(|| planned.schema());
+            let stream = match ticket.partition {
+                Some(partition) if planned.tablet_partitions() == Some(ticket.partitions as usize) => {
+                    planned.execute_partition(partition as usize)
+                }
+                Some(_) => Err(SqlError::Invalid(
+                    "the table's tablets changed since this query was planned; run it again".into(),
+                )),
+                None => planned.execute().await,
+            }
+            .map_err(status)?;
+            streams.push(stream.map_err(|e| FlightError::ExternalError(Box::new(e))));
+        }
+        let Some(schema) = schema else {
+            return Err(Status::invalid_argument("no parameter rows were bound"));
+        };
+        let batches = cancellable(Box::pin(futures::stream::iter(streams).flatten()), cancelled);
+        Ok(Response::new(batch_stream(schema, batches)))
+    }
+
+    /// Runs a DDL or DML statement once per parameter row; returns the total count.
+    async fn run_update(&self, sql: &str, rows: &[Vec<datafusion::common::ScalarValue>]) -> Result<u64, Status> {
+        let mut total = 0;
+        for (i, row) in rows.iter().enumerate() {
+            let result = async {
+                let planned = self.session.plan_with_params(sql, row).await?;
+                let batches: Vec<RecordBatch> = planned.execute().await?.try_collect().await?;
+                Ok::<_, SqlError>(
+                    batches
+                        .first()
+                        .and_then(|b| b.column(0).as_any().downcast_ref::<UInt64Array>().map(|c| c.value(0)))
+                        .unwrap_or(0),
+                )
+            }
+            .await;
+            match result {
+                Ok(count) => total += count,
+                Err(e) if i > 0 => {
+                    return Err(status(SqlError::Invalid(format!(
+                        "{e} (parameter row {}; the {i} rows before it were applied)",
+                        i + 1
+                    ))))
+                }
+                Err(e) => return Err(status(e)),
+            }
+        }
+        Ok(total)
+    }
+
+    async fn update_sql(&self, sql: &str, params: Option<&RecordBatch>) -> Result<i64, Status> {
+        let info = self.session.prepare(sql).await.map_err(status)?;
+        if info.kind == StatementKind::Query {
+            return Err(Status::invalid_argument("a query cannot be executed as an update; use a query command"));
+        }
+        Ok(self.run_update(sql, &tickets::param_rows(params)?).await? as i64)
+    }
+
+    fn cancel(&self, info: &FlightInfo) -> bool {
+        let mut found = false;
+        for endpoint in &info.endpoint {
+            let Some(ticket) = &endpoint.ticket else { continue };
+            let Ok(any) = Any::decode(ticket.ticket.clone()) else { continue };
+            let Ok(Some(statement)) = any.unpack::<TicketStatementQuery>() else { continue };
+            if let Ok(query) = QueryTicket::decode_handle(&statement.statement_handle) {
+                found |= self.queries.cancel(query.id);
+            }
+        }
+        found
+    }
 }
 
 #[tonic::async_trait]
@@ -218,23 +316,73 @@ impl FlightSqlService for NyalaFlightService {
 
     async fn do_handshake(
         &self,
-        _request: Request<Streaming<arrow_flight::HandshakeRequest>>,
+        request: Request<Streaming<arrow_flight::HandshakeRequest>>,
     ) -> Result<Response<Pin<Box<dyn Stream<Item = Result<arrow_flight::HandshakeResponse, Status>> + Send>>>, Status> {
-        // No authentication yet (serve listens on loopback by default): accept everyone.
-        let response = arrow_flight::HandshakeResponse { protocol_version: 0, payload: Default::default() };
-        Ok(Response::new(Box::pin(futures::stream::iter([Ok(response)]))))
+        let token = self.auth.handshake(request.metadata())?;
+        let payload = token.clone().unwrap_or_default().into_bytes().into();
+        let reply = arrow_flight::HandshakeResponse { protocol_version: 0, payload };
+        let mut response: Response<Pin<Box<dyn Stream<Item = _> + Send>>> =
+            Response::new(Box::pin(futures::stream::iter([Ok(reply)])));
+        if let Some(token) = token {
+            let value = format!("Bearer {token}").parse().map_err(internal)?;
+            response.metadata_mut().insert("authorization", value);
+        }
+        Ok(response)
     }
 
     async fn get_flight_info_statement(&self, query: CommandStatementQuery, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        self.info_for_sql(&query.query, request.into_inner()).await
+        self.info_for_sql(&query.query, None, request).await
     }
 
     async fn do_get_statement(&self, ticket: TicketStatementQuery, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
-        self.stream_sql(&ticket.statement_handle).await
+        self.stream_ticket(&ticket.statement_handle).await
     }
 
     async fn do_put_statement_update(&self, command: CommandStatementUpdate, _request: Request<PeekableFlightDataStream>) -> Result<i64, Status> {
-        self.update_sql(&command.query).await
+        self.update_sql(&command.query, None).await
+    }
+
+    async fn do_put_statement_ingest(&self, command: CommandStatementIngest, request: Request<PeekableFlightDataStream>) -> Result<i64, Status> {
+        if command.temporary {
+            return Err(Status::unimplemented("temporary tables are not supported"));
+        }
+        if command.transaction_id.is_some() {
+            return Err(Status::unimplemented("transactions are not supported"));
+        }
+        if command.catalog.as_deref().is_some_and(|c| c != CATALOG_NAME) || command.schema.as_deref().is_some_and(|s| s != SCHEMA_NAME) {
+            return Err(Status::invalid_argument(format!("tables live in catalog '{CATALOG_NAME}', schema '{SCHEMA_NAME}'")));
+        }
+        let options = command.table_definition_options.unwrap_or_default();
+        let if_not_exist = TableNotExistOption::try_from(options.if_not_exist).unwrap_or(TableNotExistOption::Unspecified);
+        let if_exists = TableExistsOption::try_from(options.if_exists).unwrap_or(TableExistsOption::Unspecified);
+        let mode = match (if_not_exist, if_exists) {
+            (TableNotExistOption::Create, TableExistsOption::Fail | TableExistsOption::Unspecified) => IngestMode::Create,
+            (TableNotExistOption::Create, TableExistsOption::Append) => IngestMode::CreateOrAppend,
+            (_, TableExistsOption::Replace) => IngestMode::Replace,
+            (TableNotExistOption::Fail | TableNotExistOption::Unspecified, TableExistsOption::Append | TableExistsOption::Unspecified) => IngestMode::Append,
+            (TableNotExistOption::Fail | TableNotExistOption::Unspecified, TableExistsOption::Fail) => {
+                return Err(Status::invalid_argument("ingest options fail both when the table exists and when it does not"))
+            }
+        };
+        let option = |name: &str| command.options.get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let primary_key = option("primary_key").map(|v| v.split(',').map(|c| c.trim().to_string()).collect()).unwrap_or_default();
+        let buckets = match option("buckets") {
+            Some(b) => b.parse().map_err(|_| Status::invalid_argument(format!("option buckets: '{b}' is not a number")))?,
+            None => 1,
+        };
+        let target = IngestTarget { table: command.table, mode, primary_key, buckets };
+        let mut stream = uploaded_batches(request);
+        let first = stream.try_next().await.map_err(upload_error)?;
+        let schema = match (stream.schema(), &first) {
+            (Some(schema), _) => schema.clone(),
+            (None, Some(batch)) => batch.schema(),
+            (None, None) => return Err(Status::invalid_argument("ingest needs at least a schema")),
+        };
+        let batches = futures::stream::iter(first.map(Ok))
+            .chain(stream)
+            .map_err(|e| SqlError::Invalid(format!("malformed upload: {e}")));
+        let loaded = self.session.ingest(&target, schema, batches).await.map_err(status)?;
+        Ok(loaded as i64)
     }
 
     async fn do_action_create_prepared_statement(
@@ -242,95 +390,157 @@ impl FlightSqlService for NyalaFlightService {
         query: ActionCreatePreparedStatementRequest,
         _request: Request<Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
-        let planned = self.session.plan(&query.query).await.map_err(status)?;
-        let schema = planned.schema();
-        let message: IpcMessage = SchemaAsIpc::new(&schema, &Default::default())
-            .try_into()
-            .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;
+        let info = self.session.prepare(&query.query).await.map_err(status)?;
+        let ipc = |schema: &Schema| -> Result<_, Status> {
+            let message: IpcMessage = SchemaAsIpc::new(schema, &Default::default()).try_into().map_err(internal)?;
+            Ok(message.0)
+        };
+        // Clients (the JDBC driver among them) treat a statement with an empty dataset schema
+        // as an update and run it with DoPut; DDL and DML are such statements.
+        let dataset = if info.kind == StatementKind::Query { info.schema } else { Arc::new(Schema::empty()) };
         Ok(ActionCreatePreparedStatementResult {
-            prepared_statement_handle: query.query.into_bytes().into(),
-            dataset_schema: message.0,
-            parameter_schema: Default::default(),
+            prepared_statement_handle: self.prepared.insert(query.query).into(),
+            dataset_schema: ipc(&dataset)?,
+            parameter_schema: ipc(&info.parameters)?,
         })
     }
 
-    async fn do_action_close_prepared_statement(&self, _query: ActionClosePreparedStatementRequest, _request: Request<Action>) -> Result<(), Status> {
-        Ok(())
+    async fn do_action_close_prepared_statement(&self, query: ActionClosePreparedStatementRequest, _request: Request<Action>) -> Result<(), Status> {
+        self.prepared.close(&query.prepared_statement_handle)
+    }
+
+    async fn do_put_prepared_statement_query(&self, query: CommandPreparedStatementQuery, request: Request<PeekableFlightDataStream>) -> Result<DoPutPreparedStatementResult, Status> {
+        let params = read_params(request).await?;
+        self.prepared.bind(&query.prepared_statement_handle, params)?;
+        Ok(DoPutPreparedStatementResult { prepared_statement_handle: Some(query.prepared_statement_handle) })
     }
 
     async fn get_flight_info_prepared_statement(&self, query: CommandPreparedStatementQuery, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        let sql = utf8(&query.prepared_statement_handle, "prepared statement handle")?;
-        self.info_for_sql(&sql, request.into_inner()).await
+        let prepared = self.prepared.get(&query.prepared_statement_handle)?;
+        self.info_for_sql(&prepared.sql, prepared.params.as_ref(), request).await
     }
 
     async fn do_get_prepared_statement(&self, query: CommandPreparedStatementQuery, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
-        self.stream_sql(&query.prepared_statement_handle).await
+        // Our FlightInfo hands out statement tickets; a client that builds its own ticket from
+        // the handle gets the statement run with its bound parameters.
+        let prepared = self.prepared.get(&query.prepared_statement_handle)?;
+        let ticket = QueryTicket { sql: prepared.sql, params: tickets::encode_params(prepared.params.as_ref())?, ..Default::default() };
+        self.stream_ticket(&ticket.encode_to_vec()).await
     }
 
-    async fn do_put_prepared_statement_update(&self, query: CommandPreparedStatementUpdate, _request: Request<PeekableFlightDataStream>) -> Result<i64, Status> {
-        let sql = utf8(&query.prepared_statement_handle, "prepared statement handle")?;
-        self.update_sql(&sql).await
+    async fn do_put_prepared_statement_update(&self, query: CommandPreparedStatementUpdate, request: Request<PeekableFlightDataStream>) -> Result<i64, Status> {
+        let prepared = self.prepared.get(&query.prepared_statement_handle)?;
+        let uploaded = read_params(request).await?;
+        self.update_sql(&prepared.sql, uploaded.as_ref().or(prepared.params.as_ref())).await
+    }
+
+    async fn do_action_cancel_query(&self, query: ActionCancelQueryRequest, _request: Request<Action>) -> Result<ActionCancelQueryResult, Status> {
+        let info = FlightInfo::decode(query.info).map_err(|_| Status::invalid_argument("malformed FlightInfo"))?;
+        if self.cancel(&info) {
+            // CancelResult::CANCEL_RESULT_CANCELLED (the enum is not re-exported by arrow-flight).
+            Ok(ActionCancelQueryResult { result: 1 })
+        } else {
+            Err(Status::not_found("no such query"))
+        }
+    }
+
+    async fn do_action_fallback(&self, request: Request<Action>) -> Result<Response<<Self as arrow_flight::flight_service_server::FlightService>::DoActionStream>, Status> {
+        let action = request.into_inner();
+        if action.r#type != "CancelFlightInfo" {
+            return Err(Status::invalid_argument(format!("unknown action {}", action.r#type)));
+        }
+        let request = CancelFlightInfoRequest::decode(action.body).map_err(|_| Status::invalid_argument("malformed CancelFlightInfoRequest"))?;
+        let info = request.info.ok_or_else(|| Status::invalid_argument("CancelFlightInfoRequest without FlightInfo"))?;
+        let status = if self.cancel(&info) { CancelStatus::Cancelled } else { CancelStatus::NotCancellable };
+        let result = CancelFlightInfoResult { status: status as i32 };
+        let body = arrow_flight::Result { body: result.encode_to_vec().into() };
+        Ok(Response::new(Box::pin(futures::stream::iter([Ok(body)]))))
     }
 
     async fn get_flight_info_catalogs(&self, query: CommandGetCatalogs, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder().schema();
-        Ok(Response::new(flight_info(&schema, query.as_any().encode_to_vec(), request.into_inner())?))
+        command_info(&query.clone().into_builder().schema(), query, request.into_inner())
     }
 
     async fn do_get_catalogs(&self, query: CommandGetCatalogs, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
         let mut builder = query.into_builder();
         builder.append(CATALOG_NAME);
-        Ok(one_batch(builder.build().map_err(|e| Status::internal(e.to_string()))?))
+        Ok(one_batch(builder.build().map_err(internal)?))
     }
 
     async fn get_flight_info_schemas(&self, query: CommandGetDbSchemas, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder().schema();
-        Ok(Response::new(flight_info(&schema, query.as_any().encode_to_vec(), request.into_inner())?))
+        command_info(&query.clone().into_builder().schema(), query, request.into_inner())
     }
 
     async fn do_get_schemas(&self, query: CommandGetDbSchemas, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
         let mut builder = query.into_builder();
         builder.append(CATALOG_NAME, SCHEMA_NAME);
-        Ok(one_batch(builder.build().map_err(|e| Status::internal(e.to_string()))?))
+        Ok(one_batch(builder.build().map_err(internal)?))
     }
 
     async fn get_flight_info_tables(&self, query: CommandGetTables, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder().schema();
-        Ok(Response::new(flight_info(&schema, query.as_any().encode_to_vec(), request.into_inner())?))
+        command_info(&query.clone().into_builder().schema(), query, request.into_inner())
     }
 
     async fn do_get_tables(&self, query: CommandGetTables, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
-        Ok(one_batch(self.tables_batch(query)?))
+        Ok(one_batch(metadata::tables(&self.db, query)?))
     }
 
     async fn get_flight_info_table_types(&self, query: CommandGetTableTypes, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder().schema();
-        Ok(Response::new(flight_info(&schema, query.as_any().encode_to_vec(), request.into_inner())?))
+        command_info(&query.clone().into_builder().schema(), query, request.into_inner())
     }
 
     async fn do_get_table_types(&self, query: CommandGetTableTypes, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
         let mut builder = query.into_builder();
         builder.append("TABLE");
-        Ok(one_batch(builder.build().map_err(|e| Status::internal(e.to_string()))?))
+        Ok(one_batch(builder.build().map_err(internal)?))
     }
 
     async fn get_flight_info_sql_info(&self, query: CommandGetSqlInfo, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder(&self.sql_info).schema();
-        Ok(Response::new(flight_info(&schema, query.as_any().encode_to_vec(), request.into_inner())?))
+        command_info(&query.clone().into_builder(&self.sql_info).schema(), query, request.into_inner())
     }
 
     async fn do_get_sql_info(&self, query: CommandGetSqlInfo, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
-        let batch = query.into_builder(&self.sql_info).build().map_err(|e| Status::internal(e.to_string()))?;
-        Ok(one_batch(batch))
+        Ok(one_batch(query.into_builder(&self.sql_info).build().map_err(internal)?))
     }
 
     async fn get_flight_info_primary_keys(&self, query: CommandGetPrimaryKeys, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        let schema = self.primary_keys_batch(&query)?.schema();
-        Ok(Response::new(flight_info(&schema, query.as_any().encode_to_vec(), request.into_inner())?))
+        command_info(&metadata::primary_keys(&self.db, &query)?.schema(), query, request.into_inner())
     }
 
     async fn do_get_primary_keys(&self, query: CommandGetPrimaryKeys, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
-        Ok(one_batch(self.primary_keys_batch(&query)?))
+        Ok(one_batch(metadata::primary_keys(&self.db, &query)?))
+    }
+
+    async fn get_flight_info_exported_keys(&self, query: CommandGetExportedKeys, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
+        command_info(&metadata::foreign_keys_schema(), query, request.into_inner())
+    }
+
+    async fn do_get_exported_keys(&self, _query: CommandGetExportedKeys, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
+        Ok(one_batch(RecordBatch::new_empty(metadata::foreign_keys_schema())))
+    }
+
+    async fn get_flight_info_imported_keys(&self, query: CommandGetImportedKeys, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
+        command_info(&metadata::foreign_keys_schema(), query, request.into_inner())
+    }
+
+    async fn do_get_imported_keys(&self, _query: CommandGetImportedKeys, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
+        Ok(one_batch(RecordBatch::new_empty(metadata::foreign_keys_schema())))
+    }
+
+    async fn get_flight_info_cross_reference(&self, query: CommandGetCrossReference, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
+        command_info(&metadata::foreign_keys_schema(), query, request.into_inner())
+    }
+
+    async fn do_get_cross_reference(&self, _query: CommandGetCrossReference, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
+        Ok(one_batch(RecordBatch::new_empty(metadata::foreign_keys_schema())))
+    }
+
+    async fn get_flight_info_xdbc_type_info(&self, query: CommandGetXdbcTypeInfo, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
+        command_info(&query.clone().into_builder(&self.xdbc_types).schema(), query, request.into_inner())
+    }
+
+    async fn do_get_xdbc_type_info(&self, query: CommandGetXdbcTypeInfo, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
+        Ok(one_batch(query.into_builder(&self.xdbc_types).build().map_err(internal)?))
     }
 
     async fn do_get_fallback(&self, _request: Request<Ticket>, message: Any) -> Result<Response<DoGetStream>, Status> {
@@ -344,12 +554,15 @@ impl FlightSqlService for NyalaFlightService {
 pub async fn serve(
     db: Arc<Database>,
     listener: tokio::net::TcpListener,
+    options: ServerOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let service = NyalaFlightService::new(db)?;
+    let service = NyalaFlightService::new(db, options)?;
+    let auth = service.auth.clone();
+    let server = FlightServiceServer::new(service).max_decoding_message_size(256 << 20);
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     tonic::transport::Server::builder()
-        .add_service(FlightServiceServer::new(service).max_decoding_message_size(256 << 20))
+        .add_service(tonic::service::interceptor::InterceptedService::new(server, auth))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())

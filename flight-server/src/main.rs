@@ -7,8 +7,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use nyala_flight::auth::Credentials;
 use nyala_flight::embedded::EmbeddedConnection;
-use nyala_shell::{Connection, FlightSqlConnection};
+use nyala_flight::ServerOptions;
+use nyala_shell::{Connection, FlightSqlConnection, OutputMode};
 use nyala_sql::{Database, DatabaseOptions};
 
 #[derive(Parser)]
@@ -26,6 +28,16 @@ enum Command {
         data_dir: PathBuf,
         #[arg(long, default_value = "127.0.0.1:50051")]
         listen: SocketAddr,
+        /// Address clients should use to reach this server (per-tablet endpoints carry it);
+        /// defaults to the listen address.
+        #[arg(long)]
+        advertise: Option<String>,
+        /// Require clients to authenticate as this user (with --password).
+        #[arg(long, requires = "password")]
+        user: Option<String>,
+        /// The password for --user.
+        #[arg(long, env = "NYALA_PASSWORD", hide_env_values = true, requires = "user")]
+        password: Option<String>,
     },
     /// Run SQL: a script with -c/-f, or an interactive shell.
     Sql {
@@ -41,6 +53,15 @@ enum Command {
         /// A file of statements to run.
         #[arg(short = 'f')]
         file: Option<PathBuf>,
+        /// How results are printed.
+        #[arg(long, value_enum, default_value = "table")]
+        mode: OutputMode,
+        /// User to authenticate as with --connect (with --password).
+        #[arg(long, requires = "password")]
+        user: Option<String>,
+        /// The password for --user.
+        #[arg(long, env = "NYALA_PASSWORD", hide_env_values = true)]
+        password: Option<String>,
     },
 }
 
@@ -61,8 +82,11 @@ async fn main() {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve { data_dir, listen } => serve(data_dir, listen).await,
-        Command::Sql { connect, data_dir, command, file } => {
+        Command::Serve { data_dir, listen, advertise, user, password } => {
+            let credentials = user.zip(password).map(|(username, password)| Credentials { username, password });
+            serve(data_dir, listen, advertise, credentials).await
+        }
+        Command::Sql { connect, data_dir, command, file, mode, user, password } => {
             let script = match (command, file) {
                 (Some(c), _) => Some(c),
                 (None, Some(f)) => Some(std::fs::read_to_string(&f).with_context(|| format!("cannot read {}", f.display()))?),
@@ -70,15 +94,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             match connect {
                 Some(url) => {
-                    let conn = FlightSqlConnection::connect(&url).await?;
-                    shell(&conn, script).await
+                    let credentials = user.as_deref().zip(password.as_deref());
+                    let conn = FlightSqlConnection::connect(&url, credentials).await?;
+                    shell(&conn, script, mode).await
                 }
                 None => {
                     let db = Database::open(&data_dir, DatabaseOptions::default())
                         .await
                         .with_context(|| format!("cannot open the database in {}", data_dir.display()))?;
                     let conn = EmbeddedConnection::new(db);
-                    let result = shell(&conn, script).await;
+                    let result = shell(&conn, script, mode).await;
                     conn.close().await?;
                     result
                 }
@@ -87,20 +112,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-async fn shell(conn: &dyn Connection, script: Option<String>) -> anyhow::Result<()> {
+async fn shell(conn: &dyn Connection, script: Option<String>, mode: OutputMode) -> anyhow::Result<()> {
     match script {
-        Some(script) => nyala_shell::run_script(conn, &script, &mut std::io::stdout()).await,
-        None => nyala_shell::run_interactive(conn).await,
+        Some(script) => nyala_shell::run_script(conn, &script, mode, &mut std::io::stdout()).await,
+        None => nyala_shell::run_interactive(conn, mode).await,
     }
 }
 
-async fn serve(data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<()> {
+async fn serve(data_dir: PathBuf, listen: SocketAddr, advertise: Option<String>, credentials: Option<Credentials>) -> anyhow::Result<()> {
     let db: Arc<Database> = Database::open(&data_dir, DatabaseOptions::default())
         .await
         .with_context(|| format!("cannot open the database in {}", data_dir.display()))?;
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
     println!("Nyala listening on grpc://{addr} (data: {})", data_dir.display());
+    let advertised = advertise.unwrap_or_else(|| addr.to_string());
+    let options = ServerOptions {
+        location: Some(format!("grpc+tcp://{}", advertised.trim_start_matches("grpc://").trim_start_matches("grpc+tcp://"))),
+        credentials,
+    };
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         tokio::select! {
@@ -108,7 +138,7 @@ async fn serve(data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<()> {
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
         }
     };
-    nyala_flight::serve(db.clone(), listener, shutdown).await?;
+    nyala_flight::serve(db.clone(), listener, options, shutdown).await?;
     db.shutdown().await?;
     Ok(())
 }

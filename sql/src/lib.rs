@@ -18,6 +18,10 @@ use arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef};
 use datafusion::catalog::{CatalogProvider, MemoryCatalogProvider};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::common::ScalarValue;
+use datafusion::physical_plan::coop::CooperativeExec;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{collect, execute_stream, memory::MemoryStream, ExecutionPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DFStatement;
@@ -27,12 +31,14 @@ use nyala_storage::TabletOptions;
 mod catalog;
 mod dml;
 mod error;
+mod ingest;
 mod predicate;
 mod scan;
 pub mod statement;
 mod table;
 
 pub use error::SqlError;
+pub use ingest::{IngestMode, IngestTarget};
 
 use statement::{CreateTableSpec, NyalaStatement};
 
@@ -49,6 +55,15 @@ pub enum StatementKind {
     Query,
     Dml,
     Ddl,
+}
+
+/// What a client needs to know about a statement before running it (Flight SQL prepared
+/// statements): its kind, the schema of its result and of its parameters (`$1`, `$2`, ...).
+#[derive(Debug, Clone)]
+pub struct StatementInfo {
+    pub kind: StatementKind,
+    pub schema: SchemaRef,
+    pub parameters: SchemaRef,
 }
 
 /// Options for opening an embedded database.
@@ -82,7 +97,10 @@ impl Database {
         let config = SessionConfig::new()
             .with_default_catalog_and_schema(CATALOG_NAME, SCHEMA_NAME)
             .with_create_default_catalog_and_schema(false)
-            .with_information_schema(true);
+            .with_information_schema(true)
+            // Tablets are the unit of scan parallelism: a scan-only plan keeps one partition per
+            // tablet, so Flight SQL can hand each tablet to a separate reader.
+            .with_round_robin_repartition(false);
         let ctx = SessionContext::new_with_config(config);
         let catalog = MemoryCatalogProvider::new();
         // Registering a schema into a fresh in-memory catalog cannot fail.
@@ -151,6 +169,39 @@ impl PlannedStatement {
         }
     }
 
+    /// For a query that only projects and filters one table's scan, the number of its output
+    /// partitions, one per tablet; each can be run on its own with [`Self::execute_partition`].
+    pub fn tablet_partitions(&self) -> Option<usize> {
+        fn scan_only(plan: &Arc<dyn ExecutionPlan>) -> bool {
+            if plan.is::<scan::NyalaScanExec>() {
+                return true;
+            }
+            let passes_through = plan.is::<ProjectionExec>() || plan.is::<FilterExec>() || plan.is::<CooperativeExec>();
+            let children = plan.children();
+            passes_through
+                && children.len() == 1
+                && partitions(children[0]) == partitions(plan)
+                && scan_only(children[0])
+        }
+        match &self.action {
+            Action::Plan(plan) if self.kind == StatementKind::Query && scan_only(plan) => Some(partitions(plan)),
+            _ => None,
+        }
+    }
+
+    /// Runs partition `partition` of a query for which [`Self::tablet_partitions`] is `Some(n)`
+    /// with `partition < n`.
+    pub fn execute_partition(self, partition: usize) -> Result<SendableRecordBatchStream> {
+        match (&self.action, self.tablet_partitions()) {
+            (Action::Plan(plan), Some(n)) if partition < n => {
+                Ok(plan.execute(partition, self.session.ctx.task_ctx())?)
+            }
+            _ => Err(SqlError::Invalid(format!(
+                "partition {partition} does not exist for this statement (its tables changed since it was planned?)"
+            ))),
+        }
+    }
+
     /// Runs the statement; DDL and DML are applied when this returns, queries stream.
     pub async fn execute(self) -> Result<SendableRecordBatchStream> {
         let client = &self.session.db.client;
@@ -183,6 +234,68 @@ impl PlannedStatement {
     }
 }
 
+fn partitions(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    plan.properties().output_partitioning().partition_count()
+}
+
+fn statement_kind(plan: &LogicalPlan) -> Result<StatementKind> {
+    match plan {
+        LogicalPlan::Dml(_) => Ok(StatementKind::Dml),
+        LogicalPlan::Ddl(_) | LogicalPlan::Copy(_) | LogicalPlan::Statement(_) => {
+            Err(SqlError::NotSupported(format!("{} statements", plan.display())))
+        }
+        _ => Ok(StatementKind::Query),
+    }
+}
+
+/// The types of a plan's positional parameters `$1..$n` (None where nothing implies one).
+fn parameter_types(plan: &LogicalPlan) -> Result<Vec<Option<DataType>>> {
+    let types = plan.get_parameter_types()?;
+    let mut numbered = Vec::with_capacity(types.len());
+    for i in 1..=types.len() {
+        match types.get(&format!("${i}")) {
+            Some(t) => numbered.push(t.clone()),
+            None => {
+                return Err(SqlError::Invalid(format!(
+                    "parameters must be numbered $1 to ${} without gaps (or all be '?')",
+                    types.len()
+                )))
+            }
+        }
+    }
+    Ok(numbered)
+}
+
+/// Replaces the plan's placeholders by `params`, cast to the types the statement implies.
+fn bind(plan: LogicalPlan, params: &[ScalarValue]) -> Result<LogicalPlan> {
+    let types = parameter_types(&plan)?;
+    if types.len() != params.len() {
+        return Err(SqlError::Invalid(format!(
+            "the statement has {} parameter(s) but {} value(s) were bound",
+            types.len(),
+            params.len()
+        )));
+    }
+    if types.is_empty() {
+        return Ok(plan);
+    }
+    let values = params
+        .iter()
+        .zip(&types)
+        .enumerate()
+        .map(|(i, (value, expected))| match expected {
+            Some(t) if value.data_type() != *t => value.cast_to(t).map_err(|_| {
+                SqlError::Invalid(format!(
+                    "parameter ${} = {value} cannot be used as {t}",
+                    i + 1
+                ))
+            }),
+            _ => Ok(value.clone()),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(plan.with_param_values(values)?)
+}
+
 fn count_schema() -> SchemaRef {
     Arc::new(ArrowSchema::new(vec![Field::new("count", DataType::UInt64, false)]))
 }
@@ -211,7 +324,38 @@ fn string_batch(columns: Vec<(&str, Vec<String>)>) -> Result<RecordBatch> {
 impl Session {
     /// Parses and plans exactly one statement (a trailing `;` is allowed).
     pub async fn plan(&self, sql: &str) -> Result<PlannedStatement> {
-        let (kind, action) = match statement::parse(sql)? {
+        self.plan_with_params(sql, &[]).await
+    }
+
+    /// Describes one statement without running it: kind, result schema and parameter schema.
+    pub async fn prepare(&self, sql: &str) -> Result<StatementInfo> {
+        let no_parameters = Arc::new(ArrowSchema::empty());
+        let (kind, schema, parameters) = match statement::parse(sql)? {
+            NyalaStatement::DataFusion(statement) => {
+                let plan = self.ctx.state().statement_to_plan(DFStatement::Statement(statement)).await?;
+                let kind = statement_kind(&plan)?;
+                let parameters = parameter_types(&plan)?
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, t)| Field::new(format!("${}", i + 1), t.unwrap_or(DataType::Utf8), true))
+                    .collect::<Vec<_>>();
+                (kind, Arc::new(plan.schema().as_arrow().clone()), Arc::new(ArrowSchema::new(parameters)))
+            }
+            _ => {
+                let planned = self.plan(sql).await?;
+                (planned.kind, planned.schema(), no_parameters)
+            }
+        };
+        Ok(StatementInfo { kind, schema, parameters })
+    }
+
+    /// Plans one statement with `params` bound to its placeholders (`$1` or `?`, in order).
+    pub async fn plan_with_params(&self, sql: &str, params: &[ScalarValue]) -> Result<PlannedStatement> {
+        let statement = statement::parse(sql)?;
+        if !params.is_empty() && !matches!(statement, NyalaStatement::DataFusion(_)) {
+            return Err(SqlError::Invalid(format!("this statement has no parameters, {} were bound", params.len())));
+        }
+        let (kind, action) = match statement {
             NyalaStatement::CreateTable(spec) => (StatementKind::Ddl, Action::CreateTable(spec)),
             NyalaStatement::DropTable { name, if_exists } => {
                 (StatementKind::Ddl, Action::DropTable { name, if_exists })
@@ -226,16 +370,8 @@ impl Session {
             NyalaStatement::DataFusion(statement) => {
                 let state = self.ctx.state();
                 let plan = state.statement_to_plan(DFStatement::Statement(statement)).await?;
-                let kind = match &plan {
-                    LogicalPlan::Dml(_) => StatementKind::Dml,
-                    LogicalPlan::Ddl(_) | LogicalPlan::Copy(_) | LogicalPlan::Statement(_) => {
-                        return Err(SqlError::NotSupported(format!(
-                            "{} statements",
-                            plan.display()
-                        )))
-                    }
-                    _ => StatementKind::Query,
-                };
+                let kind = statement_kind(&plan)?;
+                let plan = bind(plan, params)?;
                 let plan = state.create_physical_plan(&plan).await?;
                 (kind, Action::Plan(plan))
             }

@@ -71,6 +71,7 @@ fn is_word(token: &Token, word: &str) -> bool {
 /// Parses exactly one statement (a trailing `;` is allowed).
 pub fn parse(sql: &str) -> Result<NyalaStatement> {
     let mut tokens = tokenize(sql)?;
+    number_placeholders(&mut tokens);
     // Drop trailing semicolons and trivia; reject several statements.
     while tokens.last().is_some_and(|t| is_trivia(t) || *t == Token::SemiColon) {
         tokens.pop();
@@ -112,6 +113,21 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
             Ok(NyalaStatement::Describe { name: object_name(&table_name)? })
         }
         statement => Ok(NyalaStatement::DataFusion(Box::new(statement))),
+    }
+}
+
+/// JDBC and ADBC send `?` placeholders; DataFusion binds `$1`, `$2`, ... in order.
+fn number_placeholders(tokens: &mut [Token]) {
+    let mut next = 0;
+    for token in tokens.iter_mut() {
+        if let Token::Placeholder(p) = token {
+            if p == "?" {
+                next += 1;
+                *p = format!("${next}");
+            } else if let Some(n) = p.strip_prefix('?') {
+                *p = format!("${n}");
+            }
+        }
     }
 }
 
@@ -448,5 +464,18 @@ mod tests {
         };
         let Statement::Insert(insert) = *statement else { panic!("not an insert") };
         assert!(insert.replace_into);
+    }
+
+    #[test]
+    fn question_marks_become_numbered_placeholders() {
+        let NyalaStatement::DataFusion(statement) =
+            parse("SELECT * FROM t WHERE a = ? AND b IN (?, '?') AND c = ?7").unwrap()
+        else {
+            panic!("not planned by DataFusion")
+        };
+        assert_eq!(
+            statement.to_string(),
+            "SELECT * FROM t WHERE a = $1 AND b IN ($2, '?') AND c = $7"
+        );
     }
 }

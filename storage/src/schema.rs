@@ -43,6 +43,24 @@ impl ColumnType {
         }
     }
 
+    /// The column type that stores values of an Arrow type (after a lossless cast), if any.
+    pub fn from_arrow(data_type: &DataType) -> Option<ColumnType> {
+        Some(match data_type {
+            DataType::Int8 => ColumnType::Int8,
+            DataType::Int16 | DataType::UInt8 => ColumnType::Int16,
+            DataType::Int32 | DataType::UInt16 => ColumnType::Int32,
+            DataType::Int64 | DataType::UInt32 => ColumnType::Int64,
+            DataType::Float16 | DataType::Float32 => ColumnType::Float,
+            DataType::Float64 => ColumnType::Double,
+            DataType::Boolean => ColumnType::Bool,
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => ColumnType::String,
+            DataType::Binary | DataType::LargeBinary | DataType::BinaryView => ColumnType::Binary,
+            DataType::Timestamp(_, _) => ColumnType::Timestamp,
+            DataType::Date32 | DataType::Date64 => ColumnType::Date,
+            _ => return None,
+        })
+    }
+
     pub fn sql_name(&self) -> &'static str {
         match self {
             ColumnType::Int8 => "INT8",

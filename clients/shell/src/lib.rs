@@ -8,16 +8,26 @@ use std::time::Instant;
 
 use anyhow::Context;
 use arrow::array::RecordBatch;
-use arrow::datatypes::{DataType, SchemaRef};
-use arrow::util::pretty::pretty_format_batches;
+use arrow::datatypes::SchemaRef;
+use arrow_flight::error::FlightError;
 use arrow_flight::sql::client::FlightSqlServiceClient;
+use arrow_flight::sql::{CommandStatementIngest, TableDefinitionOptions, TableExistsOption, TableNotExistOption};
+use futures::stream::BoxStream;
 use futures::TryStreamExt;
 use tonic::transport::Channel;
+
+pub mod copy;
+mod format;
+
+pub use format::{format_result, OutputMode};
 
 #[async_trait::async_trait]
 pub trait Connection: Send + Sync {
     /// Runs one statement and returns its whole result.
     async fn execute(&self, sql: &str) -> anyhow::Result<(SchemaRef, Vec<RecordBatch>)>;
+
+    /// Appends `batches` (of `schema`) to an existing table; returns the rows loaded.
+    async fn ingest(&self, table: &str, schema: SchemaRef, batches: BoxStream<'static, anyhow::Result<RecordBatch>>) -> anyhow::Result<u64>;
 }
 
 /// A connection to a Nyala server over Arrow Flight SQL.
@@ -26,15 +36,20 @@ pub struct FlightSqlConnection {
 }
 
 impl FlightSqlConnection {
-    /// Connects to `url`, e.g. `grpc://127.0.0.1:50051`.
-    pub async fn connect(url: &str) -> anyhow::Result<Self> {
+    /// Connects to `url`, e.g. `grpc://127.0.0.1:50051`, authenticating if `credentials` are
+    /// given as (user, password).
+    pub async fn connect(url: &str, credentials: Option<(&str, &str)>) -> anyhow::Result<Self> {
         let endpoint = url.replacen("grpc://", "http://", 1).replacen("grpc+tcp://", "http://", 1);
         let channel = Channel::from_shared(endpoint.clone())
             .with_context(|| format!("invalid address {url}"))?
             .connect()
             .await
             .with_context(|| format!("cannot connect to {url}"))?;
-        Ok(Self { client: tokio::sync::Mutex::new(FlightSqlServiceClient::new(channel)) })
+        let mut client = FlightSqlServiceClient::new(channel);
+        if let Some((user, password)) = credentials {
+            client.handshake(user, password).await.map_err(flight_error).context("authentication failed")?;
+        }
+        Ok(Self { client: tokio::sync::Mutex::new(client) })
     }
 }
 
@@ -48,13 +63,28 @@ impl Connection for FlightSqlConnection {
         for endpoint in info.endpoint {
             let Some(ticket) = endpoint.ticket else { continue };
             let stream = client.do_get(ticket).await.map_err(flight_error)?;
-            batches.extend(stream.try_collect::<Vec<_>>().await.map_err(|e| anyhow::anyhow!(clean(&e.to_string())))?);
+            batches.extend(stream.try_collect::<Vec<_>>().await.map_err(flight_error)?);
         }
         Ok((schema, batches))
     }
+
+    async fn ingest(&self, table: &str, _schema: SchemaRef, batches: BoxStream<'static, anyhow::Result<RecordBatch>>) -> anyhow::Result<u64> {
+        let command = CommandStatementIngest {
+            table_definition_options: Some(TableDefinitionOptions {
+                if_not_exist: TableNotExistOption::Fail as i32,
+                if_exists: TableExistsOption::Append as i32,
+            }),
+            table: table.to_string(),
+            ..Default::default()
+        };
+        let batches = batches.map_err(|e| FlightError::ExternalError(e.into()));
+        let mut client = self.client.lock().await;
+        let loaded = client.execute_ingest(command, batches).await.map_err(flight_error)?;
+        Ok(loaded.max(0) as u64)
+    }
 }
 
-fn flight_error(e: arrow_flight::error::FlightError) -> anyhow::Error {
+fn flight_error(e: FlightError) -> anyhow::Error {
     anyhow::anyhow!(clean(&e.to_string()))
 }
 
@@ -113,44 +143,108 @@ pub fn split_statements(script: &str) -> Vec<String> {
     out
 }
 
-/// Formats a statement result as the shell prints it.
-pub fn format_result(schema: &SchemaRef, batches: &[RecordBatch]) -> anyhow::Result<String> {
-    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-    if schema.fields().len() == 1 && schema.field(0).name() == "count" && schema.field(0).data_type() == &DataType::UInt64 {
-        let count = batches
-            .iter()
-            .find(|b| b.num_rows() > 0)
-            .and_then(|b| b.column(0).as_any().downcast_ref::<arrow::array::UInt64Array>().map(|a| a.value(0)))
-            .unwrap_or(0);
-        return Ok(format!("OK, {count} rows"));
-    }
-    let table = if batches.is_empty() {
-        pretty_format_batches(&[RecordBatch::new_empty(schema.clone())])?.to_string()
-    } else {
-        pretty_format_batches(batches)?.to_string()
-    };
-    Ok(format!("{table}\n({rows} row{})", if rows == 1 { "" } else { "s" }))
-}
-
-/// Runs every statement of `script`, printing results to `out`; stops at the first error.
-pub async fn run_script(conn: &dyn Connection, script: &str, out: &mut dyn Write) -> anyhow::Result<()> {
-    for statement in split_statements(script) {
-        let (schema, batches) = conn.execute(&statement).await?;
-        writeln!(out, "{}", format_result(&schema, &batches)?)?;
+/// Runs every statement of `script`, and backslash commands on lines of their own between
+/// statements, in order, printing results to `out` in `mode`; stops at the first error.
+pub async fn run_script(conn: &dyn Connection, script: &str, mode: OutputMode, out: &mut dyn Write) -> anyhow::Result<()> {
+    let mut shell = Shell { conn, mode, timing: false };
+    let mut sql = String::new();
+    // `None` marks the end of the script.
+    for line in script.lines().map(Some).chain([None]) {
+        let command = line.map(str::trim).filter(|l| l.starts_with('\\'));
+        let at_boundary = sql.trim().is_empty() || sql.trim_end().ends_with(';');
+        if line.is_none() || (command.is_some() && at_boundary) {
+            for statement in split_statements(&std::mem::take(&mut sql)) {
+                writeln!(out, "{}", shell.statement(&statement).await?)?;
+            }
+        }
+        match (line, command) {
+            (Some(_), Some(command)) if at_boundary => match shell.command(command).await? {
+                Some(text) => writeln!(out, "{text}")?,
+                None => return Ok(()),
+            },
+            (Some(line), _) => {
+                sql.push_str(line);
+                sql.push('\n');
+            }
+            (None, _) => {}
+        }
     }
     Ok(())
 }
 
-/// The interactive shell: multi-line statements ended by `;`, `\d`, `\d table`, `\timing`, `\q`.
-pub async fn run_interactive(conn: &dyn Connection) -> anyhow::Result<()> {
+/// State of one shell: the connection and the settings changed by backslash commands.
+struct Shell<'a> {
+    conn: &'a dyn Connection,
+    mode: OutputMode,
+    timing: bool,
+}
+
+/// What `\?` prints.
+const HELP: &str = "\\d              list tables
+\\d TABLE        describe a table
+\\mode MODE      output as table, csv, json or line
+\\timing         toggle printing the time each statement takes
+\\i FILE         run the statements in FILE
+\\copy T FROM 'F' load a CSV (with header) or Parquet file into table T
+\\q              quit
+Statements end with ';'. Ctrl-C cancels the running statement.";
+
+impl Shell<'_> {
+    /// Runs one SQL statement and formats its result.
+    async fn statement(&self, sql: &str) -> anyhow::Result<String> {
+        let start = Instant::now();
+        let (schema, batches) = self.conn.execute(sql).await?;
+        let mut text = format_result(&schema, &batches, self.mode)?;
+        if self.timing {
+            text.push_str(&format!("\nTime: {:.3} ms", start.elapsed().as_secs_f64() * 1000.0));
+        }
+        Ok(text)
+    }
+
+    /// Runs a backslash command; None for `\q`.
+    async fn command(&mut self, line: &str) -> anyhow::Result<Option<String>> {
+        let mut words = line.split_whitespace();
+        let name = words.next().unwrap_or_default();
+        let arg = words.next();
+        let text = match (name, arg) {
+            ("\\q", _) => return Ok(None),
+            ("\\?" | "\\h" | "\\help", _) => HELP.to_string(),
+            ("\\timing", _) => {
+                self.timing = !self.timing;
+                format!("Timing is {}.", if self.timing { "on" } else { "off" })
+            }
+            ("\\mode", None) => format!("Output mode is {:?}.", self.mode).to_lowercase(),
+            ("\\mode", Some(mode)) => {
+                self.mode = mode.parse()?;
+                format!("Output mode is {mode}.")
+            }
+            ("\\d", None) => self.statement("SHOW TABLES").await?,
+            ("\\d", Some(table)) => self.statement(&format!("DESCRIBE {table}")).await?,
+            ("\\i", Some(_)) => {
+                let path = line[2..].trim();
+                let script = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
+                let mut out = Vec::new();
+                Box::pin(run_script(self.conn, &script, self.mode, &mut out)).await?;
+                String::from_utf8_lossy(&out).trim_end().to_string()
+            }
+            ("\\copy", _) => copy::run(self.conn, line).await?,
+            _ => anyhow::bail!("unknown command {line} (\\? lists the commands)"),
+        };
+        Ok(Some(text))
+    }
+}
+
+/// The interactive shell: line editing and history, multi-line statements ended by `;`,
+/// backslash commands (see `\?`); Ctrl-C cancels the running statement or clears the line.
+pub async fn run_interactive(conn: &dyn Connection, mode: OutputMode) -> anyhow::Result<()> {
     let mut editor = rustyline::DefaultEditor::new()?;
     let history = std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".nyala_history"));
     if let Some(h) = &history {
         let _ = editor.load_history(h);
     }
-    println!("Nyala SQL shell. End statements with ';'. \\d lists tables, \\q quits.");
+    println!("Nyala SQL shell. End statements with ';'. \\? for help, \\q to quit.");
+    let mut shell = Shell { conn, mode, timing: false };
     let mut buffer = String::new();
-    let mut timing = false;
     loop {
         let prompt = if buffer.is_empty() { "nyala> " } else { "   ...> " };
         let line = match editor.readline(prompt) {
@@ -163,51 +257,51 @@ pub async fn run_interactive(conn: &dyn Connection) -> anyhow::Result<()> {
             Err(e) => return Err(e.into()),
         };
         let trimmed = line.trim();
-        if buffer.is_empty() && trimmed.starts_with('\\') {
+        let work: Vec<String> = if buffer.is_empty() && trimmed.starts_with('\\') {
             let _ = editor.add_history_entry(trimmed);
-            let mut words = trimmed.split_whitespace();
-            let statement = match (words.next(), words.next()) {
-                (Some("\\q"), _) => break,
-                (Some("\\timing"), _) => {
-                    timing = !timing;
-                    println!("Timing is {}.", if timing { "on" } else { "off" });
-                    continue;
-                }
-                (Some("\\d"), None) => "SHOW TABLES".to_string(),
-                (Some("\\d"), Some(table)) => format!("DESCRIBE {table}"),
-                _ => {
-                    println!("unknown command {trimmed}");
-                    continue;
+            vec![trimmed.to_string()]
+        } else {
+            buffer.push_str(&line);
+            buffer.push('\n');
+            if !trimmed.ends_with(';') {
+                continue;
+            }
+            let _ = editor.add_history_entry(buffer.trim());
+            let statements = split_statements(&buffer);
+            buffer.clear();
+            statements
+        };
+        for item in work {
+            let run = async {
+                if item.starts_with('\\') {
+                    shell.command(&item).await
+                } else {
+                    shell.statement(&item).await.map(Some)
                 }
             };
-            run_one(conn, &statement, timing).await;
-            continue;
+            // Dropping the statement's future closes its RPC, which stops it on the server.
+            let result = tokio::select! {
+                result = run => result,
+                _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("cancelled")),
+            };
+            match result {
+                Ok(Some(text)) => println!("{text}"),
+                Ok(None) => {
+                    save_history(&mut editor, history.as_deref());
+                    return Ok(());
+                }
+                Err(e) => eprintln!("Error: {e:#}"),
+            }
         }
-        buffer.push_str(&line);
-        buffer.push('\n');
-        if !trimmed.ends_with(';') {
-            continue;
-        }
-        let _ = editor.add_history_entry(buffer.trim());
-        for statement in split_statements(&buffer) {
-            run_one(conn, &statement, timing).await;
-        }
-        buffer.clear();
+        save_history(&mut editor, history.as_deref());
     }
-    if let Some(h) = &history {
-        let _ = editor.save_history(h);
-    }
+    save_history(&mut editor, history.as_deref());
     Ok(())
 }
 
-async fn run_one(conn: &dyn Connection, statement: &str, timing: bool) {
-    let start = Instant::now();
-    match conn.execute(statement).await.and_then(|(s, b)| format_result(&s, &b)) {
-        Ok(text) => println!("{text}"),
-        Err(e) => eprintln!("Error: {e:#}"),
-    }
-    if timing {
-        println!("Time: {:.3} ms", start.elapsed().as_secs_f64() * 1000.0);
+fn save_history(editor: &mut rustyline::DefaultEditor, history: Option<&std::path::Path>) {
+    if let Some(h) = history {
+        let _ = editor.save_history(h);
     }
 }
 
