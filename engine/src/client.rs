@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use futures::future::join_all;
-use nyala_storage::{ScanIterator, ScanSpec, Schema, TabletOptions, Timestamp, WriteBatch, WriteKind};
+use nyala_storage::{
+    ScanIterator, ScanSpec, Schema, TabletOptions, Timestamp, WriteBatch, WriteKind,
+};
 
 use crate::clock::HybridClock;
 use crate::master::{Master, TableInfo};
@@ -56,7 +58,9 @@ impl Client {
         let clock = Arc::new(HybridClock::new());
         let tserver = TabletServer::open(&data_dir.join("tserver"), options, clock.clone())?;
         let master = Master::open(&data_dir.join("master"), clock, tserver.clone())?;
-        Ok(Self { inner: Arc::new(Inner { master, tserver }) })
+        Ok(Self {
+            inner: Arc::new(Inner { master, tserver }),
+        })
     }
 
     pub async fn create_table(
@@ -66,7 +70,10 @@ impl Client {
         partition: PartitionSchema,
         if_not_exists: bool,
     ) -> Result<bool> {
-        self.inner.master.create_table(name, schema, partition, if_not_exists).await
+        self.inner
+            .master
+            .create_table(name, schema, partition, if_not_exists)
+            .await
     }
 
     pub async fn drop_table(&self, name: &str, if_exists: bool) -> Result<bool> {
@@ -74,7 +81,10 @@ impl Client {
     }
 
     pub fn table(&self, name: &str) -> Result<TableHandle> {
-        self.inner.master.table(name).ok_or_else(|| EngineError::TableNotFound(name.into()))
+        self.inner
+            .master
+            .table(name)
+            .ok_or_else(|| EngineError::TableNotFound(name.into()))
     }
 
     pub fn tables(&self) -> Vec<TableHandle> {
@@ -155,5 +165,8 @@ fn chunks(rows: &RecordBatch) -> Vec<RecordBatch> {
         return vec![rows.clone()];
     }
     let per_chunk = (n * MAX_WRITE_BYTES / bytes).max(1);
-    (0..n).step_by(per_chunk).map(|start| rows.slice(start, per_chunk.min(n - start))).collect()
+    (0..n)
+        .step_by(per_chunk)
+        .map(|start| rows.slice(start, per_chunk.min(n - start)))
+        .collect()
 }

@@ -21,9 +21,9 @@ pub mod replica;
 pub mod tserver;
 
 pub use client::{Client, TableHandle, WriteError};
-pub use nyala_storage as storage;
 pub use error::EngineError;
-pub use master::{TableInfo, TableId};
+pub use master::{TableId, TableInfo};
+pub use nyala_storage as storage;
 pub use partition::PartitionSchema;
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

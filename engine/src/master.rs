@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use arrow::array::{Array, RecordBatch, StringArray};
 use nyala_storage::{
-    ColumnSchema, ColumnType, ScanSpec, Schema, Timestamp, TabletOptions, WriteBatch, WriteKind,
+    ColumnSchema, ColumnType, ScanSpec, Schema, TabletOptions, Timestamp, WriteBatch, WriteKind,
 };
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
@@ -49,7 +49,10 @@ fn catalog_schema() -> Result<Schema> {
         column_type: ColumnType::String,
         nullable: false,
     };
-    Ok(Schema::new(vec![column("id"), column("name"), column("info")], vec![0])?)
+    Ok(Schema::new(
+        vec![column("id"), column("name"), column("info")],
+        vec![0],
+    )?)
 }
 
 impl Master {
@@ -98,7 +101,9 @@ impl Master {
                 .column(0)
                 .as_any()
                 .downcast_ref::<StringArray>()
-                .ok_or_else(|| EngineError::CatalogCorrupted("info column is not a string".into()))?;
+                .ok_or_else(|| {
+                    EngineError::CatalogCorrupted("info column is not a string".into())
+                })?;
             for info in infos.iter().flatten() {
                 let info: TableInfo = serde_json::from_str(info)
                     .map_err(|e| EngineError::CatalogCorrupted(e.to_string()))?;
@@ -113,8 +118,10 @@ impl Master {
     /// a table owns but the server lacks.
     fn reconcile_tablets(&self) -> Result<()> {
         let tables = self.tables.read().clone();
-        let owned: HashSet<&str> =
-            tables.values().flat_map(|t| t.tablets.iter().map(String::as_str)).collect();
+        let owned: HashSet<&str> = tables
+            .values()
+            .flat_map(|t| t.tablets.iter().map(String::as_str))
+            .collect();
         for id in self.tserver.tablet_ids() {
             if !owned.contains(id.as_str()) {
                 tracing::warn!(tablet = %id, "deleting orphan tablet");
@@ -151,11 +158,17 @@ impl Master {
     ) -> Result<bool> {
         let _ddl = self.ddl.lock().await;
         if self.table(name).is_some() {
-            return if if_not_exists { Ok(false) } else { Err(EngineError::TableExists(name.into())) };
+            return if if_not_exists {
+                Ok(false)
+            } else {
+                Err(EngineError::TableExists(name.into()))
+            };
         }
         let id = uuid::Uuid::new_v4().simple().to_string();
         let info = TableInfo {
-            tablets: (0..partition.num_buckets).map(|b| format!("{id}-{b}")).collect(),
+            tablets: (0..partition.num_buckets)
+                .map(|b| format!("{id}-{b}"))
+                .collect(),
             id,
             name: name.to_string(),
             schema,
@@ -187,7 +200,11 @@ impl Master {
     pub async fn drop_table(&self, name: &str, if_exists: bool) -> Result<bool> {
         let _ddl = self.ddl.lock().await;
         let Some(info) = self.table(name) else {
-            return if if_exists { Ok(false) } else { Err(EngineError::TableNotFound(name.into())) };
+            return if if_exists {
+                Ok(false)
+            } else {
+                Err(EngineError::TableNotFound(name.into()))
+            };
         };
         self.write_catalog(WriteKind::Delete, &info).await?;
         self.tables.write().remove(name);

@@ -26,7 +26,9 @@ impl PartitionSchema {
         }
         for &c in &hash_columns {
             let Some(column) = schema.columns().get(c) else {
-                return Err(EngineError::InvalidTable(format!("hash column #{c} does not exist")));
+                return Err(EngineError::InvalidTable(format!(
+                    "hash column #{c} does not exist"
+                )));
             };
             if !schema.is_key_column(c) {
                 return Err(EngineError::InvalidTable(format!(
@@ -39,14 +41,22 @@ impl PartitionSchema {
         sorted.sort_unstable();
         sorted.dedup();
         if sorted.len() != hash_columns.len() {
-            return Err(EngineError::InvalidTable("a hash column is listed twice".into()));
+            return Err(EngineError::InvalidTable(
+                "a hash column is listed twice".into(),
+            ));
         }
-        Ok(Self { hash_columns, num_buckets })
+        Ok(Self {
+            hash_columns,
+            num_buckets,
+        })
     }
 
     /// One bucket over all key columns: the partitioning of a table created without DISTRIBUTE BY.
     pub fn single(schema: &Schema) -> Self {
-        Self { hash_columns: schema.key_columns().to_vec(), num_buckets: 1 }
+        Self {
+            hash_columns: schema.key_columns().to_vec(),
+            num_buckets: 1,
+        }
     }
 
     /// The bucket of every row of `batch` (a batch with the table's columns, or at least the hash

@@ -30,7 +30,9 @@ type Inflight = Arc<Mutex<BTreeSet<u64>>>;
 
 fn lock(inflight: &Inflight) -> MutexGuard<'_, BTreeSet<u64>> {
     // The set stays consistent even if a holder panicked: every operation on it is one call.
-    inflight.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    inflight
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A write as it is stored in the Raft log.
@@ -51,7 +53,10 @@ impl LoggedWrite {
         let (ts, batch) = bytes.split_first_chunk::<8>().ok_or_else(|| {
             StorageError::Corruption("log entry shorter than its timestamp".into())
         })?;
-        Ok(Self { ts: Timestamp(u64::from_le_bytes(*ts)), batch: WriteBatch::decode(batch)? })
+        Ok(Self {
+            ts: Timestamp(u64::from_le_bytes(*ts)),
+            batch: WriteBatch::decode(batch)?,
+        })
     }
 }
 
@@ -90,7 +95,9 @@ pub struct TabletReplica {
 
 impl std::fmt::Debug for TabletReplica {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TabletReplica").field("id", &self.id).finish()
+        f.debug_struct("TabletReplica")
+            .field("id", &self.id)
+            .finish()
     }
 }
 
@@ -109,7 +116,12 @@ impl TabletReplica {
     }
 
     /// Opens an existing replica, replaying its log past what the tablet has on disk.
-    pub fn open(dir: &Path, id: &str, options: TabletOptions, clock: Arc<HybridClock>) -> Result<Self> {
+    pub fn open(
+        dir: &Path,
+        id: &str,
+        options: TabletOptions,
+        clock: Arc<HybridClock>,
+    ) -> Result<Self> {
         let tablet = Tablet::open(&dir.join("data"), options)?;
         Self::start(dir, id, tablet, clock)
     }
@@ -123,7 +135,14 @@ impl TabletReplica {
             clock: clock.clone(),
         };
         let raft = RaftNode::open(RaftConfig::new(LOCAL_NODE_ID, dir.join("wal")), sm)?;
-        Ok(Self { id: id.to_string(), dir: dir.to_path_buf(), tablet, raft, clock, inflight })
+        Ok(Self {
+            id: id.to_string(),
+            dir: dir.to_path_buf(),
+            tablet,
+            raft,
+            clock,
+            inflight,
+        })
     }
 
     pub fn id(&self) -> &str {
@@ -197,4 +216,3 @@ impl TabletReplica {
         self.raft.shutdown();
     }
 }
-

@@ -35,7 +35,9 @@ impl TabletServer {
         let mut replicas = HashMap::new();
         for entry in std::fs::read_dir(&tablets_dir)? {
             let entry = entry?;
-            let Some(id) = entry.file_name().to_str().map(str::to_string) else { continue };
+            let Some(id) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
             if id.starts_with('.') || !entry.file_type()?.is_dir() {
                 continue;
             }

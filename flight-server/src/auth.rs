@@ -21,7 +21,9 @@ pub struct Credentials {
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials").field("username", &self.username).finish_non_exhaustive()
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .finish_non_exhaustive()
     }
 }
 
@@ -49,23 +51,40 @@ enum Caller {
 impl Auth {
     pub fn new(credentials: Option<Credentials>) -> Self {
         Self {
-            inner: credentials.map(|credentials| Arc::new(AuthInner { credentials, tokens: Mutex::default() })),
+            inner: credentials.map(|credentials| {
+                Arc::new(AuthInner {
+                    credentials,
+                    tokens: Mutex::default(),
+                })
+            }),
         }
     }
 
     fn identify(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
-        let Some(inner) = &self.inner else { return Ok(Caller::Anyone) };
+        let Some(inner) = &self.inner else {
+            return Ok(Caller::Anyone);
+        };
         let header = metadata
             .get("authorization")
-            .ok_or_else(|| Status::unauthenticated("authentication required: connect with a username and password"))?
+            .ok_or_else(|| {
+                Status::unauthenticated(
+                    "authentication required: connect with a username and password",
+                )
+            })?
             .to_str()
             .map_err(|_| Status::unauthenticated("malformed authorization header"))?;
         if let Some(token) = header.strip_prefix("Bearer ") {
-            let known = inner.tokens.lock().map(|t| t.contains(token)).unwrap_or(false);
+            let known = inner
+                .tokens
+                .lock()
+                .map(|t| t.contains(token))
+                .unwrap_or(false);
             return if known {
                 Ok(Caller::Token(token.to_string()))
             } else {
-                Err(Status::unauthenticated("invalid or expired token: authenticate again"))
+                Err(Status::unauthenticated(
+                    "invalid or expired token: authenticate again",
+                ))
             };
         }
         if let Some(encoded) = header.strip_prefix("Basic ") {
@@ -82,7 +101,9 @@ impl Auth {
                 Err(Status::unauthenticated("invalid username or password"))
             };
         }
-        Err(Status::unauthenticated("unsupported authorization scheme: use Basic or Bearer"))
+        Err(Status::unauthenticated(
+            "unsupported authorization scheme: use Basic or Bearer",
+        ))
     }
 
     /// The handshake: a bearer token for a caller that presented valid credentials (the same
@@ -94,7 +115,11 @@ impl Auth {
             Caller::Password => {
                 let token = uuid::Uuid::new_v4().simple().to_string();
                 if let Some(inner) = &self.inner {
-                    inner.tokens.lock().map_err(|_| Status::internal("token store poisoned"))?.insert(token.clone());
+                    inner
+                        .tokens
+                        .lock()
+                        .map_err(|_| Status::internal("token store poisoned"))?
+                        .insert(token.clone());
                 }
                 Ok(Some(token))
             }

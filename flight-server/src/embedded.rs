@@ -31,12 +31,27 @@ impl Connection for EmbeddedConnection {
     async fn execute(&self, sql: &str) -> anyhow::Result<(SchemaRef, Vec<RecordBatch>)> {
         let planned = self.session.plan(sql).await?;
         let schema = planned.schema();
-        let batches = planned.execute().await?.try_collect().await.map_err(|e| anyhow::anyhow!(e.strip_backtrace()))?;
+        let batches = planned
+            .execute()
+            .await?
+            .try_collect()
+            .await
+            .map_err(|e| anyhow::anyhow!(e.strip_backtrace()))?;
         Ok((schema, batches))
     }
 
-    async fn ingest(&self, table: &str, schema: SchemaRef, batches: BoxStream<'static, anyhow::Result<RecordBatch>>) -> anyhow::Result<u64> {
-        let target = IngestTarget { table: table.to_string(), mode: IngestMode::Append, primary_key: vec![], buckets: 1 };
+    async fn ingest(
+        &self,
+        table: &str,
+        schema: SchemaRef,
+        batches: BoxStream<'static, anyhow::Result<RecordBatch>>,
+    ) -> anyhow::Result<u64> {
+        let target = IngestTarget {
+            table: table.to_string(),
+            mode: IngestMode::Append,
+            primary_key: vec![],
+            buckets: 1,
+        };
         let batches = batches.map_err(|e| SqlError::Invalid(format!("{e:#}")));
         Ok(self.session.ingest(&target, schema, batches).await?)
     }

@@ -25,20 +25,23 @@ use arrow_flight::flight_service_server::FlightServiceServer;
 use arrow_flight::sql::metadata::{SqlInfoData, XdbcTypeInfoData};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
-    ActionCancelQueryRequest, ActionCancelQueryResult,
-    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult, Any,
-    CommandGetCatalogs, CommandGetCrossReference, CommandGetDbSchemas, CommandGetExportedKeys, CommandGetImportedKeys,
-    CommandGetPrimaryKeys, CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables, CommandGetXdbcTypeInfo,
-    CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementIngest, CommandStatementQuery,
-    CommandStatementUpdate, DoPutPreparedStatementResult, ProstMessageExt, SqlInfo, TableExistsOption,
-    TableNotExistOption, TicketStatementQuery,
+    ActionCancelQueryRequest, ActionCancelQueryResult, ActionClosePreparedStatementRequest,
+    ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult, Any,
+    CommandGetCatalogs, CommandGetCrossReference, CommandGetDbSchemas, CommandGetExportedKeys,
+    CommandGetImportedKeys, CommandGetPrimaryKeys, CommandGetSqlInfo, CommandGetTableTypes,
+    CommandGetTables, CommandGetXdbcTypeInfo, CommandPreparedStatementQuery,
+    CommandPreparedStatementUpdate, CommandStatementIngest, CommandStatementQuery,
+    CommandStatementUpdate, DoPutPreparedStatementResult, ProstMessageExt, SqlInfo,
+    TableExistsOption, TableNotExistOption, TicketStatementQuery,
 };
 use arrow_flight::{
-    Action, CancelFlightInfoRequest, CancelFlightInfoResult, CancelStatus, FlightDescriptor, FlightEndpoint,
-    FlightInfo, IpcMessage, SchemaAsIpc, Ticket,
+    Action, CancelFlightInfoRequest, CancelFlightInfoResult, CancelStatus, FlightDescriptor,
+    FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc, Ticket,
 };
 use futures::{Stream, StreamExt, TryStreamExt};
-use nyala_sql::{Database, IngestMode, IngestTarget, Session, SqlError, StatementKind, CATALOG_NAME, SCHEMA_NAME};
+use nyala_sql::{
+    Database, IngestMode, IngestTarget, Session, SqlError, StatementKind, CATALOG_NAME, SCHEMA_NAME,
+};
 use prost::Message;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -53,7 +56,8 @@ use tickets::{PreparedStatements, Queries, QueryTicket};
 /// Request header (`true`) asking for one endpoint even where there could be one per tablet.
 pub const SINGLE_ENDPOINT_HEADER: &str = "x-nyala-single-endpoint";
 
-type DoGetStream = Pin<Box<dyn Stream<Item = Result<arrow_flight::FlightData, Status>> + Send + 'static>>;
+type DoGetStream =
+    Pin<Box<dyn Stream<Item = Result<arrow_flight::FlightData, Status>> + Send + 'static>>;
 type BatchStream = Pin<Box<dyn Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static>>;
 
 /// The Flight SQL service over one database.
@@ -108,8 +112,15 @@ fn internal(e: impl std::fmt::Display) -> Status {
     Status::internal(e.to_string())
 }
 
-fn flight_info(schema: &Schema, endpoints: Vec<FlightEndpoint>, descriptor: FlightDescriptor) -> Result<FlightInfo, Status> {
-    let mut info = FlightInfo::new().try_with_schema(schema).map_err(internal)?.with_descriptor(descriptor);
+fn flight_info(
+    schema: &Schema,
+    endpoints: Vec<FlightEndpoint>,
+    descriptor: FlightDescriptor,
+) -> Result<FlightInfo, Status> {
+    let mut info = FlightInfo::new()
+        .try_with_schema(schema)
+        .map_err(internal)?
+        .with_descriptor(descriptor);
     for endpoint in endpoints {
         info = info.with_endpoint(endpoint);
     }
@@ -117,25 +128,46 @@ fn flight_info(schema: &Schema, endpoints: Vec<FlightEndpoint>, descriptor: Flig
 }
 
 /// FlightInfo whose one ticket is the command itself (catalog metadata requests).
-fn command_info(schema: &Schema, command: impl ProstMessageExt, descriptor: FlightDescriptor) -> Result<Response<FlightInfo>, Status> {
+fn command_info(
+    schema: &Schema,
+    command: impl ProstMessageExt,
+    descriptor: FlightDescriptor,
+) -> Result<Response<FlightInfo>, Status> {
     let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(command.as_any().encode_to_vec()));
-    Ok(Response::new(flight_info(schema, vec![endpoint], descriptor)?))
+    Ok(Response::new(flight_info(
+        schema,
+        vec![endpoint],
+        descriptor,
+    )?))
 }
 
-fn batch_stream(schema: SchemaRef, batches: impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static) -> DoGetStream {
-    let stream = FlightDataEncoderBuilder::new().with_schema(schema).build(batches).map_err(|e| match e {
-        FlightError::Tonic(status) => *status,
-        e => Status::invalid_argument(e.to_string()),
-    });
+fn batch_stream(
+    schema: SchemaRef,
+    batches: impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static,
+) -> DoGetStream {
+    let stream = FlightDataEncoderBuilder::new()
+        .with_schema(schema)
+        .build(batches)
+        .map_err(|e| match e {
+            FlightError::Tonic(status) => *status,
+            e => Status::invalid_argument(e.to_string()),
+        });
     Box::pin(stream)
 }
 
 fn one_batch(batch: RecordBatch) -> Response<DoGetStream> {
-    Response::new(batch_stream(batch.schema(), futures::stream::iter([Ok(batch)])))
+    Response::new(batch_stream(
+        batch.schema(),
+        futures::stream::iter([Ok(batch)]),
+    ))
 }
 
 fn count_batch(count: u64) -> Result<RecordBatch, Status> {
-    let schema = Arc::new(Schema::new(vec![Field::new("count", DataType::UInt64, false)]));
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "count",
+        DataType::UInt64,
+        false,
+    )]));
     RecordBatch::try_new(schema, vec![Arc::new(UInt64Array::from(vec![count]))]).map_err(internal)
 }
 
@@ -157,7 +189,9 @@ fn upload_error(e: FlightError) -> Status {
 }
 
 /// Reads an uploaded parameter set: one batch whose rows are the parameter rows.
-async fn read_params(request: Request<PeekableFlightDataStream>) -> Result<Option<RecordBatch>, Status> {
+async fn read_params(
+    request: Request<PeekableFlightDataStream>,
+) -> Result<Option<RecordBatch>, Status> {
     let mut stream = uploaded_batches(request);
     let mut batches = Vec::new();
     while let Some(batch) = stream.try_next().await.map_err(upload_error)? {
@@ -167,7 +201,10 @@ async fn read_params(request: Request<PeekableFlightDataStream>) -> Result<Optio
 }
 
 /// Stops `stream` with a `cancelled` error once `cancelled` turns true.
-fn cancellable(stream: BatchStream, mut cancelled: tokio::sync::watch::Receiver<bool>) -> BatchStream {
+fn cancellable(
+    stream: BatchStream,
+    mut cancelled: tokio::sync::watch::Receiver<bool>,
+) -> BatchStream {
     let mut flag = cancelled.clone();
     let stopped = async move {
         if cancelled.wait_for(|c| *c).await.is_err() {
@@ -175,10 +212,15 @@ fn cancellable(stream: BatchStream, mut cancelled: tokio::sync::watch::Receiver<
             std::future::pending::<()>().await;
         }
     };
-    let error = futures::stream::once(async move { *flag.borrow_and_update() })
-        .filter_map(|was_cancelled| async move {
-            was_cancelled.then(|| Err(FlightError::Tonic(Box::new(Status::cancelled("the query was cancelled")))))
-        });
+    let error = futures::stream::once(async move { *flag.borrow_and_update() }).filter_map(
+        |was_cancelled| async move {
+            was_cancelled.then(|| {
+                Err(FlightError::Tonic(Box::new(Status::cancelled(
+                    "the query was cancelled",
+                ))))
+            })
+        },
+    );
     Box::pin(stream.take_until(stopped).chain(error))
 }
 
@@ -187,28 +229,51 @@ impl NyalaFlightService {
     /// DoGet: one per tablet for plain scans, else one. DDL and DML run now (clients such as
     /// ADBC never fetch the result of a statement they consider an update); their ticket
     /// carries the count.
-    async fn info_for_sql(&self, sql: &str, params: Option<&RecordBatch>, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
+    async fn info_for_sql(
+        &self,
+        sql: &str,
+        params: Option<&RecordBatch>,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
         // Clients that read only the first endpoint (flightsql-dbapi, hence SQLAlchemy) ask for
         // a single one with this header.
-        let per_tablet = request.metadata().get(SINGLE_ENDPOINT_HEADER).is_none_or(|v| v != "true");
+        let per_tablet = request
+            .metadata()
+            .get(SINGLE_ENDPOINT_HEADER)
+            .is_none_or(|v| v != "true");
         let descriptor = request.into_inner();
         let rows = tickets::param_rows(params)?;
         let info = self.session.prepare(sql).await.map_err(status)?;
-        let mut ticket = QueryTicket { sql: sql.to_string(), ..Default::default() };
+        let mut ticket = QueryTicket {
+            sql: sql.to_string(),
+            ..Default::default()
+        };
         if info.kind != StatementKind::Query {
             ticket.count = Some(self.run_update(sql, &rows).await?);
             let endpoint = self.endpoint(&ticket, false);
-            return Ok(Response::new(flight_info(&info.schema, vec![endpoint], descriptor)?));
+            return Ok(Response::new(flight_info(
+                &info.schema,
+                vec![endpoint],
+                descriptor,
+            )?));
         }
         ticket.id = self.queries.register();
         ticket.params = tickets::encode_params(params)?;
         let first = rows.first().map(Vec::as_slice).unwrap_or_default();
-        let planned = self.session.plan_with_params(sql, first).await.map_err(status)?;
+        let planned = self
+            .session
+            .plan_with_params(sql, first)
+            .await
+            .map_err(status)?;
         let schema = planned.schema();
         let endpoints = match planned.tablet_partitions() {
             Some(n) if n > 1 && rows.len() == 1 && per_tablet => (0..n as u32)
                 .map(|i| {
-                    let ticket = QueryTicket { partition: Some(i), partitions: n as u32, ..ticket.clone() };
+                    let ticket = QueryTicket {
+                        partition: Some(i),
+                        partitions: n as u32,
+                        ..ticket.clone()
+                    };
                     self.endpoint(&ticket, true)
                 })
                 .collect(),
@@ -218,8 +283,11 @@ impl NyalaFlightService {
     }
 
     fn endpoint(&self, ticket: &QueryTicket, located: bool) -> FlightEndpoint {
-        let ticket = TicketStatementQuery { statement_handle: ticket.encode_to_vec().into() };
-        let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket.as_any().encode_to_vec()));
+        let ticket = TicketStatementQuery {
+            statement_handle: ticket.encode_to_vec().into(),
+        };
+        let endpoint =
+            FlightEndpoint::new().with_ticket(Ticket::new(ticket.as_any().encode_to_vec()));
         match (&self.location, located) {
             (Some(location), true) => endpoint.with_location(location.clone()),
             _ => endpoint,
@@ -238,10 +306,16 @@ impl NyalaFlightService {
         let mut streams = Vec::with_capacity(rows.len());
         let mut schema = None;
         for row in &rows {
-            let planned = self.session.plan_with_params(&ticket.sql, row).await.map_err(status)?;
+            let planned = self
+                .session
+                .plan_with_params(&ticket.sql, row)
+                .await
+                .map_err(status)?;
             schema.get_or_insert_with(|| planned.schema());
             let stream = match ticket.partition {
-                Some(partition) if planned.tablet_partitions() == Some(ticket.partitions as usize) => {
+                Some(partition)
+                    if planned.tablet_partitions() == Some(ticket.partitions as usize) =>
+                {
                     planned.execute_partition(partition as usize)
                 }
                 Some(_) => Err(SqlError::Invalid(
@@ -255,12 +329,19 @@ impl NyalaFlightService {
         let Some(schema) = schema else {
             return Err(Status::invalid_argument("no parameter rows were bound"));
         };
-        let batches = cancellable(Box::pin(futures::stream::iter(streams).flatten()), cancelled);
+        let batches = cancellable(
+            Box::pin(futures::stream::iter(streams).flatten()),
+            cancelled,
+        );
         Ok(Response::new(batch_stream(schema, batches)))
     }
 
     /// Runs a DDL or DML statement once per parameter row; returns the total count.
-    async fn run_update(&self, sql: &str, rows: &[Vec<datafusion::common::ScalarValue>]) -> Result<u64, Status> {
+    async fn run_update(
+        &self,
+        sql: &str,
+        rows: &[Vec<datafusion::common::ScalarValue>],
+    ) -> Result<u64, Status> {
         let mut total = 0;
         for (i, row) in rows.iter().enumerate() {
             let result = async {
@@ -269,7 +350,12 @@ impl NyalaFlightService {
                 Ok::<_, SqlError>(
                     batches
                         .first()
-                        .and_then(|b| b.column(0).as_any().downcast_ref::<UInt64Array>().map(|c| c.value(0)))
+                        .and_then(|b| {
+                            b.column(0)
+                                .as_any()
+                                .downcast_ref::<UInt64Array>()
+                                .map(|c| c.value(0))
+                        })
                         .unwrap_or(0),
                 )
             }
@@ -291,7 +377,9 @@ impl NyalaFlightService {
     async fn update_sql(&self, sql: &str, params: Option<&RecordBatch>) -> Result<i64, Status> {
         let info = self.session.prepare(sql).await.map_err(status)?;
         if info.kind == StatementKind::Query {
-            return Err(Status::invalid_argument("a query cannot be executed as an update; use a query command"));
+            return Err(Status::invalid_argument(
+                "a query cannot be executed as an update; use a query command",
+            ));
         }
         Ok(self.run_update(sql, &tickets::param_rows(params)?).await? as i64)
     }
@@ -299,9 +387,15 @@ impl NyalaFlightService {
     fn cancel(&self, info: &FlightInfo) -> bool {
         let mut found = false;
         for endpoint in &info.endpoint {
-            let Some(ticket) = &endpoint.ticket else { continue };
-            let Ok(any) = Any::decode(ticket.ticket.clone()) else { continue };
-            let Ok(Some(statement)) = any.unpack::<TicketStatementQuery>() else { continue };
+            let Some(ticket) = &endpoint.ticket else {
+                continue;
+            };
+            let Ok(any) = Any::decode(ticket.ticket.clone()) else {
+                continue;
+            };
+            let Ok(Some(statement)) = any.unpack::<TicketStatementQuery>() else {
+                continue;
+            };
             if let Ok(query) = QueryTicket::decode_handle(&statement.statement_handle) {
                 found |= self.queries.cancel(query.id);
             }
@@ -317,10 +411,18 @@ impl FlightSqlService for NyalaFlightService {
     async fn do_handshake(
         &self,
         request: Request<Streaming<arrow_flight::HandshakeRequest>>,
-    ) -> Result<Response<Pin<Box<dyn Stream<Item = Result<arrow_flight::HandshakeResponse, Status>> + Send>>>, Status> {
+    ) -> Result<
+        Response<
+            Pin<Box<dyn Stream<Item = Result<arrow_flight::HandshakeResponse, Status>> + Send>>,
+        >,
+        Status,
+    > {
         let token = self.auth.handshake(request.metadata())?;
         let payload = token.clone().unwrap_or_default().into_bytes().into();
-        let reply = arrow_flight::HandshakeResponse { protocol_version: 0, payload };
+        let reply = arrow_flight::HandshakeResponse {
+            protocol_version: 0,
+            payload,
+        };
         let mut response: Response<Pin<Box<dyn Stream<Item = _> + Send>>> =
             Response::new(Box::pin(futures::stream::iter([Ok(reply)])));
         if let Some(token) = token {
@@ -330,47 +432,98 @@ impl FlightSqlService for NyalaFlightService {
         Ok(response)
     }
 
-    async fn get_flight_info_statement(&self, query: CommandStatementQuery, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
+    async fn get_flight_info_statement(
+        &self,
+        query: CommandStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
         self.info_for_sql(&query.query, None, request).await
     }
 
-    async fn do_get_statement(&self, ticket: TicketStatementQuery, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
+    async fn do_get_statement(
+        &self,
+        ticket: TicketStatementQuery,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
         self.stream_ticket(&ticket.statement_handle).await
     }
 
-    async fn do_put_statement_update(&self, command: CommandStatementUpdate, _request: Request<PeekableFlightDataStream>) -> Result<i64, Status> {
+    async fn do_put_statement_update(
+        &self,
+        command: CommandStatementUpdate,
+        _request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
         self.update_sql(&command.query, None).await
     }
 
-    async fn do_put_statement_ingest(&self, command: CommandStatementIngest, request: Request<PeekableFlightDataStream>) -> Result<i64, Status> {
+    async fn do_put_statement_ingest(
+        &self,
+        command: CommandStatementIngest,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
         if command.temporary {
             return Err(Status::unimplemented("temporary tables are not supported"));
         }
         if command.transaction_id.is_some() {
             return Err(Status::unimplemented("transactions are not supported"));
         }
-        if command.catalog.as_deref().is_some_and(|c| c != CATALOG_NAME) || command.schema.as_deref().is_some_and(|s| s != SCHEMA_NAME) {
-            return Err(Status::invalid_argument(format!("tables live in catalog '{CATALOG_NAME}', schema '{SCHEMA_NAME}'")));
+        if command
+            .catalog
+            .as_deref()
+            .is_some_and(|c| c != CATALOG_NAME)
+            || command.schema.as_deref().is_some_and(|s| s != SCHEMA_NAME)
+        {
+            return Err(Status::invalid_argument(format!(
+                "tables live in catalog '{CATALOG_NAME}', schema '{SCHEMA_NAME}'"
+            )));
         }
         let options = command.table_definition_options.unwrap_or_default();
-        let if_not_exist = TableNotExistOption::try_from(options.if_not_exist).unwrap_or(TableNotExistOption::Unspecified);
-        let if_exists = TableExistsOption::try_from(options.if_exists).unwrap_or(TableExistsOption::Unspecified);
+        let if_not_exist = TableNotExistOption::try_from(options.if_not_exist)
+            .unwrap_or(TableNotExistOption::Unspecified);
+        let if_exists = TableExistsOption::try_from(options.if_exists)
+            .unwrap_or(TableExistsOption::Unspecified);
         let mode = match (if_not_exist, if_exists) {
-            (TableNotExistOption::Create, TableExistsOption::Fail | TableExistsOption::Unspecified) => IngestMode::Create,
+            (
+                TableNotExistOption::Create,
+                TableExistsOption::Fail | TableExistsOption::Unspecified,
+            ) => IngestMode::Create,
             (TableNotExistOption::Create, TableExistsOption::Append) => IngestMode::CreateOrAppend,
             (_, TableExistsOption::Replace) => IngestMode::Replace,
-            (TableNotExistOption::Fail | TableNotExistOption::Unspecified, TableExistsOption::Append | TableExistsOption::Unspecified) => IngestMode::Append,
-            (TableNotExistOption::Fail | TableNotExistOption::Unspecified, TableExistsOption::Fail) => {
-                return Err(Status::invalid_argument("ingest options fail both when the table exists and when it does not"))
+            (
+                TableNotExistOption::Fail | TableNotExistOption::Unspecified,
+                TableExistsOption::Append | TableExistsOption::Unspecified,
+            ) => IngestMode::Append,
+            (
+                TableNotExistOption::Fail | TableNotExistOption::Unspecified,
+                TableExistsOption::Fail,
+            ) => {
+                return Err(Status::invalid_argument(
+                    "ingest options fail both when the table exists and when it does not",
+                ))
             }
         };
-        let option = |name: &str| command.options.get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
-        let primary_key = option("primary_key").map(|v| v.split(',').map(|c| c.trim().to_string()).collect()).unwrap_or_default();
+        let option = |name: &str| {
+            command
+                .options
+                .get(name)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        let primary_key = option("primary_key")
+            .map(|v| v.split(',').map(|c| c.trim().to_string()).collect())
+            .unwrap_or_default();
         let buckets = match option("buckets") {
-            Some(b) => b.parse().map_err(|_| Status::invalid_argument(format!("option buckets: '{b}' is not a number")))?,
+            Some(b) => b.parse().map_err(|_| {
+                Status::invalid_argument(format!("option buckets: '{b}' is not a number"))
+            })?,
             None => 1,
         };
-        let target = IngestTarget { table: command.table, mode, primary_key, buckets };
+        let target = IngestTarget {
+            table: command.table,
+            mode,
+            primary_key,
+            buckets,
+        };
         let mut stream = uploaded_batches(request);
         let first = stream.try_next().await.map_err(upload_error)?;
         let schema = match (stream.schema(), &first) {
@@ -381,7 +534,11 @@ impl FlightSqlService for NyalaFlightService {
         let batches = futures::stream::iter(first.map(Ok))
             .chain(stream)
             .map_err(|e| SqlError::Invalid(format!("malformed upload: {e}")));
-        let loaded = self.session.ingest(&target, schema, batches).await.map_err(status)?;
+        let loaded = self
+            .session
+            .ingest(&target, schema, batches)
+            .await
+            .map_err(status)?;
         Ok(loaded as i64)
     }
 
@@ -392,12 +549,18 @@ impl FlightSqlService for NyalaFlightService {
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         let info = self.session.prepare(&query.query).await.map_err(status)?;
         let ipc = |schema: &Schema| -> Result<_, Status> {
-            let message: IpcMessage = SchemaAsIpc::new(schema, &Default::default()).try_into().map_err(internal)?;
+            let message: IpcMessage = SchemaAsIpc::new(schema, &Default::default())
+                .try_into()
+                .map_err(internal)?;
             Ok(message.0)
         };
         // Clients (the JDBC driver among them) treat a statement with an empty dataset schema
         // as an update and run it with DoPut; DDL and DML are such statements.
-        let dataset = if info.kind == StatementKind::Query { info.schema } else { Arc::new(Schema::empty()) };
+        let dataset = if info.kind == StatementKind::Query {
+            info.schema
+        } else {
+            Arc::new(Schema::empty())
+        };
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: self.prepared.insert(query.query).into(),
             dataset_schema: ipc(&dataset)?,
@@ -405,37 +568,74 @@ impl FlightSqlService for NyalaFlightService {
         })
     }
 
-    async fn do_action_close_prepared_statement(&self, query: ActionClosePreparedStatementRequest, _request: Request<Action>) -> Result<(), Status> {
+    async fn do_action_close_prepared_statement(
+        &self,
+        query: ActionClosePreparedStatementRequest,
+        _request: Request<Action>,
+    ) -> Result<(), Status> {
         self.prepared.close(&query.prepared_statement_handle)
     }
 
-    async fn do_put_prepared_statement_query(&self, query: CommandPreparedStatementQuery, request: Request<PeekableFlightDataStream>) -> Result<DoPutPreparedStatementResult, Status> {
+    async fn do_put_prepared_statement_query(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<DoPutPreparedStatementResult, Status> {
         let params = read_params(request).await?;
-        self.prepared.bind(&query.prepared_statement_handle, params)?;
-        Ok(DoPutPreparedStatementResult { prepared_statement_handle: Some(query.prepared_statement_handle) })
+        self.prepared
+            .bind(&query.prepared_statement_handle, params)?;
+        Ok(DoPutPreparedStatementResult {
+            prepared_statement_handle: Some(query.prepared_statement_handle),
+        })
     }
 
-    async fn get_flight_info_prepared_statement(&self, query: CommandPreparedStatementQuery, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
+    async fn get_flight_info_prepared_statement(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
         let prepared = self.prepared.get(&query.prepared_statement_handle)?;
-        self.info_for_sql(&prepared.sql, prepared.params.as_ref(), request).await
+        self.info_for_sql(&prepared.sql, prepared.params.as_ref(), request)
+            .await
     }
 
-    async fn do_get_prepared_statement(&self, query: CommandPreparedStatementQuery, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
+    async fn do_get_prepared_statement(
+        &self,
+        query: CommandPreparedStatementQuery,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
         // Our FlightInfo hands out statement tickets; a client that builds its own ticket from
         // the handle gets the statement run with its bound parameters.
         let prepared = self.prepared.get(&query.prepared_statement_handle)?;
-        let ticket = QueryTicket { sql: prepared.sql, params: tickets::encode_params(prepared.params.as_ref())?, ..Default::default() };
+        let ticket = QueryTicket {
+            sql: prepared.sql,
+            params: tickets::encode_params(prepared.params.as_ref())?,
+            ..Default::default()
+        };
         self.stream_ticket(&ticket.encode_to_vec()).await
     }
 
-    async fn do_put_prepared_statement_update(&self, query: CommandPreparedStatementUpdate, request: Request<PeekableFlightDataStream>) -> Result<i64, Status> {
+    async fn do_put_prepared_statement_update(
+        &self,
+        query: CommandPreparedStatementUpdate,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
         let prepared = self.prepared.get(&query.prepared_statement_handle)?;
         let uploaded = read_params(request).await?;
-        self.update_sql(&prepared.sql, uploaded.as_ref().or(prepared.params.as_ref())).await
+        self.update_sql(
+            &prepared.sql,
+            uploaded.as_ref().or(prepared.params.as_ref()),
+        )
+        .await
     }
 
-    async fn do_action_cancel_query(&self, query: ActionCancelQueryRequest, _request: Request<Action>) -> Result<ActionCancelQueryResult, Status> {
-        let info = FlightInfo::decode(query.info).map_err(|_| Status::invalid_argument("malformed FlightInfo"))?;
+    async fn do_action_cancel_query(
+        &self,
+        query: ActionCancelQueryRequest,
+        _request: Request<Action>,
+    ) -> Result<ActionCancelQueryResult, Status> {
+        let info = FlightInfo::decode(query.info)
+            .map_err(|_| Status::invalid_argument("malformed FlightInfo"))?;
         if self.cancel(&info) {
             // CancelResult::CANCEL_RESULT_CANCELLED (the enum is not re-exported by arrow-flight).
             Ok(ActionCancelQueryResult { result: 1 })
@@ -444,107 +644,270 @@ impl FlightSqlService for NyalaFlightService {
         }
     }
 
-    async fn do_action_fallback(&self, request: Request<Action>) -> Result<Response<<Self as arrow_flight::flight_service_server::FlightService>::DoActionStream>, Status> {
+    async fn do_action_fallback(
+        &self,
+        request: Request<Action>,
+    ) -> Result<
+        Response<<Self as arrow_flight::flight_service_server::FlightService>::DoActionStream>,
+        Status,
+    > {
         let action = request.into_inner();
         if action.r#type != "CancelFlightInfo" {
-            return Err(Status::invalid_argument(format!("unknown action {}", action.r#type)));
+            return Err(Status::invalid_argument(format!(
+                "unknown action {}",
+                action.r#type
+            )));
         }
-        let request = CancelFlightInfoRequest::decode(action.body).map_err(|_| Status::invalid_argument("malformed CancelFlightInfoRequest"))?;
-        let info = request.info.ok_or_else(|| Status::invalid_argument("CancelFlightInfoRequest without FlightInfo"))?;
-        let status = if self.cancel(&info) { CancelStatus::Cancelled } else { CancelStatus::NotCancellable };
-        let result = CancelFlightInfoResult { status: status as i32 };
-        let body = arrow_flight::Result { body: result.encode_to_vec().into() };
+        let request = CancelFlightInfoRequest::decode(action.body)
+            .map_err(|_| Status::invalid_argument("malformed CancelFlightInfoRequest"))?;
+        let info = request.info.ok_or_else(|| {
+            Status::invalid_argument("CancelFlightInfoRequest without FlightInfo")
+        })?;
+        let status = if self.cancel(&info) {
+            CancelStatus::Cancelled
+        } else {
+            CancelStatus::NotCancellable
+        };
+        let result = CancelFlightInfoResult {
+            status: status as i32,
+        };
+        let body = arrow_flight::Result {
+            body: result.encode_to_vec().into(),
+        };
         Ok(Response::new(Box::pin(futures::stream::iter([Ok(body)]))))
     }
 
-    async fn get_flight_info_catalogs(&self, query: CommandGetCatalogs, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        command_info(&query.clone().into_builder().schema(), query, request.into_inner())
+    async fn get_flight_info_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        command_info(
+            &query.clone().into_builder().schema(),
+            query,
+            request.into_inner(),
+        )
     }
 
-    async fn do_get_catalogs(&self, query: CommandGetCatalogs, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
+    async fn do_get_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
         let mut builder = query.into_builder();
         builder.append(CATALOG_NAME);
         Ok(one_batch(builder.build().map_err(internal)?))
     }
 
-    async fn get_flight_info_schemas(&self, query: CommandGetDbSchemas, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        command_info(&query.clone().into_builder().schema(), query, request.into_inner())
+    async fn get_flight_info_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        command_info(
+            &query.clone().into_builder().schema(),
+            query,
+            request.into_inner(),
+        )
     }
 
-    async fn do_get_schemas(&self, query: CommandGetDbSchemas, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
+    async fn do_get_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
         let mut builder = query.into_builder();
         builder.append(CATALOG_NAME, SCHEMA_NAME);
         Ok(one_batch(builder.build().map_err(internal)?))
     }
 
-    async fn get_flight_info_tables(&self, query: CommandGetTables, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        command_info(&query.clone().into_builder().schema(), query, request.into_inner())
+    async fn get_flight_info_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        command_info(
+            &query.clone().into_builder().schema(),
+            query,
+            request.into_inner(),
+        )
     }
 
-    async fn do_get_tables(&self, query: CommandGetTables, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
+    async fn do_get_tables(
+        &self,
+        query: CommandGetTables,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
         Ok(one_batch(metadata::tables(&self.db, query)?))
     }
 
-    async fn get_flight_info_table_types(&self, query: CommandGetTableTypes, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        command_info(&query.clone().into_builder().schema(), query, request.into_inner())
+    async fn get_flight_info_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        command_info(
+            &query.clone().into_builder().schema(),
+            query,
+            request.into_inner(),
+        )
     }
 
-    async fn do_get_table_types(&self, query: CommandGetTableTypes, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
+    async fn do_get_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
         let mut builder = query.into_builder();
         builder.append("TABLE");
         Ok(one_batch(builder.build().map_err(internal)?))
     }
 
-    async fn get_flight_info_sql_info(&self, query: CommandGetSqlInfo, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        command_info(&query.clone().into_builder(&self.sql_info).schema(), query, request.into_inner())
+    async fn get_flight_info_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        command_info(
+            &query.clone().into_builder(&self.sql_info).schema(),
+            query,
+            request.into_inner(),
+        )
     }
 
-    async fn do_get_sql_info(&self, query: CommandGetSqlInfo, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
-        Ok(one_batch(query.into_builder(&self.sql_info).build().map_err(internal)?))
+    async fn do_get_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        Ok(one_batch(
+            query
+                .into_builder(&self.sql_info)
+                .build()
+                .map_err(internal)?,
+        ))
     }
 
-    async fn get_flight_info_primary_keys(&self, query: CommandGetPrimaryKeys, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        command_info(&metadata::primary_keys(&self.db, &query)?.schema(), query, request.into_inner())
+    async fn get_flight_info_primary_keys(
+        &self,
+        query: CommandGetPrimaryKeys,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        command_info(
+            &metadata::primary_keys(&self.db, &query)?.schema(),
+            query,
+            request.into_inner(),
+        )
     }
 
-    async fn do_get_primary_keys(&self, query: CommandGetPrimaryKeys, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
+    async fn do_get_primary_keys(
+        &self,
+        query: CommandGetPrimaryKeys,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
         Ok(one_batch(metadata::primary_keys(&self.db, &query)?))
     }
 
-    async fn get_flight_info_exported_keys(&self, query: CommandGetExportedKeys, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        command_info(&metadata::foreign_keys_schema(), query, request.into_inner())
+    async fn get_flight_info_exported_keys(
+        &self,
+        query: CommandGetExportedKeys,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        command_info(
+            &metadata::foreign_keys_schema(),
+            query,
+            request.into_inner(),
+        )
     }
 
-    async fn do_get_exported_keys(&self, _query: CommandGetExportedKeys, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
-        Ok(one_batch(RecordBatch::new_empty(metadata::foreign_keys_schema())))
+    async fn do_get_exported_keys(
+        &self,
+        _query: CommandGetExportedKeys,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        Ok(one_batch(RecordBatch::new_empty(
+            metadata::foreign_keys_schema(),
+        )))
     }
 
-    async fn get_flight_info_imported_keys(&self, query: CommandGetImportedKeys, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        command_info(&metadata::foreign_keys_schema(), query, request.into_inner())
+    async fn get_flight_info_imported_keys(
+        &self,
+        query: CommandGetImportedKeys,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        command_info(
+            &metadata::foreign_keys_schema(),
+            query,
+            request.into_inner(),
+        )
     }
 
-    async fn do_get_imported_keys(&self, _query: CommandGetImportedKeys, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
-        Ok(one_batch(RecordBatch::new_empty(metadata::foreign_keys_schema())))
+    async fn do_get_imported_keys(
+        &self,
+        _query: CommandGetImportedKeys,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        Ok(one_batch(RecordBatch::new_empty(
+            metadata::foreign_keys_schema(),
+        )))
     }
 
-    async fn get_flight_info_cross_reference(&self, query: CommandGetCrossReference, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        command_info(&metadata::foreign_keys_schema(), query, request.into_inner())
+    async fn get_flight_info_cross_reference(
+        &self,
+        query: CommandGetCrossReference,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        command_info(
+            &metadata::foreign_keys_schema(),
+            query,
+            request.into_inner(),
+        )
     }
 
-    async fn do_get_cross_reference(&self, _query: CommandGetCrossReference, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
-        Ok(one_batch(RecordBatch::new_empty(metadata::foreign_keys_schema())))
+    async fn do_get_cross_reference(
+        &self,
+        _query: CommandGetCrossReference,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        Ok(one_batch(RecordBatch::new_empty(
+            metadata::foreign_keys_schema(),
+        )))
     }
 
-    async fn get_flight_info_xdbc_type_info(&self, query: CommandGetXdbcTypeInfo, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
-        command_info(&query.clone().into_builder(&self.xdbc_types).schema(), query, request.into_inner())
+    async fn get_flight_info_xdbc_type_info(
+        &self,
+        query: CommandGetXdbcTypeInfo,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        command_info(
+            &query.clone().into_builder(&self.xdbc_types).schema(),
+            query,
+            request.into_inner(),
+        )
     }
 
-    async fn do_get_xdbc_type_info(&self, query: CommandGetXdbcTypeInfo, _request: Request<Ticket>) -> Result<Response<DoGetStream>, Status> {
-        Ok(one_batch(query.into_builder(&self.xdbc_types).build().map_err(internal)?))
+    async fn do_get_xdbc_type_info(
+        &self,
+        query: CommandGetXdbcTypeInfo,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        Ok(one_batch(
+            query
+                .into_builder(&self.xdbc_types)
+                .build()
+                .map_err(internal)?,
+        ))
     }
 
-    async fn do_get_fallback(&self, _request: Request<Ticket>, message: Any) -> Result<Response<DoGetStream>, Status> {
-        Err(Status::invalid_argument(format!("unknown ticket type {}", message.type_url)))
+    async fn do_get_fallback(
+        &self,
+        _request: Request<Ticket>,
+        message: Any,
+    ) -> Result<Response<DoGetStream>, Status> {
+        Err(Status::invalid_argument(format!(
+            "unknown ticket type {}",
+            message.type_url
+        )))
     }
 
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
@@ -562,7 +925,9 @@ pub async fn serve(
     let server = FlightServiceServer::new(service).max_decoding_message_size(256 << 20);
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     tonic::transport::Server::builder()
-        .add_service(tonic::service::interceptor::InterceptedService::new(server, auth))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            server, auth,
+        ))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())

@@ -14,7 +14,11 @@ use nyala_shell::{Connection, FlightSqlConnection, OutputMode};
 use nyala_sql::{Database, DatabaseOptions};
 
 #[derive(Parser)]
-#[command(name = "nyala", version, about = "Nyala: a Raft-replicated, Arrow-native analytic database")]
+#[command(
+    name = "nyala",
+    version,
+    about = "Nyala: a Raft-replicated, Arrow-native analytic database"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -36,7 +40,12 @@ enum Command {
         #[arg(long, requires = "password")]
         user: Option<String>,
         /// The password for --user.
-        #[arg(long, env = "NYALA_PASSWORD", hide_env_values = true, requires = "user")]
+        #[arg(
+            long,
+            env = "NYALA_PASSWORD",
+            hide_env_values = true,
+            requires = "user"
+        )]
         password: Option<String>,
     },
     /// Run SQL: a script with -c/-f, or an interactive shell.
@@ -82,14 +91,33 @@ async fn main() {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve { data_dir, listen, advertise, user, password } => {
-            let credentials = user.zip(password).map(|(username, password)| Credentials { username, password });
+        Command::Serve {
+            data_dir,
+            listen,
+            advertise,
+            user,
+            password,
+        } => {
+            let credentials = user
+                .zip(password)
+                .map(|(username, password)| Credentials { username, password });
             serve(data_dir, listen, advertise, credentials).await
         }
-        Command::Sql { connect, data_dir, command, file, mode, user, password } => {
+        Command::Sql {
+            connect,
+            data_dir,
+            command,
+            file,
+            mode,
+            user,
+            password,
+        } => {
             let script = match (command, file) {
                 (Some(c), _) => Some(c),
-                (None, Some(f)) => Some(std::fs::read_to_string(&f).with_context(|| format!("cannot read {}", f.display()))?),
+                (None, Some(f)) => Some(
+                    std::fs::read_to_string(&f)
+                        .with_context(|| format!("cannot read {}", f.display()))?,
+                ),
                 (None, None) => None,
             };
             match connect {
@@ -101,7 +129,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 None => {
                     let db = Database::open(&data_dir, DatabaseOptions::default())
                         .await
-                        .with_context(|| format!("cannot open the database in {}", data_dir.display()))?;
+                        .with_context(|| {
+                            format!("cannot open the database in {}", data_dir.display())
+                        })?;
                     let conn = EmbeddedConnection::new(db);
                     let result = shell(&conn, script, mode).await;
                     conn.close().await?;
@@ -112,27 +142,47 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-async fn shell(conn: &dyn Connection, script: Option<String>, mode: OutputMode) -> anyhow::Result<()> {
+async fn shell(
+    conn: &dyn Connection,
+    script: Option<String>,
+    mode: OutputMode,
+) -> anyhow::Result<()> {
     match script {
         Some(script) => nyala_shell::run_script(conn, &script, mode, &mut std::io::stdout()).await,
         None => nyala_shell::run_interactive(conn, mode).await,
     }
 }
 
-async fn serve(data_dir: PathBuf, listen: SocketAddr, advertise: Option<String>, credentials: Option<Credentials>) -> anyhow::Result<()> {
+async fn serve(
+    data_dir: PathBuf,
+    listen: SocketAddr,
+    advertise: Option<String>,
+    credentials: Option<Credentials>,
+) -> anyhow::Result<()> {
     let db: Arc<Database> = Database::open(&data_dir, DatabaseOptions::default())
         .await
         .with_context(|| format!("cannot open the database in {}", data_dir.display()))?;
-    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
-    println!("Nyala listening on grpc://{addr} (data: {})", data_dir.display());
+    println!(
+        "Nyala listening on grpc://{addr} (data: {})",
+        data_dir.display()
+    );
     let advertised = advertise.unwrap_or_else(|| addr.to_string());
     let options = ServerOptions {
-        location: Some(format!("grpc+tcp://{}", advertised.trim_start_matches("grpc://").trim_start_matches("grpc+tcp://"))),
+        location: Some(format!(
+            "grpc+tcp://{}",
+            advertised
+                .trim_start_matches("grpc://")
+                .trim_start_matches("grpc+tcp://")
+        )),
         credentials,
     };
     let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}

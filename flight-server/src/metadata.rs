@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder, XdbcTypeInfo, XdbcTypeInfoData, XdbcTypeInfoDataBuilder};
+use arrow_flight::sql::metadata::{
+    SqlInfoData, SqlInfoDataBuilder, XdbcTypeInfo, XdbcTypeInfoData, XdbcTypeInfoDataBuilder,
+};
 use arrow_flight::sql::{
     CommandGetPrimaryKeys, CommandGetTables, Nullable, Searchable, SqlInfo, SqlNullOrdering,
     SqlOuterJoinsSupportLevel, SqlSupportedCaseSensitivity, XdbcDataType,
@@ -36,12 +38,21 @@ pub fn sql_info() -> anyhow::Result<SqlInfoData> {
     info.append(SqlInfo::SqlDdlCatalog, false);
     info.append(SqlInfo::SqlDdlSchema, false);
     info.append(SqlInfo::SqlDdlTable, true);
-    info.append(SqlInfo::SqlIdentifierCase, SqlSupportedCaseSensitivity::SqlCaseSensitivityLowercase as i32);
+    info.append(
+        SqlInfo::SqlIdentifierCase,
+        SqlSupportedCaseSensitivity::SqlCaseSensitivityLowercase as i32,
+    );
     info.append(SqlInfo::SqlIdentifierQuoteChar, "\"");
-    info.append(SqlInfo::SqlQuotedIdentifierCase, SqlSupportedCaseSensitivity::SqlCaseSensitivityCaseInsensitive as i32);
+    info.append(
+        SqlInfo::SqlQuotedIdentifierCase,
+        SqlSupportedCaseSensitivity::SqlCaseSensitivityCaseInsensitive as i32,
+    );
     info.append(SqlInfo::SqlAllTablesAreSelectable, true);
     // ASC puts NULLs last and DESC first: NULL sorts as the highest value.
-    info.append(SqlInfo::SqlNullOrdering, SqlNullOrdering::SqlNullsSortedHigh as i32);
+    info.append(
+        SqlInfo::SqlNullOrdering,
+        SqlNullOrdering::SqlNullsSortedHigh as i32,
+    );
     info.append(SqlInfo::SqlSearchStringEscape, "\\");
     info.append(SqlInfo::SqlExtraNameCharacters, "");
     info.append(SqlInfo::SqlSupportsColumnAliasing, true);
@@ -53,7 +64,10 @@ pub fn sql_info() -> anyhow::Result<SqlInfoData> {
     info.append(SqlInfo::SqlSupportsLikeEscapeClause, true);
     info.append(SqlInfo::SqlSupportsNonNullableColumns, true);
     info.append(SqlInfo::SqlSupportsIntegrityEnhancementFacility, false);
-    info.append(SqlInfo::SqlOuterJoinsSupportLevel, SqlOuterJoinsSupportLevel::SqlFullOuterJoins as i32);
+    info.append(
+        SqlInfo::SqlOuterJoinsSupportLevel,
+        SqlOuterJoinsSupportLevel::SqlFullOuterJoins as i32,
+    );
     info.append(SqlInfo::SqlSchemaTerm, "schema");
     info.append(SqlInfo::SqlProcedureTerm, "procedure");
     info.append(SqlInfo::SqlCatalogTerm, "catalog");
@@ -82,7 +96,10 @@ pub fn xdbc_types() -> anyhow::Result<XdbcTypeInfoData> {
         ("TIMESTAMP", XdbcDataType::XdbcTimestamp, Some(26), false),
     ];
     for (name, data_type, column_size, numeric) in types {
-        let quoted = matches!(data_type, XdbcDataType::XdbcVarchar | XdbcDataType::XdbcDate | XdbcDataType::XdbcTimestamp);
+        let quoted = matches!(
+            data_type,
+            XdbcDataType::XdbcVarchar | XdbcDataType::XdbcDate | XdbcDataType::XdbcTimestamp
+        );
         builder.append(XdbcTypeInfo {
             type_name: name.to_string(),
             data_type,
@@ -111,14 +128,19 @@ pub fn xdbc_types() -> anyhow::Result<XdbcTypeInfoData> {
 /// GetTables: Nyala's tables (all of type TABLE in `nyala.public`), with schemas if asked.
 pub fn tables(db: &Database, query: CommandGetTables) -> Result<RecordBatch, Status> {
     let catalog_ok = query.catalog.as_deref().is_none_or(|c| c == CATALOG_NAME);
-    let schema_ok = query.db_schema_filter_pattern.as_deref().is_none_or(|p| like(SCHEMA_NAME, p));
+    let schema_ok = query
+        .db_schema_filter_pattern
+        .as_deref()
+        .is_none_or(|p| like(SCHEMA_NAME, p));
     let types_ok = query.table_types.is_empty() || query.table_types.iter().any(|t| t == "TABLE");
     let pattern = query.table_name_filter_pattern.clone();
     let mut builder = query.into_builder();
     if catalog_ok && schema_ok && types_ok {
         for (name, schema) in db.tables() {
             if pattern.as_deref().is_none_or(|p| like(&name, p)) {
-                builder.append(CATALOG_NAME, SCHEMA_NAME, &name, "TABLE", &schema).map_err(internal)?;
+                builder
+                    .append(CATALOG_NAME, SCHEMA_NAME, &name, "TABLE", &schema)
+                    .map_err(internal)?;
             }
         }
     }
@@ -185,7 +207,10 @@ fn like(value: &str, pattern: &str) -> bool {
             Some((c, rest)) => v.first() == Some(c) && go(&v[1..], rest),
         }
     }
-    go(&value.chars().collect::<Vec<_>>(), &pattern.chars().collect::<Vec<_>>())
+    go(
+        &value.chars().collect::<Vec<_>>(),
+        &pattern.chars().collect::<Vec<_>>(),
+    )
 }
 
 #[cfg(test)]

@@ -45,11 +45,18 @@ impl QueryTicket {
 
 /// Parameter rows (one batch, one column per placeholder) → IPC bytes, and back.
 pub fn encode_params(params: Option<&RecordBatch>) -> Result<Vec<u8>, Status> {
-    let Some(batch) = params else { return Ok(vec![]) };
+    let Some(batch) = params else {
+        return Ok(vec![]);
+    };
     let mut out = Vec::new();
-    let mut writer = StreamWriter::try_new(&mut out, &batch.schema()).map_err(|e| Status::internal(e.to_string()))?;
-    writer.write(batch).map_err(|e| Status::internal(e.to_string()))?;
-    writer.finish().map_err(|e| Status::internal(e.to_string()))?;
+    let mut writer = StreamWriter::try_new(&mut out, &batch.schema())
+        .map_err(|e| Status::internal(e.to_string()))?;
+    writer
+        .write(batch)
+        .map_err(|e| Status::internal(e.to_string()))?;
+    writer
+        .finish()
+        .map_err(|e| Status::internal(e.to_string()))?;
     drop(writer);
     Ok(out)
 }
@@ -67,7 +74,9 @@ pub fn decode_params(bytes: &[u8]) -> Result<Option<RecordBatch>, Status> {
 
 /// The parameter sets to run a statement with: one per row of `params`, or a single empty set.
 pub fn param_rows(params: Option<&RecordBatch>) -> Result<Vec<Vec<ScalarValue>>, Status> {
-    let Some(batch) = params else { return Ok(vec![vec![]]) };
+    let Some(batch) = params else {
+        return Ok(vec![vec![]]);
+    };
     (0..batch.num_rows())
         .map(|row| {
             batch
@@ -91,12 +100,18 @@ fn unwrap_union(value: ScalarValue) -> ScalarValue {
 }
 
 /// Concatenates the batches of a parameter upload (DoPut) into one batch, None if no rows.
-pub fn concat_params(schema: Option<SchemaRef>, batches: Vec<RecordBatch>) -> Result<Option<RecordBatch>, Status> {
-    let Some(schema) = schema.or_else(|| batches.first().map(|b| b.schema())) else { return Ok(None) };
+pub fn concat_params(
+    schema: Option<SchemaRef>,
+    batches: Vec<RecordBatch>,
+) -> Result<Option<RecordBatch>, Status> {
+    let Some(schema) = schema.or_else(|| batches.first().map(|b| b.schema())) else {
+        return Ok(None);
+    };
     if schema.fields().is_empty() {
         return Ok(None);
     }
-    let batch = concat_batches(&schema, &batches).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let batch =
+        concat_batches(&schema, &batches).map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(Some(batch))
 }
 
@@ -141,14 +156,26 @@ impl PreparedStatements {
 
     pub fn get(&self, handle: &[u8]) -> Result<Prepared, Status> {
         let id = Self::id(handle)?;
-        let map = self.statements.lock().map_err(|_| Status::internal("prepared statements poisoned"))?;
-        map.get(&id).cloned().ok_or_else(|| Status::not_found("unknown prepared statement (closed, or prepared on another server run)"))
+        let map = self
+            .statements
+            .lock()
+            .map_err(|_| Status::internal("prepared statements poisoned"))?;
+        map.get(&id).cloned().ok_or_else(|| {
+            Status::not_found(
+                "unknown prepared statement (closed, or prepared on another server run)",
+            )
+        })
     }
 
     pub fn bind(&self, handle: &[u8], params: Option<RecordBatch>) -> Result<(), Status> {
         let id = Self::id(handle)?;
-        let mut map = self.statements.lock().map_err(|_| Status::internal("prepared statements poisoned"))?;
-        let prepared = map.get_mut(&id).ok_or_else(|| Status::not_found("unknown prepared statement"))?;
+        let mut map = self
+            .statements
+            .lock()
+            .map_err(|_| Status::internal("prepared statements poisoned"))?;
+        let prepared = map
+            .get_mut(&id)
+            .ok_or_else(|| Status::not_found("unknown prepared statement"))?;
         prepared.params = params;
         Ok(())
     }
@@ -187,7 +214,10 @@ impl Queries {
 
     /// A receiver that turns true when query `id` is cancelled; an error if it already was.
     pub fn start(&self, id: u64) -> Result<watch::Receiver<bool>, Status> {
-        let map = self.cancel.lock().map_err(|_| Status::internal("query registry poisoned"))?;
+        let map = self
+            .cancel
+            .lock()
+            .map_err(|_| Status::internal("query registry poisoned"))?;
         match map.get(&id) {
             Some(sender) if *sender.borrow() => Err(Status::cancelled("the query was cancelled")),
             Some(sender) => Ok(sender.subscribe()),
@@ -198,7 +228,9 @@ impl Queries {
 
     /// Cancels query `id`; false if it is unknown.
     pub fn cancel(&self, id: u64) -> bool {
-        let Ok(map) = self.cancel.lock() else { return false };
+        let Ok(map) = self.cancel.lock() else {
+            return false;
+        };
         match map.get(&id) {
             Some(sender) => {
                 sender.send_replace(true);

@@ -43,7 +43,12 @@ pub struct RaftConfig {
 
 impl RaftConfig {
     pub fn new(node_id: u64, log_dir: impl Into<PathBuf>) -> Self {
-        Self { node_id, log_dir: log_dir.into(), segment_bytes: 64 << 20, sync: true }
+        Self {
+            node_id,
+            log_dir: log_dir.into(),
+            segment_bytes: 64 << 20,
+            sync: true,
+        }
     }
 }
 

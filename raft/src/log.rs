@@ -102,7 +102,12 @@ pub struct DurableLog {
 
 impl DurableLog {
     /// Opens the log in `dir`, creating a new group with `voters` if it is empty.
-    pub fn open(dir: &Path, voters: &[u64], segment_bytes: u64, sync: bool) -> Result<Self, RaftError> {
+    pub fn open(
+        dir: &Path,
+        voters: &[u64],
+        segment_bytes: u64,
+        sync: bool,
+    ) -> Result<Self, RaftError> {
         std::fs::create_dir_all(dir)?;
         let state_path = dir.join("state");
         let fresh = !state_path.exists();
@@ -123,7 +128,9 @@ impl DurableLog {
             let mut snapshot = Snapshot::default();
             snapshot.mut_metadata().index = state.truncated_index;
             snapshot.mut_metadata().term = state.truncated_term;
-            snapshot.mut_metadata().set_conf_state(state.conf_state.clone());
+            snapshot
+                .mut_metadata()
+                .set_conf_state(state.conf_state.clone());
             core.apply_snapshot(snapshot)?;
         }
         let mut log = Self {
@@ -151,9 +158,17 @@ impl DurableLog {
         let mut segments = Vec::new();
         for entry in std::fs::read_dir(&self.dir)? {
             let path = entry?.path();
-            let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
-            if let Some(first) = name.strip_suffix(".seg").and_then(|n| n.parse::<u64>().ok()) {
-                segments.push(Segment { first_index: first, path });
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if let Some(first) = name
+                .strip_suffix(".seg")
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                segments.push(Segment {
+                    first_index: first,
+                    path,
+                });
             }
         }
         segments.sort_by_key(|s| s.first_index);
@@ -163,7 +178,10 @@ impl DurableLog {
             let (entries, valid_len, torn) = read_segment(&segment.path)?;
             if torn {
                 if i != last {
-                    return Err(corruption(&segment.path, "damaged record before the end of the log"));
+                    return Err(corruption(
+                        &segment.path,
+                        "damaged record before the end of the log",
+                    ));
                 }
                 tracing::warn!(segment = %segment.path.display(), "cutting off a torn record at the log tail");
                 let file = OpenOptions::new().write(true).open(&segment.path)?;
@@ -175,7 +193,10 @@ impl DurableLog {
             entries.retain(|e| e.index > self.state.truncated_index);
             if let (Some(expected), Some(first)) = (next_index, entries.first()) {
                 if first.index > expected {
-                    return Err(corruption(&segment.path, format!("gap in the log at index {expected}")));
+                    return Err(corruption(
+                        &segment.path,
+                        format!("gap in the log at index {expected}"),
+                    ));
                 }
             }
             if let Some(e) = entries.last() {
@@ -221,7 +242,11 @@ impl DurableLog {
             buf.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
             buf.extend_from_slice(&payload);
         }
-        if self.active.as_ref().is_none_or(|(_, size)| *size >= self.segment_bytes) {
+        if self
+            .active
+            .as_ref()
+            .is_none_or(|(_, size)| *size >= self.segment_bytes)
+        {
             self.roll(entries[0].index)?;
         }
         let (file, size) = self.active.as_mut().ok_or_else(|| RaftError::Stopped)?;
@@ -285,7 +310,9 @@ impl DurableLog {
         if index <= self.state.truncated_index {
             return Ok(());
         }
-        let Ok(term) = self.mem.term(index) else { return Ok(()) };
+        let Ok(term) = self.mem.term(index) else {
+            return Ok(());
+        };
         // Keep the entry at `index` in memory so raft-rs can still read its term.
         self.mem.wl().compact(index)?;
         let mut state = self.state.clone();

@@ -38,7 +38,10 @@ struct NoPeers;
 impl Transport for NoPeers {
     fn send(&self, messages: Vec<Message>) {
         if !messages.is_empty() {
-            tracing::warn!(count = messages.len(), "dropping raft messages: this group has no peers");
+            tracing::warn!(
+                count = messages.len(),
+                "dropping raft messages: this group has no peers"
+            );
         }
     }
 }
@@ -46,7 +49,10 @@ impl Transport for NoPeers {
 type Reply<T> = oneshot::Sender<Result<T, RaftError>>;
 
 enum Request<SM: StateMachine> {
-    Propose { command: Vec<u8>, reply: Reply<SM::Output> },
+    Propose {
+        command: Vec<u8>,
+        reply: Reply<SM::Output>,
+    },
     Run(Box<dyn FnOnce(&mut SM) + Send>),
     Stop,
 }
@@ -63,7 +69,12 @@ impl<SM: StateMachine> RaftNode<SM> {
     /// entries after `sm.durable_index()` into `sm`, and becomes leader. Returns when the node
     /// accepts proposals.
     pub fn open(config: RaftConfig, sm: SM) -> Result<Self, RaftError> {
-        let mut log = DurableLog::open(&config.log_dir, &[config.node_id], config.segment_bytes, config.sync)?;
+        let mut log = DurableLog::open(
+            &config.log_dir,
+            &[config.node_id],
+            config.segment_bytes,
+            config.sync,
+        )?;
         let durable = sm.durable_index();
         if durable < log.truncated_index() {
             return Err(RaftError::Corruption(format!(
@@ -115,14 +126,24 @@ impl<SM: StateMachine> RaftNode<SM> {
         let thread = std::thread::Builder::new()
             .name("raft".into())
             .spawn(move || worker.run(inbox))?;
-        Ok(Self { requests, thread: Mutex::new(Some(thread)), last_applied })
+        Ok(Self {
+            requests,
+            thread: Mutex::new(Some(thread)),
+            last_applied,
+        })
     }
 
     /// Proposes `command`. It is enqueued before this returns; the future resolves with the state
     /// machine's output once the entry is durable, committed and applied.
-    pub fn propose(&self, command: Vec<u8>) -> impl Future<Output = Result<SM::Output, RaftError>> + Send + 'static {
+    pub fn propose(
+        &self,
+        command: Vec<u8>,
+    ) -> impl Future<Output = Result<SM::Output, RaftError>> + Send + 'static {
         let (reply, applied) = oneshot::channel();
-        let sent = self.requests.send(Request::Propose { command, reply }).is_ok();
+        let sent = self
+            .requests
+            .send(Request::Propose { command, reply })
+            .is_ok();
         async move {
             if !sent {
                 return Err(RaftError::Stopped);
@@ -141,7 +162,9 @@ impl<SM: StateMachine> RaftNode<SM> {
         let run = Box::new(move |sm: &mut SM| {
             let _ = tx.send(f(sm));
         });
-        self.requests.send(Request::Run(run)).map_err(|_| RaftError::Stopped)?;
+        self.requests
+            .send(Request::Run(run))
+            .map_err(|_| RaftError::Stopped)?;
         rx.recv().map_err(|_| RaftError::Stopped)
     }
 
@@ -268,7 +291,10 @@ impl<SM: StateMachine> Worker<SM> {
 
     /// Drops the log prefix the state machine has made durable in its own files.
     fn truncate_log(&mut self) -> Result<(), RaftError> {
-        let durable = self.sm.durable_index().min(self.last_applied.load(Ordering::Acquire));
+        let durable = self
+            .sm
+            .durable_index()
+            .min(self.last_applied.load(Ordering::Acquire));
         self.log.truncate_prefix(durable)
     }
 }

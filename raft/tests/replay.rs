@@ -22,12 +22,20 @@ impl Recorder {
             Ok(s) => {
                 let mut parts = s.split(';');
                 let durable = parts.next().unwrap().parse().unwrap();
-                let items = parts.filter(|p| !p.is_empty()).map(|p| p.parse().unwrap()).collect();
+                let items = parts
+                    .filter(|p| !p.is_empty())
+                    .map(|p| p.parse().unwrap())
+                    .collect();
                 (durable, items)
             }
             Err(_) => (0, Vec::new()),
         };
-        Self { file, durable, applied: durable, items }
+        Self {
+            file,
+            durable,
+            applied: durable,
+            items,
+        }
     }
 
     fn flush(&mut self) {
@@ -45,7 +53,8 @@ impl StateMachine for Recorder {
     fn apply(&mut self, index: u64, command: &[u8]) -> Self::Output {
         assert!(index > self.applied, "entry {index} applied twice");
         self.applied = index;
-        self.items.push(u64::from_le_bytes(command.try_into().unwrap()));
+        self.items
+            .push(u64::from_le_bytes(command.try_into().unwrap()));
         (index, self.items.len())
     }
 }
@@ -70,7 +79,10 @@ async fn concurrent_proposals_apply_once_in_log_order() {
         tasks.push(tokio::spawn(async move {
             let mut indexes = Vec::new();
             for i in 0..25u64 {
-                let (index, _) = node.propose((t * 1000 + i).to_le_bytes().to_vec()).await.unwrap();
+                let (index, _) = node
+                    .propose((t * 1000 + i).to_le_bytes().to_vec())
+                    .await
+                    .unwrap();
                 indexes.push(index);
             }
             indexes
@@ -79,7 +91,10 @@ async fn concurrent_proposals_apply_once_in_log_order() {
     let mut all = Vec::new();
     for task in tasks {
         let indexes = task.await.unwrap();
-        assert!(indexes.windows(2).all(|w| w[0] < w[1]), "one caller's proposals stay in order");
+        assert!(
+            indexes.windows(2).all(|w| w[0] < w[1]),
+            "one caller's proposals stay in order"
+        );
         all.extend(indexes);
     }
     all.sort_unstable();
@@ -148,10 +163,18 @@ async fn torn_tail_is_cut_and_damaged_middle_is_an_error() {
     // A committed entry cut off is not a torn tail: it is reported, not silently dropped.
     let last = segments(dir.path()).last().unwrap().clone();
     let len = std::fs::metadata(&last).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&last).unwrap().set_len(len - 3).unwrap();
-    let err = RaftNode::open(RaftConfig::new(1, dir.path().join("wal")), Recorder::open(dir.path()))
-        .err()
-        .expect("a lost committed entry must not open");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&last)
+        .unwrap()
+        .set_len(len - 3)
+        .unwrap();
+    let err = RaftNode::open(
+        RaftConfig::new(1, dir.path().join("wal")),
+        Recorder::open(dir.path()),
+    )
+    .err()
+    .expect("a lost committed entry must not open");
     assert!(err.to_string().contains("missing"), "{err}");
     // Flip a byte in the middle of the first segment.
     let first = &segments(dir.path())[0];
@@ -159,9 +182,12 @@ async fn torn_tail_is_cut_and_damaged_middle_is_an_error() {
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;
     std::fs::write(first, bytes).unwrap();
-    let err = RaftNode::open(RaftConfig::new(1, dir.path().join("wal")), Recorder::open(dir.path()))
-        .err()
-        .expect("a damaged record before the tail must not open");
+    let err = RaftNode::open(
+        RaftConfig::new(1, dir.path().join("wal")),
+        Recorder::open(dir.path()),
+    )
+    .err()
+    .expect("a damaged record before the tail must not open");
     assert!(err.to_string().contains("corrupt"), "{err}");
 }
 
@@ -185,7 +211,10 @@ async fn durable_prefix_of_the_log_is_deleted() {
 /// Random proposals, flushes and restarts against a model: nothing lost, nothing twice.
 #[tokio::test]
 async fn randomised_against_a_model() {
-    let iterations: usize = std::env::var("NYALA_MODEL_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
+    let iterations: usize = std::env::var("NYALA_MODEL_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let dir = tempfile::tempdir().unwrap();
     let mut model = Vec::new();
@@ -193,7 +222,10 @@ async fn randomised_against_a_model() {
     for step in 0..iterations as u64 {
         match rng.random_range(0..10) {
             0 => {
-                node.as_ref().unwrap().with_state_machine(|sm| sm.flush()).unwrap();
+                node.as_ref()
+                    .unwrap()
+                    .with_state_machine(|sm| sm.flush())
+                    .unwrap();
             }
             1 => {
                 drop(node.take());
@@ -201,7 +233,11 @@ async fn randomised_against_a_model() {
                 assert_eq!(items(node.as_ref().unwrap()), model);
             }
             _ => {
-                node.as_ref().unwrap().propose(step.to_le_bytes().to_vec()).await.unwrap();
+                node.as_ref()
+                    .unwrap()
+                    .propose(step.to_le_bytes().to_vec())
+                    .await
+                    .unwrap();
                 model.push(step);
             }
         }

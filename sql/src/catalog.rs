@@ -25,15 +25,17 @@ impl NyalaSchemaProvider {
 #[async_trait]
 impl SchemaProvider for NyalaSchemaProvider {
     fn table_names(&self) -> Vec<String> {
-        self.client.tables().iter().map(|t| t.name.clone()).collect()
+        self.client
+            .tables()
+            .iter()
+            .map(|t| t.name.clone())
+            .collect()
     }
 
     async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>, DataFusionError> {
-        Ok(self
-            .client
-            .table(name)
-            .ok()
-            .map(|table| Arc::new(NyalaTable::new(self.client.clone(), table)) as Arc<dyn TableProvider>))
+        Ok(self.client.table(name).ok().map(|table| {
+            Arc::new(NyalaTable::new(self.client.clone(), table)) as Arc<dyn TableProvider>
+        }))
     }
 
     fn table_exist(&self, name: &str) -> bool {

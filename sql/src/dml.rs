@@ -35,7 +35,12 @@ pub struct NyalaSink {
 
 impl NyalaSink {
     pub fn new(client: Client, table: TableHandle, kind: WriteKind, schema: SchemaRef) -> Self {
-        Self { client, table, kind, schema }
+        Self {
+            client,
+            table,
+            kind,
+            schema,
+        }
     }
 
     fn verb(&self) -> &'static str {
@@ -90,7 +95,10 @@ impl NyalaSink {
     /// Wraps an error so the client learns what the statement left behind.
     fn failed(&self, applied: usize, error: String) -> DataFusionError {
         let rows = if applied == 1 { "row" } else { "rows" };
-        DataFusionError::Execution(format!("{error}; {} failed after {applied} {rows} had been applied", self.verb()))
+        DataFusionError::Execution(format!(
+            "{error}; {} failed after {applied} {rows} had been applied",
+            self.verb()
+        ))
     }
 
     /// Re-labels the batch with the table's field definitions (names, nullability, timezone),

@@ -27,7 +27,12 @@ impl From<DataFusionError> for SqlError {
     fn from(e: DataFusionError) -> Self {
         let mut message = e.find_root().strip_backtrace();
         // DataFusion's category prefixes say nothing to a user; the message after them does.
-        for prefix in ["Execution error: ", "External error: ", "Arrow error: ", "Invalid argument error: "] {
+        for prefix in [
+            "Execution error: ",
+            "External error: ",
+            "Arrow error: ",
+            "Invalid argument error: ",
+        ] {
             while let Some(rest) = message.strip_prefix(prefix) {
                 message = rest.to_string();
             }

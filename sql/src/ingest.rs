@@ -43,7 +43,12 @@ pub struct IngestTarget {
 
 impl Session {
     /// Loads `batches` (of schema `schema`) into the target table; returns the rows loaded.
-    pub async fn ingest<S>(&self, target: &IngestTarget, schema: SchemaRef, batches: S) -> Result<u64>
+    pub async fn ingest<S>(
+        &self,
+        target: &IngestTarget,
+        schema: SchemaRef,
+        batches: S,
+    ) -> Result<u64>
     where
         S: Stream<Item = Result<RecordBatch>> + Send,
     {
@@ -65,7 +70,11 @@ impl Session {
         };
         if let Some(spec) = create {
             if exists {
-                self.run_ddl(Action::DropTable { name: name.clone(), if_exists: true }).await?;
+                self.run_ddl(Action::DropTable {
+                    name: name.clone(),
+                    if_exists: true,
+                })
+                .await?;
             }
             self.run_ddl(Action::CreateTable(spec)).await?;
         }
@@ -86,7 +95,9 @@ impl Session {
             match result {
                 Ok(counts) => loaded += count_of(&counts),
                 Err(e) if loaded > 0 => {
-                    return Err(SqlError::Invalid(format!("{e}; the load stopped after {loaded} rows had been applied")))
+                    return Err(SqlError::Invalid(format!(
+                        "{e}; the load stopped after {loaded} rows had been applied"
+                    )))
                 }
                 Err(e) => return Err(e),
             }
@@ -95,7 +106,11 @@ impl Session {
     }
 
     async fn run_ddl(&self, action: Action) -> Result<()> {
-        let planned = PlannedStatement { kind: StatementKind::Ddl, session: self.clone(), action };
+        let planned = PlannedStatement {
+            kind: StatementKind::Ddl,
+            session: self.clone(),
+            action,
+        };
         planned.execute().await?.try_collect::<Vec<_>>().await?;
         Ok(())
     }
@@ -104,21 +119,32 @@ impl Session {
 fn count_of(batches: &[RecordBatch]) -> u64 {
     batches
         .first()
-        .and_then(|b| b.column(0).as_any().downcast_ref::<arrow::array::UInt64Array>().map(|c| c.value(0)))
+        .and_then(|b| {
+            b.column(0)
+                .as_any()
+                .downcast_ref::<arrow::array::UInt64Array>()
+                .map(|c| c.value(0))
+        })
         .unwrap_or(0)
 }
 
 /// The table a load creates: the data's columns, keyed by the chosen columns (NOT NULL).
 fn table_spec(name: &str, schema: &SchemaRef, target: &IngestTarget) -> Result<CreateTableSpec> {
     let key_names: Vec<String> = if target.primary_key.is_empty() {
-        schema.fields().first().map(|f| vec![f.name().clone()]).unwrap_or_default()
+        schema
+            .fields()
+            .first()
+            .map(|f| vec![f.name().clone()])
+            .unwrap_or_default()
     } else {
         target.primary_key.clone()
     };
     let key_columns = key_names
         .iter()
         .map(|k| {
-            schema.index_of(k).map_err(|_| SqlError::Invalid(format!("primary key column '{k}' is not in the data")))
+            schema.index_of(k).map_err(|_| {
+                SqlError::Invalid(format!("primary key column '{k}' is not in the data"))
+            })
         })
         .collect::<Result<Vec<_>>>()?;
     let columns = schema
@@ -127,29 +153,60 @@ fn table_spec(name: &str, schema: &SchemaRef, target: &IngestTarget) -> Result<C
         .enumerate()
         .map(|(i, f)| {
             let column_type = ColumnType::from_arrow(f.data_type()).ok_or_else(|| {
-                SqlError::NotSupported(format!("column '{}' of Arrow type {}", f.name(), f.data_type()))
+                SqlError::NotSupported(format!(
+                    "column '{}' of Arrow type {}",
+                    f.name(),
+                    f.data_type()
+                ))
             })?;
-            Ok(ColumnSchema { name: f.name().clone(), column_type, nullable: !key_columns.contains(&i) })
+            Ok(ColumnSchema {
+                name: f.name().clone(),
+                column_type,
+                nullable: !key_columns.contains(&i),
+            })
         })
         .collect::<Result<Vec<_>>>()?;
-    let schema = Schema::new(columns, key_columns.clone()).map_err(|e| SqlError::Invalid(e.to_string()))?;
-    let hash_columns = if target.buckets > 1 { key_columns } else { vec![] };
-    Ok(CreateTableSpec { name: name.to_string(), if_not_exists: false, schema, hash_columns, buckets: target.buckets.max(1) })
+    let schema =
+        Schema::new(columns, key_columns.clone()).map_err(|e| SqlError::Invalid(e.to_string()))?;
+    let hash_columns = if target.buckets > 1 {
+        key_columns
+    } else {
+        vec![]
+    };
+    Ok(CreateTableSpec {
+        name: name.to_string(),
+        if_not_exists: false,
+        schema,
+        hash_columns,
+        buckets: target.buckets.max(1),
+    })
 }
 
 /// `batch` with the table's columns in the table's order: matched by name, cast without loss,
 /// absent ones NULL. Columns the table does not have are an error.
 fn align(batch: &RecordBatch, table: &SchemaRef, name: &str) -> Result<RecordBatch> {
     let source = batch.schema();
-    if let Some(extra) = source.fields().iter().find(|f| table.index_of(f.name()).is_err()) {
-        return Err(SqlError::Invalid(format!("table '{name}' has no column '{}'", extra.name())));
+    if let Some(extra) = source
+        .fields()
+        .iter()
+        .find(|f| table.index_of(f.name()).is_err())
+    {
+        return Err(SqlError::Invalid(format!(
+            "table '{name}' has no column '{}'",
+            extra.name()
+        )));
     }
-    let options = CastOptions { safe: false, ..Default::default() };
+    let options = CastOptions {
+        safe: false,
+        ..Default::default()
+    };
     let columns = table
         .fields()
         .iter()
         .map(|field| match source.index_of(field.name()) {
-            Ok(i) if batch.column(i).data_type() == field.data_type() => Ok(batch.column(i).clone()),
+            Ok(i) if batch.column(i).data_type() == field.data_type() => {
+                Ok(batch.column(i).clone())
+            }
             Ok(i) => cast_with_options(batch.column(i), field.data_type(), &options).map_err(|e| {
                 SqlError::Invalid(format!(
                     "column '{}': cannot load {} values as {}: {e}",
@@ -161,5 +218,6 @@ fn align(batch: &RecordBatch, table: &SchemaRef, name: &str) -> Result<RecordBat
             Err(_) => Ok(new_null_array(field.data_type(), batch.num_rows())),
         })
         .collect::<Result<Vec<_>>>()?;
-    RecordBatch::try_new(Arc::clone(table), columns).map_err(|e| SqlError::Invalid(format!("table '{name}': {e}")))
+    RecordBatch::try_new(Arc::clone(table), columns)
+        .map_err(|e| SqlError::Invalid(format!("table '{name}': {e}")))
 }

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef};
 use datafusion::catalog::{CatalogProvider, MemoryCatalogProvider};
+use datafusion::common::ScalarValue;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::common::ScalarValue;
 use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
@@ -86,9 +86,10 @@ impl Database {
             tablet_options.flush_threshold_bytes = bytes;
         }
         let dir = data_dir.to_path_buf();
-        let client = tokio::task::spawn_blocking(move || Client::open_embedded(&dir, tablet_options))
-            .await
-            .map_err(|e| SqlError::Invalid(format!("opening the database failed: {e}")))??;
+        let client =
+            tokio::task::spawn_blocking(move || Client::open_embedded(&dir, tablet_options))
+                .await
+                .map_err(|e| SqlError::Invalid(format!("opening the database failed: {e}")))??;
         Ok(Arc::new(Database { client }))
     }
 
@@ -109,18 +110,32 @@ impl Database {
             Arc::new(catalog::NyalaSchemaProvider::new(self.client.clone())),
         );
         ctx.register_catalog(CATALOG_NAME, Arc::new(catalog));
-        Session { db: self.clone(), ctx }
+        Session {
+            db: self.clone(),
+            ctx,
+        }
     }
 
     /// Names and Arrow schemas of all user tables, sorted by name.
     pub fn tables(&self) -> Vec<(String, SchemaRef)> {
-        self.client.tables().iter().map(|t| (t.name.clone(), t.schema.arrow_schema())).collect()
+        self.client
+            .tables()
+            .iter()
+            .map(|t| (t.name.clone(), t.schema.arrow_schema()))
+            .collect()
     }
 
     /// Primary-key column names of `table`, in key order.
     pub fn primary_key(&self, table: &str) -> Option<Vec<String>> {
         let table = self.client.table(table).ok()?;
-        Some(table.schema.key_columns().iter().map(|&i| table.schema.columns()[i].name.clone()).collect())
+        Some(
+            table
+                .schema
+                .key_columns()
+                .iter()
+                .map(|&i| table.schema.columns()[i].name.clone())
+                .collect(),
+        )
     }
 
     /// Flushes and stops every tablet; the database must not be used afterwards.
@@ -149,7 +164,10 @@ pub struct PlannedStatement {
 
 enum Action {
     CreateTable(CreateTableSpec),
-    DropTable { name: String, if_exists: bool },
+    DropTable {
+        name: String,
+        if_exists: bool,
+    },
     /// A result computed at planning time (SHOW TABLES, DESCRIBE).
     Rows(RecordBatch),
     Plan(Arc<dyn ExecutionPlan>),
@@ -176,7 +194,9 @@ impl PlannedStatement {
             if plan.is::<scan::NyalaScanExec>() {
                 return true;
             }
-            let passes_through = plan.is::<ProjectionExec>() || plan.is::<FilterExec>() || plan.is::<CooperativeExec>();
+            let passes_through = plan.is::<ProjectionExec>()
+                || plan.is::<FilterExec>()
+                || plan.is::<CooperativeExec>();
             let children = plan.children();
             passes_through
                 && children.len() == 1
@@ -184,7 +204,9 @@ impl PlannedStatement {
                 && scan_only(children[0])
         }
         match &self.action {
-            Action::Plan(plan) if self.kind == StatementKind::Query && scan_only(plan) => Some(partitions(plan)),
+            Action::Plan(plan) if self.kind == StatementKind::Query && scan_only(plan) => {
+                Some(partitions(plan))
+            }
             _ => None,
         }
     }
@@ -212,7 +234,9 @@ impl PlannedStatement {
                 } else {
                     PartitionSchema::new(&spec.schema, spec.hash_columns, spec.buckets)?
                 };
-                client.create_table(&spec.name, spec.schema, partition, spec.if_not_exists).await?;
+                client
+                    .create_table(&spec.name, spec.schema, partition, spec.if_not_exists)
+                    .await?;
                 count_batch(0)
             }
             Action::DropTable { name, if_exists } => {
@@ -241,9 +265,9 @@ fn partitions(plan: &Arc<dyn ExecutionPlan>) -> usize {
 fn statement_kind(plan: &LogicalPlan) -> Result<StatementKind> {
     match plan {
         LogicalPlan::Dml(_) => Ok(StatementKind::Dml),
-        LogicalPlan::Ddl(_) | LogicalPlan::Copy(_) | LogicalPlan::Statement(_) => {
-            Err(SqlError::NotSupported(format!("{} statements", plan.display())))
-        }
+        LogicalPlan::Ddl(_) | LogicalPlan::Copy(_) | LogicalPlan::Statement(_) => Err(
+            SqlError::NotSupported(format!("{} statements", plan.display())),
+        ),
         _ => Ok(StatementKind::Query),
     }
 }
@@ -297,22 +321,35 @@ fn bind(plan: LogicalPlan, params: &[ScalarValue]) -> Result<LogicalPlan> {
 }
 
 fn count_schema() -> SchemaRef {
-    Arc::new(ArrowSchema::new(vec![Field::new("count", DataType::UInt64, false)]))
+    Arc::new(ArrowSchema::new(vec![Field::new(
+        "count",
+        DataType::UInt64,
+        false,
+    )]))
 }
 
 fn count_batch(count: u64) -> RecordBatch {
-    RecordBatch::try_new(count_schema(), vec![Arc::new(UInt64Array::from(vec![count])) as ArrayRef])
-        .unwrap_or_else(|_| RecordBatch::new_empty(count_schema()))
+    RecordBatch::try_new(
+        count_schema(),
+        vec![Arc::new(UInt64Array::from(vec![count])) as ArrayRef],
+    )
+    .unwrap_or_else(|_| RecordBatch::new_empty(count_schema()))
 }
 
 fn one_stream(batches: Vec<RecordBatch>) -> Result<SendableRecordBatchStream> {
-    let schema = batches.first().map(|b| b.schema()).unwrap_or_else(count_schema);
+    let schema = batches
+        .first()
+        .map(|b| b.schema())
+        .unwrap_or_else(count_schema);
     Ok(Box::pin(MemoryStream::try_new(batches, schema, None)?))
 }
 
 fn string_batch(columns: Vec<(&str, Vec<String>)>) -> Result<RecordBatch> {
     let schema = Arc::new(ArrowSchema::new(
-        columns.iter().map(|(name, _)| Field::new(*name, DataType::Utf8, false)).collect::<Vec<_>>(),
+        columns
+            .iter()
+            .map(|(name, _)| Field::new(*name, DataType::Utf8, false))
+            .collect::<Vec<_>>(),
     ));
     let arrays = columns
         .into_iter()
@@ -332,28 +369,49 @@ impl Session {
         let no_parameters = Arc::new(ArrowSchema::empty());
         let (kind, schema, parameters) = match statement::parse(sql)? {
             NyalaStatement::DataFusion(statement) => {
-                let plan = self.ctx.state().statement_to_plan(DFStatement::Statement(statement)).await?;
+                let plan = self
+                    .ctx
+                    .state()
+                    .statement_to_plan(DFStatement::Statement(statement))
+                    .await?;
                 let kind = statement_kind(&plan)?;
                 let parameters = parameter_types(&plan)?
                     .into_iter()
                     .enumerate()
-                    .map(|(i, t)| Field::new(format!("${}", i + 1), t.unwrap_or(DataType::Utf8), true))
+                    .map(|(i, t)| {
+                        Field::new(format!("${}", i + 1), t.unwrap_or(DataType::Utf8), true)
+                    })
                     .collect::<Vec<_>>();
-                (kind, Arc::new(plan.schema().as_arrow().clone()), Arc::new(ArrowSchema::new(parameters)))
+                (
+                    kind,
+                    Arc::new(plan.schema().as_arrow().clone()),
+                    Arc::new(ArrowSchema::new(parameters)),
+                )
             }
             _ => {
                 let planned = self.plan(sql).await?;
                 (planned.kind, planned.schema(), no_parameters)
             }
         };
-        Ok(StatementInfo { kind, schema, parameters })
+        Ok(StatementInfo {
+            kind,
+            schema,
+            parameters,
+        })
     }
 
     /// Plans one statement with `params` bound to its placeholders (`$1` or `?`, in order).
-    pub async fn plan_with_params(&self, sql: &str, params: &[ScalarValue]) -> Result<PlannedStatement> {
+    pub async fn plan_with_params(
+        &self,
+        sql: &str,
+        params: &[ScalarValue],
+    ) -> Result<PlannedStatement> {
         let statement = statement::parse(sql)?;
         if !params.is_empty() && !matches!(statement, NyalaStatement::DataFusion(_)) {
-            return Err(SqlError::Invalid(format!("this statement has no parameters, {} were bound", params.len())));
+            return Err(SqlError::Invalid(format!(
+                "this statement has no parameters, {} were bound",
+                params.len()
+            )));
         }
         let (kind, action) = match statement {
             NyalaStatement::CreateTable(spec) => (StatementKind::Ddl, Action::CreateTable(spec)),
@@ -361,22 +419,37 @@ impl Session {
                 (StatementKind::Ddl, Action::DropTable { name, if_exists })
             }
             NyalaStatement::ShowTables => {
-                let names = self.db.client.tables().iter().map(|t| t.name.clone()).collect();
-                (StatementKind::Query, Action::Rows(string_batch(vec![("table_name", names)])?))
+                let names = self
+                    .db
+                    .client
+                    .tables()
+                    .iter()
+                    .map(|t| t.name.clone())
+                    .collect();
+                (
+                    StatementKind::Query,
+                    Action::Rows(string_batch(vec![("table_name", names)])?),
+                )
             }
             NyalaStatement::Describe { name } => {
                 (StatementKind::Query, Action::Rows(self.describe(&name)?))
             }
             NyalaStatement::DataFusion(statement) => {
                 let state = self.ctx.state();
-                let plan = state.statement_to_plan(DFStatement::Statement(statement)).await?;
+                let plan = state
+                    .statement_to_plan(DFStatement::Statement(statement))
+                    .await?;
                 let kind = statement_kind(&plan)?;
                 let plan = bind(plan, params)?;
                 let plan = state.create_physical_plan(&plan).await?;
                 (kind, Action::Plan(plan))
             }
         };
-        Ok(PlannedStatement { kind, session: self.clone(), action })
+        Ok(PlannedStatement {
+            kind,
+            session: self.clone(),
+            action,
+        })
     }
 
     fn describe(&self, name: &str) -> Result<RecordBatch> {
@@ -384,12 +457,26 @@ impl Session {
         let columns = table.schema.columns();
         let yes_no = |b: bool| if b { "YES" } else { "NO" }.to_string();
         string_batch(vec![
-            ("column_name", columns.iter().map(|c| c.name.clone()).collect()),
-            ("data_type", columns.iter().map(|c| c.column_type.sql_name().to_string()).collect()),
-            ("nullable", columns.iter().map(|c| yes_no(c.nullable)).collect()),
+            (
+                "column_name",
+                columns.iter().map(|c| c.name.clone()).collect(),
+            ),
+            (
+                "data_type",
+                columns
+                    .iter()
+                    .map(|c| c.column_type.sql_name().to_string())
+                    .collect(),
+            ),
+            (
+                "nullable",
+                columns.iter().map(|c| yes_no(c.nullable)).collect(),
+            ),
             (
                 "primary_key",
-                (0..columns.len()).map(|i| yes_no(table.schema.is_key_column(i))).collect(),
+                (0..columns.len())
+                    .map(|i| yes_no(table.schema.is_key_column(i)))
+                    .collect(),
             ),
         ])
     }

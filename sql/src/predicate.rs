@@ -14,7 +14,11 @@ use nyala_storage::{ColumnPredicate, PredicateOp, Scalar, Schema};
 /// The storage predicates equivalent to `expr` (a conjunction), or None if it cannot be pushed.
 pub fn to_predicates(schema: &Schema, expr: &Expr) -> Option<Vec<ColumnPredicate>> {
     match expr {
-        Expr::BinaryExpr(BinaryExpr { left, op: Operator::And, right }) => {
+        Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::And,
+            right,
+        }) => {
             let mut preds = to_predicates(schema, left)?;
             preds.extend(to_predicates(schema, right)?);
             Some(preds)
@@ -36,7 +40,12 @@ pub fn to_predicates(schema: &Schema, expr: &Expr) -> Option<Vec<ColumnPredicate
             };
             Some(vec![ColumnPredicate { column, op }])
         }
-        Expr::Between(Between { expr, negated: false, low, high }) => {
+        Expr::Between(Between {
+            expr,
+            negated: false,
+            low,
+            high,
+        }) => {
             let (Expr::Column(c), Expr::Literal(low, _), Expr::Literal(high, _)) =
                 (expr.as_ref(), low.as_ref(), high.as_ref())
             else {
@@ -45,12 +54,20 @@ pub fn to_predicates(schema: &Schema, expr: &Expr) -> Option<Vec<ColumnPredicate
             let (column, low) = column_and_value(schema, &c.name, low)?;
             let (_, high) = column_and_value(schema, &c.name, high)?;
             Some(vec![
-                ColumnPredicate { column, op: PredicateOp::GtEq(low) },
-                ColumnPredicate { column, op: PredicateOp::LtEq(high) },
+                ColumnPredicate {
+                    column,
+                    op: PredicateOp::GtEq(low),
+                },
+                ColumnPredicate {
+                    column,
+                    op: PredicateOp::LtEq(high),
+                },
             ])
         }
         Expr::InList(list) if !list.negated => {
-            let Expr::Column(c) = list.expr.as_ref() else { return None };
+            let Expr::Column(c) = list.expr.as_ref() else {
+                return None;
+            };
             let column = schema.column_index(&c.name)?;
             let values = list
                 .list
@@ -60,10 +77,15 @@ pub fn to_predicates(schema: &Schema, expr: &Expr) -> Option<Vec<ColumnPredicate
                     _ => None,
                 })
                 .collect::<Option<Vec<_>>>()?;
-            Some(vec![ColumnPredicate { column, op: PredicateOp::InList(values) }])
+            Some(vec![ColumnPredicate {
+                column,
+                op: PredicateOp::InList(values),
+            }])
         }
         Expr::IsNull(inner) | Expr::IsNotNull(inner) => {
-            let Expr::Column(c) = inner.as_ref() else { return None };
+            let Expr::Column(c) = inner.as_ref() else {
+                return None;
+            };
             let column = schema.column_index(&c.name)?;
             let op = if matches!(expr, Expr::IsNull(_)) {
                 PredicateOp::IsNull

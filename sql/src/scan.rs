@@ -14,7 +14,9 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
 use nyala_engine::{Client, TableHandle};
 use nyala_storage::ScanSpec;
 
@@ -33,7 +35,12 @@ pub struct NyalaScanExec {
 }
 
 impl NyalaScanExec {
-    pub fn try_new(client: Client, table: TableHandle, spec: ScanSpec, pushed: Vec<String>) -> Result<Self> {
+    pub fn try_new(
+        client: Client,
+        table: TableHandle,
+        spec: ScanSpec,
+        pushed: Vec<String>,
+    ) -> Result<Self> {
         let full = table.schema.arrow_schema();
         let schema = match &spec.projection {
             Some(p) => Arc::new(full.project(p)?),
@@ -45,13 +52,25 @@ impl NyalaScanExec {
             EmissionType::Incremental,
             Boundedness::Bounded,
         ));
-        Ok(Self { client, table, spec, pushed, schema, properties })
+        Ok(Self {
+            client,
+            table,
+            spec,
+            pushed,
+            schema,
+            properties,
+        })
     }
 }
 
 impl DisplayAs for NyalaScanExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let columns: Vec<&str> = self.schema.fields().iter().map(|f| f.name().as_str()).collect();
+        let columns: Vec<&str> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
         write!(
             f,
             "NyalaScanExec: table={}, tablets={}, projection=[{}]",
@@ -96,11 +115,17 @@ impl ExecutionPlan for NyalaScanExec {
         if children.is_empty() {
             Ok(self)
         } else {
-            Err(DataFusionError::Internal("NyalaScanExec has no children".into()))
+            Err(DataFusionError::Internal(
+                "NyalaScanExec has no children".into(),
+            ))
         }
     }
 
-    fn execute(&self, partition: usize, _context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
         let scan = self
             .client
             .scan_tablet(&self.table, partition, self.spec.clone(), None)
@@ -119,6 +144,9 @@ impl ExecutionPlan for NyalaScanExec {
         let stream = futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|item| (item, rx))
         });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream)))
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema.clone(),
+            stream,
+        )))
     }
 }

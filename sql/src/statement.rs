@@ -22,9 +22,14 @@ use crate::{Result, SqlError};
 #[derive(Debug)]
 pub enum NyalaStatement {
     CreateTable(CreateTableSpec),
-    DropTable { name: String, if_exists: bool },
+    DropTable {
+        name: String,
+        if_exists: bool,
+    },
     ShowTables,
-    Describe { name: String },
+    Describe {
+        name: String,
+    },
     /// Planned by DataFusion: queries, INSERT/UPSERT/UPDATE/DELETE, EXPLAIN.
     DataFusion(Box<Statement>),
 }
@@ -50,7 +55,12 @@ fn is_trivia(token: &Token) -> bool {
 }
 
 fn render(tokens: &[Token]) -> String {
-    tokens.iter().map(Token::to_string).collect::<String>().trim().to_string()
+    tokens
+        .iter()
+        .map(Token::to_string)
+        .collect::<String>()
+        .trim()
+        .to_string()
 }
 
 /// Splits a script at top-level `;` into non-empty statements (comments and quotes respected).
@@ -73,11 +83,16 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
     let mut tokens = tokenize(sql)?;
     number_placeholders(&mut tokens);
     // Drop trailing semicolons and trivia; reject several statements.
-    while tokens.last().is_some_and(|t| is_trivia(t) || *t == Token::SemiColon) {
+    while tokens
+        .last()
+        .is_some_and(|t| is_trivia(t) || *t == Token::SemiColon)
+    {
         tokens.pop();
     }
     if tokens.iter().any(|t| *t == Token::SemiColon) {
-        return Err(SqlError::Parse("expected one statement, found several".into()));
+        return Err(SqlError::Parse(
+            "expected one statement, found several".into(),
+        ));
     }
     let words: Vec<&Token> = tokens.iter().filter(|t| !is_trivia(t)).collect();
     if words.is_empty() {
@@ -100,18 +115,28 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
         return create_table(tokens).map(NyalaStatement::CreateTable);
     }
     match parse_one(tokens)? {
-        Statement::Drop { object_type: ObjectType::Table, if_exists, names, .. } => {
+        Statement::Drop {
+            object_type: ObjectType::Table,
+            if_exists,
+            names,
+            ..
+        } => {
             let [name] = names.as_slice() else {
-                return Err(SqlError::NotSupported("DROP TABLE of several tables".into()));
+                return Err(SqlError::NotSupported(
+                    "DROP TABLE of several tables".into(),
+                ));
             };
-            Ok(NyalaStatement::DropTable { name: object_name(name)?, if_exists })
+            Ok(NyalaStatement::DropTable {
+                name: object_name(name)?,
+                if_exists,
+            })
         }
         Statement::Drop { object_type, .. } => {
             Err(SqlError::NotSupported(format!("DROP {object_type}")))
         }
-        Statement::ExplainTable { table_name, .. } => {
-            Ok(NyalaStatement::Describe { name: object_name(&table_name)? })
-        }
+        Statement::ExplainTable { table_name, .. } => Ok(NyalaStatement::Describe {
+            name: object_name(&table_name)?,
+        }),
         statement => Ok(NyalaStatement::DataFusion(Box::new(statement))),
     }
 }
@@ -133,7 +158,9 @@ fn number_placeholders(tokens: &mut [Token]) {
 
 fn parse_one(tokens: Vec<Token>) -> Result<Statement> {
     let mut parser = Parser::new(&GenericDialect {}).with_tokens(tokens);
-    let statement = parser.parse_statement().map_err(|e| SqlError::Parse(e.to_string()))?;
+    let statement = parser
+        .parse_statement()
+        .map_err(|e| SqlError::Parse(e.to_string()))?;
     if parser.peek_token().token != Token::EOF {
         return Err(SqlError::Parse(format!(
             "unexpected {} after the end of the statement",
@@ -213,7 +240,13 @@ fn create_table(tokens: Vec<Token>) -> Result<CreateTableSpec> {
             })
         })
         .collect::<Result<_>>()?;
-    Ok(CreateTableSpec { name, if_not_exists, schema, hash_columns, buckets })
+    Ok(CreateTableSpec {
+        name,
+        if_not_exists,
+        schema,
+        hash_columns,
+        buckets,
+    })
 }
 
 fn table_schema(create: &CreateTable) -> Result<(String, bool, Schema)> {
@@ -256,7 +289,9 @@ fn table_schema(create: &CreateTable) -> Result<(String, bool, Schema)> {
         match constraint {
             TableConstraint::PrimaryKey(pk) => {
                 if !key.is_empty() {
-                    return Err(SqlError::Invalid("the primary key is declared twice".into()));
+                    return Err(SqlError::Invalid(
+                        "the primary key is declared twice".into(),
+                    ));
                 }
                 for column in &pk.columns {
                     match &column.column.expr {
@@ -280,10 +315,14 @@ fn table_schema(create: &CreateTable) -> Result<(String, bool, Schema)> {
     let mut key_indexes = Vec::with_capacity(key.len());
     for k in &key {
         let Some(i) = columns.iter().position(|c| &c.name == k) else {
-            return Err(SqlError::Invalid(format!("primary key column '{k}' is not a column")));
+            return Err(SqlError::Invalid(format!(
+                "primary key column '{k}' is not a column"
+            )));
         };
         if key_indexes.contains(&i) {
-            return Err(SqlError::Invalid(format!("primary key column '{k}' is listed twice")));
+            return Err(SqlError::Invalid(format!(
+                "primary key column '{k}' is listed twice"
+            )));
         }
         // Key columns are implicitly NOT NULL, as in Kudu.
         columns[i].nullable = false;
@@ -344,12 +383,11 @@ fn parse_partitioning(tokens: Vec<Token>) -> Result<(Vec<String>, u32)> {
                 .into(),
         )
     };
-    let expect_word = |it: &mut std::iter::Peekable<std::slice::Iter<Token>>, w: &str| {
-        match it.next() {
+    let expect_word =
+        |it: &mut std::iter::Peekable<std::slice::Iter<Token>>, w: &str| match it.next() {
             Some(t) if is_word(t, w) => Ok(()),
             _ => Err(syntax()),
-        }
-    };
+        };
     let impala = match it.next() {
         Some(t) if is_word(t, "DISTRIBUTE") => false,
         Some(t) if is_word(t, "PARTITION") => true,
@@ -357,7 +395,9 @@ fn parse_partitioning(tokens: Vec<Token>) -> Result<(Vec<String>, u32)> {
     };
     expect_word(&mut it, "BY")?;
     if it.peek().is_some_and(|t| is_word(t, "RANGE")) {
-        return Err(SqlError::NotSupported("range partitioning (DISTRIBUTE BY RANGE)".into()));
+        return Err(SqlError::NotSupported(
+            "range partitioning (DISTRIBUTE BY RANGE)".into(),
+        ));
     }
     expect_word(&mut it, "HASH")?;
     if it.next() != Some(&Token::LParen) {
@@ -394,10 +434,12 @@ fn parse_partitioning(tokens: Vec<Token>) -> Result<(Vec<String>, u32)> {
     }
     match it.next() {
         None => Ok((columns, buckets)),
-        Some(Token::Comma) => {
-            Err(SqlError::NotSupported("more than one level of partitioning".into()))
-        }
-        Some(t) => Err(SqlError::Parse(format!("unexpected {t} after the partitioning clause"))),
+        Some(Token::Comma) => Err(SqlError::NotSupported(
+            "more than one level of partitioning".into(),
+        )),
+        Some(t) => Err(SqlError::Parse(format!(
+            "unexpected {t} after the partitioning clause"
+        ))),
     }
 }
 
@@ -407,7 +449,8 @@ mod tests {
 
     #[test]
     fn splits_scripts_respecting_quotes_and_comments() {
-        let parts = split_statements("SELECT ';' ; -- a ; comment\n INSERT INTO t VALUES (1);;").unwrap();
+        let parts =
+            split_statements("SELECT ';' ; -- a ; comment\n INSERT INTO t VALUES (1);;").unwrap();
         assert_eq!(parts.len(), 2);
         assert_eq!(parts[0], "SELECT ';'");
         assert!(parts[1].ends_with("INSERT INTO t VALUES (1)"));
@@ -432,10 +475,10 @@ mod tests {
 
     #[test]
     fn impala_synonym_and_column_primary_key() {
-        let NyalaStatement::CreateTable(spec) =
-            parse("create table t (id bigint primary key, v int8) partition by hash (id) partitions 3")
-                .unwrap()
-        else {
+        let NyalaStatement::CreateTable(spec) = parse(
+            "create table t (id bigint primary key, v int8) partition by hash (id) partitions 3",
+        )
+        .unwrap() else {
             panic!("not a create table")
         };
         assert_eq!(spec.buckets, 3);
@@ -447,8 +490,14 @@ mod tests {
         for (sql, needle) in [
             ("CREATE TABLE t (a INT)", "primary key"),
             ("CREATE TABLE t (a INT, PRIMARY KEY (b))", "'b'"),
-            ("CREATE TABLE t (a INT PRIMARY KEY) DISTRIBUTE BY HASH (z) INTO 2 BUCKETS", "'z'"),
-            ("CREATE TABLE t (a INT PRIMARY KEY) DISTRIBUTE BY HASH (a) INTO BUCKETS", "expected"),
+            (
+                "CREATE TABLE t (a INT PRIMARY KEY) DISTRIBUTE BY HASH (z) INTO 2 BUCKETS",
+                "'z'",
+            ),
+            (
+                "CREATE TABLE t (a INT PRIMARY KEY) DISTRIBUTE BY HASH (a) INTO BUCKETS",
+                "expected",
+            ),
             ("CREATE TABLE t (a INT PRIMARY KEY, b GEOMETRY)", "GEOMETRY"),
         ] {
             let err = parse(sql).unwrap_err().to_string();
@@ -462,7 +511,9 @@ mod tests {
         else {
             panic!("not planned by DataFusion")
         };
-        let Statement::Insert(insert) = *statement else { panic!("not an insert") };
+        let Statement::Insert(insert) = *statement else {
+            panic!("not an insert")
+        };
         assert!(insert.replace_into);
     }
 

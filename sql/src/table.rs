@@ -43,7 +43,11 @@ impl NyalaTable {
         let constraints = Constraints::new_unverified(vec![Constraint::PrimaryKey(
             table.schema.key_columns().to_vec(),
         )]);
-        Self { client, table, constraints }
+        Self {
+            client,
+            table,
+            constraints,
+        }
     }
 
     /// A scan of this table with `filters` pushed into storage where they convert.
@@ -75,7 +79,11 @@ impl NyalaTable {
     }
 
     /// Scan → filter, the rows a DELETE or UPDATE targets, with every column.
-    fn target_rows(&self, state: &dyn Session, filters: Vec<Expr>) -> Result<(Arc<dyn ExecutionPlan>, DFSchema)> {
+    fn target_rows(
+        &self,
+        state: &dyn Session,
+        filters: Vec<Expr>,
+    ) -> Result<(Arc<dyn ExecutionPlan>, DFSchema)> {
         let df_schema = DFSchema::try_from(self.schema().as_ref().clone())?;
         let mut plan: Arc<dyn ExecutionPlan> = Arc::new(self.scan_exec(None, &filters, None)?);
         if let Some(predicate) = conjunction(filters) {
@@ -92,13 +100,21 @@ impl NyalaTable {
             .iter()
             .map(|&i| {
                 let name = self.table.schema.columns()[i].name.clone();
-                (Arc::new(Column::new(&name, i)) as Arc<dyn PhysicalExpr>, name)
+                (
+                    Arc::new(Column::new(&name, i)) as Arc<dyn PhysicalExpr>,
+                    name,
+                )
             })
             .collect()
     }
 
     fn sink(&self, input: Arc<dyn ExecutionPlan>, kind: WriteKind) -> Arc<dyn ExecutionPlan> {
-        let sink = NyalaSink::new(self.client.clone(), self.table.clone(), kind, input.schema());
+        let sink = NyalaSink::new(
+            self.client.clone(),
+            self.table.clone(),
+            kind,
+            input.schema(),
+        );
         Arc::new(DataSinkExec::new(input, Arc::new(sink), None))
     }
 }
@@ -124,10 +140,17 @@ impl TableProvider for NyalaTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(self.scan_exec(projection.cloned(), filters, limit)?))
+        Ok(Arc::new(self.scan_exec(
+            projection.cloned(),
+            filters,
+            limit,
+        )?))
     }
 
-    fn supports_filters_pushdown(&self, filters: &[&Expr]) -> Result<Vec<TableProviderFilterPushDown>> {
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
         Ok(filters
             .iter()
             .map(|f| match to_predicates(&self.table.schema, f) {
@@ -155,7 +178,11 @@ impl TableProvider for NyalaTable {
         Ok(self.sink(input, kind))
     }
 
-    async fn delete_from(&self, state: &dyn Session, filters: Vec<Expr>) -> Result<Arc<dyn ExecutionPlan>> {
+    async fn delete_from(
+        &self,
+        state: &dyn Session,
+        filters: Vec<Expr>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
         let (rows, _) = self.target_rows(state, filters)?;
         let keys = Arc::new(ProjectionExec::try_new(self.key_projection(), rows)?);
         Ok(self.sink(keys, WriteKind::Delete))

@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray, BinaryArray, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef};
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector};
+use parquet::arrow::arrow_reader::{
+    ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
+};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
@@ -61,8 +63,9 @@ impl DiskRowSet {
         let mut offset = 0;
         for batch in batches {
             let n = batch.num_rows();
-            let key_array: ArrayRef =
-                Arc::new(BinaryArray::from_iter_values(keys[offset..offset + n].iter()));
+            let key_array: ArrayRef = Arc::new(BinaryArray::from_iter_values(
+                keys[offset..offset + n].iter(),
+            ));
             offset += n;
             let mut columns = batch.columns().to_vec();
             columns.push(key_array);
@@ -71,7 +74,12 @@ impl DiskRowSet {
         writer.close()?;
         file.sync_all()?;
         let bytes = file.metadata()?.len();
-        Ok(DiskRowSet { id, path, keys, bytes })
+        Ok(DiskRowSet {
+            id,
+            path,
+            keys,
+            bytes,
+        })
     }
 
     /// Opens rowset `id` in `dir`, loading its key column.
@@ -80,10 +88,9 @@ impl DiskRowSet {
         let file = File::open(&path)?;
         let bytes = file.metadata()?.len();
         let builder = ParquetRecordBatchReaderBuilder::try_new(file)?;
-        let key_index = builder
-            .schema()
-            .index_of(KEY_COLUMN)
-            .map_err(|_| StorageError::Corruption(format!("{} has no key column", path.display())))?;
+        let key_index = builder.schema().index_of(KEY_COLUMN).map_err(|_| {
+            StorageError::Corruption(format!("{} has no key column", path.display()))
+        })?;
         let mask = ProjectionMask::roots(builder.parquet_schema(), [key_index]);
         let mut keys = Vec::new();
         for batch in builder.with_projection(mask).build()? {
@@ -94,9 +101,17 @@ impl DiskRowSet {
             keys.extend(column.iter().map(|k| k.unwrap_or_default().to_vec()));
         }
         if keys.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(StorageError::Corruption(format!("{}: keys out of order", path.display())));
+            return Err(StorageError::Corruption(format!(
+                "{}: keys out of order",
+                path.display()
+            )));
         }
-        Ok(DiskRowSet { id, path, keys, bytes })
+        Ok(DiskRowSet {
+            id,
+            path,
+            keys,
+            bytes,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -118,23 +133,36 @@ impl DiskRowSet {
     /// The ordinal of `key` in this rowset.
     pub fn find(&self, key: &[u8]) -> Option<u32> {
         match (self.keys.first(), self.keys.last()) {
-            (Some(first), Some(last)) if first.as_slice() <= key && key <= last.as_slice() => {
-                self.keys.binary_search_by(|k| k.as_slice().cmp(key)).ok().map(|i| i as u32)
-            }
+            (Some(first), Some(last)) if first.as_slice() <= key && key <= last.as_slice() => self
+                .keys
+                .binary_search_by(|k| k.as_slice().cmp(key))
+                .ok()
+                .map(|i| i as u32),
             _ => None,
         }
     }
 
     /// A reader of the table columns `columns` (indexes into the table schema), in ordinal order.
     /// The file is opened now, so the reader keeps working if the rowset is later replaced.
-    pub fn reader(&self, columns: &[usize], batch_size: usize) -> Result<ParquetRecordBatchReader, StorageError> {
+    pub fn reader(
+        &self,
+        columns: &[usize],
+        batch_size: usize,
+    ) -> Result<ParquetRecordBatchReader, StorageError> {
         let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(&self.path)?)?;
         let mask = ProjectionMask::roots(builder.parquet_schema(), columns.iter().copied());
-        Ok(builder.with_projection(mask).with_batch_size(batch_size.max(1)).build()?)
+        Ok(builder
+            .with_projection(mask)
+            .with_batch_size(batch_size.max(1))
+            .build()?)
     }
 
     /// Reads the full rows at `ordinals` (sorted, distinct), all table columns.
-    pub fn read_rows(&self, num_columns: usize, ordinals: &[u32]) -> Result<RecordBatch, StorageError> {
+    pub fn read_rows(
+        &self,
+        num_columns: usize,
+        ordinals: &[u32],
+    ) -> Result<RecordBatch, StorageError> {
         let mut selectors = Vec::new();
         let mut next = 0u32;
         for &o in ordinals {
@@ -156,4 +184,3 @@ impl DiskRowSet {
         Ok(arrow::compute::concat_batches(&schema, &batches)?)
     }
 }
-

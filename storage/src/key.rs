@@ -28,16 +28,22 @@ pub fn encode_key_columns(key_columns: &[ArrayRef], row: usize, out: &mut Vec<u8
                 &((column.as_primitive::<Int32Type>().value(row) as u32) ^ (1 << 31)).to_be_bytes(),
             ),
             DataType::Date32 => out.extend_from_slice(
-                &((column.as_primitive::<Date32Type>().value(row) as u32) ^ (1 << 31)).to_be_bytes(),
+                &((column.as_primitive::<Date32Type>().value(row) as u32) ^ (1 << 31))
+                    .to_be_bytes(),
             ),
             DataType::Int64 => out.extend_from_slice(
                 &((column.as_primitive::<Int64Type>().value(row) as u64) ^ (1 << 63)).to_be_bytes(),
             ),
             DataType::Timestamp(_, _) => out.extend_from_slice(
-                &((column.as_primitive::<TimestampMicrosecondType>().value(row) as u64) ^ (1 << 63))
+                &((column.as_primitive::<TimestampMicrosecondType>().value(row) as u64)
+                    ^ (1 << 63))
                     .to_be_bytes(),
             ),
-            DataType::Utf8 => encode_bytes(column.as_string::<i32>().value(row).as_bytes(), i == last, out),
+            DataType::Utf8 => encode_bytes(
+                column.as_string::<i32>().value(row).as_bytes(),
+                i == last,
+                out,
+            ),
             DataType::Binary => encode_bytes(column.as_binary::<i32>().value(row), i == last, out),
             _ => {}
         }
@@ -65,10 +71,9 @@ pub fn key_arrays(schema: &Schema, batch: &RecordBatch) -> Result<Vec<ArrayRef>,
         .iter()
         .map(|&k| {
             let name = &schema.columns()[k].name;
-            batch
-                .column_by_name(name)
-                .cloned()
-                .ok_or_else(|| StorageError::SchemaMismatch(format!("missing primary key column '{name}'")))
+            batch.column_by_name(name).cloned().ok_or_else(|| {
+                StorageError::SchemaMismatch(format!("missing primary key column '{name}'"))
+            })
         })
         .collect()
 }
@@ -95,7 +100,11 @@ pub fn format_key(schema: &Schema, batch: &RecordBatch, row: usize) -> String {
             let name = &schema.columns()[k].name;
             let value = batch
                 .column_by_name(name)
-                .and_then(|c| ArrayFormatter::try_new(c.as_ref(), &options).ok().map(|f| f.value(row).to_string()))
+                .and_then(|c| {
+                    ArrayFormatter::try_new(c.as_ref(), &options)
+                        .ok()
+                        .map(|f| f.value(row).to_string())
+                })
                 .unwrap_or_default();
             match schema.columns()[k].column_type {
                 crate::ColumnType::String => format!("{name}='{value}'"),
@@ -120,9 +129,15 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         let strings = ["", "\0", "\0\0", "a", "a\0", "a\0b", "ab", "b", "\u{1}"];
         let n = 400;
-        let s: Vec<&str> = (0..n).map(|_| strings[rng.random_range(0..strings.len())]).collect();
-        let i: Vec<i64> = (0..n).map(|_| rng.random_range(-3..3) * if rng.random() { 1 } else { i64::MAX / 4 }).collect();
-        let t: Vec<&str> = (0..n).map(|_| strings[rng.random_range(0..strings.len())]).collect();
+        let s: Vec<&str> = (0..n)
+            .map(|_| strings[rng.random_range(0..strings.len())])
+            .collect();
+        let i: Vec<i64> = (0..n)
+            .map(|_| rng.random_range(-3..3) * if rng.random() { 1 } else { i64::MAX / 4 })
+            .collect();
+        let t: Vec<&str> = (0..n)
+            .map(|_| strings[rng.random_range(0..strings.len())])
+            .collect();
         let columns: Vec<ArrayRef> = vec![
             Arc::new(StringArray::from(s.clone())),
             Arc::new(Int64Array::from(i.clone())),
@@ -138,7 +153,13 @@ mod tests {
         for a in 0..n {
             for b in 0..n {
                 let tuple = (s[a], i[a], t[a]).cmp(&(s[b], i[b], t[b]));
-                assert_eq!(keys[a].cmp(&keys[b]), tuple, "{:?} vs {:?}", (s[a], i[a], t[a]), (s[b], i[b], t[b]));
+                assert_eq!(
+                    keys[a].cmp(&keys[b]),
+                    tuple,
+                    "{:?} vs {:?}",
+                    (s[a], i[a], t[a]),
+                    (s[b], i[b], t[b])
+                );
             }
         }
     }

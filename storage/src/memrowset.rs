@@ -47,7 +47,9 @@ impl RowArena {
     /// Appends rows; returns the reference of each.
     pub fn append(&mut self, batch: RecordBatch) -> Vec<RowRef> {
         let b = self.batches.len() as u32;
-        let refs = (0..batch.num_rows() as u32).map(|row| RowRef { batch: b, row }).collect();
+        let refs = (0..batch.num_rows() as u32)
+            .map(|row| RowRef { batch: b, row })
+            .collect();
         self.bytes += batch.get_array_memory_size();
         self.batches.push(batch);
         refs
@@ -66,8 +68,16 @@ impl RowArena {
     }
 
     /// Gathers rows into one batch with the columns `columns` (indexes into the table schema).
-    pub fn gather(&self, schema: &SchemaRef, columns: &[usize], rows: &[RowRef]) -> Result<RecordBatch, StorageError> {
-        let indices: Vec<(usize, usize)> = rows.iter().map(|r| (r.batch as usize, r.row as usize)).collect();
+    pub fn gather(
+        &self,
+        schema: &SchemaRef,
+        columns: &[usize],
+        rows: &[RowRef],
+    ) -> Result<RecordBatch, StorageError> {
+        let indices: Vec<(usize, usize)> = rows
+            .iter()
+            .map(|r| (r.batch as usize, r.row as usize))
+            .collect();
         let arrays = columns
             .iter()
             .map(|&c| {
@@ -104,7 +114,10 @@ impl MemRowSet {
 
     pub fn push(&mut self, key: Vec<u8>, version: Version) {
         let len = key.len();
-        let versions = self.index.entry(key).or_insert_with(|| Vec::with_capacity(1));
+        let versions = self
+            .index
+            .entry(key)
+            .or_insert_with(|| Vec::with_capacity(1));
         if versions.is_empty() {
             self.key_bytes += len + 48;
         }
@@ -114,7 +127,10 @@ impl MemRowSet {
 
     /// Rows visible at `snapshot`, in key order.
     pub fn visible_rows(&self, snapshot: Timestamp) -> Vec<RowRef> {
-        self.index.values().filter_map(|v| visible(v, snapshot).and_then(|v| v.row)).collect()
+        self.index
+            .values()
+            .filter_map(|v| visible(v, snapshot).and_then(|v| v.row))
+            .collect()
     }
 
     pub fn bytes(&self) -> usize {

@@ -53,7 +53,11 @@ pub(crate) enum Source {
     /// Rows already gathered (MemRowSet rows, delta images).
     Batch(RecordBatch),
     /// A DiskRowSet's base rows, minus the ordinals that deltas replace or delete.
-    Rowset { reader: ParquetRecordBatchReader, hidden: HashSet<u32>, next_ordinal: u32 },
+    Rowset {
+        reader: ParquetRecordBatchReader,
+        hidden: HashSet<u32>,
+        next_ordinal: u32,
+    },
 }
 
 pub(crate) struct Scan {
@@ -73,10 +77,16 @@ impl Scan {
             let source = self.sources.front_mut()?;
             match source {
                 Source::Batch(_) => {
-                    let Some(Source::Batch(b)) = self.sources.pop_front() else { unreachable!() };
+                    let Some(Source::Batch(b)) = self.sources.pop_front() else {
+                        unreachable!()
+                    };
                     return Some(Ok(b));
                 }
-                Source::Rowset { reader, hidden, next_ordinal } => match reader.next() {
+                Source::Rowset {
+                    reader,
+                    hidden,
+                    next_ordinal,
+                } => match reader.next() {
                     None => {
                         self.sources.pop_front();
                     }
@@ -92,8 +102,9 @@ impl Scan {
                         if hidden.is_empty() {
                             return Some(Ok(batch));
                         }
-                        let keep: BooleanArray =
-                            (first..*next_ordinal).map(|o| Some(!hidden.contains(&o))).collect();
+                        let keep: BooleanArray = (first..*next_ordinal)
+                            .map(|o| Some(!hidden.contains(&o)))
+                            .collect();
                         return Some(filter_record_batch(&batch, &keep).map_err(Into::into));
                     }
                 },
@@ -105,9 +116,9 @@ impl Scan {
         let mut mask: Option<BooleanArray> = None;
         for p in &self.predicates {
             let name = &self.schema.columns()[p.column].name;
-            let column = batch
-                .column_by_name(name)
-                .ok_or_else(|| StorageError::InvalidPredicate(format!("column '{name}' not read")))?;
+            let column = batch.column_by_name(name).ok_or_else(|| {
+                StorageError::InvalidPredicate(format!("column '{name}' not read"))
+            })?;
             let m = evaluate(column, &p.op)
                 .map_err(|e| StorageError::InvalidPredicate(format!("on column '{name}': {e}")))?;
             mask = Some(match mask {
@@ -124,7 +135,11 @@ impl Scan {
     }
 }
 
-fn reorder(schema: &Schema, columns: &[usize], batch: &RecordBatch) -> Result<RecordBatch, StorageError> {
+fn reorder(
+    schema: &Schema,
+    columns: &[usize],
+    batch: &RecordBatch,
+) -> Result<RecordBatch, StorageError> {
     let indexes = columns
         .iter()
         .map(|&c| {
@@ -197,16 +212,24 @@ impl Iterator for Scan {
 }
 
 /// Table columns a scan reads: the projection, then predicate columns not in it.
-pub(crate) fn read_columns(schema: &Schema, spec: &ScanSpec) -> Result<(Vec<usize>, usize), StorageError> {
+pub(crate) fn read_columns(
+    schema: &Schema,
+    spec: &ScanSpec,
+) -> Result<(Vec<usize>, usize), StorageError> {
     let n = schema.columns().len();
     let mut columns: Vec<usize> = spec.projection.clone().unwrap_or_else(|| (0..n).collect());
     if let Some(bad) = columns.iter().find(|&&c| c >= n) {
-        return Err(StorageError::InvalidPredicate(format!("projection column #{bad} does not exist")));
+        return Err(StorageError::InvalidPredicate(format!(
+            "projection column #{bad} does not exist"
+        )));
     }
     let output_len = columns.len();
     for p in &spec.predicates {
         if p.column >= n {
-            return Err(StorageError::InvalidPredicate(format!("predicate column #{} does not exist", p.column)));
+            return Err(StorageError::InvalidPredicate(format!(
+                "predicate column #{} does not exist",
+                p.column
+            )));
         }
         if !columns.contains(&p.column) {
             columns.push(p.column);
@@ -218,4 +241,3 @@ pub(crate) fn read_columns(schema: &Schema, spec: &ScanSpec) -> Result<(Vec<usiz
 pub(crate) fn boxed(scan: Scan) -> ScanIterator {
     Box::new(scan)
 }
-

@@ -78,7 +78,10 @@ impl ColumnType {
     }
 
     fn can_be_key(&self) -> bool {
-        !matches!(self, ColumnType::Float | ColumnType::Double | ColumnType::Bool)
+        !matches!(
+            self,
+            ColumnType::Float | ColumnType::Double | ColumnType::Bool
+        )
     }
 }
 
@@ -104,7 +107,10 @@ impl PartialEq for Schema {
 }
 
 impl Schema {
-    pub fn new(columns: Vec<ColumnSchema>, key_columns: Vec<usize>) -> Result<Schema, StorageError> {
+    pub fn new(
+        columns: Vec<ColumnSchema>,
+        key_columns: Vec<usize>,
+    ) -> Result<Schema, StorageError> {
         let invalid = |m: String| Err(StorageError::InvalidSchema(m));
         if columns.is_empty() {
             return invalid("a table needs at least one column".into());
@@ -138,7 +144,11 @@ impl Schema {
                 ));
             }
         }
-        Ok(Schema { columns, key_columns, arrow: OnceLock::new() })
+        Ok(Schema {
+            columns,
+            key_columns,
+            arrow: OnceLock::new(),
+        })
     }
 
     pub fn columns(&self) -> &[ColumnSchema] {
@@ -176,20 +186,42 @@ mod tests {
     use super::*;
 
     fn col(name: &str, t: ColumnType, nullable: bool) -> ColumnSchema {
-        ColumnSchema { name: name.into(), column_type: t, nullable }
+        ColumnSchema {
+            name: name.into(),
+            column_type: t,
+            nullable,
+        }
     }
 
     #[test]
     fn validation_errors_name_the_problem() {
         let cases = [
-            (Schema::new(vec![col("a", ColumnType::Int32, false)], vec![]), "primary key"),
-            (Schema::new(vec![col("a", ColumnType::Double, false)], vec![0]), "DOUBLE"),
-            (Schema::new(vec![col("a", ColumnType::Int32, true)], vec![0]), "NOT NULL"),
             (
-                Schema::new(vec![col("a", ColumnType::Int32, false), col("a", ColumnType::Int8, true)], vec![0]),
+                Schema::new(vec![col("a", ColumnType::Int32, false)], vec![]),
+                "primary key",
+            ),
+            (
+                Schema::new(vec![col("a", ColumnType::Double, false)], vec![0]),
+                "DOUBLE",
+            ),
+            (
+                Schema::new(vec![col("a", ColumnType::Int32, true)], vec![0]),
+                "NOT NULL",
+            ),
+            (
+                Schema::new(
+                    vec![
+                        col("a", ColumnType::Int32, false),
+                        col("a", ColumnType::Int8, true),
+                    ],
+                    vec![0],
+                ),
                 "twice",
             ),
-            (Schema::new(vec![col("a", ColumnType::Int32, false)], vec![3]), "#3"),
+            (
+                Schema::new(vec![col("a", ColumnType::Int32, false)], vec![3]),
+                "#3",
+            ),
         ];
         for (result, needle) in cases {
             let e = result.unwrap_err().to_string();

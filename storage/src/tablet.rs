@@ -39,7 +39,10 @@ pub struct TabletOptions {
 
 impl Default for TabletOptions {
     fn default() -> Self {
-        Self { flush_threshold_bytes: 64 << 20, rowset_target_bytes: 32 << 20 }
+        Self {
+            flush_threshold_bytes: 64 << 20,
+            rowset_target_bytes: 32 << 20,
+        }
     }
 }
 
@@ -76,13 +79,26 @@ enum Location {
     Absent,
     Mem(RowRef),
     /// In rowset `rs` at `ordinal`; `image` is its newest delta image (None: the base row).
-    Disk { rs: usize, ordinal: u32, image: Option<RowRef> },
+    Disk {
+        rs: usize,
+        ordinal: u32,
+        image: Option<RowRef>,
+    },
 }
 
 impl Tablet {
-    pub fn create(dir: &Path, schema: Schema, options: TabletOptions) -> Result<Tablet, StorageError> {
+    pub fn create(
+        dir: &Path,
+        schema: Schema,
+        options: TabletOptions,
+    ) -> Result<Tablet, StorageError> {
         std::fs::create_dir_all(dir)?;
-        let meta = Metadata { schema: schema.clone(), rowsets: vec![], next_rowset_id: 1, durable_index: 0 };
+        let meta = Metadata {
+            schema: schema.clone(),
+            rowsets: vec![],
+            next_rowset_id: 1,
+            durable_index: 0,
+        };
         write_metadata(dir, &meta)?;
         Ok(Tablet {
             dir: dir.to_path_buf(),
@@ -151,17 +167,32 @@ impl Tablet {
     }
 
     pub fn disk_bytes(&self) -> u64 {
-        self.state.read().rowsets.iter().map(|r| r.disk_bytes()).sum()
+        self.state
+            .read()
+            .rowsets
+            .iter()
+            .map(|r| r.disk_bytes())
+            .sum()
     }
 
     /// Applies one write batch at `ts` as log entry `index`: all rows or none.
-    pub fn apply(&self, index: u64, ts: Timestamp, batch: &WriteBatch) -> Result<usize, StorageError> {
+    pub fn apply(
+        &self,
+        index: u64,
+        ts: Timestamp,
+        batch: &WriteBatch,
+    ) -> Result<usize, StorageError> {
         let mut state = self.state.write();
         state.last_applied = state.last_applied.max(index);
         self.apply_locked(&mut state, ts, batch)
     }
 
-    fn apply_locked(&self, state: &mut State, ts: Timestamp, batch: &WriteBatch) -> Result<usize, StorageError> {
+    fn apply_locked(
+        &self,
+        state: &mut State,
+        ts: Timestamp,
+        batch: &WriteBatch,
+    ) -> Result<usize, StorageError> {
         let rows = self.conform(batch)?;
         let n = rows.num_rows();
         if n == 0 {
@@ -175,7 +206,9 @@ impl Tablet {
         for (row, key) in keys.iter().enumerate() {
             if !seen.insert(key.as_slice()) {
                 if batch.kind != WriteKind::Upsert {
-                    return Err(StorageError::DuplicateKey { key: format_key(&self.schema, &rows, row) });
+                    return Err(StorageError::DuplicateKey {
+                        key: format_key(&self.schema, &rows, row),
+                    });
                 }
                 // The last image of a key in one UPSERT wins.
                 for (earlier, k) in keys.iter().enumerate().take(row) {
@@ -187,10 +220,14 @@ impl Tablet {
             let location = state.locate(key);
             match (batch.kind, &location) {
                 (WriteKind::Insert, Location::Mem(_) | Location::Disk { .. }) => {
-                    return Err(StorageError::DuplicateKey { key: format_key(&self.schema, &rows, row) })
+                    return Err(StorageError::DuplicateKey {
+                        key: format_key(&self.schema, &rows, row),
+                    })
                 }
                 (WriteKind::Update | WriteKind::Delete, Location::Absent) => {
-                    return Err(StorageError::KeyNotFound { key: format_key(&self.schema, &rows, row) })
+                    return Err(StorageError::KeyNotFound {
+                        key: format_key(&self.schema, &rows, row),
+                    })
                 }
                 _ => {}
             }
@@ -210,7 +247,10 @@ impl Tablet {
             if !last_of_key[row] {
                 continue;
             }
-            let version = Version { ts, row: images.as_ref().map(|i| i[row]) };
+            let version = Version {
+                ts,
+                row: images.as_ref().map(|i| i[row]),
+            };
             match location {
                 Location::Disk { rs, ordinal, .. } => state.deltas[rs].push(ordinal, version),
                 Location::Mem(_) | Location::Absent => state.mrs.push(key, version),
@@ -226,7 +266,10 @@ impl Tablet {
         let rows = &batch.rows;
         for field in rows.schema().fields() {
             if table.index_of(field.name()).is_err() {
-                return Err(StorageError::SchemaMismatch(format!("unknown column '{}'", field.name())));
+                return Err(StorageError::SchemaMismatch(format!(
+                    "unknown column '{}'",
+                    field.name()
+                )));
             }
         }
         let wanted: Vec<usize> = match batch.kind {
@@ -264,10 +307,14 @@ impl Tablet {
             };
             if column.null_count() > 0 {
                 if self.schema.is_key_column(c) {
-                    return Err(StorageError::NullKey { column: field.name().clone() });
+                    return Err(StorageError::NullKey {
+                        column: field.name().clone(),
+                    });
                 }
                 if !field.is_nullable() {
-                    return Err(StorageError::NullValue { column: field.name().clone() });
+                    return Err(StorageError::NullValue {
+                        column: field.name().clone(),
+                    });
                 }
             }
             columns.push(column);
@@ -277,13 +324,23 @@ impl Tablet {
     }
 
     /// Full rows for an UPDATE: each target row's current image with the batch's columns over it.
-    fn updated_rows(&self, state: &State, rows: &RecordBatch, locations: &[Location]) -> Result<RecordBatch, StorageError> {
+    fn updated_rows(
+        &self,
+        state: &State,
+        rows: &RecordBatch,
+        locations: &[Location],
+    ) -> Result<RecordBatch, StorageError> {
         let table = self.schema.arrow_schema();
         let width = table.fields().len();
         // Base rows of flushed rows without a delta image are read from their rowsets.
         let mut base_reads: Vec<Vec<u32>> = vec![Vec::new(); state.rowsets.len()];
         for l in locations {
-            if let Location::Disk { rs, ordinal, image: None } = l {
+            if let Location::Disk {
+                rs,
+                ordinal,
+                image: None,
+            } = l
+            {
                 base_reads[*rs].push(*ordinal);
             }
         }
@@ -302,17 +359,27 @@ impl Tablet {
         let mut indices = Vec::with_capacity(locations.len());
         for l in locations {
             indices.push(match l {
-                Location::Mem(r) | Location::Disk { image: Some(r), .. } => (r.batch as usize, r.row as usize),
-                Location::Disk { rs, ordinal, image: None } => {
+                Location::Mem(r) | Location::Disk { image: Some(r), .. } => {
+                    (r.batch as usize, r.row as usize)
+                }
+                Location::Disk {
+                    rs,
+                    ordinal,
+                    image: None,
+                } => {
                     let (pos, (_, ordinals, _)) = base_batches
                         .iter()
                         .enumerate()
                         .find(|(_, (r, _, _))| r == rs)
                         .ok_or_else(|| StorageError::Corruption("base row not read".into()))?;
-                    let row = ordinals.binary_search(ordinal).map_err(|_| StorageError::Corruption("base row not read".into()))?;
+                    let row = ordinals
+                        .binary_search(ordinal)
+                        .map_err(|_| StorageError::Corruption("base row not read".into()))?;
                     (arena_len + pos, row)
                 }
-                Location::Absent => return Err(StorageError::Corruption("update of an absent row".into())),
+                Location::Absent => {
+                    return Err(StorageError::Corruption("update of an absent row".into()))
+                }
             });
         }
         let mut columns = Vec::with_capacity(width);
@@ -321,7 +388,9 @@ impl Tablet {
                 columns.push(new.clone());
                 continue;
             }
-            let mut sources: Vec<&dyn Array> = (0..arena_len as u32).map(|b| state.arena.batch(b).column(c).as_ref()).collect();
+            let mut sources: Vec<&dyn Array> = (0..arena_len as u32)
+                .map(|b| state.arena.batch(b).column(c).as_ref())
+                .collect();
             sources.extend(base_batches.iter().map(|(_, _, b)| b.column(c).as_ref()));
             columns.push(interleave(&sources, &indices)?);
         }
@@ -342,12 +411,20 @@ impl Tablet {
                 next_ordinal: 0,
             });
             for chunk in images.chunks(batch_size) {
-                sources.push_back(Source::Batch(state.arena.gather(&table, &read_columns, chunk)?));
+                sources.push_back(Source::Batch(state.arena.gather(
+                    &table,
+                    &read_columns,
+                    chunk,
+                )?));
             }
         }
         let mem_rows = state.mrs.visible_rows(spec.snapshot);
         for chunk in mem_rows.chunks(batch_size) {
-            sources.push_back(Source::Batch(state.arena.gather(&table, &read_columns, chunk)?));
+            sources.push_back(Source::Batch(state.arena.gather(
+                &table,
+                &read_columns,
+                chunk,
+            )?));
         }
         Ok(scan::boxed(scan::Scan {
             schema: self.schema.clone(),
@@ -364,7 +441,11 @@ impl Tablet {
         let mut state = self.state.write();
         if state.mrs.is_empty() && state.deltas.iter().all(DeltaMemStore::is_empty) {
             if state.durable_index != state.last_applied {
-                let meta = self.metadata(state.rowsets.iter().map(|r| r.id).collect(), state.next_rowset_id, state.last_applied);
+                let meta = self.metadata(
+                    state.rowsets.iter().map(|r| r.id).collect(),
+                    state.next_rowset_id,
+                    state.last_applied,
+                );
                 write_metadata(&self.dir, &meta)?;
                 state.durable_index = state.last_applied;
             }
@@ -394,7 +475,10 @@ impl Tablet {
                         keys.push((rowset.key(ordinal).to_vec(), Some(*r), ordinal));
                     }
                 }
-                let base = rowset.read_rows(all.len(), &(0..rowset.num_rows() as u32).collect::<Vec<_>>())?;
+                let base = rowset.read_rows(
+                    all.len(),
+                    &(0..rowset.num_rows() as u32).collect::<Vec<_>>(),
+                )?;
                 let arena_len = state.arena.len();
                 let indices: Vec<(usize, usize)> = keys
                     .iter()
@@ -405,7 +489,9 @@ impl Tablet {
                     .collect();
                 let mut columns = Vec::new();
                 for c in 0..all.len() {
-                    let mut sources: Vec<&dyn Array> = (0..arena_len as u32).map(|b| state.arena.batch(b).column(c).as_ref()).collect();
+                    let mut sources: Vec<&dyn Array> = (0..arena_len as u32)
+                        .map(|b| state.arena.batch(b).column(c).as_ref())
+                        .collect();
                     sources.push(base.column(c).as_ref());
                     columns.push(interleave(&sources, &indices)?);
                 }
@@ -414,7 +500,13 @@ impl Tablet {
                     continue;
                 }
                 let batch = RecordBatch::try_new(table.clone(), columns)?;
-                created.push(Arc::new(DiskRowSet::write(&self.dir, next_id, &table, &[batch], keys.into_iter().map(|k| k.0).collect())?));
+                created.push(Arc::new(DiskRowSet::write(
+                    &self.dir,
+                    next_id,
+                    &table,
+                    &[batch],
+                    keys.into_iter().map(|k| k.0).collect(),
+                )?));
                 next_id += 1;
             }
             // MemRowSet: live rows in key order, rolled at the target rowset size.
@@ -434,7 +526,9 @@ impl Tablet {
                         batches.push(state.arena.gather(&table, &all, part)?);
                     }
                     let keys = chunk.iter().map(|(k, _)| k.clone()).collect();
-                    created.push(Arc::new(DiskRowSet::write(&self.dir, next_id, &table, &batches, keys)?));
+                    created.push(Arc::new(DiskRowSet::write(
+                        &self.dir, next_id, &table, &batches, keys,
+                    )?));
                     next_id += 1;
                 }
             }
@@ -448,7 +542,11 @@ impl Tablet {
         }
         let mut rowsets = kept;
         rowsets.extend(created);
-        let meta = self.metadata(rowsets.iter().map(|r| r.id).collect(), next_id, state.last_applied);
+        let meta = self.metadata(
+            rowsets.iter().map(|r| r.id).collect(),
+            next_id,
+            state.last_applied,
+        );
         write_metadata(&self.dir, &meta)?;
         // The new state is durable; the replaced files are garbage now (open scans keep their
         // file handles).
@@ -467,7 +565,12 @@ impl Tablet {
     }
 
     fn metadata(&self, rowsets: Vec<u64>, next_rowset_id: u64, durable_index: u64) -> Metadata {
-        Metadata { schema: self.schema.clone(), rowsets, next_rowset_id, durable_index }
+        Metadata {
+            schema: self.schema.clone(),
+            rowsets,
+            next_rowset_id,
+            durable_index,
+        }
     }
 }
 
@@ -482,8 +585,16 @@ impl State {
         for (rs, rowset) in self.rowsets.iter().enumerate() {
             if let Some(ordinal) = rowset.find(key) {
                 return match self.deltas[rs].latest(ordinal) {
-                    None => Location::Disk { rs, ordinal, image: None },
-                    Some(Version { row: Some(r), .. }) => Location::Disk { rs, ordinal, image: Some(*r) },
+                    None => Location::Disk {
+                        rs,
+                        ordinal,
+                        image: None,
+                    },
+                    Some(Version { row: Some(r), .. }) => Location::Disk {
+                        rs,
+                        ordinal,
+                        image: Some(*r),
+                    },
                     Some(Version { row: None, .. }) => Location::Absent,
                 };
             }
@@ -509,7 +620,10 @@ fn read_metadata(dir: &Path) -> Result<Metadata, StorageError> {
     let bytes = std::fs::read(&path)?;
     let bad = || StorageError::Corruption(format!("{} is damaged", path.display()));
     let (crc, json) = bytes.split_at_checked(9).ok_or_else(bad)?;
-    let crc = std::str::from_utf8(&crc[..8]).ok().and_then(|s| u32::from_str_radix(s, 16).ok()).ok_or_else(bad)?;
+    let crc = std::str::from_utf8(&crc[..8])
+        .ok()
+        .and_then(|s| u32::from_str_radix(s, 16).ok())
+        .ok_or_else(bad)?;
     if crc32fast::hash(json) != crc {
         return Err(bad());
     }

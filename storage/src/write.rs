@@ -56,7 +56,11 @@ impl WriteBatch {
             1 => WriteKind::Upsert,
             2 => WriteKind::Update,
             3 => WriteKind::Delete,
-            other => return Err(StorageError::Corruption(format!("unknown write kind {other}"))),
+            other => {
+                return Err(StorageError::Corruption(format!(
+                    "unknown write kind {other}"
+                )))
+            }
         };
         let mut reader = StreamReader::try_new(Cursor::new(payload), None)?;
         let rows = reader

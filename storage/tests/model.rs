@@ -17,9 +17,17 @@ use rand::{Rng, SeedableRng};
 type Model = BTreeMap<i64, (Option<String>, i64)>;
 
 fn schema() -> Schema {
-    let col = |name: &str, column_type, nullable| ColumnSchema { name: name.into(), column_type, nullable };
+    let col = |name: &str, column_type, nullable| ColumnSchema {
+        name: name.into(),
+        column_type,
+        nullable,
+    };
     Schema::new(
-        vec![col("s", ColumnType::String, true), col("k", ColumnType::Int64, false), col("v", ColumnType::Int64, false)],
+        vec![
+            col("s", ColumnType::String, true),
+            col("k", ColumnType::Int64, false),
+            col("v", ColumnType::Int64, false),
+        ],
         vec![1],
     )
     .unwrap()
@@ -29,9 +37,15 @@ fn rows(schema: &Schema, entries: &[(i64, Option<String>, i64)]) -> RecordBatch 
     RecordBatch::try_new(
         schema.arrow_schema(),
         vec![
-            Arc::new(StringArray::from(entries.iter().map(|e| e.1.clone()).collect::<Vec<_>>())) as ArrayRef,
-            Arc::new(Int64Array::from(entries.iter().map(|e| e.0).collect::<Vec<_>>())),
-            Arc::new(Int64Array::from(entries.iter().map(|e| e.2).collect::<Vec<_>>())),
+            Arc::new(StringArray::from(
+                entries.iter().map(|e| e.1.clone()).collect::<Vec<_>>(),
+            )) as ArrayRef,
+            Arc::new(Int64Array::from(
+                entries.iter().map(|e| e.0).collect::<Vec<_>>(),
+            )),
+            Arc::new(Int64Array::from(
+                entries.iter().map(|e| e.2).collect::<Vec<_>>(),
+            )),
         ],
     )
     .unwrap()
@@ -39,9 +53,20 @@ fn rows(schema: &Schema, entries: &[(i64, Option<String>, i64)]) -> RecordBatch 
 
 fn scan(tablet: &Tablet, snapshot: Timestamp, min_v: Option<i64>) -> Model {
     let predicates = min_v
-        .map(|m| vec![ColumnPredicate { column: 2, op: PredicateOp::GtEq(Scalar(Arc::new(Int64Array::from(vec![m])))) }])
+        .map(|m| {
+            vec![ColumnPredicate {
+                column: 2,
+                op: PredicateOp::GtEq(Scalar(Arc::new(Int64Array::from(vec![m])))),
+            }]
+        })
         .unwrap_or_default();
-    let spec = ScanSpec { projection: Some(vec![1, 0, 2]), predicates, snapshot, limit: None, batch_size: 7 };
+    let spec = ScanSpec {
+        projection: Some(vec![1, 0, 2]),
+        predicates,
+        snapshot,
+        limit: None,
+        batch_size: 7,
+    };
     let mut out = Model::new();
     for batch in tablet.scan(&spec).unwrap() {
         let batch = batch.unwrap();
@@ -50,7 +75,11 @@ fn scan(tablet: &Tablet, snapshot: Timestamp, min_v: Option<i64>) -> Model {
         let v = batch.column(2).as_primitive::<Int64Type>();
         for i in 0..batch.num_rows() {
             let s = (!s.is_null(i)).then(|| s.value(i).to_string());
-            assert!(out.insert(k.value(i), (s, v.value(i))).is_none(), "key {} returned twice", k.value(i));
+            assert!(
+                out.insert(k.value(i), (s, v.value(i))).is_none(),
+                "key {} returned twice",
+                k.value(i)
+            );
         }
     }
     out
@@ -58,10 +87,16 @@ fn scan(tablet: &Tablet, snapshot: Timestamp, min_v: Option<i64>) -> Model {
 
 #[test]
 fn random_operations_match_a_model() {
-    let iterations: usize = std::env::var("NYALA_MODEL_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(400);
+    let iterations: usize = std::env::var("NYALA_MODEL_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400);
     let dir = tempfile::tempdir().unwrap();
     let schema = schema();
-    let options = TabletOptions { flush_threshold_bytes: 1 << 20, rowset_target_bytes: 4 << 10 };
+    let options = TabletOptions {
+        flush_threshold_bytes: 1 << 20,
+        rowset_target_bytes: 4 << 10,
+    };
     let mut tablet = Tablet::create(dir.path(), schema.clone(), options.clone()).unwrap();
     let mut rng = StdRng::seed_from_u64(42);
     let mut model = Model::new();
@@ -75,7 +110,14 @@ fn random_operations_match_a_model() {
         let keys: Vec<i64> = (0..n).map(|_| rng.random_range(-40..40)).collect();
         let entries: Vec<(i64, Option<String>, i64)> = keys
             .iter()
-            .map(|&k| (k, rng.random_bool(0.8).then(|| format!("s{}", rng.random_range(0..5))), rng.random_range(-100..100)))
+            .map(|&k| {
+                (
+                    k,
+                    rng.random_bool(0.8)
+                        .then(|| format!("s{}", rng.random_range(0..5))),
+                    rng.random_range(-100..100),
+                )
+            })
             .collect();
         let mut distinct = keys.clone();
         distinct.sort_unstable();
@@ -117,7 +159,11 @@ fn random_operations_match_a_model() {
                         model.remove(k);
                     }
                 }
-                (WriteKind::Delete, rows(&schema, &entries).project(&[1]).unwrap(), ok)
+                (
+                    WriteKind::Delete,
+                    rows(&schema, &entries).project(&[1]).unwrap(),
+                    ok,
+                )
             }
             6 => {
                 tablet.flush().unwrap();
@@ -140,11 +186,19 @@ fn random_operations_match_a_model() {
         }
         assert_eq!(scan(&tablet, Timestamp(u64::MAX), None), model);
         let min_v = rng.random_range(-100..100);
-        let filtered: Model = model.iter().filter(|(_, (_, v))| *v >= min_v).map(|(k, v)| (*k, v.clone())).collect();
+        let filtered: Model = model
+            .iter()
+            .filter(|(_, (_, v))| *v >= min_v)
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
         assert_eq!(scan(&tablet, Timestamp(u64::MAX), Some(min_v)), filtered);
         snapshots.push((Timestamp(ts), model.clone()));
         if let Some((old_ts, old_model)) = snapshots.get(rng.random_range(0..snapshots.len())) {
-            assert_eq!(&scan(&tablet, *old_ts, None), old_model, "snapshot at {old_ts:?}");
+            assert_eq!(
+                &scan(&tablet, *old_ts, None),
+                old_model,
+                "snapshot at {old_ts:?}"
+            );
         }
     }
 }
@@ -154,11 +208,24 @@ fn files_of_an_interrupted_flush_are_ignored_and_removed() {
     let dir = tempfile::tempdir().unwrap();
     let schema = schema();
     let tablet = Tablet::create(dir.path(), schema.clone(), TabletOptions::default()).unwrap();
-    tablet.apply(1, Timestamp(1), &WriteBatch { kind: WriteKind::Insert, rows: rows(&schema, &[(1, None, 1)]) }).unwrap();
+    tablet
+        .apply(
+            1,
+            Timestamp(1),
+            &WriteBatch {
+                kind: WriteKind::Insert,
+                rows: rows(&schema, &[(1, None, 1)]),
+            },
+        )
+        .unwrap();
     tablet.flush().unwrap();
     drop(tablet);
     // A crash after writing a rowset file but before the metadata switch.
-    std::fs::write(dir.path().join("rowset-0000000099.parquet"), b"half written").unwrap();
+    std::fs::write(
+        dir.path().join("rowset-0000000099.parquet"),
+        b"half written",
+    )
+    .unwrap();
     let tablet = Tablet::open(dir.path(), TabletOptions::default()).unwrap();
     assert_eq!(scan(&tablet, Timestamp(u64::MAX), None).len(), 1);
     assert_eq!(tablet.durable_index(), 1);

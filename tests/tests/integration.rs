@@ -15,8 +15,8 @@ use arrow::datatypes::{DataType, Field, Schema};
 use arrow::util::pretty::pretty_format_batches;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use arrow_flight::sql::{
-    CommandGetDbSchemas, CommandGetExportedKeys, CommandGetTables, CommandGetXdbcTypeInfo, CommandStatementIngest,
-    TableDefinitionOptions, TableExistsOption, TableNotExistOption,
+    CommandGetDbSchemas, CommandGetExportedKeys, CommandGetTables, CommandGetXdbcTypeInfo,
+    CommandStatementIngest, TableDefinitionOptions, TableExistsOption, TableNotExistOption,
 };
 use arrow_flight::{CancelFlightInfoRequest, CancelFlightInfoResult, CancelStatus, FlightInfo};
 use futures::TryStreamExt;
@@ -52,7 +52,9 @@ impl Server {
             .spawn()
             .expect("start nyala serve (build it with: cargo build -p nyala-flight --bin nyala)");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
         let addr = line
             .split_whitespace()
             .find(|w| w.starts_with("grpc://"))
@@ -62,7 +64,11 @@ impl Server {
     }
 
     async fn client(&self) -> FlightSqlServiceClient<Channel> {
-        let channel = Channel::from_shared(self.addr.clone()).unwrap().connect().await.unwrap();
+        let channel = Channel::from_shared(self.addr.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
         FlightSqlServiceClient::new(channel)
     }
 
@@ -79,23 +85,42 @@ impl Drop for Server {
     }
 }
 
-async fn query(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Result<Vec<RecordBatch>, String> {
-    let info = client.execute(sql.to_string(), None).await.map_err(|e| e.to_string())?;
+async fn query(
+    client: &mut FlightSqlServiceClient<Channel>,
+    sql: &str,
+) -> Result<Vec<RecordBatch>, String> {
+    let info = client
+        .execute(sql.to_string(), None)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut batches = Vec::new();
     for endpoint in info.endpoint {
-        let stream = client.do_get(endpoint.ticket.unwrap()).await.map_err(|e| e.to_string())?;
-        batches.extend(stream.try_collect::<Vec<_>>().await.map_err(|e| e.to_string())?);
+        let stream = client
+            .do_get(endpoint.ticket.unwrap())
+            .await
+            .map_err(|e| e.to_string())?;
+        batches.extend(
+            stream
+                .try_collect::<Vec<_>>()
+                .await
+                .map_err(|e| e.to_string())?,
+        );
     }
     Ok(batches)
 }
 
 async fn text(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> String {
-    let batches = query(client, sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let batches = query(client, sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
     pretty_format_batches(&batches).unwrap().to_string()
 }
 
 async fn update(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Result<i64, String> {
-    client.execute_update(sql.to_string(), None).await.map_err(|e| e.to_string())
+    client
+        .execute_update(sql.to_string(), None)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -103,61 +128,164 @@ async fn statements_metadata_and_errors_over_flight_sql() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
     let mut c = server.client().await;
-    update(&mut c, "CREATE TABLE metrics (host STRING, ts TIMESTAMP, metric STRING, value DOUBLE, \
-        PRIMARY KEY (host, metric, ts)) DISTRIBUTE BY HASH (host, metric) INTO 4 BUCKETS").await.unwrap();
-    let n = update(&mut c, "INSERT INTO metrics VALUES ('a', '2026-01-01T00:00:00', 'cpu', 0.5), \
+    update(
+        &mut c,
+        "CREATE TABLE metrics (host STRING, ts TIMESTAMP, metric STRING, value DOUBLE, \
+        PRIMARY KEY (host, metric, ts)) DISTRIBUTE BY HASH (host, metric) INTO 4 BUCKETS",
+    )
+    .await
+    .unwrap();
+    let n = update(
+        &mut c,
+        "INSERT INTO metrics VALUES ('a', '2026-01-01T00:00:00', 'cpu', 0.5), \
         ('a', '2026-01-01T00:01:00', 'cpu', 7.5), ('b', '2026-01-01T00:00:00', 'cpu', 3.0), \
-        ('c', '2026-01-01T00:00:00', 'mem', 20.0)").await.unwrap();
+        ('c', '2026-01-01T00:00:00', 'mem', 20.0)",
+    )
+    .await
+    .unwrap();
     assert_eq!(n, 4);
-    let e = update(&mut c, "INSERT INTO metrics VALUES ('a', '2026-01-01T00:00:00', 'cpu', 1.0)").await.unwrap_err();
-    assert!(e.contains("duplicate primary key") && e.contains("host='a'"), "{e}");
-    assert_eq!(update(&mut c, "UPDATE metrics SET value = value * 2 WHERE host = 'a'").await.unwrap(), 2);
-    assert_eq!(update(&mut c, "DELETE FROM metrics WHERE value > 10").await.unwrap(), 2);
+    let e = update(
+        &mut c,
+        "INSERT INTO metrics VALUES ('a', '2026-01-01T00:00:00', 'cpu', 1.0)",
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        e.contains("duplicate primary key") && e.contains("host='a'"),
+        "{e}"
+    );
+    assert_eq!(
+        update(
+            &mut c,
+            "UPDATE metrics SET value = value * 2 WHERE host = 'a'"
+        )
+        .await
+        .unwrap(),
+        2
+    );
+    assert_eq!(
+        update(&mut c, "DELETE FROM metrics WHERE value > 10")
+            .await
+            .unwrap(),
+        2
+    );
     // DML sent as a query, as ADBC does, returns its count too.
-    assert!(text(&mut c, "UPSERT INTO metrics VALUES ('b', '2026-01-01T00:00:00', 'cpu', 4.0)").await.contains("| 1 "));
-    let got = text(&mut c, "SELECT host, avg(value) AS v FROM metrics GROUP BY host ORDER BY host").await;
+    assert!(text(
+        &mut c,
+        "UPSERT INTO metrics VALUES ('b', '2026-01-01T00:00:00', 'cpu', 4.0)"
+    )
+    .await
+    .contains("| 1 "));
+    let got = text(
+        &mut c,
+        "SELECT host, avg(value) AS v FROM metrics GROUP BY host ORDER BY host",
+    )
+    .await;
     assert_eq!(got, "+------+-----+\n| host | v   |\n+------+-----+\n| a    | 1.0 |\n| b    | 4.0 |\n+------+-----+");
     assert!(text(&mut c, "SHOW TABLES").await.contains("metrics"));
     assert!(text(&mut c, "DESCRIBE metrics").await.contains("TIMESTAMP"));
     let plan = text(&mut c, "EXPLAIN SELECT value FROM metrics WHERE host = 'a'").await;
-    assert!(plan.contains("NyalaScanExec") && plan.contains("predicates="), "{plan}");
+    assert!(
+        plan.contains("NyalaScanExec") && plan.contains("predicates="),
+        "{plan}"
+    );
 
     for (sql, needle) in [
         ("SELEC 1", "syntax"),
         ("SELECT * FROM nope", "nope"),
         ("SELECT nope FROM metrics", "nope"),
         ("UPDATE metrics SET host = 'x'", "primary key"),
-        ("INSERT INTO metrics VALUES (NULL, '2026-01-01T00:00:00', 'cpu', 1.0)", "null"),
+        (
+            "INSERT INTO metrics VALUES (NULL, '2026-01-01T00:00:00', 'cpu', 1.0)",
+            "null",
+        ),
     ] {
         let e = query(&mut c, sql).await.unwrap_err();
         assert!(e.contains(needle), "{sql}: {e}");
     }
-    assert!(text(&mut c, "SELECT count(*) AS n FROM metrics").await.contains("| 2 |"));
+    assert!(text(&mut c, "SELECT count(*) AS n FROM metrics")
+        .await
+        .contains("| 2 |"));
 
     // Metadata as JDBC/ADBC ask for it.
     let info = c.get_catalogs().await.unwrap();
-    let batches: Vec<RecordBatch> = c.do_get(info.endpoint[0].ticket.clone().unwrap()).await.unwrap().try_collect().await.unwrap();
-    assert!(pretty_format_batches(&batches).unwrap().to_string().contains("nyala"));
-    let info = c.get_db_schemas(CommandGetDbSchemas { catalog: None, db_schema_filter_pattern: None }).await.unwrap();
-    let batches: Vec<RecordBatch> = c.do_get(info.endpoint[0].ticket.clone().unwrap()).await.unwrap().try_collect().await.unwrap();
-    assert!(pretty_format_batches(&batches).unwrap().to_string().contains("public"));
-    let info = c
-        .get_tables(CommandGetTables { include_schema: true, table_name_filter_pattern: Some("met%".into()), ..Default::default() })
+    let batches: Vec<RecordBatch> = c
+        .do_get(info.endpoint[0].ticket.clone().unwrap())
+        .await
+        .unwrap()
+        .try_collect()
         .await
         .unwrap();
-    let batches: Vec<RecordBatch> = c.do_get(info.endpoint[0].ticket.clone().unwrap()).await.unwrap().try_collect().await.unwrap();
+    assert!(pretty_format_batches(&batches)
+        .unwrap()
+        .to_string()
+        .contains("nyala"));
+    let info = c
+        .get_db_schemas(CommandGetDbSchemas {
+            catalog: None,
+            db_schema_filter_pattern: None,
+        })
+        .await
+        .unwrap();
+    let batches: Vec<RecordBatch> = c
+        .do_get(info.endpoint[0].ticket.clone().unwrap())
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(pretty_format_batches(&batches)
+        .unwrap()
+        .to_string()
+        .contains("public"));
+    let info = c
+        .get_tables(CommandGetTables {
+            include_schema: true,
+            table_name_filter_pattern: Some("met%".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let batches: Vec<RecordBatch> = c
+        .do_get(info.endpoint[0].ticket.clone().unwrap())
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
     assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
 
     // Prepared statements (the JDBC driver's path for every statement).
-    let mut prepared = c.prepare("SELECT count(*) FROM metrics".into(), None).await.unwrap();
+    let mut prepared = c
+        .prepare("SELECT count(*) FROM metrics".into(), None)
+        .await
+        .unwrap();
     let info = prepared.execute().await.unwrap();
-    let batches: Vec<RecordBatch> = c.do_get(info.endpoint[0].ticket.clone().unwrap()).await.unwrap().try_collect().await.unwrap();
-    assert!(pretty_format_batches(&batches).unwrap().to_string().contains("| 2 "));
-    let mut insert = c.prepare("INSERT INTO metrics VALUES ('d', '2026-01-01T00:00:00', 'cpu', 1.0)".into(), None).await.unwrap();
+    let batches: Vec<RecordBatch> = c
+        .do_get(info.endpoint[0].ticket.clone().unwrap())
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(pretty_format_batches(&batches)
+        .unwrap()
+        .to_string()
+        .contains("| 2 "));
+    let mut insert = c
+        .prepare(
+            "INSERT INTO metrics VALUES ('d', '2026-01-01T00:00:00', 'cpu', 1.0)".into(),
+            None,
+        )
+        .await
+        .unwrap();
     assert_eq!(insert.execute_update().await.unwrap(), 1);
 
     // Garbage tickets get an error and the server keeps answering.
-    assert!(c.do_get(arrow_flight::Ticket::new(b"garbage".to_vec())).await.is_err());
+    assert!(c
+        .do_get(arrow_flight::Ticket::new(b"garbage".to_vec()))
+        .await
+        .is_err());
     update(&mut c, "DROP TABLE metrics").await.unwrap();
     assert!(query(&mut c, "SELECT * FROM metrics").await.is_err());
 }
@@ -176,29 +304,67 @@ async fn acknowledged_writes_survive_kill_9() {
     for round in 0..3i64 {
         let server = Server::start(dir.path());
         let mut c = server.client().await;
-        let got = text(&mut c, "SELECT count(*) AS n, coalesce(sum(v), 0) AS s FROM events").await;
-        assert!(got.contains(&format!("| {expected_rows} ")) && got.contains(&format!(" {expected_sum} ")), "round {round}: {got}");
+        let got = text(
+            &mut c,
+            "SELECT count(*) AS n, coalesce(sum(v), 0) AS s FROM events",
+        )
+        .await;
+        assert!(
+            got.contains(&format!("| {expected_rows} "))
+                && got.contains(&format!(" {expected_sum} ")),
+            "round {round}: {got}"
+        );
         for statement in 0..5i64 {
             let base = round * 1000 + statement * 100;
-            let values: Vec<String> = (base..base + 50).map(|i| format!("({i}, {})", i % 7)).collect();
-            let n = update(&mut c, &format!("INSERT INTO events VALUES {}", values.join(", "))).await.unwrap();
+            let values: Vec<String> = (base..base + 50)
+                .map(|i| format!("({i}, {})", i % 7))
+                .collect();
+            let n = update(
+                &mut c,
+                &format!("INSERT INTO events VALUES {}", values.join(", ")),
+            )
+            .await
+            .unwrap();
             expected_rows += n;
             expected_sum += (base..base + 50).map(|i| i % 7).sum::<i64>();
         }
-        update(&mut c, &format!("UPDATE events SET v = v + 1 WHERE id < {}", round * 1000 + 10)).await.unwrap();
-        expected_sum += text(&mut c, &format!("SELECT count(*) AS n FROM events WHERE id < {}", round * 1000 + 10))
-            .await
-            .lines()
-            .nth(3)
-            .and_then(|l| l.trim_matches(|c| c == '|' || c == ' ').parse::<i64>().ok())
-            .unwrap();
+        update(
+            &mut c,
+            &format!(
+                "UPDATE events SET v = v + 1 WHERE id < {}",
+                round * 1000 + 10
+            ),
+        )
+        .await
+        .unwrap();
+        expected_sum += text(
+            &mut c,
+            &format!(
+                "SELECT count(*) AS n FROM events WHERE id < {}",
+                round * 1000 + 10
+            ),
+        )
+        .await
+        .lines()
+        .nth(3)
+        .and_then(|l| l.trim_matches(|c| c == '|' || c == ' ').parse::<i64>().ok())
+        .unwrap();
         server.kill();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let server = Server::start(dir.path());
     let mut c = server.client().await;
-    let got = text(&mut c, "SELECT count(*) AS n, count(DISTINCT id) AS d, sum(v) AS s FROM events").await;
-    assert!(got.contains(&format!("| {expected_rows} | {expected_rows} | {expected_sum} |")), "{got}");
+    let got = text(
+        &mut c,
+        "SELECT count(*) AS n, count(DISTINCT id) AS d, sum(v) AS s FROM events",
+    )
+    .await;
+    assert!(
+        got.contains(&format!(
+            "| {expected_rows} | {expected_rows} | {expected_sum} |"
+        )),
+        "{got}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,26 +377,56 @@ async fn sql_command_against_server_and_embedded() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && stdout.contains("| 2 | two |") && stdout.contains("(2 rows)"), "{stdout}");
-    let out = Command::new(nyala_bin()).args(["sql", "--connect", &url, "-c", "SELECT * FROM missing"]).output().unwrap();
+    assert!(
+        out.status.success() && stdout.contains("| 2 | two |") && stdout.contains("(2 rows)"),
+        "{stdout}"
+    );
+    let out = Command::new(nyala_bin())
+        .args(["sql", "--connect", &url, "-c", "SELECT * FROM missing"])
+        .output()
+        .unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("missing"));
 
     let embedded = tempfile::tempdir().unwrap();
     let dir_arg = embedded.path().to_str().unwrap();
     let out = Command::new(nyala_bin())
-        .args(["sql", "--data-dir", dir_arg, "-c", "CREATE TABLE e (k INT PRIMARY KEY); INSERT INTO e VALUES (7)"])
+        .args([
+            "sql",
+            "--data-dir",
+            dir_arg,
+            "-c",
+            "CREATE TABLE e (k INT PRIMARY KEY); INSERT INTO e VALUES (7)",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = Command::new(nyala_bin()).args(["sql", "--data-dir", dir_arg, "-c", "SELECT k FROM e"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(nyala_bin())
+        .args(["sql", "--data-dir", dir_arg, "-c", "SELECT k FROM e"])
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("| 7 |"));
 }
 
-async fn fetch(client: &mut FlightSqlServiceClient<Channel>, info: FlightInfo) -> Result<Vec<RecordBatch>, String> {
+async fn fetch(
+    client: &mut FlightSqlServiceClient<Channel>,
+    info: FlightInfo,
+) -> Result<Vec<RecordBatch>, String> {
     let mut batches = Vec::new();
     for endpoint in info.endpoint {
-        let stream = client.do_get(endpoint.ticket.unwrap()).await.map_err(|e| e.to_string())?;
-        batches.extend(stream.try_collect::<Vec<_>>().await.map_err(|e| e.to_string())?);
+        let stream = client
+            .do_get(endpoint.ticket.unwrap())
+            .await
+            .map_err(|e| e.to_string())?;
+        batches.extend(
+            stream
+                .try_collect::<Vec<_>>()
+                .await
+                .map_err(|e| e.to_string())?,
+        );
     }
     Ok(batches)
 }
@@ -244,12 +440,26 @@ fn people(ids: &[i64], names: &[&str]) -> RecordBatch {
         Field::new("id", DataType::Int64, false),
         Field::new("name", DataType::Utf8, true),
     ]));
-    RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(ids.to_vec())), Arc::new(StringArray::from(names.to_vec()))]).unwrap()
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from(ids.to_vec())),
+            Arc::new(StringArray::from(names.to_vec())),
+        ],
+    )
+    .unwrap()
 }
 
-fn ingest_command(table: &str, if_not_exist: TableNotExistOption, if_exists: TableExistsOption) -> CommandStatementIngest {
+fn ingest_command(
+    table: &str,
+    if_not_exist: TableNotExistOption,
+    if_exists: TableExistsOption,
+) -> CommandStatementIngest {
     CommandStatementIngest {
-        table_definition_options: Some(TableDefinitionOptions { if_not_exist: if_not_exist as i32, if_exists: if_exists as i32 }),
+        table_definition_options: Some(TableDefinitionOptions {
+            if_not_exist: if_not_exist as i32,
+            if_exists: if_exists as i32,
+        }),
         table: table.into(),
         ..Default::default()
     }
@@ -263,8 +473,17 @@ async fn parameters_ingest_endpoints_and_cancel() {
     update(&mut c, "CREATE TABLE p (id BIGINT PRIMARY KEY, name STRING, score DOUBLE) DISTRIBUTE BY HASH (id) INTO 4 BUCKETS").await.unwrap();
 
     // Prepared INSERT with three parameter rows runs once per row.
-    let mut insert = c.prepare("INSERT INTO p VALUES (?, ?, ?)".into(), None).await.unwrap();
-    let types: Vec<DataType> = insert.parameter_schema().unwrap().fields().iter().map(|f| f.data_type().clone()).collect();
+    let mut insert = c
+        .prepare("INSERT INTO p VALUES (?, ?, ?)".into(), None)
+        .await
+        .unwrap();
+    let types: Vec<DataType> = insert
+        .parameter_schema()
+        .unwrap()
+        .fields()
+        .iter()
+        .map(|f| f.data_type().clone())
+        .collect();
     assert_eq!(types, [DataType::Int64, DataType::Utf8, DataType::Float64]);
     let params = RecordBatch::try_new(
         Arc::new(insert.parameter_schema().unwrap().clone()),
@@ -279,16 +498,32 @@ async fn parameters_ingest_endpoints_and_cancel() {
     assert_eq!(insert.execute_update().await.unwrap(), 3);
 
     // A query with a parameter, re-executed with a new value; ints bind to the BIGINT column.
-    let mut select = c.prepare("SELECT name FROM p WHERE id = $1".into(), None).await.unwrap();
+    let mut select = c
+        .prepare("SELECT name FROM p WHERE id = $1".into(), None)
+        .await
+        .unwrap();
     for (id, name) in [(2i32, "bob"), (3, "cy")] {
         let schema = Arc::new(Schema::new(vec![Field::new("$1", DataType::Int32, false)]));
-        select.set_parameters(RecordBatch::try_new(schema, vec![Arc::new(arrow::array::Int32Array::from(vec![id]))]).unwrap()).unwrap();
+        select
+            .set_parameters(
+                RecordBatch::try_new(
+                    schema,
+                    vec![Arc::new(arrow::array::Int32Array::from(vec![id]))],
+                )
+                .unwrap(),
+            )
+            .unwrap();
         let info = select.execute().await.unwrap();
-        let got = pretty_format_batches(&fetch(&mut c, info).await.unwrap()).unwrap().to_string();
+        let got = pretty_format_batches(&fetch(&mut c, info).await.unwrap())
+            .unwrap()
+            .to_string();
         assert!(got.contains(name), "{got}");
     }
     // Binding the wrong number of parameters is an error, not a panic.
-    let mut bad = c.prepare("SELECT name FROM p WHERE id = ?".into(), None).await.unwrap();
+    let mut bad = c
+        .prepare("SELECT name FROM p WHERE id = ?".into(), None)
+        .await
+        .unwrap();
     let e = match bad.execute().await {
         Ok(info) => fetch(&mut c, info).await.unwrap_err(),
         Err(e) => e.to_string(),
@@ -296,45 +531,125 @@ async fn parameters_ingest_endpoints_and_cancel() {
     assert!(e.contains("parameter"), "{e}");
 
     // A plain scan gets one endpoint per tablet, each with this server's location.
-    let info = c.execute("SELECT id, name FROM p WHERE score > 0".into(), None).await.unwrap();
+    let info = c
+        .execute("SELECT id, name FROM p WHERE score > 0".into(), None)
+        .await
+        .unwrap();
     assert_eq!(info.endpoint.len(), 4);
-    assert!(info.endpoint.iter().all(|e| e.location.first().is_some_and(|l| l.uri.starts_with("grpc+tcp://127.0.0.1:"))));
+    assert!(info.endpoint.iter().all(|e| e
+        .location
+        .first()
+        .is_some_and(|l| l.uri.starts_with("grpc+tcp://127.0.0.1:"))));
     assert_eq!(rows(&fetch(&mut c, info).await.unwrap()), 3);
-    let info = c.execute("SELECT count(*) FROM p".into(), None).await.unwrap();
+    let info = c
+        .execute("SELECT count(*) FROM p".into(), None)
+        .await
+        .unwrap();
     assert_eq!(info.endpoint.len(), 1);
 
     // Bulk ingest: create, append, replace; failures leave the table as it was.
-    let created = ingest_command("people", TableNotExistOption::Create, TableExistsOption::Fail);
-    let batches = futures::stream::iter([Ok(people(&[1, 2], &["a", "b"])), Ok(people(&[3], &["c"]))]);
+    let created = ingest_command(
+        "people",
+        TableNotExistOption::Create,
+        TableExistsOption::Fail,
+    );
+    let batches =
+        futures::stream::iter([Ok(people(&[1, 2], &["a", "b"])), Ok(people(&[3], &["c"]))]);
     assert_eq!(c.execute_ingest(created.clone(), batches).await.unwrap(), 3);
-    let e = c.execute_ingest(created, futures::stream::iter([Ok(people(&[9], &["z"]))])).await.unwrap_err();
+    let e = c
+        .execute_ingest(created, futures::stream::iter([Ok(people(&[9], &["z"]))]))
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("already exists"), "{e}");
-    let append = ingest_command("people", TableNotExistOption::Fail, TableExistsOption::Append);
-    assert_eq!(c.execute_ingest(append.clone(), futures::stream::iter([Ok(people(&[4], &["d"]))])).await.unwrap(), 1);
-    let e = c.execute_ingest(append, futures::stream::iter([Ok(people(&[1], &["dup"]))])).await.unwrap_err();
+    let append = ingest_command(
+        "people",
+        TableNotExistOption::Fail,
+        TableExistsOption::Append,
+    );
+    assert_eq!(
+        c.execute_ingest(
+            append.clone(),
+            futures::stream::iter([Ok(people(&[4], &["d"]))])
+        )
+        .await
+        .unwrap(),
+        1
+    );
+    let e = c
+        .execute_ingest(append, futures::stream::iter([Ok(people(&[1], &["dup"]))]))
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("duplicate"), "{e}");
-    assert!(text(&mut c, "SELECT count(*) AS n FROM people").await.contains("| 4 |"));
-    let replace = ingest_command("people", TableNotExistOption::Create, TableExistsOption::Replace);
-    assert_eq!(c.execute_ingest(replace, futures::stream::iter([Ok(people(&[7], &["g"]))])).await.unwrap(), 1);
-    assert!(text(&mut c, "SELECT id, name FROM people").await.contains("| 7  | g    |"));
-    let missing = ingest_command("nobody", TableNotExistOption::Fail, TableExistsOption::Append);
-    assert!(c.execute_ingest(missing, futures::stream::iter([Ok(people(&[1], &["a"]))])).await.is_err());
+    assert!(text(&mut c, "SELECT count(*) AS n FROM people")
+        .await
+        .contains("| 4 |"));
+    let replace = ingest_command(
+        "people",
+        TableNotExistOption::Create,
+        TableExistsOption::Replace,
+    );
+    assert_eq!(
+        c.execute_ingest(replace, futures::stream::iter([Ok(people(&[7], &["g"]))]))
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(text(&mut c, "SELECT id, name FROM people")
+        .await
+        .contains("| 7  | g    |"));
+    let missing = ingest_command(
+        "nobody",
+        TableNotExistOption::Fail,
+        TableExistsOption::Append,
+    );
+    assert!(c
+        .execute_ingest(missing, futures::stream::iter([Ok(people(&[1], &["a"]))]))
+        .await
+        .is_err());
 
     // Metadata JDBC asks for: type info, and (empty) foreign keys.
-    let info = c.get_xdbc_type_info(CommandGetXdbcTypeInfo { data_type: None }).await.unwrap();
-    let types = pretty_format_batches(&fetch(&mut c, info).await.unwrap()).unwrap().to_string();
-    assert!(types.contains("BIGINT") && types.contains("TIMESTAMP"), "{types}");
-    let info = c.get_exported_keys(CommandGetExportedKeys { table: "p".into(), ..Default::default() }).await.unwrap();
+    let info = c
+        .get_xdbc_type_info(CommandGetXdbcTypeInfo { data_type: None })
+        .await
+        .unwrap();
+    let types = pretty_format_batches(&fetch(&mut c, info).await.unwrap())
+        .unwrap()
+        .to_string();
+    assert!(
+        types.contains("BIGINT") && types.contains("TIMESTAMP"),
+        "{types}"
+    );
+    let info = c
+        .get_exported_keys(CommandGetExportedKeys {
+            table: "p".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert_eq!(rows(&fetch(&mut c, info).await.unwrap()), 0);
 
     // CancelFlightInfo: a cancelled query's tickets fail with "cancelled".
     let info = c.execute("SELECT * FROM p".into(), None).await.unwrap();
     let action = arrow_flight::Action {
         r#type: "CancelFlightInfo".into(),
-        body: CancelFlightInfoRequest { info: Some(info.clone()) }.encode_to_vec().into(),
+        body: CancelFlightInfoRequest {
+            info: Some(info.clone()),
+        }
+        .encode_to_vec()
+        .into(),
     };
-    let result: Vec<arrow_flight::Result> = c.inner_mut().do_action(action).await.unwrap().into_inner().try_collect().await.unwrap();
-    let status = CancelFlightInfoResult::decode(result[0].body.clone()).unwrap().status;
+    let result: Vec<arrow_flight::Result> = c
+        .inner_mut()
+        .do_action(action)
+        .await
+        .unwrap()
+        .into_inner()
+        .try_collect()
+        .await
+        .unwrap();
+    let status = CancelFlightInfoResult::decode(result[0].body.clone())
+        .unwrap()
+        .status;
     assert_eq!(status, CancelStatus::Cancelled as i32);
     let e = fetch(&mut c, info).await.unwrap_err();
     assert!(e.contains("cancelled"), "{e}");
@@ -348,22 +663,41 @@ async fn authentication_with_bearer_tokens() {
     let e = query(&mut anonymous, "SELECT 1").await.unwrap_err();
     assert!(e.contains("authentication required"), "{e}");
     let mut wrong = server.client().await;
-    let e = wrong.handshake("alice", "guess").await.unwrap_err().to_string();
+    let e = wrong
+        .handshake("alice", "guess")
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("invalid username or password"), "{e}");
     let mut forged = server.client().await;
     forged.set_token("not-a-token".into());
-    assert!(query(&mut forged, "SELECT 1").await.unwrap_err().contains("invalid or expired token"));
+    assert!(query(&mut forged, "SELECT 1")
+        .await
+        .unwrap_err()
+        .contains("invalid or expired token"));
 
     let mut c = server.client().await;
     c.handshake("alice", "s3cret").await.unwrap();
     assert!(c.token().is_some());
     assert!(text(&mut c, "SELECT 41 + 1 AS answer").await.contains("42"));
     let out = Command::new(nyala_bin())
-        .args(["sql", "--connect", &server.addr.replace("http://", "grpc://"), "--user", "alice", "-c", "SELECT 'ok' AS s"])
+        .args([
+            "sql",
+            "--connect",
+            &server.addr.replace("http://", "grpc://"),
+            "--user",
+            "alice",
+            "-c",
+            "SELECT 'ok' AS s",
+        ])
         .env("NYALA_PASSWORD", "s3cret")
         .output()
         .unwrap();
-    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("ok"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("ok"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A 30 M-row result streams through the server: its peak memory stays far below the result's
@@ -373,14 +707,27 @@ async fn large_results_stream_without_buffering() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
     let mut c = server.client().await;
-    let info = c.execute("SELECT value FROM generate_series(1, 30000000)".into(), None).await.unwrap();
-    let mut stream = c.do_get(info.endpoint[0].ticket.clone().unwrap()).await.unwrap();
+    let info = c
+        .execute(
+            "SELECT value FROM generate_series(1, 30000000)".into(),
+            None,
+        )
+        .await
+        .unwrap();
+    let mut stream = c
+        .do_get(info.endpoint[0].ticket.clone().unwrap())
+        .await
+        .unwrap();
     let mut n = 0usize;
     let mut last = 0i64;
     while let Some(batch) = stream.try_next().await.unwrap() {
         n += batch.num_rows();
         if batch.num_rows() > 0 {
-            let values = batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            let values = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
             last = values.value(values.len() - 1);
         }
     }
@@ -391,5 +738,8 @@ async fn large_results_stream_without_buffering() {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap();
-    assert!(peak_kb < 150 * 1024, "server peak memory {peak_kb} kB while streaming");
+    assert!(
+        peak_kb < 150 * 1024,
+        "server peak memory {peak_kb} kB while streaming"
+    );
 }

@@ -46,14 +46,27 @@ fn progress(total: u64, amounts: &str) -> ProgressBar {
 }
 
 /// Opens `path` as a stream of batches with its schema; the bar advances as it is read.
-fn open(path: &Path) -> anyhow::Result<(SchemaRef, BoxStream<'static, anyhow::Result<RecordBatch>>, ProgressBar)> {
+fn open(
+    path: &Path,
+) -> anyhow::Result<(
+    SchemaRef,
+    BoxStream<'static, anyhow::Result<RecordBatch>>,
+    ProgressBar,
+)> {
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let extension = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    let extension = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
     match extension.as_str() {
         "parquet" | "pq" => {
             let builder = ParquetRecordBatchReaderBuilder::try_new(file)
                 .with_context(|| format!("{} is not a Parquet file", path.display()))?;
-            let bar = progress(builder.metadata().file_metadata().num_rows().max(0) as u64, "{pos}/{len} rows");
+            let bar = progress(
+                builder.metadata().file_metadata().num_rows().max(0) as u64,
+                "{pos}/{len} rows",
+            );
             let reader = builder.with_batch_size(BATCH_ROWS).build()?;
             let schema = reader.schema();
             let counter = bar.clone();
@@ -80,7 +93,10 @@ fn open(path: &Path) -> anyhow::Result<(SchemaRef, BoxStream<'static, anyhow::Re
             let batches = futures::stream::iter(reader.map(|b| b.map_err(anyhow::Error::from)));
             Ok((schema, Box::pin(batches), bar))
         }
-        _ => bail!("\\copy reads .csv (with a header row) and .parquet files, not {}", path.display()),
+        _ => bail!(
+            "\\copy reads .csv (with a header row) and .parquet files, not {}",
+            path.display()
+        ),
     }
 }
 
@@ -99,8 +115,14 @@ mod tests {
 
     #[test]
     fn parses_copy_commands() {
-        assert_eq!(parse("\\copy t FROM '/tmp/a b.csv'").unwrap(), ("t".into(), "/tmp/a b.csv".into()));
-        assert_eq!(parse("\\copy t from x.parquet;").unwrap(), ("t".into(), "x.parquet".into()));
+        assert_eq!(
+            parse("\\copy t FROM '/tmp/a b.csv'").unwrap(),
+            ("t".into(), "/tmp/a b.csv".into())
+        );
+        assert_eq!(
+            parse("\\copy t from x.parquet;").unwrap(),
+            ("t".into(), "x.parquet".into())
+        );
         assert!(parse("\\copy t").is_err());
         assert!(parse("\\copy t TO 'x.csv'").is_err());
     }

@@ -24,7 +24,9 @@ impl std::str::FromStr for OutputMode {
 
 /// The count of a DDL/DML result (a single `count: UInt64` column), None for query results.
 fn update_count(schema: &SchemaRef, batches: &[RecordBatch]) -> Option<u64> {
-    let [field] = schema.fields().iter().collect::<Vec<_>>()[..] else { return None };
+    let [field] = schema.fields().iter().collect::<Vec<_>>()[..] else {
+        return None;
+    };
     if field.name() != "count" || field.data_type() != &DataType::UInt64 {
         return None;
     }
@@ -32,13 +34,22 @@ fn update_count(schema: &SchemaRef, batches: &[RecordBatch]) -> Option<u64> {
         batches
             .iter()
             .find(|b| b.num_rows() > 0)
-            .and_then(|b| b.column(0).as_any().downcast_ref::<UInt64Array>().map(|a| a.value(0)))
+            .and_then(|b| {
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<UInt64Array>()
+                    .map(|a| a.value(0))
+            })
             .unwrap_or(0),
     )
 }
 
 /// Formats a statement result as the shell prints it.
-pub fn format_result(schema: &SchemaRef, batches: &[RecordBatch], mode: OutputMode) -> anyhow::Result<String> {
+pub fn format_result(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    mode: OutputMode,
+) -> anyhow::Result<String> {
     if let Some(count) = update_count(schema, batches) {
         return Ok(format!("OK, {count} rows"));
     }
@@ -47,12 +58,17 @@ pub fn format_result(schema: &SchemaRef, batches: &[RecordBatch], mode: OutputMo
         OutputMode::Table => {
             let empty = [RecordBatch::new_empty(schema.clone())];
             let table = pretty_format_batches(if batches.is_empty() { &empty } else { batches })?;
-            Ok(format!("{table}\n({rows} row{})", if rows == 1 { "" } else { "s" }))
+            Ok(format!(
+                "{table}\n({rows} row{})",
+                if rows == 1 { "" } else { "s" }
+            ))
         }
         OutputMode::Csv => {
             let mut out = Vec::new();
             {
-                let mut writer = arrow::csv::WriterBuilder::new().with_header(true).build(&mut out);
+                let mut writer = arrow::csv::WriterBuilder::new()
+                    .with_header(true)
+                    .build(&mut out);
                 if batches.is_empty() {
                     writer.write(&RecordBatch::new_empty(schema.clone()))?;
                 }
@@ -69,10 +85,19 @@ pub fn format_result(schema: &SchemaRef, batches: &[RecordBatch], mode: OutputMo
             }
             writer.finish()?;
             let out = String::from_utf8(writer.into_inner())?;
-            Ok(if out.is_empty() { "[]".to_string() } else { out })
+            Ok(if out.is_empty() {
+                "[]".to_string()
+            } else {
+                out
+            })
         }
         OutputMode::Line => {
-            let width = schema.fields().iter().map(|f| f.name().len()).max().unwrap_or(0);
+            let width = schema
+                .fields()
+                .iter()
+                .map(|f| f.name().len())
+                .max()
+                .unwrap_or(0);
             let options = FormatOptions::default().with_null("NULL");
             let mut records = Vec::new();
             for batch in batches {
@@ -112,7 +137,10 @@ mod tests {
         ]));
         let batch = RecordBatch::try_new(
             schema.clone(),
-            vec![Arc::new(Int64Array::from(vec![1, 2])), Arc::new(StringArray::from(vec![Some("a,b"), None]))],
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(StringArray::from(vec![Some("a,b"), None])),
+            ],
         )
         .unwrap();
         (schema, vec![batch])
@@ -121,20 +149,38 @@ mod tests {
     #[test]
     fn every_mode() {
         let (schema, batches) = sample();
-        assert_eq!(format_result(&schema, &batches, OutputMode::Csv).unwrap(), "id,name\n1,\"a,b\"\n2,");
-        assert_eq!(format_result(&schema, &batches, OutputMode::Json).unwrap(), r#"[{"id":1,"name":"a,b"},{"id":2}]"#);
+        assert_eq!(
+            format_result(&schema, &batches, OutputMode::Csv).unwrap(),
+            "id,name\n1,\"a,b\"\n2,"
+        );
+        assert_eq!(
+            format_result(&schema, &batches, OutputMode::Json).unwrap(),
+            r#"[{"id":1,"name":"a,b"},{"id":2}]"#
+        );
         assert_eq!(
             format_result(&schema, &batches, OutputMode::Line).unwrap(),
             "  id = 1\nname = a,b\n\n  id = 2\nname = NULL"
         );
         let table = format_result(&schema, &batches, OutputMode::Table).unwrap();
-        assert!(table.contains("| a,b  |") && table.ends_with("(2 rows)"), "{table}");
+        assert!(
+            table.contains("| a,b  |") && table.ends_with("(2 rows)"),
+            "{table}"
+        );
     }
 
     #[test]
     fn counts_print_as_ok() {
-        let schema = Arc::new(Schema::new(vec![Field::new("count", DataType::UInt64, false)]));
-        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(UInt64Array::from(vec![3]))]).unwrap();
-        assert_eq!(format_result(&schema, &[batch], OutputMode::Json).unwrap(), "OK, 3 rows");
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "count",
+            DataType::UInt64,
+            false,
+        )]));
+        let batch =
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(UInt64Array::from(vec![3]))])
+                .unwrap();
+        assert_eq!(
+            format_result(&schema, &[batch], OutputMode::Json).unwrap(),
+            "OK, 3 rows"
+        );
     }
 }

@@ -11,7 +11,9 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use arrow_flight::error::FlightError;
 use arrow_flight::sql::client::FlightSqlServiceClient;
-use arrow_flight::sql::{CommandStatementIngest, TableDefinitionOptions, TableExistsOption, TableNotExistOption};
+use arrow_flight::sql::{
+    CommandStatementIngest, TableDefinitionOptions, TableExistsOption, TableNotExistOption,
+};
 use futures::stream::BoxStream;
 use futures::TryStreamExt;
 use tonic::transport::Channel;
@@ -27,7 +29,12 @@ pub trait Connection: Send + Sync {
     async fn execute(&self, sql: &str) -> anyhow::Result<(SchemaRef, Vec<RecordBatch>)>;
 
     /// Appends `batches` (of `schema`) to an existing table; returns the rows loaded.
-    async fn ingest(&self, table: &str, schema: SchemaRef, batches: BoxStream<'static, anyhow::Result<RecordBatch>>) -> anyhow::Result<u64>;
+    async fn ingest(
+        &self,
+        table: &str,
+        schema: SchemaRef,
+        batches: BoxStream<'static, anyhow::Result<RecordBatch>>,
+    ) -> anyhow::Result<u64>;
 }
 
 /// A connection to a Nyala server over Arrow Flight SQL.
@@ -39,7 +46,9 @@ impl FlightSqlConnection {
     /// Connects to `url`, e.g. `grpc://127.0.0.1:50051`, authenticating if `credentials` are
     /// given as (user, password).
     pub async fn connect(url: &str, credentials: Option<(&str, &str)>) -> anyhow::Result<Self> {
-        let endpoint = url.replacen("grpc://", "http://", 1).replacen("grpc+tcp://", "http://", 1);
+        let endpoint = url
+            .replacen("grpc://", "http://", 1)
+            .replacen("grpc+tcp://", "http://", 1);
         let channel = Channel::from_shared(endpoint.clone())
             .with_context(|| format!("invalid address {url}"))?
             .connect()
@@ -47,9 +56,15 @@ impl FlightSqlConnection {
             .with_context(|| format!("cannot connect to {url}"))?;
         let mut client = FlightSqlServiceClient::new(channel);
         if let Some((user, password)) = credentials {
-            client.handshake(user, password).await.map_err(flight_error).context("authentication failed")?;
+            client
+                .handshake(user, password)
+                .await
+                .map_err(flight_error)
+                .context("authentication failed")?;
         }
-        Ok(Self { client: tokio::sync::Mutex::new(client) })
+        Ok(Self {
+            client: tokio::sync::Mutex::new(client),
+        })
     }
 }
 
@@ -57,18 +72,28 @@ impl FlightSqlConnection {
 impl Connection for FlightSqlConnection {
     async fn execute(&self, sql: &str) -> anyhow::Result<(SchemaRef, Vec<RecordBatch>)> {
         let mut client = self.client.lock().await;
-        let info = client.execute(sql.to_string(), None).await.map_err(flight_error)?;
+        let info = client
+            .execute(sql.to_string(), None)
+            .await
+            .map_err(flight_error)?;
         let schema = std::sync::Arc::new(info.clone().try_decode_schema()?);
         let mut batches = Vec::new();
         for endpoint in info.endpoint {
-            let Some(ticket) = endpoint.ticket else { continue };
+            let Some(ticket) = endpoint.ticket else {
+                continue;
+            };
             let stream = client.do_get(ticket).await.map_err(flight_error)?;
             batches.extend(stream.try_collect::<Vec<_>>().await.map_err(flight_error)?);
         }
         Ok((schema, batches))
     }
 
-    async fn ingest(&self, table: &str, _schema: SchemaRef, batches: BoxStream<'static, anyhow::Result<RecordBatch>>) -> anyhow::Result<u64> {
+    async fn ingest(
+        &self,
+        table: &str,
+        _schema: SchemaRef,
+        batches: BoxStream<'static, anyhow::Result<RecordBatch>>,
+    ) -> anyhow::Result<u64> {
         let command = CommandStatementIngest {
             table_definition_options: Some(TableDefinitionOptions {
                 if_not_exist: TableNotExistOption::Fail as i32,
@@ -79,7 +104,10 @@ impl Connection for FlightSqlConnection {
         };
         let batches = batches.map_err(|e| FlightError::ExternalError(e.into()));
         let mut client = self.client.lock().await;
-        let loaded = client.execute_ingest(command, batches).await.map_err(flight_error)?;
+        let loaded = client
+            .execute_ingest(command, batches)
+            .await
+            .map_err(flight_error)?;
         Ok(loaded.max(0) as u64)
     }
 }
@@ -145,8 +173,17 @@ pub fn split_statements(script: &str) -> Vec<String> {
 
 /// Runs every statement of `script`, and backslash commands on lines of their own between
 /// statements, in order, printing results to `out` in `mode`; stops at the first error.
-pub async fn run_script(conn: &dyn Connection, script: &str, mode: OutputMode, out: &mut dyn Write) -> anyhow::Result<()> {
-    let mut shell = Shell { conn, mode, timing: false };
+pub async fn run_script(
+    conn: &dyn Connection,
+    script: &str,
+    mode: OutputMode,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let mut shell = Shell {
+        conn,
+        mode,
+        timing: false,
+    };
     let mut sql = String::new();
     // `None` marks the end of the script.
     for line in script.lines().map(Some).chain([None]) {
@@ -196,7 +233,10 @@ impl Shell<'_> {
         let (schema, batches) = self.conn.execute(sql).await?;
         let mut text = format_result(&schema, &batches, self.mode)?;
         if self.timing {
-            text.push_str(&format!("\nTime: {:.3} ms", start.elapsed().as_secs_f64() * 1000.0));
+            text.push_str(&format!(
+                "\nTime: {:.3} ms",
+                start.elapsed().as_secs_f64() * 1000.0
+            ));
         }
         Ok(text)
     }
@@ -222,7 +262,8 @@ impl Shell<'_> {
             ("\\d", Some(table)) => self.statement(&format!("DESCRIBE {table}")).await?,
             ("\\i", Some(_)) => {
                 let path = line[2..].trim();
-                let script = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
+                let script =
+                    std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
                 let mut out = Vec::new();
                 Box::pin(run_script(self.conn, &script, self.mode, &mut out)).await?;
                 String::from_utf8_lossy(&out).trim_end().to_string()
@@ -238,15 +279,24 @@ impl Shell<'_> {
 /// backslash commands (see `\?`); Ctrl-C cancels the running statement or clears the line.
 pub async fn run_interactive(conn: &dyn Connection, mode: OutputMode) -> anyhow::Result<()> {
     let mut editor = rustyline::DefaultEditor::new()?;
-    let history = std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".nyala_history"));
+    let history =
+        std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".nyala_history"));
     if let Some(h) = &history {
         let _ = editor.load_history(h);
     }
     println!("Nyala SQL shell. End statements with ';'. \\? for help, \\q to quit.");
-    let mut shell = Shell { conn, mode, timing: false };
+    let mut shell = Shell {
+        conn,
+        mode,
+        timing: false,
+    };
     let mut buffer = String::new();
     loop {
-        let prompt = if buffer.is_empty() { "nyala> " } else { "   ...> " };
+        let prompt = if buffer.is_empty() {
+            "nyala> "
+        } else {
+            "   ...> "
+        };
         let line = match editor.readline(prompt) {
             Ok(line) => line,
             Err(rustyline::error::ReadlineError::Interrupted) => {
@@ -312,6 +362,9 @@ mod tests {
     #[test]
     fn splits_outside_quotes_and_comments() {
         let parts = split_statements("SELECT ';'; -- x; y\nSELECT 2;;  ");
-        assert_eq!(parts, vec!["SELECT ';'".to_string(), "SELECT 2".to_string()]);
+        assert_eq!(
+            parts,
+            vec!["SELECT ';'".to_string(), "SELECT 2".to_string()]
+        );
     }
 }
