@@ -347,17 +347,7 @@ impl NyalaFlightService {
             let result = async {
                 let planned = self.session.plan_with_params(sql, row).await?;
                 let batches: Vec<RecordBatch> = planned.execute().await?.try_collect().await?;
-                Ok::<_, SqlError>(
-                    batches
-                        .first()
-                        .and_then(|b| {
-                            b.column(0)
-                                .as_any()
-                                .downcast_ref::<UInt64Array>()
-                                .map(|c| c.value(0))
-                        })
-                        .unwrap_or(0),
-                )
+                Ok::<_, SqlError>(nyala_sql::count_of(&batches))
             }
             .await;
             match result {

@@ -116,7 +116,8 @@ impl Session {
     }
 }
 
-fn count_of(batches: &[RecordBatch]) -> u64 {
+/// The row count in the result of a DDL/DML statement (its one `count` row); 0 if absent.
+pub fn count_of(batches: &[RecordBatch]) -> u64 {
     batches
         .first()
         .and_then(|b| {

@@ -38,7 +38,7 @@ pub mod statement;
 mod table;
 
 pub use error::SqlError;
-pub use ingest::{IngestMode, IngestTarget};
+pub use ingest::{count_of, IngestMode, IngestTarget};
 
 use statement::{CreateTableSpec, NyalaStatement};
 

@@ -1,34 +1,8 @@
 """Nyala through ADBC's Flight SQL driver, against a real `nyala serve` process."""
 
-import os
-import socket
-import subprocess
-import tempfile
 
 import adbc_driver_flightsql.dbapi as flightsql
 import pytest
-
-
-def nyala_bin():
-    if os.environ.get("NYALA_BIN"):
-        return os.environ["NYALA_BIN"]
-    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "target"))
-    return os.path.join(target, "debug", "nyala")
-
-
-@pytest.fixture(scope="module")
-def server():
-    with tempfile.TemporaryDirectory() as data_dir:
-        proc = subprocess.Popen(
-            [nyala_bin(), "serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        line = proc.stdout.readline()
-        url = next(w for w in line.split() if w.startswith("grpc://"))
-        yield url
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture

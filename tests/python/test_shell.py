@@ -8,26 +8,12 @@ import time
 import pexpect
 import pytest
 
-
-def nyala_bin():
-    if os.environ.get("NYALA_BIN"):
-        return os.environ["NYALA_BIN"]
-    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "target"))
-    return os.path.join(target, "debug", "nyala")
+from nyala_server import nyala_bin
 
 
 @pytest.fixture(scope="module")
-def url():
-    with tempfile.TemporaryDirectory() as data_dir:
-        proc = subprocess.Popen(
-            [nyala_bin(), "serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        line = proc.stdout.readline()
-        yield next(w for w in line.split() if w.startswith("grpc://"))
-        proc.kill()
-        proc.wait()
+def url(server):
+    return server
 
 
 @pytest.fixture
