@@ -15,3 +15,6 @@ cargo test --workspace
 python3 -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 python3 -m pip install --quiet --disable-pip-version-check -e clients/python
 python3 -m pytest -q tests/python clients/python/tests
+
+# The Flight SQL JDBC driver against a real server; Maven fetches the driver and JUnit itself.
+mvn -q -B -f clients/java/pom.xml test

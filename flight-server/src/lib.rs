@@ -17,7 +17,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use arrow::array::{RecordBatch, UInt64Array};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
@@ -188,6 +188,25 @@ fn upload_error(e: FlightError) -> Status {
     }
 }
 
+/// The parameter schema sent to clients. Timestamp parameters are declared in milliseconds:
+/// the Flight SQL JDBC driver writes epoch milliseconds into whatever timestamp vector the
+/// server declares (apache/arrow-java#838), so any other unit would store wrong instants.
+/// Clients that send their own types lose nothing: bound values are cast to the statement's
+/// types whatever unit they arrive in.
+fn advertised_parameters(parameters: &Schema) -> Schema {
+    let fields = parameters
+        .fields()
+        .iter()
+        .map(|field| match field.data_type() {
+            DataType::Timestamp(_, tz) => field
+                .as_ref()
+                .clone()
+                .with_data_type(DataType::Timestamp(TimeUnit::Millisecond, tz.clone())),
+            _ => field.as_ref().clone(),
+        });
+    Schema::new(fields.collect::<Vec<_>>())
+}
+
 /// Reads an uploaded parameter set: one batch whose rows are the parameter rows.
 async fn read_params(
     request: Request<PeekableFlightDataStream>,
@@ -250,6 +269,7 @@ impl NyalaFlightService {
         };
         if info.kind != StatementKind::Query {
             ticket.count = Some(self.run_update(sql, &rows).await?);
+            ticket.ddl = info.kind == StatementKind::Ddl;
             let endpoint = self.endpoint(&ticket, false);
             return Ok(Response::new(flight_info(
                 &info.schema,
@@ -297,8 +317,16 @@ impl NyalaFlightService {
     /// DoGet of a ticket from [`Self::info_for_sql`].
     async fn stream_ticket(&self, handle: &[u8]) -> Result<Response<DoGetStream>, Status> {
         let ticket = QueryTicket::decode_handle(handle)?;
-        if let Some(count) = ticket.count {
-            return Ok(one_batch(count_batch(count)?));
+        match ticket.count {
+            Some(_) if ticket.ddl => {
+                let nothing = futures::stream::empty();
+                return Ok(Response::new(batch_stream(
+                    Arc::new(Schema::empty()),
+                    nothing,
+                )));
+            }
+            Some(count) => return Ok(one_batch(count_batch(count)?)),
+            None => {}
         }
         let cancelled = self.queries.start(ticket.id)?;
         let params = tickets::decode_params(&ticket.params)?;
@@ -554,7 +582,7 @@ impl FlightSqlService for NyalaFlightService {
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: self.prepared.insert(query.query).into(),
             dataset_schema: ipc(&dataset)?,
-            parameter_schema: ipc(&info.parameters)?,
+            parameter_schema: ipc(&advertised_parameters(&info.parameters))?,
         })
     }
 

@@ -35,6 +35,9 @@ pub struct QueryTicket {
     /// A DDL/DML statement already run at GetFlightInfo: its row count.
     #[prost(uint64, optional, tag = "6")]
     pub count: Option<u64>,
+    /// That statement was DDL: its result has no columns and no rows.
+    #[prost(bool, tag = "7")]
+    pub ddl: bool,
 }
 
 impl QueryTicket {

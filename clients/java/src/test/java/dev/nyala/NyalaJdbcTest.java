@@ -466,8 +466,10 @@ class NyalaJdbcTest {
       assertMessageContains(duplicateStmt, "duplicate primary key");
     }
 
+    // The driver wraps errors raised while preparing as "while preparing SQL: ..."; the server's
+    // message is the cause.
     SQLException preparedSyntax = assertThrows(SQLException.class, () -> conn.prepareStatement("SELEC id FROM err_t"));
-    assertMessageContains(preparedSyntax, "syntax error");
+    assertCauseChainContains(preparedSyntax, "syntax error");
 
     try (PreparedStatement ins = conn.prepareStatement("INSERT INTO err_t VALUES (?, ?, ?)")) {
       ins.setLong(1, 2);
@@ -498,23 +500,25 @@ class NyalaJdbcTest {
         "CREATE TABLE ddl_t (id BIGINT NOT NULL, name STRING, score DOUBLE, PRIMARY KEY (id)) "
             + "DISTRIBUTE BY HASH (id) INTO 4 BUCKETS";
     try (PreparedStatement ps = conn.prepareStatement(create)) {
-      assertFalse(ps.execute(), "CREATE TABLE has no result set");
+      assertEquals(0, ps.getMetaData().getColumnCount(), "CREATE TABLE has no result columns");
+      assertNoResultSet(ps, "CREATE TABLE");
     }
     assertEquals(List.of("ddl_t"), column(md.getTables(null, null, "ddl_t", null), "TABLE_NAME"));
 
-    // A second CREATE fails (when prepared or when executed, either is fine).
-    SQLException exists =
+    // A second CREATE fails with the server's message. Driver 18.3.0 lets the Flight error of a
+    // prepared statement's execute() escape unwrapped (a RuntimeException, not an SQLException).
+    Exception exists =
         assertThrows(
-            SQLException.class,
+            Exception.class,
             () -> {
               try (PreparedStatement ps = conn.prepareStatement(create)) {
                 ps.execute();
               }
             },
             "CREATE TABLE of an existing table");
-    assertMessageContains(exists, "ddl_t");
+    assertCauseChainContains(exists, "table 'ddl_t' already exists");
     try (PreparedStatement ps = conn.prepareStatement(create.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))) {
-      assertFalse(ps.execute());
+      assertNoResultSet(ps, "CREATE TABLE IF NOT EXISTS");
     }
 
     try (PreparedStatement ps = conn.prepareStatement("INSERT INTO ddl_t VALUES (1, 'x', 1.0)")) {
@@ -529,7 +533,7 @@ class NyalaJdbcTest {
     PreparedStatement drop = conn.prepareStatement("DROP TABLE ddl_t");
     assertEquals(List.of("ddl_t"), column(md.getTables(null, null, "ddl_t", null), "TABLE_NAME"), "prepare does not drop");
     try (drop) {
-      assertFalse(drop.execute(), "DROP TABLE has no result set");
+      assertNoResultSet(drop, "DROP TABLE");
     }
     assertEquals(List.of(), column(md.getTables(null, null, "ddl_t", null), "TABLE_NAME"));
     try (Statement st = conn.createStatement()) {
@@ -537,7 +541,7 @@ class NyalaJdbcTest {
       assertMessageContains(gone, "ddl_t");
     }
     try (PreparedStatement ps = conn.prepareStatement("DROP TABLE IF EXISTS ddl_t")) {
-      assertFalse(ps.execute());
+      assertNoResultSet(ps, "DROP TABLE IF EXISTS");
     }
   }
 
@@ -591,7 +595,10 @@ class NyalaJdbcTest {
         Timestamp ts = rs.getTimestamp("ts");
         assertNotNull(ts, row);
         // surefire runs with -Duser.timezone=UTC, so the driver's local-time view is UTC too.
-        assertEquals(Instant.parse("2026-01-02T03:04:05.123456Z"), ts.toInstant(), row);
+        // A literal keeps microseconds; setTimestamp carries milliseconds only (Avatica passes
+        // epoch millis, apache/arrow-java#838).
+        String expected = k == 1 ? "2026-01-02T03:04:05.123456Z" : "2026-01-02T03:04:05.123Z";
+        assertEquals(Instant.parse(expected), ts.toInstant(), row);
         assertEquals(LocalDate.of(2026, 1, 2), rs.getDate("dt").toLocalDate(), row);
       }
       assertTrue(rs.next());
@@ -615,6 +622,29 @@ class NyalaJdbcTest {
     assertTrue(
         message.toLowerCase().contains(needle.toLowerCase()),
         "expected '" + needle + "' in the SQLException message; messages along the cause chain:\n" + all);
+  }
+
+  private static void assertCauseChainContains(Throwable e, String needle) {
+    StringBuilder all = new StringBuilder();
+    for (Throwable t = e; t != null; t = t.getCause()) {
+      all.append(t.getMessage()).append('\n');
+    }
+    assertTrue(
+        all.toString().toLowerCase().contains(needle.toLowerCase()),
+        "expected '" + needle + "' along the cause chain:\n" + all);
+  }
+
+  /**
+   * Runs a DDL statement with PreparedStatement.execute(). Driver 18.3.0 reports every prepared
+   * statement as a query (apache/arrow-java#797, fixed in 19.0.0, which Maven Central does not
+   * serve here), so execute() may return true; the result set it then returns must be empty.
+   */
+  private static void assertNoResultSet(PreparedStatement ps, String what) throws SQLException {
+    if (ps.execute()) {
+      try (ResultSet rs = ps.getResultSet()) {
+        assertFalse(rs.next(), what + " returns no rows");
+      }
+    }
   }
 
   private static List<String> column(ResultSet rs, String name) throws SQLException {
