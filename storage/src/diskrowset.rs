@@ -10,16 +10,23 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, AsArray, BinaryArray, RecordBatch};
+use arrow::array::{Array, ArrayRef, AsArray, BinaryArray, BooleanArray, RecordBatch};
+use arrow::compute::kernels::cmp;
 use arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef};
+use arrow::error::ArrowError;
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
-    ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
+    ArrowPredicateFn, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder, RowFilter, RowSelection, RowSelector,
 };
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
+use parquet::file::metadata::{PageIndexPolicy, RowGroupMetaData};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::SchemaDescriptor;
 
-use crate::StorageError;
+use crate::scan::{predicate_mask, ColumnPredicate, PredicateOp, Scalar};
+use crate::{Schema, StorageError};
 
 pub const KEY_COLUMN: &str = "__key";
 
@@ -142,19 +149,63 @@ impl DiskRowSet {
         }
     }
 
-    /// A reader of the table columns `columns` (indexes into the table schema), in ordinal order.
-    /// The file is opened now, so the reader keeps working if the rowset is later replaced.
+    /// A reader of the table columns `columns` (indexes into `schema`), in ordinal order,
+    /// without the rows at `hidden` (sorted ordinals) and with `predicates` applied.
+    ///
+    /// Row groups whose min/max statistics exclude a predicate are skipped unread. The
+    /// predicate columns are decoded and filtered first; the other columns are decoded only
+    /// for the rows that pass (Parquet's late materialisation, skipping whole pages where
+    /// none does). The file is opened now, so the reader keeps working if the rowset is later
+    /// replaced.
     pub fn reader(
         &self,
+        schema: &Schema,
         columns: &[usize],
+        hidden: &[u32],
+        predicates: &[ColumnPredicate],
         batch_size: usize,
     ) -> Result<ParquetRecordBatchReader, StorageError> {
-        let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(&self.path)?)?;
-        let mask = ProjectionMask::roots(builder.parquet_schema(), columns.iter().copied());
-        Ok(builder
+        // The offset index lets the reader skip pages in which no row is selected.
+        let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
+        let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(
+            File::open(&self.path)?,
+            options,
+        )?;
+        let parquet_schema = builder.parquet_schema().clone();
+        let mask = ProjectionMask::roots(&parquet_schema, columns.iter().copied());
+        let mut skipped: Vec<(usize, usize)> = hidden.iter().map(|&o| (o as usize, 1)).collect();
+        let mut start = 0;
+        for group in builder.metadata().row_groups() {
+            let rows = group.num_rows() as usize;
+            if excluded_by_statistics(schema, builder.schema(), &parquet_schema, group, predicates)
+                .unwrap_or(false)
+            {
+                skipped.push((start, rows));
+            }
+            start += rows;
+        }
+        let mut builder = builder
             .with_projection(mask)
-            .with_batch_size(batch_size.max(1))
-            .build()?)
+            .with_batch_size(batch_size.max(1));
+        if !skipped.is_empty() {
+            builder = builder.with_row_selection(selection(skipped, start));
+        }
+        if !predicates.is_empty() {
+            let mut predicate_columns: Vec<usize> = predicates.iter().map(|p| p.column).collect();
+            predicate_columns.sort_unstable();
+            predicate_columns.dedup();
+            let schema = schema.clone();
+            let predicates = predicates.to_vec();
+            let filter = ArrowPredicateFn::new(
+                ProjectionMask::roots(&parquet_schema, predicate_columns),
+                move |batch| {
+                    predicate_mask(&schema, &predicates, &batch)
+                        .map_err(|e| ArrowError::ExternalError(Box::new(e)))
+                },
+            );
+            builder = builder.with_row_filter(RowFilter::new(vec![Box::new(filter)]));
+        }
+        Ok(builder.build()?)
     }
 
     /// Reads the full rows at `ordinals` (sorted, distinct), all table columns.
@@ -183,4 +234,68 @@ impl DiskRowSet {
         let batches = reader.collect::<Result<Vec<_>, _>>()?;
         Ok(arrow::compute::concat_batches(&schema, &batches)?)
     }
+}
+
+/// A selection of `total` rows without the `skipped` (start, length) ranges (in any order,
+/// possibly overlapping).
+fn selection(mut skipped: Vec<(usize, usize)>, total: usize) -> RowSelection {
+    skipped.sort_unstable();
+    let mut selectors = Vec::new();
+    let mut next = 0;
+    for (start, len) in skipped {
+        let end = (start + len).min(total);
+        if end <= next {
+            continue;
+        }
+        let start = start.max(next);
+        if start > next {
+            selectors.push(RowSelector::select(start - next));
+        }
+        selectors.push(RowSelector::skip(end - start));
+        next = end;
+    }
+    if next < total {
+        selectors.push(RowSelector::select(total - next));
+    }
+    RowSelection::from(selectors)
+}
+
+/// Whether a row group's min/max statistics prove that no row passes `predicates`.
+fn excluded_by_statistics(
+    schema: &Schema,
+    arrow_schema: &ArrowSchema,
+    parquet_schema: &SchemaDescriptor,
+    group: &RowGroupMetaData,
+    predicates: &[ColumnPredicate],
+) -> Result<bool, StorageError> {
+    for p in predicates {
+        let name = &schema.columns()[p.column].name;
+        let converter = StatisticsConverter::try_new(name, arrow_schema, parquet_schema)?;
+        let min = converter.row_group_mins([group])?;
+        let max = converter.row_group_maxes([group])?;
+        if min.null_count() > 0 || max.null_count() > 0 {
+            continue;
+        }
+        let s = |v: &Scalar| arrow::array::Scalar::new(v.0.clone());
+        let all = |b: BooleanArray| b.null_count() == 0 && b.true_count() == b.len();
+        let excluded = match &p.op {
+            PredicateOp::Eq(v) => all(cmp::gt(&min, &s(v))?) || all(cmp::lt(&max, &s(v))?),
+            PredicateOp::Lt(v) => all(cmp::gt_eq(&min, &s(v))?),
+            PredicateOp::LtEq(v) => all(cmp::gt(&min, &s(v))?),
+            PredicateOp::Gt(v) => all(cmp::lt_eq(&max, &s(v))?),
+            PredicateOp::GtEq(v) => all(cmp::lt(&max, &s(v))?),
+            PredicateOp::InList(values) => {
+                let mut outside = true;
+                for v in values {
+                    outside &= all(cmp::gt(&min, &s(v))?) || all(cmp::lt(&max, &s(v))?);
+                }
+                outside
+            }
+            PredicateOp::IsNull | PredicateOp::IsNotNull | PredicateOp::Bloom(_) => false,
+        };
+        if excluded {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }

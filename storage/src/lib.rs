@@ -5,6 +5,7 @@
 //! The crate knows nothing of networks, Raft or SQL: the engine applies writes in log order
 //! through [`Tablet::apply`], flushes when asked, and scans at a snapshot timestamp.
 
+mod bloom;
 mod deltastore;
 mod diskrowset;
 mod error;
@@ -15,6 +16,7 @@ mod schema;
 mod tablet;
 mod write;
 
+pub use bloom::{BloomPredicate, FilterStats, BLOOM_WARMUP_ROWS};
 pub use error::StorageError;
 pub use key::{encode_key_columns, encode_keys, format_key};
 pub use scan::{ColumnPredicate, PredicateOp, Scalar, ScanIterator, ScanSpec};

@@ -6,13 +6,15 @@
 //! Each batch is read with the projected and predicate columns only, filtered with Arrow
 //! kernels, then cut down to the projection.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
+use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
 use arrow::compute::kernels::{boolean, cmp};
 use arrow::compute::{filter_record_batch, is_not_null, is_null};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReader;
 
+use crate::bloom::BloomPredicate;
 use crate::{Schema, StorageError, Timestamp};
 
 #[derive(Clone, Debug)]
@@ -28,6 +30,14 @@ pub enum PredicateOp {
     InList(Vec<Scalar>),
     IsNull,
     IsNotNull,
+    /// A runtime filter: the value may be one of a join's build keys.
+    Bloom(Arc<BloomPredicate>),
+}
+
+impl PredicateOp {
+    fn is_bloom(&self) -> bool {
+        matches!(self, PredicateOp::Bloom(_))
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -50,14 +60,10 @@ pub type ScanIterator = Box<dyn Iterator<Item = Result<RecordBatch, StorageError
 
 /// One source of rows for a scan.
 pub(crate) enum Source {
-    /// Rows already gathered (MemRowSet rows, delta images).
+    /// Rows already gathered (MemRowSet rows, delta images); predicates still to apply.
     Batch(RecordBatch),
-    /// A DiskRowSet's base rows, minus the ordinals that deltas replace or delete.
-    Rowset {
-        reader: ParquetRecordBatchReader,
-        hidden: HashSet<u32>,
-        next_ordinal: u32,
-    },
+    /// A DiskRowSet's base rows, with hidden rows skipped and predicates applied by the reader.
+    Rowset(ParquetRecordBatchReader),
 }
 
 pub(crate) struct Scan {
@@ -72,67 +78,86 @@ pub(crate) struct Scan {
 }
 
 impl Scan {
-    fn next_raw(&mut self) -> Option<Result<RecordBatch, StorageError>> {
+    /// The next batch, and whether the scan's predicates were already applied to it.
+    fn next_raw(&mut self) -> Option<Result<(RecordBatch, bool), StorageError>> {
         loop {
-            let source = self.sources.front_mut()?;
-            match source {
+            match self.sources.front_mut()? {
                 Source::Batch(_) => {
                     let Some(Source::Batch(b)) = self.sources.pop_front() else {
                         unreachable!()
                     };
-                    return Some(Ok(b));
+                    return Some(Ok((b, false)));
                 }
-                Source::Rowset {
-                    reader,
-                    hidden,
-                    next_ordinal,
-                } => match reader.next() {
+                Source::Rowset(reader) => match reader.next() {
                     None => {
                         self.sources.pop_front();
                     }
                     Some(Err(e)) => return Some(Err(e.into())),
+                    // Parquet returns columns in file order; scans want `read_columns` order.
                     Some(Ok(batch)) => {
-                        let first = *next_ordinal;
-                        *next_ordinal += batch.num_rows() as u32;
-                        // Parquet returns columns in file order; scans want `read_columns` order.
-                        let batch = match reorder(&self.schema, &self.read_columns, &batch) {
-                            Ok(b) => b,
-                            Err(e) => return Some(Err(e)),
-                        };
-                        if hidden.is_empty() {
-                            return Some(Ok(batch));
-                        }
-                        let keep: BooleanArray = (first..*next_ordinal)
-                            .map(|o| Some(!hidden.contains(&o)))
-                            .collect();
-                        return Some(filter_record_batch(&batch, &keep).map_err(Into::into));
+                        return Some(
+                            reorder(&self.schema, &self.read_columns, &batch).map(|b| (b, true)),
+                        )
                     }
                 },
             }
         }
     }
 
-    fn apply_predicates(&self, batch: RecordBatch) -> Result<RecordBatch, StorageError> {
-        let mut mask: Option<BooleanArray> = None;
-        for p in &self.predicates {
-            let name = &self.schema.columns()[p.column].name;
-            let column = batch.column_by_name(name).ok_or_else(|| {
-                StorageError::InvalidPredicate(format!("column '{name}' not read"))
-            })?;
-            let m = evaluate(column, &p.op)
-                .map_err(|e| StorageError::InvalidPredicate(format!("on column '{name}': {e}")))?;
-            mask = Some(match mask {
-                None => m,
-                Some(prev) => boolean::and(&prev, &m)?,
-            });
-        }
-        let batch = match mask {
-            Some(m) => filter_record_batch(&batch, &m)?,
-            None => batch,
+    fn finish(&self, batch: RecordBatch, filtered: bool) -> Result<RecordBatch, StorageError> {
+        let batch = if filtered || self.predicates.is_empty() {
+            batch
+        } else {
+            let mask = predicate_mask(&self.schema, &self.predicates, &batch)?;
+            filter_record_batch(&batch, &mask)?
         };
         let keep: Vec<usize> = (0..self.output_len).collect();
         Ok(batch.project(&keep)?)
     }
+}
+
+/// Which rows of `batch` (holding at least the predicate columns, by name) pass `predicates`.
+/// Bloom filters run last, on the rows the other predicates left, so their statistics count
+/// only the rows they decide.
+pub(crate) fn predicate_mask(
+    schema: &Schema,
+    predicates: &[ColumnPredicate],
+    batch: &RecordBatch,
+) -> Result<BooleanArray, StorageError> {
+    let mut mask = BooleanArray::from(vec![true; batch.num_rows()]);
+    let ordered = predicates
+        .iter()
+        .filter(|p| !p.op.is_bloom())
+        .chain(predicates.iter().filter(|p| p.op.is_bloom()));
+    for p in ordered {
+        let name = &schema.columns()[p.column].name;
+        let column = batch
+            .column_by_name(name)
+            .ok_or_else(|| StorageError::InvalidPredicate(format!("column '{name}' not read")))?;
+        let on_column = |e: arrow::error::ArrowError| {
+            StorageError::InvalidPredicate(format!("on column '{name}': {e}"))
+        };
+        mask = match &p.op {
+            PredicateOp::Bloom(bloom) => {
+                let live = mask.true_count();
+                if live == 0 {
+                    return Ok(mask);
+                }
+                let checked = if live == mask.len() {
+                    bloom.evaluate(column.as_ref())?
+                } else {
+                    let rows = arrow::compute::filter(column, &mask).map_err(on_column)?;
+                    bloom.evaluate(rows.as_ref())?
+                };
+                let mut decided = checked.values().iter();
+                mask.iter()
+                    .map(|m| Some(m == Some(true) && decided.next() == Some(true)))
+                    .collect()
+            }
+            op => boolean::and(&mask, &evaluate(column, op).map_err(on_column)?)?,
+        };
+    }
+    Ok(mask)
 }
 
 fn reorder(
@@ -170,6 +195,11 @@ fn evaluate(column: &ArrayRef, op: &PredicateOp) -> Result<BooleanArray, arrow::
         }
         PredicateOp::IsNull => is_null(column.as_ref())?,
         PredicateOp::IsNotNull => is_not_null(column.as_ref())?,
+        PredicateOp::Bloom(_) => {
+            return Err(arrow::error::ArrowError::InvalidArgumentError(
+                "bloom filters are evaluated by predicate_mask".into(),
+            ))
+        }
     })
 }
 
@@ -182,13 +212,10 @@ impl Iterator for Scan {
                 return None;
             }
             let batch = match self.next_raw()? {
-                Ok(b) => b,
-                Err(e) => {
-                    self.sources.clear();
-                    return Some(Err(e));
-                }
+                Ok((batch, filtered)) => self.finish(batch, filtered),
+                Err(e) => Err(e),
             };
-            let batch = match self.apply_predicates(batch) {
+            let batch = match batch {
                 Ok(b) => b,
                 Err(e) => {
                     self.sources.clear();

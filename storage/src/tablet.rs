@@ -405,11 +405,13 @@ impl Tablet {
         let mut sources = std::collections::VecDeque::new();
         for (rowset, deltas) in state.rowsets.iter().zip(&state.deltas) {
             let (hidden, images) = deltas.view(spec.snapshot);
-            sources.push_back(Source::Rowset {
-                reader: rowset.reader(&read_columns, batch_size)?,
-                hidden: hidden.into_iter().collect(),
-                next_ordinal: 0,
-            });
+            sources.push_back(Source::Rowset(rowset.reader(
+                &self.schema,
+                &read_columns,
+                &hidden,
+                &spec.predicates,
+                batch_size,
+            )?));
             for chunk in images.chunks(batch_size) {
                 sources.push_back(Source::Batch(state.arena.gather(
                     &table,
