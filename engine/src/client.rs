@@ -149,6 +149,19 @@ impl Client {
         self.inner.tserver.replica(tablet)?.scan(spec, snapshot)
     }
 
+    /// About how many rows the tablet of `bucket` holds (all tablets: None), for planning.
+    pub fn estimated_rows(&self, table: &TableInfo, bucket: Option<usize>) -> usize {
+        let tablets = match bucket {
+            Some(b) => table.tablets.get(b..=b).unwrap_or_default(),
+            None => &table.tablets[..],
+        };
+        tablets
+            .iter()
+            .filter_map(|t| self.inner.tserver.replica(t).ok())
+            .map(|r| r.tablet().estimated_rows())
+            .sum()
+    }
+
     /// Flushes every tablet and the catalog, then stops them.
     pub fn shutdown(&self) -> Result<()> {
         let tablets = self.inner.tserver.shutdown();

@@ -18,7 +18,8 @@ use arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef};
 use datafusion::catalog::{CatalogProvider, MemoryCatalogProvider};
 use datafusion::common::ScalarValue;
 use datafusion::execution::SendableRecordBatchStream;
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::logical_expr::{LogicalPlan, Statement};
 use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
@@ -33,6 +34,7 @@ mod dml;
 mod error;
 mod ingest;
 mod predicate;
+pub mod runtime_filter;
 mod scan;
 pub mod statement;
 mod table;
@@ -101,8 +103,15 @@ impl Database {
             .with_information_schema(true)
             // Tablets are the unit of scan parallelism: a scan-only plan keeps one partition per
             // tablet, so Flight SQL can hand each tablet to a separate reader.
-            .with_round_robin_repartition(false);
-        let ctx = SessionContext::new_with_config(config);
+            .with_round_robin_repartition(false)
+            .with_option_extension(runtime_filter::NyalaOptions::default());
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features()
+            .with_physical_optimizer_rule(Arc::new(runtime_filter::RuntimeFilterRule::default()))
+            .with_query_planner(Arc::new(dml::NyalaQueryPlanner))
+            .build();
+        let ctx = SessionContext::new_with_state(state);
         let catalog = MemoryCatalogProvider::new();
         // Registering a schema into a fresh in-memory catalog cannot fail.
         let _ = catalog.register_schema(
@@ -170,6 +179,8 @@ enum Action {
     },
     /// A result computed at planning time (SHOW TABLES, DESCRIBE).
     Rows(RecordBatch),
+    /// `SET name = value` or `RESET name`, applied to the session when run.
+    Setting(LogicalPlan),
     Plan(Arc<dyn ExecutionPlan>),
 }
 
@@ -181,7 +192,9 @@ impl PlannedStatement {
     /// Schema of the result stream (`count: UInt64` for DML and DDL).
     pub fn schema(&self) -> SchemaRef {
         match &self.action {
-            Action::CreateTable(_) | Action::DropTable { .. } => count_schema(),
+            Action::CreateTable(_) | Action::DropTable { .. } | Action::Setting(_) => {
+                count_schema()
+            }
             Action::Rows(batch) => batch.schema(),
             Action::Plan(plan) => plan.schema(),
         }
@@ -244,6 +257,10 @@ impl PlannedStatement {
                 count_batch(0)
             }
             Action::Rows(batch) => batch,
+            Action::Setting(plan) => {
+                self.session.ctx.execute_logical_plan(plan).await?;
+                count_batch(0)
+            }
             Action::Plan(plan) => {
                 let task = self.session.ctx.task_ctx();
                 if self.kind == StatementKind::Query {
@@ -265,6 +282,9 @@ fn partitions(plan: &Arc<dyn ExecutionPlan>) -> usize {
 fn statement_kind(plan: &LogicalPlan) -> Result<StatementKind> {
     match plan {
         LogicalPlan::Dml(_) => Ok(StatementKind::Dml),
+        LogicalPlan::Statement(Statement::SetVariable(_) | Statement::ResetVariable(_)) => {
+            Ok(StatementKind::Ddl)
+        }
         LogicalPlan::Ddl(_) | LogicalPlan::Copy(_) | LogicalPlan::Statement(_) => Err(
             SqlError::NotSupported(format!("{} statements", plan.display())),
         ),
@@ -440,9 +460,14 @@ impl Session {
                     .statement_to_plan(DFStatement::Statement(statement))
                     .await?;
                 let kind = statement_kind(&plan)?;
-                let plan = bind(plan, params)?;
-                let plan = state.create_physical_plan(&plan).await?;
-                (kind, Action::Plan(plan))
+                if let LogicalPlan::Statement(statement) = &plan {
+                    runtime_filter::check_setting(statement)?;
+                    (kind, Action::Setting(plan))
+                } else {
+                    let plan = dml::plan_mutations(bind(plan, params)?)?;
+                    let plan = state.create_physical_plan(&plan).await?;
+                    (kind, Action::Plan(plan))
+                }
             }
         };
         Ok(PlannedStatement {

@@ -6,9 +6,15 @@
 //! are reported to DataFusion as inexact, so DataFusion still applies every filter above the scan;
 //! storage uses them to skip rows, rowsets and pages.
 
+use std::sync::Arc;
+
 use arrow::datatypes::DataType;
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{Between, BinaryExpr, Expr, Operator};
+use datafusion::physical_expr::expressions::{
+    BinaryExpr as PhysicalBinaryExpr, Column, InListExpr, IsNotNullExpr, Literal,
+};
+use datafusion::physical_expr::PhysicalExpr;
 use nyala_storage::{ColumnPredicate, PredicateOp, Scalar, Schema};
 
 /// The storage predicates equivalent to `expr` (a conjunction), or None if it cannot be pushed.
@@ -101,6 +107,11 @@ pub fn to_predicates(schema: &Schema, expr: &Expr) -> Option<Vec<ColumnPredicate
 /// The column index and the literal as a value of the column's type, if lossless and not NULL.
 fn column_and_value(schema: &Schema, name: &str, literal: &ScalarValue) -> Option<(usize, Scalar)> {
     let column = schema.column_index(name)?;
+    Some((column, value_for_column(schema, column, literal)?))
+}
+
+/// `literal` as a value of column `column`'s type, if the conversion is lossless and not NULL.
+fn value_for_column(schema: &Schema, column: usize, literal: &ScalarValue) -> Option<Scalar> {
     if literal.is_null() {
         // `col = NULL` is never true; leave such filters to DataFusion.
         return None;
@@ -110,5 +121,84 @@ fn column_and_value(schema: &Schema, name: &str, literal: &ScalarValue) -> Optio
     if converted.is_null() || converted.cast_to(&literal.data_type()).ok()? != *literal {
         return None;
     }
-    Some((column, Scalar(converted.to_array_of_size(1).ok()?)))
+    Some(Scalar(converted.to_array_of_size(1).ok()?))
+}
+
+/// Storage predicates implied by a physical filter expression over a scan's output, whose
+/// column `i` is table column `columns[i]`: the convertible conjuncts of `expr` (each one a
+/// necessary condition, so dropping the others only lets more rows through). IN lists are
+/// converted only when `in_lists` is set.
+pub fn physical_to_predicates(
+    schema: &Schema,
+    columns: &[usize],
+    expr: &Arc<dyn PhysicalExpr>,
+    in_lists: bool,
+) -> Vec<ColumnPredicate> {
+    let column_of = |e: &Arc<dyn PhysicalExpr>| {
+        e.downcast_ref::<Column>()
+            .and_then(|c| columns.get(c.index()).copied())
+    };
+    let literal_of =
+        |e: &Arc<dyn PhysicalExpr>| e.downcast_ref::<Literal>().map(|l| l.value().clone());
+    if let Some(binary) = expr.downcast_ref::<PhysicalBinaryExpr>() {
+        let op = *binary.op();
+        if op == Operator::And {
+            let mut predicates = physical_to_predicates(schema, columns, binary.left(), in_lists);
+            predicates.extend(physical_to_predicates(
+                schema,
+                columns,
+                binary.right(),
+                in_lists,
+            ));
+            return predicates;
+        }
+        let (column, literal, op) = match (column_of(binary.left()), literal_of(binary.right())) {
+            (Some(c), Some(v)) => (c, v, Some(op)),
+            _ => match (literal_of(binary.left()), column_of(binary.right())) {
+                (Some(v), Some(c)) => (c, v, op.swap()),
+                _ => return vec![],
+            },
+        };
+        let Some(value) = value_for_column(schema, column, &literal) else {
+            return vec![];
+        };
+        let op = match op {
+            Some(Operator::Eq) => PredicateOp::Eq(value),
+            Some(Operator::Lt) => PredicateOp::Lt(value),
+            Some(Operator::LtEq) => PredicateOp::LtEq(value),
+            Some(Operator::Gt) => PredicateOp::Gt(value),
+            Some(Operator::GtEq) => PredicateOp::GtEq(value),
+            _ => return vec![],
+        };
+        return vec![ColumnPredicate { column, op }];
+    }
+    if let Some(list) = expr.downcast_ref::<InListExpr>() {
+        let Some(column) = column_of(list.expr()) else {
+            return vec![];
+        };
+        if !in_lists || list.negated() {
+            return vec![];
+        }
+        let values = list
+            .list()
+            .iter()
+            .map(|item| value_for_column(schema, column, &literal_of(item)?))
+            .collect::<Option<Vec<_>>>();
+        return match values {
+            Some(values) => vec![ColumnPredicate {
+                column,
+                op: PredicateOp::InList(values),
+            }],
+            None => vec![],
+        };
+    }
+    if let Some(inner) = expr.downcast_ref::<IsNotNullExpr>() {
+        if let Some(column) = column_of(inner.arg()) {
+            return vec![ColumnPredicate {
+                column,
+                op: PredicateOp::IsNotNull,
+            }];
+        }
+    }
+    vec![]
 }

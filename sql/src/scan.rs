@@ -8,30 +8,52 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::Statistics;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::filter_pushdown::{
+    ChildPushdownResult, FilterPushdownPhase, FilterPushdownPropagation, PushedDown,
+};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
+use futures::TryStreamExt;
 use nyala_engine::{Client, TableHandle};
 use nyala_storage::ScanSpec;
+
+use crate::predicate::physical_to_predicates;
+use crate::runtime_filter::{RuntimeFilter, RuntimeFilterMode};
+
+/// Longest dynamic filter text shown by EXPLAIN (IN lists from joins can be long).
+const MAX_FILTER_TEXT: usize = 200;
 
 /// Batches buffered per partition between the storage thread and DataFusion.
 const CHANNEL_DEPTH: usize = 2;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct NyalaScanExec {
     client: Client,
     table: TableHandle,
     spec: ScanSpec,
     /// The pushed filters as SQL text, for EXPLAIN.
     pushed: Vec<String>,
+    /// Filters built by joins at run time ([`crate::runtime_filter`]), awaited before scanning.
+    runtime: Vec<RuntimeFilter>,
+    /// DataFusion's dynamic filters pushed down from joins and TopK, converted to tablet
+    /// predicates where possible when the scan starts.
+    dynamic: Vec<Arc<dyn PhysicalExpr>>,
+    dynamic_mode: RuntimeFilterMode,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
 }
 
 impl NyalaScanExec {
@@ -57,10 +79,81 @@ impl NyalaScanExec {
             table,
             spec,
             pushed,
+            runtime: Vec::new(),
+            dynamic: Vec::new(),
+            dynamic_mode: RuntimeFilterMode::Bloom,
             schema,
             properties,
+            metrics: ExecutionPlanMetricsSet::new(),
         })
     }
+
+    /// The table column of output column `column`.
+    pub fn table_column(&self, column: usize) -> Option<usize> {
+        match &self.spec.projection {
+            Some(p) => p.get(column).copied(),
+            None => (column < self.schema.fields().len()).then_some(column),
+        }
+    }
+
+    fn table_columns(&self) -> Vec<usize> {
+        (0..self.schema.fields().len())
+            .filter_map(|c| self.table_column(c))
+            .collect()
+    }
+
+    /// This scan with `filter` added; DataFusion's dynamic filters from the same join
+    /// (`replaces`, by expression id) are dropped, as the runtime filter does their work.
+    pub fn with_runtime_filter(&self, filter: RuntimeFilter, replaces: &[u64]) -> Self {
+        let mut scan = self.clone();
+        scan.runtime.push(filter);
+        scan.dynamic
+            .retain(|d| d.expression_id().is_none_or(|id| !replaces.contains(&id)));
+        scan
+    }
+
+    /// The scan spec with the runtime and dynamic filters known now added.
+    async fn spec_with_filters(
+        spec: ScanSpec,
+        runtime: Vec<RuntimeFilter>,
+        dynamic: Vec<Arc<dyn PhysicalExpr>>,
+        dynamic_mode: RuntimeFilterMode,
+        schema: nyala_storage::Schema,
+        columns: Vec<usize>,
+    ) -> Result<ScanSpec> {
+        let mut spec = spec;
+        for filter in &runtime {
+            let filters = filter.slot.wait().await;
+            if let Some(key) = filters.get(filter.key) {
+                spec.predicates.extend(key.predicates(filter.column));
+            }
+        }
+        if dynamic_mode != RuntimeFilterMode::Off {
+            for expr in &dynamic {
+                let current = match expr.downcast_ref::<DynamicFilterPhysicalExpr>() {
+                    Some(dynamic) => dynamic.current()?,
+                    None => expr.clone(),
+                };
+                let in_lists = dynamic_mode == RuntimeFilterMode::Bloom;
+                spec.predicates.extend(physical_to_predicates(
+                    &schema, &columns, &current, in_lists,
+                ));
+            }
+        }
+        Ok(spec)
+    }
+}
+
+fn shorten(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str("...");
+    }
+    text
 }
 
 impl DisplayAs for NyalaScanExec {
@@ -84,6 +177,32 @@ impl DisplayAs for NyalaScanExec {
         if let Some(limit) = self.spec.limit {
             write!(f, ", limit={limit}")?;
         }
+        if !self.runtime.is_empty() {
+            let filters: Vec<String> = self
+                .runtime
+                .iter()
+                .map(|r| {
+                    let column = &self.table.schema.columns()[r.column].name;
+                    format!("{column} {}", r.slot.describe(r.key))
+                })
+                .collect();
+            write!(f, ", runtime_filters=[{}]", filters.join("; "))?;
+        }
+        if !self.dynamic.is_empty() {
+            let filters: Vec<String> = self
+                .dynamic
+                .iter()
+                .map(|d| match d.downcast_ref::<DynamicFilterPhysicalExpr>() {
+                    Some(dynamic) => dynamic
+                        .current()
+                        .map(|c| c.to_string())
+                        .unwrap_or_else(|e| e.to_string()),
+                    None => d.to_string(),
+                })
+                .map(|text| shorten(text, MAX_FILTER_TEXT))
+                .collect();
+            write!(f, ", dynamic_filters=[{}]", filters.join("; "))?;
+        }
         Ok(())
     }
 }
@@ -101,10 +220,17 @@ impl ExecutionPlan for NyalaScanExec {
         vec![]
     }
 
+    /// The dynamic filters this scan consumes: a hash join only fills in its dynamic filter
+    /// when it finds a consumer below it.
     fn apply_expressions(
         &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
+        for expr in &self.dynamic {
+            if f(expr)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
         Ok(TreeNodeRecursion::Continue)
     }
 
@@ -126,27 +252,91 @@ impl ExecutionPlan for NyalaScanExec {
         partition: usize,
         _context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let scan = self
-            .client
-            .scan_tablet(&self.table, partition, self.spec.clone(), None)
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL_DEPTH);
-        tokio::task::spawn_blocking(move || {
-            for batch in scan {
-                let batch = batch.map_err(|e| DataFusionError::External(Box::new(e)));
-                let failed = batch.is_err();
-                // The receiver is gone when the query was cancelled or finished early (LIMIT).
-                if tx.blocking_send(batch).is_err() || failed {
-                    break;
+        let client = self.client.clone();
+        let table = self.table.clone();
+        let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        let filters = Self::spec_with_filters(
+            self.spec.clone(),
+            self.runtime.clone(),
+            self.dynamic.clone(),
+            self.dynamic_mode,
+            self.table.schema.clone(),
+            self.table_columns(),
+        );
+        // The scan starts at the first poll, once the runtime filters it waits for are built.
+        let batches = futures::stream::once(async move {
+            let spec = filters.await?;
+            let scan = client
+                .scan_tablet(&table, partition, spec, None)
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL_DEPTH);
+            tokio::task::spawn_blocking(move || {
+                for batch in scan {
+                    let batch = batch.map_err(|e| DataFusionError::External(Box::new(e)));
+                    let failed = batch.is_err();
+                    // The receiver is gone when the query was cancelled or finished early (LIMIT).
+                    if tx.blocking_send(batch).is_err() || failed {
+                        break;
+                    }
                 }
-            }
-        });
-        let stream = futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
-        });
+            });
+            Ok::<_, DataFusionError>(futures::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|item| (item, rx))
+            }))
+        })
+        .try_flatten()
+        .inspect_ok(move |batch| output_rows.add(batch.num_rows()));
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema.clone(),
-            stream,
+            batches,
         )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
+        // Row counts steer DataFusion's join planning: the smaller side is built, and a small
+        // build side is collected once (which lets runtime filters reach this scan).
+        let rows = match partition {
+            Some(p) => self.client.estimated_rows(&self.table, Some(p)),
+            None => self.client.estimated_rows(&self.table, None),
+        };
+        let mut statistics = Statistics::new_unknown(&self.schema);
+        statistics.num_rows = Precision::Inexact(rows);
+        Ok(Arc::new(statistics))
+    }
+
+    fn handle_child_pushdown_result(
+        &self,
+        phase: FilterPushdownPhase,
+        child_pushdown_result: ChildPushdownResult,
+        config: &ConfigOptions,
+    ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
+        let filters = child_pushdown_result.parent_filters;
+        // Every filter stays with DataFusion as well (they are applied inexactly here).
+        let results = vec![PushedDown::No; filters.len()];
+        let dynamic: Vec<Arc<dyn PhysicalExpr>> = filters
+            .into_iter()
+            .map(|f| f.filter)
+            .filter(|f| f.is::<DynamicFilterPhysicalExpr>())
+            .collect();
+        let mode = RuntimeFilterMode::of(config);
+        if phase != FilterPushdownPhase::Post
+            || dynamic.is_empty()
+            || mode == RuntimeFilterMode::Off
+        {
+            return Ok(FilterPushdownPropagation::with_parent_pushdown_result(
+                results,
+            ));
+        }
+        let mut scan = self.clone();
+        scan.dynamic.extend(dynamic);
+        scan.dynamic_mode = mode;
+        Ok(
+            FilterPushdownPropagation::with_parent_pushdown_result(results)
+                .with_updated_node(Arc::new(scan) as Arc<dyn ExecutionPlan>),
+        )
     }
 }

@@ -1,26 +1,22 @@
 //! `NyalaTable`: the DataFusion `TableProvider` of a Nyala table.
 //!
 //! Scans become one [`NyalaScanExec`] partition per tablet with projection, convertible filters
-//! and (when no filter needs re-checking) the limit pushed into storage. INSERT, UPSERT
-//! (`InsertOp::Replace`), UPDATE and DELETE become plans ending in a [`DataSinkExec`] over a
-//! [`NyalaSink`], so DataFusion does all expression evaluation and Nyala only applies mutations.
+//! and (when no filter needs re-checking) the limit pushed into storage. INSERT and UPSERT
+//! (`InsertOp::Replace`) here, UPDATE and DELETE through [`crate::dml::MutationNode`], become
+//! plans ending in a [`DataSinkExec`] over a [`NyalaSink`], so DataFusion does all expression
+//! evaluation and Nyala only applies mutations.
 
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::Session;
-use datafusion::common::{Constraint, Constraints, DFSchema};
+use datafusion::common::{Constraint, Constraints};
 use datafusion::datasource::sink::DataSinkExec;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::dml::InsertOp;
-use datafusion::logical_expr::utils::conjunction;
-use datafusion::logical_expr::{Expr, ExprSchemable, TableProviderFilterPushDown};
-use datafusion::physical_expr::expressions::Column;
-use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::filter::FilterExec;
-use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 use nyala_engine::{Client, TableHandle};
 use nyala_storage::{ScanSpec, Timestamp, WriteKind};
@@ -78,37 +74,24 @@ impl NyalaTable {
         NyalaScanExec::try_new(self.client.clone(), self.table.clone(), spec, pushed)
     }
 
-    /// Scan → filter, the rows a DELETE or UPDATE targets, with every column.
-    fn target_rows(
-        &self,
-        state: &dyn Session,
-        filters: Vec<Expr>,
-    ) -> Result<(Arc<dyn ExecutionPlan>, DFSchema)> {
-        let df_schema = DFSchema::try_from(self.schema().as_ref().clone())?;
-        let mut plan: Arc<dyn ExecutionPlan> = Arc::new(self.scan_exec(None, &filters, None)?);
-        if let Some(predicate) = conjunction(filters) {
-            let predicate = state.create_physical_expr(predicate, &df_schema)?;
-            plan = Arc::new(FilterExec::try_new(predicate, plan)?);
-        }
-        Ok((plan, df_schema))
-    }
-
-    fn key_projection(&self) -> Vec<(Arc<dyn PhysicalExpr>, String)> {
+    pub(crate) fn column_names(&self) -> Vec<String> {
         self.table
             .schema
-            .key_columns()
+            .columns()
             .iter()
-            .map(|&i| {
-                let name = self.table.schema.columns()[i].name.clone();
-                (
-                    Arc::new(Column::new(&name, i)) as Arc<dyn PhysicalExpr>,
-                    name,
-                )
-            })
+            .map(|c| c.name.clone())
             .collect()
     }
 
-    fn sink(&self, input: Arc<dyn ExecutionPlan>, kind: WriteKind) -> Arc<dyn ExecutionPlan> {
+    pub(crate) fn key_columns(&self) -> Vec<usize> {
+        self.table.schema.key_columns().to_vec()
+    }
+
+    pub(crate) fn sink(
+        &self,
+        input: Arc<dyn ExecutionPlan>,
+        kind: WriteKind,
+    ) -> Arc<dyn ExecutionPlan> {
         let sink = NyalaSink::new(
             self.client.clone(),
             self.table.clone(),
@@ -176,44 +159,5 @@ impl TableProvider for NyalaTable {
             }
         };
         Ok(self.sink(input, kind))
-    }
-
-    async fn delete_from(
-        &self,
-        state: &dyn Session,
-        filters: Vec<Expr>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let (rows, _) = self.target_rows(state, filters)?;
-        let keys = Arc::new(ProjectionExec::try_new(self.key_projection(), rows)?);
-        Ok(self.sink(keys, WriteKind::Delete))
-    }
-
-    async fn update(
-        &self,
-        state: &dyn Session,
-        assignments: Vec<(String, Expr)>,
-        filters: Vec<Expr>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let schema = &self.table.schema;
-        for (column, _) in &assignments {
-            match schema.column_index(column) {
-                None => return Err(DataFusionError::Plan(format!("unknown column '{column}'"))),
-                Some(i) if schema.is_key_column(i) => {
-                    return Err(DataFusionError::Plan(format!(
-                        "cannot update primary key column '{column}'; delete the row and insert it with the new key"
-                    )))
-                }
-                Some(_) => {}
-            }
-        }
-        let (rows, df_schema) = self.target_rows(state, filters)?;
-        let mut exprs = self.key_projection();
-        for (column, value) in assignments {
-            let target = self.schema().field_with_name(&column)?.data_type().clone();
-            let value = value.cast_to(&target, &df_schema)?;
-            exprs.push((state.create_physical_expr(value, &df_schema)?, column));
-        }
-        let updates = Arc::new(ProjectionExec::try_new(exprs, rows)?);
-        Ok(self.sink(updates, WriteKind::Update))
     }
 }

@@ -186,3 +186,182 @@ async fn data_survives_reopen_with_and_without_flush() {
     let got = text(&s, "SELECT sum(value) FROM metrics").await;
     assert!(got.contains("| 109.0 "), "{got}");
 }
+
+/// Big (k, c) with 20 000 rows over 4 tablets, flushed to DiskRowSets in small pieces, and a
+/// small table whose keys are the lowest and highest of big's plus NULLs and misses.
+async fn load_join_tables(dir: &std::path::Path) -> (Arc<Database>, Session) {
+    let options = DatabaseOptions {
+        flush_threshold_bytes: Some(64 << 10),
+    };
+    let db = Database::open(dir, options).await.unwrap();
+    let s = db.session();
+    run(
+        &s,
+        "CREATE TABLE big (k BIGINT, c STRING, v BIGINT, n BIGINT NULL, PRIMARY KEY (k, c)) \
+         DISTRIBUTE BY HASH (k) INTO 4 BUCKETS",
+    )
+    .await;
+    for start in (0..20_000).step_by(5_000) {
+        run(
+            &s,
+            &format!(
+                "INSERT INTO big SELECT value, CAST(value % 3 AS STRING), value * 10, \
+                 CASE WHEN value % 7 = 0 THEN NULL ELSE value % 100 END \
+                 FROM generate_series({start}, {}) AS g(value)",
+                start + 4_999
+            ),
+        )
+        .await;
+    }
+    run(
+        &s,
+        "CREATE TABLE small (id BIGINT PRIMARY KEY, k BIGINT NULL, c STRING NULL, w BIGINT)",
+    )
+    .await;
+    run(
+        &s,
+        "INSERT INTO small SELECT value, CASE WHEN value < 50 THEN value \
+         WHEN value < 100 THEN 19900 + value WHEN value < 105 THEN NULL ELSE 100000 + value END, \
+         CAST(value % 3 AS STRING), value AS w FROM generate_series(0, 109) AS g(value)",
+    )
+    .await;
+    (db, s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_give_the_same_rows_with_and_without_runtime_filters() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = load_join_tables(dir.path()).await;
+    let queries = [
+        "SELECT b.k, b.c, b.v, s.w FROM big b JOIN small s ON b.k = s.k ORDER BY b.k, b.c, s.w",
+        "SELECT b.k, b.c, s.id FROM big b JOIN small s ON b.k = s.k AND b.c = s.c ORDER BY 1, 2, 3",
+        "SELECT s.id, b.k, b.v FROM small s LEFT JOIN big b ON b.k = s.k ORDER BY 1, 2, 3",
+        "SELECT b.k, b.v FROM big b LEFT JOIN small s ON b.k = s.k WHERE b.k % 97 = 0 ORDER BY 1",
+        "SELECT k, c FROM big WHERE k IN (SELECT k FROM small) ORDER BY 1, 2",
+        "SELECT count(*) FROM big b WHERE NOT EXISTS (SELECT 1 FROM small s WHERE s.k = b.k)",
+        "SELECT count(*) FROM big WHERE k NOT IN (SELECT k FROM small WHERE k IS NOT NULL)",
+        "SELECT b.k, b.n, s.id FROM big b JOIN small s ON b.n = s.k ORDER BY 1, 3",
+        "SELECT b.k, s.id FROM big b JOIN small s ON b.n IS NOT DISTINCT FROM s.k \
+         WHERE b.k < 300 ORDER BY 1, 2",
+        "SELECT b.k FROM big b JOIN small s ON b.k = s.k WHERE s.w < 0",
+        "SELECT b.k FROM big b JOIN small s ON b.k = s.k + 1 WHERE b.v > 500 ORDER BY 1",
+        "SELECT b.k, s.id FROM big b JOIN (SELECT id, k FROM small WHERE k IS NULL) s \
+         ON b.k = s.k",
+    ];
+    for query in queries {
+        run(&s, "SET nyala.runtime_filters = off").await;
+        let expected = text(&s, query).await;
+        for mode in ["minmax", "bloom"] {
+            run(&s, &format!("SET nyala.runtime_filters = {mode}")).await;
+            assert_eq!(text(&s, query).await, expected, "{query} with {mode}");
+        }
+    }
+    // The inner join finds 100 keys, 3 rows each? No: one row per key (c = k % 3).
+    let joined = text(&s, "SELECT count(*) FROM big b JOIN small s ON b.k = s.k").await;
+    assert!(joined.contains("| 100 "), "{joined}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_analyze_shows_runtime_filters_per_scan() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = load_join_tables(dir.path()).await;
+    let plan = text(
+        &s,
+        "EXPLAIN ANALYZE SELECT count(*) FROM big b JOIN small s ON b.k = s.k",
+    )
+    .await;
+    assert!(plan.contains("RuntimeFilterBuildExec"), "{plan}");
+    let scan = plan
+        .lines()
+        .find(|l| l.contains("NyalaScanExec: table=big"))
+        .unwrap_or_else(|| panic!("{plan}"));
+    assert!(
+        scan.contains("runtime_filters=[k #") && scan.contains("min=0, max=100109"),
+        "{scan}"
+    );
+    let removed: u64 = scan
+        .split("removed=")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{scan}"));
+    assert!(removed > 10_000, "{scan}");
+    // The scan output only what passed.
+    assert!(scan.contains("output_rows="), "{scan}");
+
+    run(&s, "SET nyala.runtime_filters = off").await;
+    let plan = text(
+        &s,
+        "EXPLAIN ANALYZE SELECT count(*) FROM big b JOIN small s ON b.k = s.k",
+    )
+    .await;
+    assert!(!plan.contains("runtime_filters="), "{plan}");
+    assert!(error(&s, "SET nyala.runtime_filters = sometimes")
+        .await
+        .contains("expected off, minmax or bloom"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_that_select_rows_with_a_join() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = load_join_tables(dir.path()).await;
+    run(
+        &s,
+        "UPSERT INTO big SELECT b.k, b.c, b.v + s.w, b.n FROM small s JOIN big b ON b.k = s.k",
+    )
+    .await;
+    let got = text(&s, "SELECT sum(v) FROM big").await;
+    // Sum of v = 10 * sum(0..20000) plus sum of w over the 100 matched small rows (0..100).
+    assert!(
+        got.contains(&format!("| {} ", 10 * 19_999 * 20_000_i64 / 2 + 4_950)),
+        "{got}"
+    );
+
+    run(
+        &s,
+        "UPDATE big SET v = 0 WHERE k IN (SELECT k FROM small WHERE id < 10)",
+    )
+    .await;
+    let got = text(&s, "SELECT count(*) FROM big WHERE v = 0").await;
+    assert!(got.contains("| 10 "), "{got}");
+
+    run(&s, "DELETE FROM big WHERE k IN (SELECT k FROM small)").await;
+    let got = text(&s, "SELECT count(*) FROM big").await;
+    assert!(got.contains("| 19900 "), "{got}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_filters_from_datafusion_reach_the_scan() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = load_join_tables(dir.path()).await;
+    // A TopK's dynamic filter is handed to the scan (and applied as far as it is known when
+    // the tablet scan starts).
+    let plan = text(&s, "EXPLAIN SELECT k, v FROM big ORDER BY v DESC LIMIT 3").await;
+    assert!(plan.contains("dynamic_filters=["), "{plan}");
+    let top = text(&s, "SELECT k, v FROM big ORDER BY v DESC LIMIT 3").await;
+    assert!(top.contains("| 19999 | 199990 |"), "{top}");
+    // A join's own dynamic filter is dropped where a runtime filter does its work...
+    let plan = text(
+        &s,
+        "EXPLAIN SELECT b.v FROM big b JOIN small s ON b.k = s.k",
+    )
+    .await;
+    let scan = plan.lines().find(|l| l.contains("table=big")).unwrap();
+    assert!(
+        scan.contains("runtime_filters=") && !scan.contains("dynamic_filters="),
+        "{scan}"
+    );
+    // ...and kept when runtime filters are off only in DataFusion's hands: off means off.
+    run(&s, "SET nyala.runtime_filters = off").await;
+    let plan = text(
+        &s,
+        "EXPLAIN SELECT b.v FROM big b JOIN small s ON b.k = s.k",
+    )
+    .await;
+    let scan = plan.lines().find(|l| l.contains("table=big")).unwrap();
+    assert!(
+        !scan.contains("runtime_filters=") && !scan.contains("dynamic_filters="),
+        "{scan}"
+    );
+    run(&s, "SET nyala.runtime_filters = bloom").await;
+}

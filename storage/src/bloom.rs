@@ -156,9 +156,9 @@ fn for_each_value(array: &dyn Array, mut f: impl FnMut(Option<&[u8]>)) -> Result
             .as_string_view()
             .iter()
             .for_each(|v| f(v.map(str::as_bytes))),
-        DataType::Binary => array.as_binary::<i32>().iter().for_each(|v| f(v)),
-        DataType::LargeBinary => array.as_binary::<i64>().iter().for_each(|v| f(v)),
-        DataType::BinaryView => array.as_binary_view().iter().for_each(|v| f(v)),
+        DataType::Binary => array.as_binary::<i32>().iter().for_each(&mut f),
+        DataType::LargeBinary => array.as_binary::<i64>().iter().for_each(&mut f),
+        DataType::BinaryView => array.as_binary_view().iter().for_each(&mut f),
         DataType::Boolean => array
             .as_boolean()
             .iter()

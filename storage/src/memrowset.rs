@@ -141,6 +141,11 @@ impl MemRowSet {
         self.index.is_empty()
     }
 
+    /// Keys held, deleted ones included: an upper bound of the visible rows.
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
     pub fn clear(&mut self) {
         self.index.clear();
         self.key_bytes = 0;

@@ -166,6 +166,12 @@ impl Tablet {
         self.memory_bytes() >= self.options.flush_threshold_bytes
     }
 
+    /// Rows in the MemRowSet and the DiskRowSets, counting deleted and updated rows too.
+    pub fn estimated_rows(&self) -> usize {
+        let state = self.state.read();
+        state.mrs.len() + state.rowsets.iter().map(|r| r.num_rows()).sum::<usize>()
+    }
+
     pub fn disk_bytes(&self) -> u64 {
         self.state
             .read()
