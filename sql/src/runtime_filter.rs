@@ -42,7 +42,7 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
 };
 use futures::{Stream, StreamExt};
-use nyala_storage::{BloomPredicate, ColumnPredicate, PredicateOp, Scalar};
+use nyala_storage::{ColumnPredicate, JoinFilter, PredicateOp, Scalar};
 use tokio::sync::watch;
 
 use crate::scan::NyalaScanExec;
@@ -109,58 +109,56 @@ pub fn check_setting(statement: &Statement) -> Result<()> {
 /// The filter for one join key, built from the build side's values of that key.
 #[derive(Debug)]
 pub struct KeyFilter {
-    /// Smallest and largest non-null key, when they bound the matching rows.
-    pub bounds: Option<(ScalarValue, ScalarValue)>,
     /// No probe row can match: the build side has no key that matches anything.
     pub no_keys: bool,
-    pub bloom: Option<Arc<BloomPredicate>>,
+    /// Bounds and bloom filter of the keys (None: nothing to filter with, e.g. NULL = NULL
+    /// joins without a bloom filter).
+    pub filter: Option<Arc<JoinFilter>>,
 }
 
 impl KeyFilter {
     /// The scan predicates on table column `column` that this filter implies.
     pub fn predicates(&self, column: usize) -> Vec<ColumnPredicate> {
-        let predicate = |op| ColumnPredicate { column, op };
-        if self.no_keys {
-            return vec![predicate(PredicateOp::InList(vec![]))];
-        }
-        let scalar = |v: &ScalarValue| v.to_array_of_size(1).ok().map(Scalar);
-        let mut predicates = Vec::new();
-        if let Some((min, max)) = &self.bounds {
-            if let (Some(min), Some(max)) = (scalar(min), scalar(max)) {
-                predicates.push(predicate(PredicateOp::GtEq(min)));
-                predicates.push(predicate(PredicateOp::LtEq(max)));
-            }
-        }
-        if let Some(bloom) = &self.bloom {
-            predicates.push(predicate(PredicateOp::Bloom(bloom.clone())));
-        }
-        predicates
+        let op = if self.no_keys {
+            PredicateOp::InList(vec![])
+        } else if let Some(filter) = &self.filter {
+            PredicateOp::join_filter(filter.clone())
+        } else {
+            return vec![];
+        };
+        vec![ColumnPredicate { column, op }]
     }
 
     fn describe(&self) -> String {
         if self.no_keys {
             return "no build keys".into();
         }
+        let Some(filter) = &self.filter else {
+            return "none".into();
+        };
         let mut parts = Vec::new();
-        if let Some((min, max)) = &self.bounds {
-            parts.push(format!("min={min}, max={max}"));
+        if let Some((min, max)) = filter.bounds() {
+            let value = |s: &Scalar| {
+                ScalarValue::try_from_array(&s.0, 0)
+                    .map_or_else(|e| e.to_string(), |v| v.to_string())
+            };
+            parts.push(format!("min={}, max={}", value(min), value(max)));
         }
-        if let Some(bloom) = &self.bloom {
-            let stats = &bloom.stats;
-            let load =
-                |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-            parts.push(format!(
-                "bloom({} keys): checked={}, removed={}{}",
-                bloom.num_keys(),
-                load(&stats.checked),
-                load(&stats.removed),
-                if stats.disabled() {
-                    ", switched off"
-                } else {
-                    ""
-                }
-            ));
+        if filter.has_bloom() {
+            parts.push(format!("bloom({} keys)", filter.num_keys()));
         }
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        let stats = &filter.stats;
+        parts.push(format!(
+            "checked={}, removed={}{}",
+            load(&stats.checked),
+            load(&stats.removed),
+            if stats.disabled() {
+                ", switched off"
+            } else {
+                ""
+            }
+        ));
         parts.join(", ")
     }
 }
@@ -219,6 +217,8 @@ pub struct RuntimeFilter {
 pub struct RuntimeFilterBuildExec {
     input: Arc<dyn ExecutionPlan>,
     keys: Vec<Arc<dyn PhysicalExpr>>,
+    /// The keys' types.
+    types: Vec<DataType>,
     slot: Arc<FilterSlot>,
     mode: RuntimeFilterMode,
     pass_nulls: bool,
@@ -270,6 +270,7 @@ impl RuntimeFilterBuildExec {
         Ok(Self {
             input,
             keys,
+            types,
             slot,
             mode,
             pass_nulls,
@@ -313,25 +314,27 @@ impl RuntimeFilterBuildExec {
         }
         let mut filters = Vec::with_capacity(self.keys.len());
         for i in 0..self.keys.len() {
-            let bound = |v: Option<ScalarValue>| v.filter(|v| !v.is_null());
+            let bound = |v: Option<ScalarValue>| {
+                v.filter(|v| !v.is_null())
+                    .and_then(|v| v.to_array_of_size(1).ok())
+                    .map(Scalar)
+            };
             let min = bound(state.mins[i].as_mut().and_then(|m| m.evaluate().ok()));
             let max = bound(state.maxs[i].as_mut().and_then(|m| m.evaluate().ok()));
             let values = std::mem::take(&mut state.values[i]);
             // With NULL = NULL semantics a NULL build key matches NULL probe rows, which
             // bounds would remove.
             let nulls_match = self.pass_nulls && state.nulls[i];
-            let bloom = if self.mode == RuntimeFilterMode::Bloom && state.rows <= MAX_KEYS_KEPT {
+            let bounds = if nulls_match { None } else { min.zip(max) };
+            let mut filter = JoinFilter::new(self.types[i].clone(), bounds, nulls_match);
+            if self.mode == RuntimeFilterMode::Bloom && state.rows <= MAX_KEYS_KEPT {
                 // Types the bloom filter cannot hash just get no bloom filter.
-                BloomPredicate::build(&values, nulls_match, MAX_BLOOM_KEYS)
-                    .ok()
-                    .map(Arc::new)
-            } else {
-                None
-            };
+                let _ = filter.add_bloom(&values, MAX_BLOOM_KEYS);
+            }
+            let useful = filter.bounds().is_some() || filter.has_bloom();
             filters.push(KeyFilter {
-                bounds: if nulls_match { None } else { min.zip(max) },
                 no_keys: state.non_null[i] == 0 && !nulls_match,
-                bloom,
+                filter: useful.then(|| Arc::new(filter)),
             });
         }
         self.slot.filters.send_replace(Some(Arc::new(filters)));
@@ -406,6 +409,7 @@ impl ExecutionPlan for RuntimeFilterBuildExec {
         let build = Arc::new(Self {
             input: self.input.clone(),
             keys: self.keys.clone(),
+            types: self.types.clone(),
             slot: self.slot.clone(),
             mode: self.mode,
             pass_nulls: self.pass_nulls,
@@ -509,8 +513,10 @@ impl RuntimeFilterRule {
                 | JoinType::LeftMark
                 | JoinType::RightSemi
         );
+        // A null-aware anti join (NOT IN) must see the probe side's NULLs, which filters drop.
         if *join.partition_mode() != PartitionMode::CollectLeft
             || !probe_rows_without_match_dropped
+            || join.null_aware
             || join.left().is::<RuntimeFilterBuildExec>()
         {
             return Ok(None);

@@ -101,11 +101,31 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
     if is_word(words[0], "SHOW") && words.len() == 2 && is_word(words[1], "TABLES") {
         return Ok(NyalaStatement::ShowTables);
     }
-    if is_word(words[0], "UPSERT") {
-        let first = tokens.iter().position(|t| !is_trivia(t)).unwrap_or(0);
-        tokens[first] = Token::make_keyword("INSERT");
+    // UPSERT, possibly under EXPLAIN [ANALYZE] [VERBOSE]: parsed as INSERT, marked as replacing.
+    let explained = words
+        .iter()
+        .take_while(|w| {
+            ["EXPLAIN", "ANALYZE", "VERBOSE"]
+                .iter()
+                .any(|k| is_word(w, k))
+        })
+        .count();
+    if words.get(explained).is_some_and(|w| is_word(w, "UPSERT"))
+        && (explained == 0 || is_word(words[0], "EXPLAIN"))
+    {
+        let upsert = tokens
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !is_trivia(t))
+            .nth(explained)
+            .map_or(0, |(i, _)| i);
+        tokens[upsert] = Token::make_keyword("INSERT");
         let mut statement = parse_one(tokens)?;
-        match &mut statement {
+        let insert = match &mut statement {
+            Statement::Explain { statement, .. } => statement.as_mut(),
+            other => other,
+        };
+        match insert {
             Statement::Insert(insert) => insert.replace_into = true,
             _ => return Err(SqlError::Parse("expected UPSERT INTO table ...".into())),
         }
@@ -507,6 +527,17 @@ mod tests {
 
     #[test]
     fn upsert_becomes_replace_insert() {
+        let NyalaStatement::DataFusion(explained) =
+            parse("EXPLAIN ANALYZE UPSERT INTO t VALUES (1, 2)").unwrap()
+        else {
+            panic!("not a DataFusion statement")
+        };
+        assert!(
+            explained
+                .to_string()
+                .starts_with("EXPLAIN ANALYZE REPLACE INTO t"),
+            "{explained}"
+        );
         let NyalaStatement::DataFusion(statement) = parse("UPSERT INTO t VALUES (1, 2)").unwrap()
         else {
             panic!("not planned by DataFusion")

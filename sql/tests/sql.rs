@@ -240,6 +240,9 @@ async fn joins_give_the_same_rows_with_and_without_runtime_filters() {
         "SELECT k, c FROM big WHERE k IN (SELECT k FROM small) ORDER BY 1, 2",
         "SELECT count(*) FROM big b WHERE NOT EXISTS (SELECT 1 FROM small s WHERE s.k = b.k)",
         "SELECT count(*) FROM big WHERE k NOT IN (SELECT k FROM small WHERE k IS NOT NULL)",
+        "SELECT count(*) FROM big WHERE k NOT IN (SELECT k FROM small)",
+        "SELECT count(*) FROM small WHERE k NOT IN (SELECT k FROM big)",
+        "SELECT count(*) FROM small WHERE k NOT IN (SELECT n FROM big)",
         "SELECT b.k, b.n, s.id FROM big b JOIN small s ON b.n = s.k ORDER BY 1, 3",
         "SELECT b.k, s.id FROM big b JOIN small s ON b.n IS NOT DISTINCT FROM s.k \
          WHERE b.k < 300 ORDER BY 1, 2",
@@ -325,9 +328,34 @@ async fn writes_that_select_rows_with_a_join() {
     let got = text(&s, "SELECT count(*) FROM big WHERE v = 0").await;
     assert!(got.contains("| 10 "), "{got}");
 
+    run(
+        &s,
+        "UPDATE big SET v = 1000000 + v WHERE EXISTS \
+         (SELECT 1 FROM small s WHERE s.k = big.k AND s.c = big.c)",
+    )
+    .await;
+    let got = text(&s, "SELECT count(*), min(v) FROM big WHERE v >= 1000000").await;
+    // Only the 50 lowest keys also match on c; 10 of them had v set to 0.
+    assert!(got.contains("| 50 ") && got.contains("| 1000000 "), "{got}");
+    let e = error(&s, "UPDATE big SET k = 1 WHERE k IN (SELECT k FROM small)").await;
+    assert!(e.contains("cannot update primary key column 'k'"), "{e}");
+
+    run(
+        &s,
+        "DELETE FROM big WHERE EXISTS (SELECT 1 FROM small s WHERE s.k = big.k AND s.id < 50)",
+    )
+    .await;
+    let got = text(&s, "SELECT count(*) FROM big").await;
+    assert!(got.contains("| 19950 "), "{got}");
     run(&s, "DELETE FROM big WHERE k IN (SELECT k FROM small)").await;
     let got = text(&s, "SELECT count(*) FROM big").await;
     assert!(got.contains("| 19900 "), "{got}");
+    let plan = text(
+        &s,
+        "EXPLAIN DELETE FROM big WHERE k IN (SELECT k FROM small)",
+    )
+    .await;
+    assert!(plan.contains("NyalaMutation: DELETE big"), "{plan}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

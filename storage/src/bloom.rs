@@ -1,23 +1,34 @@
-//! Bloom-filter predicates: runtime filters built from the keys of a join's build side.
+//! Join filters: runtime filters built from the keys of a join's build side, the smallest and
+//! largest key (used to skip row groups by their statistics, and per row) and optionally a bloom
+//! filter of the keys.
 //!
-//! The filter is Parquet's split-block bloom filter (Putze et al.'s cache-efficient blocked
-//! design: one 256-bit block per key, eight bits set in it), so checking a value touches one
-//! cache line. A value is hashed from its little-endian bytes (its UTF-8 or binary bytes for
-//! strings), which is the same for the build keys and the probe column as long as both have the
-//! same Arrow type; the SQL layer makes sure they do.
+//! The filter is a split-block bloom filter (Putze et al.'s cache-efficient blocked design, as in
+//! Parquet and Kudu: one 256-bit block per key, one bit set in each of its eight 32-bit words),
+//! so checking a value touches one cache line. Fixed-width values are hashed from their 64-bit
+//! integer image with a multiply-xorshift mix, strings and binaries with XXH3; the build keys
+//! and the probe column have the same Arrow type (the SQL layer makes sure of it), so equal
+//! values hash equally. Checks run column at a time over the Arrow buffers.
 //!
 //! A filter only ever removes rows that cannot match, so it may be switched off at any time. It
 //! switches itself off when, after a warm-up, it removes less than a tenth of the rows it checks:
-//! then hashing costs more than the rows it saves (the heuristic of Kudu's bloom-filter predicate).
+//! then checking costs more than the rows it saves (the heuristic of Kudu's bloom-filter
+//! predicate).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, BooleanBufferBuilder};
-use arrow::datatypes::DataType;
-use parquet::bloom_filter::Sbbf;
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray};
+use arrow::buffer::{BooleanBuffer, NullBuffer};
+use arrow::compute::kernels::cmp;
+use arrow::datatypes::{
+    DataType, Date32Type, Date64Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type,
+    Int8Type, TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
+    TimestampSecondType, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+};
+use twox_hash::XxHash3_64;
 
+use crate::scan::Scalar;
 use crate::StorageError;
 
 /// Rows a filter checks before it may switch itself off.
@@ -25,8 +36,67 @@ pub const BLOOM_WARMUP_ROWS: u64 = 1 << 16;
 /// A filter that removes less than 1/`BLOOM_MIN_REMOVED_FRACTION` of the rows it checks is
 /// switched off after the warm-up.
 const BLOOM_MIN_REMOVED_FRACTION: u64 = 10;
-/// False-positive probability the filter is sized for.
-const BLOOM_FPP: f64 = 0.01;
+/// Filter bits per key: about 1 % false positives for a split-block filter.
+const BITS_PER_KEY: usize = 12;
+
+/// The split-block bloom filter: 256-bit blocks, eight salted bits per key.
+struct SplitBlockFilter {
+    blocks: Vec<[u32; 8]>,
+}
+
+/// Odd constants that pick one bit in each word of a block (Parquet's and Kudu's salts).
+const SALT: [u32; 8] = [
+    0x47b6137b, 0x44974d91, 0x8824ad5b, 0xa2b7289d, 0x705495c7, 0x2df1424b, 0x9efc4947, 0x5c6bfb31,
+];
+
+impl SplitBlockFilter {
+    fn with_keys(keys: usize) -> Self {
+        let blocks = (keys * BITS_PER_KEY)
+            .div_ceil(256)
+            .next_power_of_two()
+            .max(1);
+        SplitBlockFilter {
+            blocks: vec![[0; 8]; blocks],
+        }
+    }
+
+    fn block(&self, hash: u64) -> usize {
+        (((hash >> 32) * self.blocks.len() as u64) >> 32) as usize
+    }
+
+    fn mask(hash: u64) -> [u32; 8] {
+        let low = hash as u32;
+        SALT.map(|salt| 1u32 << (low.wrapping_mul(salt) >> 27))
+    }
+
+    fn insert(&mut self, hash: u64) {
+        let i = self.block(hash);
+        let mask = Self::mask(hash);
+        for (word, bit) in self.blocks[i].iter_mut().zip(mask) {
+            *word |= bit;
+        }
+    }
+
+    fn check(&self, hash: u64) -> bool {
+        let block = &self.blocks[self.block(hash)];
+        let mask = Self::mask(hash);
+        block.iter().zip(mask).all(|(word, bit)| word & bit != 0)
+    }
+
+    fn bytes(&self) -> usize {
+        self.blocks.len() * 32
+    }
+}
+
+/// The hash of a fixed-width value's 64-bit image.
+fn hash_u64(v: u64) -> u64 {
+    let h = (v ^ 0x2545_f491_4f6c_dd1d).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    h ^ (h >> 29)
+}
+
+fn hash_bytes(v: &[u8]) -> u64 {
+    XxHash3_64::oneshot(v)
+}
 
 /// What a filter did, shared by every tablet scan of one query.
 #[derive(Debug, Default)]
@@ -51,8 +121,10 @@ impl FilterStats {
 }
 
 /// A column predicate "the value may be one of the build keys".
-pub struct BloomPredicate {
-    filter: Sbbf,
+pub struct JoinFilter {
+    /// Smallest and largest build key (one-element arrays of the key type).
+    bounds: Option<(Scalar, Scalar)>,
+    bloom: Option<SplitBlockFilter>,
     data_type: DataType,
     /// Whether NULL passes (a join where NULL equals NULL and the build side has a NULL key).
     pass_nulls: bool,
@@ -60,125 +132,217 @@ pub struct BloomPredicate {
     pub stats: Arc<FilterStats>,
 }
 
-impl fmt::Debug for BloomPredicate {
+impl fmt::Debug for JoinFilter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "BloomPredicate({} keys, {} bytes)",
+            "JoinFilter(bounds: {:?}, bloom: {} keys in {} bytes)",
+            self.bounds,
             self.keys,
-            self.filter.num_blocks() * 32
+            self.bloom.as_ref().map_or(0, SplitBlockFilter::bytes)
         )
     }
 }
 
-impl BloomPredicate {
-    /// A filter holding every non-null value of `keys` (arrays of one type), sized for at most
-    /// `max_keys` keys (more keys raise the false-positive rate, never the size).
-    pub fn build(
-        keys: &[ArrayRef],
-        pass_nulls: bool,
-        max_keys: usize,
-    ) -> Result<Self, StorageError> {
-        let data_type = keys
-            .first()
-            .map(|k| k.data_type().clone())
-            .unwrap_or(DataType::Null);
+impl JoinFilter {
+    /// A filter of values of `data_type` between `bounds` (inclusive; None: no bounds). NULL
+    /// passes only with `pass_nulls` (a join where NULL equals NULL and the build side has a
+    /// NULL key; it then has no bounds).
+    pub fn new(data_type: DataType, bounds: Option<(Scalar, Scalar)>, pass_nulls: bool) -> Self {
+        JoinFilter {
+            bounds,
+            bloom: None,
+            data_type,
+            pass_nulls,
+            keys: 0,
+            stats: Arc::default(),
+        }
+    }
+
+    /// Adds a bloom filter of every non-null value of `keys` (arrays of the filter's type),
+    /// sized for at most `max_keys` keys (more keys raise the false-positive rate, never the
+    /// size).
+    pub fn add_bloom(&mut self, keys: &[ArrayRef], max_keys: usize) -> Result<(), StorageError> {
         let count: usize = keys.iter().map(|k| k.len() - k.null_count()).sum();
-        let sized_for = count.clamp(1, max_keys.max(1)) as u64;
-        let mut filter = Sbbf::new_with_ndv_fpp(sized_for, BLOOM_FPP)
-            .map_err(|e| StorageError::InvalidPredicate(format!("bloom filter: {e}")))?;
+        let mut filter = SplitBlockFilter::with_keys(count.clamp(1, max_keys.max(1)));
         for array in keys {
-            if array.data_type() != &data_type {
+            if array.data_type() != &self.data_type {
                 return Err(StorageError::InvalidPredicate(format!(
-                    "bloom filter keys of types {data_type} and {}",
+                    "bloom filter keys of types {} and {}",
+                    self.data_type,
                     array.data_type()
                 )));
             }
-            for_each_value(array.as_ref(), |value| {
-                if let Some(bytes) = value {
-                    filter.insert(bytes);
+            for_each_hash(array.as_ref(), |hash| {
+                if let Some(hash) = hash {
+                    filter.insert(hash);
                 }
             })?;
         }
-        Ok(BloomPredicate {
-            filter,
-            data_type,
-            pass_nulls,
-            keys: count,
-            stats: Arc::default(),
-        })
+        self.bloom = Some(filter);
+        self.keys = count;
+        Ok(())
     }
 
+    pub fn bounds(&self) -> Option<&(Scalar, Scalar)> {
+        self.bounds.as_ref()
+    }
+
+    pub fn has_bloom(&self) -> bool {
+        self.bloom.is_some()
+    }
+
+    /// Keys in the bloom filter.
     pub fn num_keys(&self) -> usize {
         self.keys
     }
 
-    /// Which values of `column` may be build keys; all true once the filter switched off.
-    pub fn evaluate(&self, column: &dyn Array) -> Result<BooleanArray, StorageError> {
+    /// Which values of `column` may be build keys (checking the bounds only if `check_bounds`);
+    /// all true once the filter switched off.
+    pub fn evaluate(
+        &self,
+        column: &dyn Array,
+        check_bounds: bool,
+    ) -> Result<BooleanArray, StorageError> {
+        let all = || BooleanArray::new(BooleanBuffer::new_set(column.len()), None);
         if self.stats.disabled() {
-            return Ok(BooleanArray::from(vec![true; column.len()]));
+            return Ok(all());
         }
         if column.data_type() != &self.data_type {
             return Err(StorageError::InvalidPredicate(format!(
-                "bloom filter of {} keys applied to a {} column",
+                "join filter of {} keys applied to a {} column",
                 self.data_type,
                 column.data_type()
             )));
         }
-        let mut keep = BooleanBufferBuilder::new(column.len());
-        let mut removed = 0u64;
-        for_each_value(column, |value| {
-            let pass = match value {
-                Some(bytes) => self.filter.check(bytes),
-                None => self.pass_nulls,
-            };
-            removed += u64::from(!pass);
-            keep.append(pass);
-        })?;
-        self.stats.record(column.len() as u64, removed);
-        Ok(BooleanArray::new(keep.finish(), None))
+        let mut keep: Option<BooleanBuffer> = None;
+        if let (true, Some((min, max))) = (check_bounds, &self.bounds) {
+            let s = |v: &Scalar| arrow::array::Scalar::new(v.0.clone());
+            let inside = arrow::compute::and(
+                &cmp::gt_eq(&column, &s(min))?,
+                &cmp::lt_eq(&column, &s(max))?,
+            )?;
+            // NULL compares as unknown: not inside.
+            keep = Some(match inside.nulls() {
+                Some(nulls) => inside.values() & nulls.inner(),
+                None => inside.values().clone(),
+            });
+        }
+        if let Some(bloom) = &self.bloom {
+            let mut hits = Vec::with_capacity(column.len());
+            for_each_hash(column, |hash| {
+                hits.push(match hash {
+                    Some(hash) => bloom.check(hash),
+                    None => self.pass_nulls,
+                })
+            })?;
+            let hits = BooleanBuffer::from(hits);
+            keep = Some(match keep {
+                Some(inside) => &inside & &hits,
+                None => hits,
+            });
+        }
+        let Some(keep) = keep else {
+            return Ok(all());
+        };
+        self.stats.record(
+            column.len() as u64,
+            (column.len() - keep.count_set_bits()) as u64,
+        );
+        Ok(BooleanArray::new(keep, None))
     }
 }
 
-/// Calls `f` with the bytes of each value of `array` in order (None for NULL).
-fn for_each_value(array: &dyn Array, mut f: impl FnMut(Option<&[u8]>)) -> Result<(), StorageError> {
-    let data_type = array.data_type();
-    match data_type {
-        DataType::Utf8 => array
-            .as_string::<i32>()
-            .iter()
-            .for_each(|v| f(v.map(str::as_bytes))),
-        DataType::LargeUtf8 => array
-            .as_string::<i64>()
-            .iter()
-            .for_each(|v| f(v.map(str::as_bytes))),
-        DataType::Utf8View => array
-            .as_string_view()
-            .iter()
-            .for_each(|v| f(v.map(str::as_bytes))),
-        DataType::Binary => array.as_binary::<i32>().iter().for_each(&mut f),
-        DataType::LargeBinary => array.as_binary::<i64>().iter().for_each(&mut f),
-        DataType::BinaryView => array.as_binary_view().iter().for_each(&mut f),
+/// Calls `f` with the hash of each value of `array` in order (None for NULL).
+fn for_each_hash(array: &dyn Array, mut f: impl FnMut(Option<u64>)) -> Result<(), StorageError> {
+    let nulls = array.logical_nulls();
+    let valid = |i: usize| nulls.as_ref().is_none_or(|n: &NullBuffer| n.is_valid(i));
+    macro_rules! primitive {
+        ($t:ty) => {{
+            let values = array.as_primitive::<$t>().values();
+            for (i, v) in values.iter().enumerate() {
+                f(valid(i).then(|| hash_u64(v.to_bits_u64())));
+            }
+        }};
+    }
+    macro_rules! bytes {
+        ($iter:expr) => {
+            $iter.for_each(|v| f(v.map(|v| hash_bytes(v.as_ref()))))
+        };
+    }
+    match array.data_type() {
+        DataType::Int8 => primitive!(Int8Type),
+        DataType::Int16 => primitive!(Int16Type),
+        DataType::Int32 => primitive!(Int32Type),
+        DataType::Int64 => primitive!(Int64Type),
+        DataType::UInt8 => primitive!(UInt8Type),
+        DataType::UInt16 => primitive!(UInt16Type),
+        DataType::UInt32 => primitive!(UInt32Type),
+        DataType::UInt64 => primitive!(UInt64Type),
+        DataType::Float32 => primitive!(Float32Type),
+        DataType::Float64 => primitive!(Float64Type),
+        DataType::Date32 => primitive!(Date32Type),
+        DataType::Date64 => primitive!(Date64Type),
+        DataType::Timestamp(unit, _) => match unit {
+            arrow::datatypes::TimeUnit::Second => primitive!(TimestampSecondType),
+            arrow::datatypes::TimeUnit::Millisecond => primitive!(TimestampMillisecondType),
+            arrow::datatypes::TimeUnit::Microsecond => primitive!(TimestampMicrosecondType),
+            arrow::datatypes::TimeUnit::Nanosecond => primitive!(TimestampNanosecondType),
+        },
         DataType::Boolean => array
             .as_boolean()
             .iter()
-            .for_each(|v| f(v.map(|b| if b { &[1u8][..] } else { &[0u8][..] }))),
-        _ => {
-            let Some(width) = data_type.primitive_width() else {
-                return Err(StorageError::InvalidPredicate(format!(
-                    "no bloom filter for {data_type} values"
-                )));
-            };
-            let data = array.to_data();
-            let values = &data.buffers()[0].as_slice()[data.offset() * width..];
-            for i in 0..array.len() {
-                f(array
-                    .is_valid(i)
-                    .then(|| &values[i * width..(i + 1) * width]));
-            }
+            .for_each(|v| f(v.map(|b| hash_u64(u64::from(b))))),
+        DataType::Utf8 => bytes!(array.as_string::<i32>().iter()),
+        DataType::LargeUtf8 => bytes!(array.as_string::<i64>().iter()),
+        DataType::Utf8View => bytes!(array.as_string_view().iter()),
+        DataType::Binary => bytes!(array.as_binary::<i32>().iter()),
+        DataType::LargeBinary => bytes!(array.as_binary::<i64>().iter()),
+        DataType::BinaryView => bytes!(array.as_binary_view().iter()),
+        other => {
+            return Err(StorageError::InvalidPredicate(format!(
+                "no bloom filter for {other} values"
+            )))
         }
     }
     Ok(())
+}
+
+/// The 64-bit image of a fixed-width value, the same for equal values of one type.
+trait ToBitsU64 {
+    fn to_bits_u64(&self) -> u64;
+}
+
+macro_rules! to_bits_int {
+    ($($t:ty),*) => {$(
+        impl ToBitsU64 for $t {
+            fn to_bits_u64(&self) -> u64 {
+                *self as u64
+            }
+        }
+    )*};
+}
+to_bits_int!(i8, i16, i32, i64, u8, u16, u32, u64);
+
+// -0.0 and 0.0 are equal, so they hash alike.
+impl ToBitsU64 for f32 {
+    fn to_bits_u64(&self) -> u64 {
+        if *self == 0.0 {
+            0
+        } else {
+            u64::from(self.to_bits())
+        }
+    }
+}
+
+impl ToBitsU64 for f64 {
+    fn to_bits_u64(&self) -> u64 {
+        if *self == 0.0 {
+            0
+        } else {
+            self.to_bits()
+        }
+    }
 }
 
 #[cfg(test)]
@@ -186,12 +350,18 @@ mod tests {
     use super::*;
     use arrow::array::{Int64Array, StringArray};
 
+    fn bloom_of(data_type: DataType, keys: ArrayRef, pass_nulls: bool, max: usize) -> JoinFilter {
+        let mut filter = JoinFilter::new(data_type, None, pass_nulls);
+        filter.add_bloom(&[keys], max).unwrap();
+        filter
+    }
+
     #[test]
     fn keeps_every_key_and_removes_most_others() {
         let keys: ArrayRef = Arc::new(Int64Array::from_iter_values((0..2000).map(|i| i * 7)));
-        let bloom = BloomPredicate::build(&[keys], false, 1 << 20).unwrap();
+        let bloom = bloom_of(DataType::Int64, keys, false, 1 << 20);
         let probe = Int64Array::from_iter((0..14_000).map(Some).chain([None]));
-        let keep = bloom.evaluate(&probe).unwrap();
+        let keep = bloom.evaluate(&probe, true).unwrap();
         for i in 0..14_000 {
             if i % 7 == 0 {
                 assert!(keep.value(i as usize), "key {i} removed");
@@ -205,22 +375,44 @@ mod tests {
     #[test]
     fn strings_sliced_arrays_and_nulls() {
         let keys: ArrayRef = Arc::new(StringArray::from(vec![Some("a"), None, Some("ccc")]));
-        let bloom = BloomPredicate::build(&[keys], true, 100).unwrap();
+        let bloom = bloom_of(DataType::Utf8, keys, true, 100);
         let probe = StringArray::from(vec![Some("x"), Some("ccc"), None, Some("a")]);
-        let keep = bloom.evaluate(&probe.slice(1, 3)).unwrap();
+        let keep = bloom.evaluate(&probe.slice(1, 3), true).unwrap();
         assert_eq!(keep, BooleanArray::from(vec![true, true, true]));
         let wrong_type = Int64Array::from(vec![1]);
-        assert!(bloom.evaluate(&wrong_type).is_err());
+        assert!(bloom.evaluate(&wrong_type, true).is_err());
     }
 
     #[test]
     fn switches_itself_off_when_it_removes_too_little() {
         let keys: ArrayRef = Arc::new(Int64Array::from_iter_values(0..100_000));
-        let bloom = BloomPredicate::build(&[keys], false, 1 << 20).unwrap();
+        let bloom = bloom_of(DataType::Int64, keys, false, 1 << 20);
         let probe = Int64Array::from_iter_values(0..(BLOOM_WARMUP_ROWS as i64));
-        assert_eq!(bloom.evaluate(&probe).unwrap().true_count(), probe.len());
+        assert_eq!(
+            bloom.evaluate(&probe, true).unwrap().true_count(),
+            probe.len()
+        );
         assert!(bloom.stats.disabled());
         let outside = Int64Array::from_iter_values(1_000_000..1_000_100);
-        assert_eq!(bloom.evaluate(&outside).unwrap().true_count(), 100);
+        assert_eq!(bloom.evaluate(&outside, true).unwrap().true_count(), 100);
+    }
+}
+
+#[cfg(test)]
+mod bounds_tests {
+    use super::*;
+    use arrow::array::Int64Array;
+
+    #[test]
+    fn bounds_remove_nulls_and_values_outside() {
+        let bound = |v: i64| Scalar(Arc::new(Int64Array::from(vec![v])));
+        let filter = JoinFilter::new(DataType::Int64, Some((bound(10), bound(20))), false);
+        let probe = Int64Array::from(vec![Some(5), Some(10), None, Some(20), Some(21)]);
+        let keep = filter.evaluate(&probe, true).unwrap();
+        assert_eq!(
+            keep,
+            BooleanArray::from(vec![false, true, false, true, false])
+        );
+        assert_eq!(filter.evaluate(&probe, false).unwrap().true_count(), 5);
     }
 }

@@ -14,21 +14,28 @@ use arrow::array::{Array, ArrayRef, AsArray, BinaryArray, BooleanArray, RecordBa
 use arrow::compute::kernels::cmp;
 use arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef};
 use arrow::error::ArrowError;
+use bytes::Bytes;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
-    ArrowPredicateFn, ArrowReaderOptions, ParquetRecordBatchReader,
+    ArrowPredicateFn, ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
     ParquetRecordBatchReaderBuilder, RowFilter, RowSelection, RowSelector,
 };
+use parquet::arrow::push_decoder::{ParquetPushDecoder, ParquetPushDecoderBuilder};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
 use parquet::file::metadata::{PageIndexPolicy, RowGroupMetaData};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::schema::types::SchemaDescriptor;
+use parquet::schema::types::{SchemaDescPtr, SchemaDescriptor};
+use parquet::DecodeResult;
+use std::os::unix::fs::FileExt;
 
 use crate::scan::{predicate_mask, ColumnPredicate, PredicateOp, Scalar};
 use crate::{Schema, StorageError};
 
 pub const KEY_COLUMN: &str = "__key";
+/// Rows per Parquet row group: the unit of statistics pruning, and where a scan may change how
+/// it filters.
+const ROW_GROUP_ROWS: usize = 64 * 1024;
 
 pub struct DiskRowSet {
     pub id: u64,
@@ -64,6 +71,7 @@ impl DiskRowSet {
             .set_compression(Compression::LZ4_RAW)
             .set_dictionary_enabled(true)
             .set_statistics_enabled(EnabledStatistics::Page)
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
             .build();
         let schema = file_schema(table);
         let mut writer = ArrowWriter::try_new(&file, schema.clone(), Some(props))?;
@@ -157,55 +165,86 @@ impl DiskRowSet {
     /// for the rows that pass (Parquet's late materialisation, skipping whole pages where
     /// none does). The file is opened now, so the reader keeps working if the rowset is later
     /// replaced.
-    pub fn reader(
+    /// A reader of the base rows of this rowset for a scan: `columns` only, rows at the
+    /// `hidden` ordinals and row groups that the predicates exclude by their statistics
+    /// skipped, predicates applied before other columns are decoded.
+    pub(crate) fn reader(
         &self,
         schema: &Schema,
         columns: &[usize],
         hidden: &[u32],
         predicates: &[ColumnPredicate],
         batch_size: usize,
-    ) -> Result<ParquetRecordBatchReader, StorageError> {
-        // The offset index lets the reader skip pages in which no row is selected.
+    ) -> Result<RowsetReader, StorageError> {
+        let file = File::open(&self.path)?;
+        // The offset index lets the decoder skip pages in which no row is selected.
         let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
-        let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(
-            File::open(&self.path)?,
-            options,
-        )?;
-        let parquet_schema = builder.parquet_schema().clone();
-        let mask = ProjectionMask::roots(&parquet_schema, columns.iter().copied());
+        let metadata = ArrowReaderMetadata::load(&file, options)?;
+        let parquet_schema = metadata.parquet_schema().clone();
         let mut skipped: Vec<(usize, usize)> = hidden.iter().map(|&o| (o as usize, 1)).collect();
+        let mut read_groups = Vec::new();
         let mut start = 0;
-        for group in builder.metadata().row_groups() {
+        for group in metadata.metadata().row_groups() {
             let rows = group.num_rows() as usize;
-            if excluded_by_statistics(schema, builder.schema(), &parquet_schema, group, predicates)
-                .unwrap_or(false)
+            if excluded_by_statistics(
+                schema,
+                metadata.schema(),
+                &parquet_schema,
+                group,
+                predicates,
+            )
+            .unwrap_or(false)
             {
                 skipped.push((start, rows));
+            } else {
+                read_groups.push(group);
             }
             start += rows;
         }
-        let mut builder = builder
-            .with_projection(mask)
+        // Join filter bounds that every row read is known to be within need no checking, and
+        // a join filter that is only bounds then needs no evaluation at all.
+        let mut predicates = predicates.to_vec();
+        for p in &mut predicates {
+            if let PredicateOp::JoinFilter {
+                filter,
+                check_bounds,
+            } = &mut p.op
+            {
+                if let Some(bounds) = filter.bounds() {
+                    let name = &schema.columns()[p.column].name;
+                    *check_bounds = !within_bounds(
+                        name,
+                        metadata.schema(),
+                        &parquet_schema,
+                        &read_groups,
+                        bounds,
+                    )
+                    .unwrap_or(false);
+                }
+            }
+        }
+        predicates.retain(|p| {
+            !matches!(&p.op, PredicateOp::JoinFilter { filter, check_bounds: false } if !filter.has_bloom())
+        });
+        let mut builder = ParquetPushDecoderBuilder::new_with_metadata(metadata)
+            .with_projection(ProjectionMask::roots(
+                &parquet_schema,
+                columns.iter().copied(),
+            ))
             .with_batch_size(batch_size.max(1));
         if !skipped.is_empty() {
             builder = builder.with_row_selection(selection(skipped, start));
         }
-        if !predicates.is_empty() {
-            let mut predicate_columns: Vec<usize> = predicates.iter().map(|p| p.column).collect();
-            predicate_columns.sort_unstable();
-            predicate_columns.dedup();
-            let schema = schema.clone();
-            let predicates = predicates.to_vec();
-            let filter = ArrowPredicateFn::new(
-                ProjectionMask::roots(&parquet_schema, predicate_columns),
-                move |batch| {
-                    predicate_mask(&schema, &predicates, &batch)
-                        .map_err(|e| ArrowError::ExternalError(Box::new(e)))
-                },
-            );
-            builder = builder.with_row_filter(RowFilter::new(vec![Box::new(filter)]));
-        }
-        Ok(builder.build()?)
+        let mut reader = RowsetReader {
+            file,
+            decoder: None,
+            current: None,
+            schema: schema.clone(),
+            parquet_schema: Arc::new(parquet_schema),
+            predicates,
+        };
+        reader.decoder = Some(reader.with_filter(builder).build()?);
+        Ok(reader)
     }
 
     /// Reads the full rows at `ordinals` (sorted, distinct), all table columns.
@@ -291,11 +330,144 @@ fn excluded_by_statistics(
                 }
                 outside
             }
-            PredicateOp::IsNull | PredicateOp::IsNotNull | PredicateOp::Bloom(_) => false,
+            PredicateOp::JoinFilter { filter, .. } => match filter.bounds() {
+                Some((low, high)) => all(cmp::lt(&max, &s(low))?) || all(cmp::gt(&min, &s(high))?),
+                None => false,
+            },
+            PredicateOp::IsNull | PredicateOp::IsNotNull => false,
         };
         if excluded {
             return Ok(true);
         }
     }
     Ok(false)
+}
+
+/// Whether the statistics of `groups` prove every value of column `name` non-null and within
+/// `bounds`.
+fn within_bounds(
+    name: &str,
+    arrow_schema: &ArrowSchema,
+    parquet_schema: &SchemaDescriptor,
+    groups: &[&RowGroupMetaData],
+    (low, high): &(Scalar, Scalar),
+) -> Result<bool, StorageError> {
+    let converter = StatisticsConverter::try_new(name, arrow_schema, parquet_schema)?;
+    let groups = groups.iter().copied();
+    let min = converter.row_group_mins(groups.clone())?;
+    let max = converter.row_group_maxes(groups.clone())?;
+    let nulls = converter.row_group_null_counts(groups)?;
+    if min.null_count() > 0 || max.null_count() > 0 || nulls.null_count() > 0 {
+        return Ok(false);
+    }
+    let s = |v: &Scalar| arrow::array::Scalar::new(v.0.clone());
+    let all = |b: BooleanArray| b.null_count() == 0 && b.true_count() == b.len();
+    Ok(nulls.values().iter().all(|&n| n == 0)
+        && all(cmp::gt_eq(&min, &s(low))?)
+        && all(cmp::lt_eq(&max, &s(high))?))
+}
+
+/// Decodes a rowset for a scan one row group at a time, so that between row groups it can drop
+/// predicates that stopped paying (join filters that switched themselves off). Predicates run
+/// as a Parquet row filter: their columns are decoded first (and kept for the output), the other
+/// columns only for the rows and pages that pass.
+pub(crate) struct RowsetReader {
+    file: File,
+    decoder: Option<ParquetPushDecoder>,
+    current: Option<ParquetRecordBatchReader>,
+    schema: Schema,
+    parquet_schema: SchemaDescPtr,
+    predicates: Vec<ColumnPredicate>,
+}
+
+impl RowsetReader {
+    fn with_filter(&self, builder: ParquetPushDecoderBuilder) -> ParquetPushDecoderBuilder {
+        if self.predicates.is_empty() {
+            return builder.with_row_filter(RowFilter::new(vec![]));
+        }
+        let mut predicate_columns: Vec<usize> = self.predicates.iter().map(|p| p.column).collect();
+        predicate_columns.sort_unstable();
+        predicate_columns.dedup();
+        let schema = self.schema.clone();
+        let predicates = self.predicates.clone();
+        let filter = ArrowPredicateFn::new(
+            ProjectionMask::roots(&self.parquet_schema, predicate_columns),
+            move |batch| {
+                predicate_mask(&schema, &predicates, &batch)
+                    .map_err(|e| ArrowError::ExternalError(Box::new(e)))
+            },
+        );
+        builder.with_row_filter(RowFilter::new(vec![Box::new(filter)]))
+    }
+
+    /// Between row groups: rebuilds the decoder without bloom filters that switched off.
+    fn adapt(&mut self) -> Result<(), StorageError> {
+        let switched_off = |p: &ColumnPredicate| matches!(&p.op, PredicateOp::JoinFilter { filter, .. } if filter.stats.disabled());
+        let Some(decoder) = self
+            .decoder
+            .take_if(|d| d.is_at_row_group_boundary() && d.row_groups_remaining() > 0)
+        else {
+            return Ok(());
+        };
+        if !self.predicates.iter().any(switched_off) {
+            self.decoder = Some(decoder);
+            return Ok(());
+        }
+        self.predicates.retain(|p| !switched_off(p));
+        let builder = decoder.into_builder()?;
+        self.decoder = Some(self.with_filter(builder).build()?);
+        Ok(())
+    }
+
+    fn next_row_group(&mut self) -> Result<bool, StorageError> {
+        loop {
+            self.adapt()?;
+            let Some(decoder) = self.decoder.as_mut() else {
+                return Ok(false);
+            };
+            match decoder.try_next_reader()? {
+                DecodeResult::NeedsData(ranges) => {
+                    let data = ranges
+                        .iter()
+                        .map(|r| {
+                            let mut buf = vec![0; (r.end - r.start) as usize];
+                            self.file
+                                .read_exact_at(&mut buf, r.start)
+                                .map(|()| Bytes::from(buf))
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    decoder.push_ranges(ranges, data)?;
+                }
+                DecodeResult::Data(reader) => {
+                    self.current = Some(reader);
+                    return Ok(true);
+                }
+                DecodeResult::Finished => {
+                    self.decoder = None;
+                    return Ok(false);
+                }
+            }
+        }
+    }
+}
+
+impl Iterator for RowsetReader {
+    type Item = Result<RecordBatch, StorageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(batch) = self.current.as_mut().and_then(Iterator::next) {
+                return Some(batch.map_err(StorageError::from));
+            }
+            self.current = None;
+            match self.next_row_group() {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(e) => {
+                    self.decoder = None;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
 }

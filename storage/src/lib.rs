@@ -16,7 +16,7 @@ mod schema;
 mod tablet;
 mod write;
 
-pub use bloom::{BloomPredicate, FilterStats, BLOOM_WARMUP_ROWS};
+pub use bloom::{FilterStats, JoinFilter, BLOOM_WARMUP_ROWS};
 pub use error::StorageError;
 pub use key::{encode_key_columns, encode_keys, format_key};
 pub use scan::{ColumnPredicate, PredicateOp, Scalar, ScanIterator, ScanSpec};

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
 use arrow::compute::kernels::{boolean, cmp};
 use arrow::compute::{filter_record_batch, is_not_null, is_null};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReader;
 
-use crate::bloom::BloomPredicate;
+use crate::bloom::JoinFilter;
+use crate::diskrowset::RowsetReader;
 use crate::{Schema, StorageError, Timestamp};
 
 #[derive(Clone, Debug)]
@@ -30,13 +30,24 @@ pub enum PredicateOp {
     InList(Vec<Scalar>),
     IsNull,
     IsNotNull,
-    /// A runtime filter: the value may be one of a join's build keys.
-    Bloom(Arc<BloomPredicate>),
+    /// A runtime filter: the value may be one of a join's build keys. `check_bounds: false`
+    /// where statistics already prove every row within the filter's bounds.
+    JoinFilter {
+        filter: Arc<JoinFilter>,
+        check_bounds: bool,
+    },
 }
 
 impl PredicateOp {
-    fn is_bloom(&self) -> bool {
-        matches!(self, PredicateOp::Bloom(_))
+    pub fn join_filter(filter: Arc<JoinFilter>) -> Self {
+        PredicateOp::JoinFilter {
+            filter,
+            check_bounds: true,
+        }
+    }
+
+    fn is_join_filter(&self) -> bool {
+        matches!(self, PredicateOp::JoinFilter { .. })
     }
 }
 
@@ -63,7 +74,7 @@ pub(crate) enum Source {
     /// Rows already gathered (MemRowSet rows, delta images); predicates still to apply.
     Batch(RecordBatch),
     /// A DiskRowSet's base rows, with hidden rows skipped and predicates applied by the reader.
-    Rowset(ParquetRecordBatchReader),
+    Rowset(RowsetReader),
 }
 
 pub(crate) struct Scan {
@@ -92,7 +103,7 @@ impl Scan {
                     None => {
                         self.sources.pop_front();
                     }
-                    Some(Err(e)) => return Some(Err(e.into())),
+                    Some(Err(e)) => return Some(Err(e)),
                     // Parquet returns columns in file order; scans want `read_columns` order.
                     Some(Ok(batch)) => {
                         return Some(
@@ -117,7 +128,7 @@ impl Scan {
 }
 
 /// Which rows of `batch` (holding at least the predicate columns, by name) pass `predicates`.
-/// Bloom filters run last, on the rows the other predicates left, so their statistics count
+/// Join filters run last, on the rows the other predicates left, so their statistics count
 /// only the rows they decide.
 pub(crate) fn predicate_mask(
     schema: &Schema,
@@ -127,8 +138,8 @@ pub(crate) fn predicate_mask(
     let mut mask = BooleanArray::from(vec![true; batch.num_rows()]);
     let ordered = predicates
         .iter()
-        .filter(|p| !p.op.is_bloom())
-        .chain(predicates.iter().filter(|p| p.op.is_bloom()));
+        .filter(|p| !p.op.is_join_filter())
+        .chain(predicates.iter().filter(|p| p.op.is_join_filter()));
     for p in ordered {
         let name = &schema.columns()[p.column].name;
         let column = batch
@@ -138,16 +149,19 @@ pub(crate) fn predicate_mask(
             StorageError::InvalidPredicate(format!("on column '{name}': {e}"))
         };
         mask = match &p.op {
-            PredicateOp::Bloom(bloom) => {
+            PredicateOp::JoinFilter {
+                filter,
+                check_bounds,
+            } => {
                 let live = mask.true_count();
                 if live == 0 {
                     return Ok(mask);
                 }
                 let checked = if live == mask.len() {
-                    bloom.evaluate(column.as_ref())?
+                    filter.evaluate(column.as_ref(), *check_bounds)?
                 } else {
                     let rows = arrow::compute::filter(column, &mask).map_err(on_column)?;
-                    bloom.evaluate(rows.as_ref())?
+                    filter.evaluate(rows.as_ref(), *check_bounds)?
                 };
                 let mut decided = checked.values().iter();
                 mask.iter()
@@ -195,9 +209,9 @@ fn evaluate(column: &ArrayRef, op: &PredicateOp) -> Result<BooleanArray, arrow::
         }
         PredicateOp::IsNull => is_null(column.as_ref())?,
         PredicateOp::IsNotNull => is_not_null(column.as_ref())?,
-        PredicateOp::Bloom(_) => {
+        PredicateOp::JoinFilter { .. } => {
             return Err(arrow::error::ArrowError::InvalidArgumentError(
-                "bloom filters are evaluated by predicate_mask".into(),
+                "join filters are evaluated by predicate_mask".into(),
             ))
         }
     })

@@ -743,3 +743,86 @@ async fn large_results_stream_without_buffering() {
         "server peak memory {peak_kb} kB while streaming"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_filters_over_flight_sql() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut c = server.client().await;
+    update(
+        &mut c,
+        "CREATE TABLE facts (id BIGINT PRIMARY KEY, v BIGINT) DISTRIBUTE BY HASH (id) INTO 4 BUCKETS",
+    )
+    .await
+    .unwrap();
+    update(
+        &mut c,
+        "INSERT INTO facts SELECT value, value * 2 FROM generate_series(1, 50000) AS t(value)",
+    )
+    .await
+    .unwrap();
+    update(
+        &mut c,
+        "CREATE TABLE dim (id BIGINT PRIMARY KEY, name STRING)",
+    )
+    .await
+    .unwrap();
+    update(
+        &mut c,
+        "INSERT INTO dim VALUES (1, 'first'), (25000, 'middle'), (50000, 'last'), (99999, 'none')",
+    )
+    .await
+    .unwrap();
+    let join = "SELECT d.name, f.v FROM facts f JOIN dim d ON f.id = d.id ORDER BY f.v";
+    let expected = text(&mut c, join).await;
+    assert!(expected.contains("| middle | 50000  |"), "{expected}");
+
+    let plan = text(&mut c, &format!("EXPLAIN ANALYZE {join}")).await;
+    let scan = plan
+        .lines()
+        .find(|l| l.contains("NyalaScanExec: table=facts"))
+        .unwrap_or_else(|| panic!("{plan}"));
+    let count = |name: &str| -> u64 {
+        let after = scan.split(name).nth(1).unwrap_or_else(|| panic!("{scan}"));
+        after
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{scan}"))
+    };
+    // Every row is checked against the bloom filter of the 4 keys and nearly all are removed
+    // in the tablets (a few false positives may pass).
+    assert!(scan.contains("bloom(4 keys)"), "{scan}");
+    assert_eq!(count("checked="), 50_000, "{scan}");
+    assert!(count("removed=") > 45_000, "{scan}");
+
+    update(&mut c, "SET nyala.runtime_filters = off")
+        .await
+        .unwrap();
+    assert_eq!(text(&mut c, join).await, expected);
+    let plan = text(&mut c, &format!("EXPLAIN ANALYZE {join}")).await;
+    assert!(!plan.contains("runtime_filters="), "{plan}");
+    let e = update(&mut c, "SET nyala.runtime_filters = maybe")
+        .await
+        .unwrap_err();
+    assert!(e.contains("expected off, minmax or bloom"), "{e}");
+    update(&mut c, "SET nyala.runtime_filters = bloom")
+        .await
+        .unwrap();
+
+    // Writes that pick their rows with a join or a subquery change exactly those rows.
+    let n = update(
+        &mut c,
+        "UPDATE facts SET v = 0 WHERE id IN (SELECT id FROM dim WHERE name <> 'last')",
+    )
+    .await
+    .unwrap();
+    assert_eq!(n, 2);
+    let n = update(&mut c, "DELETE FROM facts WHERE id IN (SELECT id FROM dim)")
+        .await
+        .unwrap();
+    assert_eq!(n, 3);
+    let left = text(&mut c, "SELECT count(*), sum(v) FROM facts").await;
+    let sum = (1..=50_000_i64).map(|i| i * 2).sum::<i64>() - 2 * 50_000 - 2 * 25_000 - 2;
+    assert!(left.contains(&format!("| 49997    | {sum} ")), "{left}");
+}
