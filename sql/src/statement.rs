@@ -89,7 +89,7 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
     {
         tokens.pop();
     }
-    if tokens.iter().any(|t| *t == Token::SemiColon) {
+    if tokens.contains(&Token::SemiColon) {
         return Err(SqlError::Parse(
             "expected one statement, found several".into(),
         ));

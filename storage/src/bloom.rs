@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray};
-use arrow::buffer::{BooleanBuffer, NullBuffer};
+use arrow::buffer::BooleanBuffer;
 use arrow::compute::kernels::cmp;
 use arrow::datatypes::{
     DataType, Date32Type, Date64Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type,
@@ -80,7 +80,12 @@ impl SplitBlockFilter {
     fn check(&self, hash: u64) -> bool {
         let block = &self.blocks[self.block(hash)];
         let mask = Self::mask(hash);
-        block.iter().zip(mask).all(|(word, bit)| word & bit != 0)
+        // Branch-free over the eight words.
+        let mut missing = 0u32;
+        for (word, bit) in block.iter().zip(mask) {
+            missing |= (word & bit) ^ bit;
+        }
+        missing == 0
     }
 
     fn bytes(&self) -> usize {
@@ -173,11 +178,17 @@ impl JoinFilter {
                     array.data_type()
                 )));
             }
-            for_each_hash(array.as_ref(), |hash| {
-                if let Some(hash) = hash {
+            let mut hashes = Vec::with_capacity(array.len());
+            map_hashes(array.as_ref(), |hash| {
+                hashes.push(hash);
+                true
+            })?;
+            let nulls = array.logical_nulls();
+            for (i, hash) in hashes.into_iter().enumerate() {
+                if nulls.as_ref().is_none_or(|n| n.is_valid(i)) {
                     filter.insert(hash);
                 }
-            })?;
+            }
         }
         self.bloom = Some(filter);
         self.keys = count;
@@ -229,14 +240,14 @@ impl JoinFilter {
             });
         }
         if let Some(bloom) = &self.bloom {
-            let mut hits = Vec::with_capacity(column.len());
-            for_each_hash(column, |hash| {
-                hits.push(match hash {
-                    Some(hash) => bloom.check(hash),
-                    None => self.pass_nulls,
-                })
-            })?;
-            let hits = BooleanBuffer::from(hits);
+            let mut hits = map_hashes(column, |hash| bloom.check(hash))?;
+            if let Some(nulls) = column.logical_nulls() {
+                hits = if self.pass_nulls {
+                    &hits | &!nulls.inner()
+                } else {
+                    &hits & nulls.inner()
+                };
+            }
             keep = Some(match keep {
                 Some(inside) => &inside & &hits,
                 None => hits,
@@ -253,24 +264,32 @@ impl JoinFilter {
     }
 }
 
-/// Calls `f` with the hash of each value of `array` in order (None for NULL).
-fn for_each_hash(array: &dyn Array, mut f: impl FnMut(Option<u64>)) -> Result<(), StorageError> {
-    let nulls = array.logical_nulls();
-    let valid = |i: usize| nulls.as_ref().is_none_or(|n: &NullBuffer| n.is_valid(i));
+/// `f(hash)` for each slot of `array` (whatever a NULL slot holds: callers mask NULLs out),
+/// packed into bits.
+fn map_hashes(
+    array: &dyn Array,
+    mut f: impl FnMut(u64) -> bool,
+) -> Result<BooleanBuffer, StorageError> {
+    let n = array.len();
     macro_rules! primitive {
         ($t:ty) => {{
             let values = array.as_primitive::<$t>().values();
-            for (i, v) in values.iter().enumerate() {
-                f(valid(i).then(|| hash_u64(v.to_bits_u64())));
-            }
+            BooleanBuffer::collect_bool(n, |i| f(hash_u64(values[i].to_bits_u64())))
         }};
     }
     macro_rules! bytes {
-        ($iter:expr) => {
-            $iter.for_each(|v| f(v.map(|v| hash_bytes(v.as_ref()))))
-        };
+        ($array:expr) => {{
+            let array = $array;
+            BooleanBuffer::collect_bool(n, |i| {
+                f(if array.is_valid(i) {
+                    hash_bytes(array.value(i).as_ref())
+                } else {
+                    0
+                })
+            })
+        }};
     }
-    match array.data_type() {
+    Ok(match array.data_type() {
         DataType::Int8 => primitive!(Int8Type),
         DataType::Int16 => primitive!(Int16Type),
         DataType::Int32 => primitive!(Int32Type),
@@ -289,23 +308,22 @@ fn for_each_hash(array: &dyn Array, mut f: impl FnMut(Option<u64>)) -> Result<()
             arrow::datatypes::TimeUnit::Microsecond => primitive!(TimestampMicrosecondType),
             arrow::datatypes::TimeUnit::Nanosecond => primitive!(TimestampNanosecondType),
         },
-        DataType::Boolean => array
-            .as_boolean()
-            .iter()
-            .for_each(|v| f(v.map(|b| hash_u64(u64::from(b))))),
-        DataType::Utf8 => bytes!(array.as_string::<i32>().iter()),
-        DataType::LargeUtf8 => bytes!(array.as_string::<i64>().iter()),
-        DataType::Utf8View => bytes!(array.as_string_view().iter()),
-        DataType::Binary => bytes!(array.as_binary::<i32>().iter()),
-        DataType::LargeBinary => bytes!(array.as_binary::<i64>().iter()),
-        DataType::BinaryView => bytes!(array.as_binary_view().iter()),
+        DataType::Boolean => {
+            let values = array.as_boolean().values();
+            BooleanBuffer::collect_bool(n, |i| f(hash_u64(u64::from(values.value(i)))))
+        }
+        DataType::Utf8 => bytes!(array.as_string::<i32>()),
+        DataType::LargeUtf8 => bytes!(array.as_string::<i64>()),
+        DataType::Utf8View => bytes!(array.as_string_view()),
+        DataType::Binary => bytes!(array.as_binary::<i32>()),
+        DataType::LargeBinary => bytes!(array.as_binary::<i64>()),
+        DataType::BinaryView => bytes!(array.as_binary_view()),
         other => {
             return Err(StorageError::InvalidPredicate(format!(
                 "no bloom filter for {other} values"
             )))
         }
-    }
-    Ok(())
+    })
 }
 
 /// The 64-bit image of a fixed-width value, the same for equal values of one type.

@@ -9,7 +9,8 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use arrow::array::{Array, ArrayRef, BooleanArray, BooleanBufferBuilder, RecordBatch};
+use arrow::buffer::BooleanBuffer;
 use arrow::compute::kernels::{boolean, cmp};
 use arrow::compute::{filter_record_batch, is_not_null, is_null};
 
@@ -135,7 +136,7 @@ pub(crate) fn predicate_mask(
     predicates: &[ColumnPredicate],
     batch: &RecordBatch,
 ) -> Result<BooleanArray, StorageError> {
-    let mut mask = BooleanArray::from(vec![true; batch.num_rows()]);
+    let mut mask = BooleanArray::new(BooleanBuffer::new_set(batch.num_rows()), None);
     let ordered = predicates
         .iter()
         .filter(|p| !p.op.is_join_filter())
@@ -153,20 +154,28 @@ pub(crate) fn predicate_mask(
                 filter,
                 check_bounds,
             } => {
-                let live = mask.true_count();
-                if live == 0 {
-                    return Ok(mask);
+                // NULL (unknown) from an earlier predicate means the row is out.
+                if let Some(nulls) = mask.nulls() {
+                    mask = BooleanArray::new(mask.values() & nulls.inner(), None);
                 }
-                let checked = if live == mask.len() {
+                let live = mask.true_count();
+                if live == mask.len() {
                     filter.evaluate(column.as_ref(), *check_bounds)?
+                } else if live == 0 {
+                    return Ok(mask);
                 } else {
+                    // Check only the rows still live, then spread the answers back.
                     let rows = arrow::compute::filter(column, &mask).map_err(on_column)?;
-                    filter.evaluate(rows.as_ref(), *check_bounds)?
-                };
-                let mut decided = checked.values().iter();
-                mask.iter()
-                    .map(|m| Some(m == Some(true) && decided.next() == Some(true)))
-                    .collect()
+                    let checked = filter.evaluate(rows.as_ref(), *check_bounds)?;
+                    let mut out = BooleanBufferBuilder::new(mask.len());
+                    out.append_n(mask.len(), false);
+                    for (j, i) in mask.values().set_indices().enumerate() {
+                        if checked.value(j) {
+                            out.set_bit(i, true);
+                        }
+                    }
+                    BooleanArray::new(out.finish(), None)
+                }
             }
             op => boolean::and(&mask, &evaluate(column, op).map_err(on_column)?)?,
         };
