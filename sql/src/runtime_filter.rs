@@ -567,7 +567,8 @@ impl RuntimeFilterRule {
 }
 
 /// `plan` with the runtime filter on its output column `column` attached to the Nyala scan
-/// that produces the column, if the way down only moves, projects or filters rows.
+/// that produces the column, if the way down only moves, sorts, projects or filters rows (and
+/// limits none).
 fn attach_to_scan(
     plan: &Arc<dyn ExecutionPlan>,
     column: usize,
@@ -590,12 +591,20 @@ fn attach_to_scan(
         }
     } else if matches!(
         plan.name(),
-        "RepartitionExec" | "CoalesceBatchesExec" | "CoalescePartitionsExec" | "CooperativeExec"
+        "RepartitionExec"
+            | "CoalesceBatchesExec"
+            | "CoalescePartitionsExec"
+            | "CooperativeExec"
+            | "SortExec"
     ) {
         column
     } else {
         return None;
     };
+    // Below a limit (a TopK sort, a fetch), removing rows would change which rows are kept.
+    if plan.fetch().is_some() {
+        return None;
+    }
     let child = plan.children().first().copied()?.clone();
     let new_child = attach_to_scan(&child, child_column, filter, replaces)?;
     replace_children(plan, vec![new_child]).ok()

@@ -254,6 +254,9 @@ async fn joins_give_the_same_rows_with_and_without_runtime_filters() {
         "SELECT b.k FROM big b JOIN small s ON b.k = s.k + 1 WHERE b.v > 500 ORDER BY 1",
         "SELECT b.k, s.id FROM big b JOIN (SELECT id, k FROM small WHERE k IS NULL) s \
          ON b.k = s.k",
+        "SELECT s.w, b.v FROM big b JOIN small s ON b.k = s.k ORDER BY b.v",
+        "SELECT s.id, t.k FROM small s JOIN (SELECT k FROM big ORDER BY v DESC LIMIT 60) t \
+         ON t.k = s.k ORDER BY 1, 2",
     ];
     for query in queries {
         run(&s, "SET nyala.runtime_filters = off").await;
