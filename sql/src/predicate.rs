@@ -179,10 +179,15 @@ pub fn physical_to_predicates(
         if !in_lists || list.negated() {
             return vec![];
         }
+        // A NULL item never makes the IN list true, so it can be left out.
         let values = list
             .list()
             .iter()
-            .map(|item| value_for_column(schema, column, &literal_of(item)?))
+            .filter_map(|item| match literal_of(item) {
+                Some(v) if v.is_null() => None,
+                Some(v) => Some(value_for_column(schema, column, &v)),
+                None => Some(None),
+            })
             .collect::<Option<Vec<_>>>();
         return match values {
             Some(values) => vec![ColumnPredicate {

@@ -576,6 +576,9 @@ fn attach_to_scan(
     replaces: &[u64],
 ) -> Option<Arc<dyn ExecutionPlan>> {
     if let Some(scan) = plan.downcast_ref::<NyalaScanExec>() {
+        if scan.limit().is_some() {
+            return None;
+        }
         let table_column = scan.table_column(column)?;
         return Some(Arc::new(
             scan.with_runtime_filter(filter(table_column), replaces),

@@ -88,6 +88,11 @@ impl NyalaScanExec {
         })
     }
 
+    /// The row limit pushed into storage, if any.
+    pub fn limit(&self) -> Option<usize> {
+        self.spec.limit
+    }
+
     /// The table column of output column `column`.
     pub fn table_column(&self, column: usize) -> Option<usize> {
         match &self.spec.projection {
