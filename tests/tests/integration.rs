@@ -826,3 +826,33 @@ async fn runtime_filters_over_flight_sql() {
     let sum = (1..=50_000_i64).map(|i| i * 2).sum::<i64>() - 2 * 50_000 - 2 * 25_000 - 2;
     assert!(left.contains(&format!("| 49997    | {sum} ")), "{left}");
 }
+
+#[path = "support/slt.rs"]
+mod slt;
+
+/// Every `tests/slt/*.slt` file, each against a fresh server, through Flight SQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqllogictest_files_over_flight_sql() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("slt");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "slt"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no .slt files in {}", dir.display());
+    let mut failures = Vec::new();
+    for file in &files {
+        let data = tempfile::tempdir().unwrap();
+        let server = Server::start(data.path());
+        let client = server.client().await;
+        let mut runner = sqllogictest::Runner::new(move || {
+            let client = client.clone();
+            async move { Ok::<_, slt::FlightError>(slt::FlightDb { client }) }
+        });
+        if let Err(e) = runner.run_file_async(file).await {
+            failures.push(format!("{}\n{}", file.display(), e.display(false)));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
