@@ -27,6 +27,7 @@ use datafusion::datasource::source_as_provider;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::dml::InsertOp;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
     DmlStatement, Expr, Extension, LogicalPlan, LogicalPlanBuilder, TableSource,
@@ -62,6 +63,7 @@ impl NyalaSink {
     fn verb(&self) -> &'static str {
         match self.kind {
             WriteKind::Insert => "INSERT",
+            WriteKind::InsertIgnore => "INSERT IGNORE",
             WriteKind::Upsert => "UPSERT",
             WriteKind::Update => "UPDATE",
             WriteKind::Delete => "DELETE",
@@ -147,9 +149,9 @@ impl NyalaSink {
     }
 }
 
-/// A DELETE or an UPDATE of a Nyala table in a logical plan. Its input yields the key columns
-/// of the target rows (named as in the table) and, for an UPDATE, the new values of the
-/// assigned columns.
+/// A DELETE, an UPDATE or an INSERT IGNORE of a Nyala table in a logical plan. Its input yields
+/// the key columns of the target rows (named as in the table) and, for an UPDATE, the new values
+/// of the assigned columns; for an INSERT IGNORE, the new rows.
 #[derive(Clone)]
 pub struct MutationNode {
     table: TableReference,
@@ -167,6 +169,26 @@ pub fn plan_mutations(plan: LogicalPlan) -> Result<LogicalPlan> {
     plan.transform_up(|node| match node {
         LogicalPlan::Dml(dml) if matches!(dml.op, WriteOp::Delete | WriteOp::Update) => {
             Ok(Transformed::yes(MutationNode::try_new(dml)?))
+        }
+        other => Ok(Transformed::no(other)),
+    })
+    .map(|t| t.data)
+}
+
+/// Rewrites the INSERT of `plan` (an INSERT, or EXPLAIN of one) into a [`MutationNode`] that
+/// skips rows whose key exists or repeats.
+pub fn plan_insert_ignore(plan: LogicalPlan) -> Result<LogicalPlan> {
+    plan.transform_up(|node| match node {
+        LogicalPlan::Dml(dml) if matches!(dml.op, WriteOp::Insert(InsertOp::Append)) => {
+            Ok(Transformed::yes(LogicalPlan::Extension(Extension {
+                node: Arc::new(MutationNode {
+                    table: dml.table_name,
+                    target: dml.target,
+                    kind: WriteKind::InsertIgnore,
+                    input: dml.input,
+                    schema: dml.output_schema,
+                }),
+            })))
         }
         other => Ok(Transformed::no(other)),
     })
@@ -358,10 +380,10 @@ impl ExtensionPlanner for MutationPlanner {
 
 impl MutationNode {
     fn kind_name(&self) -> &'static str {
-        if self.kind == WriteKind::Update {
-            "UPDATE"
-        } else {
-            "DELETE"
+        match self.kind {
+            WriteKind::Update => "UPDATE",
+            WriteKind::InsertIgnore => "INSERT IGNORE",
+            _ => "DELETE",
         }
     }
 }

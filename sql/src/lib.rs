@@ -388,7 +388,7 @@ impl Session {
     pub async fn prepare(&self, sql: &str) -> Result<StatementInfo> {
         let no_parameters = Arc::new(ArrowSchema::empty());
         let (kind, schema, parameters) = match statement::parse(sql)? {
-            NyalaStatement::DataFusion(statement) => {
+            NyalaStatement::DataFusion(statement) | NyalaStatement::InsertIgnore(statement) => {
                 let plan = self
                     .ctx
                     .state()
@@ -427,7 +427,13 @@ impl Session {
         params: &[ScalarValue],
     ) -> Result<PlannedStatement> {
         let statement = statement::parse(sql)?;
-        if !params.is_empty() && !matches!(statement, NyalaStatement::DataFusion(_)) {
+        let ignore_duplicates = matches!(statement, NyalaStatement::InsertIgnore(_));
+        if !params.is_empty()
+            && !matches!(
+                statement,
+                NyalaStatement::DataFusion(_) | NyalaStatement::InsertIgnore(_)
+            )
+        {
             return Err(SqlError::Invalid(format!(
                 "this statement has no parameters, {} were bound",
                 params.len()
@@ -454,12 +460,17 @@ impl Session {
             NyalaStatement::Describe { name } => {
                 (StatementKind::Query, Action::Rows(self.describe(&name)?))
             }
-            NyalaStatement::DataFusion(statement) => {
+            NyalaStatement::DataFusion(statement) | NyalaStatement::InsertIgnore(statement) => {
                 let state = self.ctx.state();
                 let plan = state
                     .statement_to_plan(DFStatement::Statement(statement))
                     .await?;
                 let kind = statement_kind(&plan)?;
+                let plan = if ignore_duplicates {
+                    dml::plan_insert_ignore(plan)?
+                } else {
+                    plan
+                };
                 if let LogicalPlan::Statement(statement) = &plan {
                     runtime_filter::check_setting(statement)?;
                     (kind, Action::Setting(plan))

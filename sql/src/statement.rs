@@ -32,6 +32,8 @@ pub enum NyalaStatement {
     },
     /// Planned by DataFusion: queries, INSERT/UPSERT/UPDATE/DELETE, EXPLAIN.
     DataFusion(Box<Statement>),
+    /// `INSERT IGNORE INTO ...` (possibly under EXPLAIN), parsed as the plain INSERT.
+    InsertIgnore(Box<Statement>),
 }
 
 #[derive(Debug)]
@@ -130,6 +132,22 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
             _ => return Err(SqlError::Parse("expected UPSERT INTO table ...".into())),
         }
         return Ok(NyalaStatement::DataFusion(Box::new(statement)));
+    }
+    // INSERT IGNORE, possibly under EXPLAIN: parsed without IGNORE, planned to skip duplicates.
+    if words.get(explained).is_some_and(|w| is_word(w, "INSERT"))
+        && words
+            .get(explained + 1)
+            .is_some_and(|w| is_word(w, "IGNORE"))
+        && (explained == 0 || is_word(words[0], "EXPLAIN"))
+    {
+        let ignore = tokens
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !is_trivia(t))
+            .nth(explained + 1)
+            .map_or(0, |(i, _)| i);
+        tokens.remove(ignore);
+        return Ok(NyalaStatement::InsertIgnore(Box::new(parse_one(tokens)?)));
     }
     if is_word(words[0], "CREATE") && words.len() > 1 && is_word(words[1], "TABLE") {
         return create_table(tokens).map(NyalaStatement::CreateTable);

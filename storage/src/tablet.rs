@@ -208,18 +208,25 @@ impl Tablet {
         // Validate every row before changing anything.
         let mut seen = HashSet::with_capacity(n);
         let mut locations = Vec::with_capacity(n);
-        let mut last_of_key = vec![true; n];
+        // Rows not applied: superseded by a later image of their key (UPSERT), or skipped
+        // because their key exists or came earlier in the batch (INSERT IGNORE).
+        let mut applied = vec![true; n];
         for (row, key) in keys.iter().enumerate() {
             if !seen.insert(key.as_slice()) {
-                if batch.kind != WriteKind::Upsert {
-                    return Err(StorageError::DuplicateKey {
-                        key: format_key(&self.schema, &rows, row),
-                    });
-                }
-                // The last image of a key in one UPSERT wins.
-                for (earlier, k) in keys.iter().enumerate().take(row) {
-                    if k == key {
-                        last_of_key[earlier] = false;
+                match batch.kind {
+                    WriteKind::Upsert => {
+                        // The last image of a key in one UPSERT wins.
+                        for (earlier, k) in keys.iter().enumerate().take(row) {
+                            if k == key {
+                                applied[earlier] = false;
+                            }
+                        }
+                    }
+                    WriteKind::InsertIgnore => applied[row] = false,
+                    _ => {
+                        return Err(StorageError::DuplicateKey {
+                            key: format_key(&self.schema, &rows, row),
+                        })
                     }
                 }
             }
@@ -229,6 +236,9 @@ impl Tablet {
                     return Err(StorageError::DuplicateKey {
                         key: format_key(&self.schema, &rows, row),
                     })
+                }
+                (WriteKind::InsertIgnore, Location::Mem(_) | Location::Disk { .. }) => {
+                    applied[row] = false;
                 }
                 (WriteKind::Update | WriteKind::Delete, Location::Absent) => {
                     return Err(StorageError::KeyNotFound {
@@ -242,7 +252,9 @@ impl Tablet {
         // New full row images: the batch's rows for INSERT/UPSERT, old rows with the changed
         // columns replaced for UPDATE, none for DELETE.
         let images: Option<Vec<RowRef>> = match batch.kind {
-            WriteKind::Insert | WriteKind::Upsert => Some(state.arena.append(rows.clone())),
+            WriteKind::Insert | WriteKind::InsertIgnore | WriteKind::Upsert => {
+                Some(state.arena.append(rows.clone()))
+            }
             WriteKind::Update => {
                 let merged = self.updated_rows(state, &rows, &locations)?;
                 Some(state.arena.append(merged))
@@ -250,7 +262,7 @@ impl Tablet {
             WriteKind::Delete => None,
         };
         for (row, (key, location)) in keys.into_iter().zip(locations).enumerate() {
-            if !last_of_key[row] {
+            if !applied[row] {
                 continue;
             }
             let version = Version {
@@ -261,6 +273,9 @@ impl Tablet {
                 Location::Disk { rs, ordinal, .. } => state.deltas[rs].push(ordinal, version),
                 Location::Mem(_) | Location::Absent => state.mrs.push(key, version),
             }
+        }
+        if batch.kind == WriteKind::InsertIgnore {
+            return Ok(applied.iter().filter(|&&a| a).count());
         }
         Ok(n)
     }
@@ -279,7 +294,9 @@ impl Tablet {
             }
         }
         let wanted: Vec<usize> = match batch.kind {
-            WriteKind::Insert | WriteKind::Upsert => (0..table.fields().len()).collect(),
+            WriteKind::Insert | WriteKind::InsertIgnore | WriteKind::Upsert => {
+                (0..table.fields().len()).collect()
+            }
             WriteKind::Delete => self.schema.key_columns().to_vec(),
             WriteKind::Update => {
                 let mut cols = self.schema.key_columns().to_vec();

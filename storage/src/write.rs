@@ -16,13 +16,15 @@ pub struct Timestamp(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Hash, Serialize, Deserialize)]
 pub enum WriteKind {
     /// New rows; an existing key is an error.
-    Insert,
+    Insert = 0,
     /// Insert or replace whole rows.
     Upsert,
     /// Key columns plus the columns to change; a missing key is an error.
     Update,
     /// Key columns; a missing key is an error.
-    Delete,
+    Delete = 3,
+    /// New rows; rows whose key exists (or repeats in the batch) are skipped.
+    InsertIgnore = 4,
 }
 
 #[derive(Clone, Debug)]
@@ -56,6 +58,7 @@ impl WriteBatch {
             1 => WriteKind::Upsert,
             2 => WriteKind::Update,
             3 => WriteKind::Delete,
+            4 => WriteKind::InsertIgnore,
             other => {
                 return Err(StorageError::Corruption(format!(
                     "unknown write kind {other}"

@@ -123,7 +123,8 @@ fn random_operations_match_a_model() {
         distinct.sort_unstable();
         distinct.dedup();
         let unique = distinct.len() == keys.len();
-        let op = rng.random_range(0..8);
+        let op = rng.random_range(0..9);
+        let mut ignored_count = None;
         let before = model.clone();
         let (kind, batch, expect_ok) = match op {
             0 | 1 => {
@@ -165,6 +166,18 @@ fn random_operations_match_a_model() {
                     ok,
                 )
             }
+            7 => {
+                // The first row of each new key goes in; existing and repeated keys are skipped.
+                let mut inserted = 0;
+                for e in &entries {
+                    if !model.contains_key(&e.0) {
+                        model.insert(e.0, (e.1.clone(), e.2));
+                        inserted += 1;
+                    }
+                }
+                ignored_count = Some(inserted);
+                (WriteKind::InsertIgnore, rows(&schema, &entries), true)
+            }
             6 => {
                 tablet.flush().unwrap();
                 snapshots.clear(); // history before a flush is not kept
@@ -181,6 +194,9 @@ fn random_operations_match_a_model() {
         };
         let result = tablet.apply(index, Timestamp(ts), &WriteBatch { kind, rows: batch });
         assert_eq!(result.is_ok(), expect_ok, "{kind:?} {keys:?}: {result:?}");
+        if let (Some(expected), Ok(count)) = (ignored_count, &result) {
+            assert_eq!(*count, expected, "rows INSERT IGNORE reports for {keys:?}");
+        }
         if !expect_ok {
             assert_eq!(model, before);
         }
