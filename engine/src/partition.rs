@@ -3,11 +3,14 @@
 //! encoding as the primary key, so the mapping is stable across versions and processes.
 
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
-use arrow::compute::take_record_batch;
-use nyala_storage::{encode_key_columns, Schema};
+use arrow::compute::{concat, take_record_batch};
+use nyala_storage::{encode_key_columns, ColumnPredicate, PredicateOp, Scalar, Schema};
 use serde::{Deserialize, Serialize};
 
 use crate::{EngineError, Result};
+
+/// Most value combinations of the hash columns that partition pruning enumerates.
+pub const MAX_PRUNING_COMBINATIONS: usize = 1024;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PartitionSchema {
@@ -83,6 +86,58 @@ impl PartitionSchema {
                 (xxhash_rust::xxh64::xxh64(&key, 0) % self.num_buckets as u64) as u32
             })
             .collect())
+    }
+
+    /// The buckets that can hold rows passing `predicates` (a conjunction): when every hash
+    /// column has an equality or IN-list predicate, the buckets of their value combinations
+    /// (at most [`MAX_PRUNING_COMBINATIONS`]); otherwise None (every bucket).
+    pub fn prune(&self, schema: &Schema, predicates: &[ColumnPredicate]) -> Option<Vec<u32>> {
+        let mut choices: Vec<&[Scalar]> = Vec::with_capacity(self.hash_columns.len());
+        for &c in &self.hash_columns {
+            let values = predicates
+                .iter()
+                .filter(|p| p.column == c)
+                .find_map(|p| match &p.op {
+                    PredicateOp::Eq(v) => Some(std::slice::from_ref(v)),
+                    PredicateOp::InList(values) => Some(values.as_slice()),
+                    _ => None,
+                })?;
+            choices.push(values);
+        }
+        let combinations = choices.iter().map(|c| c.len()).product::<usize>();
+        if combinations > MAX_PRUNING_COMBINATIONS {
+            return None;
+        }
+        if combinations == 0 {
+            return Some(vec![]);
+        }
+        // Column j of combination i takes choice (i / stride_j) % len_j.
+        let mut columns = Vec::with_capacity(choices.len());
+        let mut stride = 1;
+        for values in &choices {
+            let picked: Vec<&dyn arrow::array::Array> = (0..combinations)
+                .map(|i| values[(i / stride) % values.len()].0.as_ref())
+                .collect();
+            columns.push(concat(&picked).ok()?);
+            stride *= values.len();
+        }
+        let fields: Vec<arrow::datatypes::Field> = self
+            .hash_columns
+            .iter()
+            .zip(&columns)
+            .map(|(&c, a)| {
+                arrow::datatypes::Field::new(&schema.columns()[c].name, a.data_type().clone(), true)
+            })
+            .collect();
+        let batch = RecordBatch::try_new(
+            std::sync::Arc::new(arrow::datatypes::Schema::new(fields)),
+            columns,
+        )
+        .ok()?;
+        let mut buckets = self.buckets(schema, &batch).ok()?;
+        buckets.sort_unstable();
+        buckets.dedup();
+        Some(buckets)
     }
 
     /// Splits `batch` into one batch per bucket that has rows, preserving row order within a bucket.

@@ -29,6 +29,34 @@ pub fn to_predicates(schema: &Schema, expr: &Expr) -> Option<Vec<ColumnPredicate
             preds.extend(to_predicates(schema, right)?);
             Some(preds)
         }
+        // `c = 1 OR c = 2 OR c IN (3, 4)` (DataFusion writes short IN lists this way): an IN list.
+        Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::Or,
+            right,
+        }) => {
+            let values_of = |e: &Expr| match to_predicates(schema, e)?.as_slice() {
+                [ColumnPredicate {
+                    column,
+                    op: PredicateOp::Eq(v),
+                }] => Some((*column, vec![v.clone()])),
+                [ColumnPredicate {
+                    column,
+                    op: PredicateOp::InList(values),
+                }] => Some((*column, values.clone())),
+                _ => None,
+            };
+            let (column, mut values) = values_of(left)?;
+            let (other, more) = values_of(right)?;
+            if column != other {
+                return None;
+            }
+            values.extend(more);
+            Some(vec![ColumnPredicate {
+                column,
+                op: PredicateOp::InList(values),
+            }])
+        }
         Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
             let (column, literal, op) = match (left.as_ref(), right.as_ref()) {
                 (Expr::Column(c), Expr::Literal(v, _)) => (c, v, *op),

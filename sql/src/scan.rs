@@ -1,4 +1,5 @@
-//! `NyalaScanExec`: the physical scan of a Nyala table, one DataFusion partition per tablet.
+//! `NyalaScanExec`: the physical scan of a Nyala table, one DataFusion partition per tablet that
+//! the predicates on the hash columns leave (partition pruning).
 //!
 //! Each partition runs its tablet scan (projection, predicates and limit pushed into storage) on
 //! a blocking thread and hands the Arrow batches over a small bounded channel, so a slow consumer
@@ -54,6 +55,9 @@ pub struct NyalaScanExec {
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
+    /// The tablets (hash buckets) scanned, one partition each: those the predicates on the hash
+    /// columns leave.
+    tablets: Vec<usize>,
 }
 
 impl NyalaScanExec {
@@ -68,9 +72,15 @@ impl NyalaScanExec {
             Some(p) => Arc::new(full.project(p)?),
             None => full,
         };
+        let tablets: Vec<usize> = match table.partition.prune(&table.schema, &spec.predicates) {
+            // No bucket can match (an empty IN list): scan one tablet, which returns nothing.
+            Some(buckets) if buckets.is_empty() => vec![0],
+            Some(buckets) => buckets.into_iter().map(|b| b as usize).collect(),
+            None => (0..table.tablets.len()).collect(),
+        };
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
-            Partitioning::UnknownPartitioning(table.tablets.len()),
+            Partitioning::UnknownPartitioning(tablets.len()),
             EmissionType::Incremental,
             Boundedness::Bounded,
         ));
@@ -85,6 +95,7 @@ impl NyalaScanExec {
             schema,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
+            tablets,
         })
     }
 
@@ -169,13 +180,18 @@ impl DisplayAs for NyalaScanExec {
             .iter()
             .map(|f| f.name().as_str())
             .collect();
-        write!(
-            f,
-            "NyalaScanExec: table={}, tablets={}, projection=[{}]",
-            self.table.name,
-            self.table.tablets.len(),
-            columns.join(", ")
-        )?;
+        write!(f, "NyalaScanExec: table={}, ", self.table.name)?;
+        if self.tablets.len() == self.table.tablets.len() {
+            write!(f, "tablets={}", self.tablets.len())?;
+        } else {
+            write!(
+                f,
+                "tablets={} of {}",
+                self.tablets.len(),
+                self.table.tablets.len()
+            )?;
+        }
+        write!(f, ", projection=[{}]", columns.join(", "))?;
         if !self.pushed.is_empty() {
             write!(f, ", predicates=[{}]", self.pushed.join(" AND "))?;
         }
@@ -259,6 +275,9 @@ impl ExecutionPlan for NyalaScanExec {
     ) -> Result<SendableRecordBatchStream> {
         let client = self.client.clone();
         let table = self.table.clone();
+        let tablet = *self.tablets.get(partition).ok_or_else(|| {
+            DataFusionError::Internal(format!("NyalaScanExec has no partition {partition}"))
+        })?;
         let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let filters = Self::spec_with_filters(
             self.spec.clone(),
@@ -272,7 +291,7 @@ impl ExecutionPlan for NyalaScanExec {
         let batches = futures::stream::once(async move {
             let spec = filters.await?;
             let scan = client
-                .scan_tablet(&table, partition, spec, None)
+                .scan_tablet(&table, tablet, spec, None)
                 .map_err(|e| DataFusionError::External(Box::new(e)))?;
             let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL_DEPTH);
             tokio::task::spawn_blocking(move || {
@@ -305,8 +324,15 @@ impl ExecutionPlan for NyalaScanExec {
         // Row counts steer DataFusion's join planning: the smaller side is built, and a small
         // build side is collected once (which lets runtime filters reach this scan).
         let rows = match partition {
-            Some(p) => self.client.estimated_rows(&self.table, Some(p)),
-            None => self.client.estimated_rows(&self.table, None),
+            Some(p) => self
+                .tablets
+                .get(p)
+                .map_or(0, |&b| self.client.estimated_rows(&self.table, Some(b))),
+            None => self
+                .tablets
+                .iter()
+                .map(|&b| self.client.estimated_rows(&self.table, Some(b)))
+                .sum(),
         };
         let mut statistics = Statistics::new_unknown(&self.schema);
         statistics.num_rows = Precision::Inexact(rows);

@@ -424,3 +424,58 @@ async fn dynamic_filters_from_datafusion_reach_the_scan() {
     );
     run(&s, "SET nyala.runtime_filters = bloom").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn equality_on_hash_columns_scans_only_their_tablets() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = open(dir.path()).await;
+    load_metrics(&s).await;
+    let point = "SELECT value FROM metrics WHERE host = 'a' AND metric = 'cpu' ORDER BY value";
+    let plan = text(&s, &format!("EXPLAIN {point}")).await;
+    assert!(plan.contains("tablets=1 of 4"), "{plan}");
+    let got = text(&s, point).await;
+    assert!(
+        got.contains("| 0.5   |") && got.contains("| 7.5   |"),
+        "{got}"
+    );
+    // Every (host, metric) pair, found through pruning, matches a full scan.
+    for (host, metric) in [
+        ("a", "cpu"),
+        ("a", "mem"),
+        ("b", "cpu"),
+        ("c", "cpu"),
+        ("x", "cpu"),
+    ] {
+        let pruned = text(
+            &s,
+            &format!("SELECT count(*) FROM metrics WHERE host = '{host}' AND metric = '{metric}'"),
+        )
+        .await;
+        let full = text(
+            &s,
+            &format!(
+                "SELECT count(*) FROM metrics WHERE host || '' = '{host}' AND metric || '' = '{metric}'"
+            ),
+        )
+        .await;
+        assert_eq!(pruned, full, "{host} {metric}");
+    }
+    let plan = text(
+        &s,
+        "EXPLAIN SELECT * FROM metrics WHERE host IN ('a', 'b') AND metric = 'cpu'",
+    )
+    .await;
+    assert!(
+        plan.contains("tablets=1 of 4") || plan.contains("tablets=2 of 4"),
+        "{plan}"
+    );
+    let got = text(
+        &s,
+        "SELECT count(*) FROM metrics WHERE host IN ('a', 'b', 'c') AND metric = 'cpu'",
+    )
+    .await;
+    assert!(got.contains("| 4 "), "{got}");
+    // Only part of the hash columns: every tablet.
+    let plan = text(&s, "EXPLAIN SELECT * FROM metrics WHERE host = 'a'").await;
+    assert!(plan.contains("tablets=4,"), "{plan}");
+}
