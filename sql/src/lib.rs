@@ -460,6 +460,9 @@ impl Session {
             NyalaStatement::Describe { name } => {
                 (StatementKind::Query, Action::Rows(self.describe(&name)?))
             }
+            NyalaStatement::ShowCreateTable { name } => {
+                (StatementKind::Query, Action::Rows(self.show_create(&name)?))
+            }
             NyalaStatement::DataFusion(statement) | NyalaStatement::InsertIgnore(statement) => {
                 let state = self.ctx.state();
                 let plan = state
@@ -514,6 +517,48 @@ impl Session {
                     .map(|i| yes_no(table.schema.is_key_column(i)))
                     .collect(),
             ),
+        ])
+    }
+
+    /// `SHOW CREATE TABLE`: a CREATE TABLE statement that recreates the table's schema and
+    /// partitioning.
+    fn show_create(&self, name: &str) -> Result<RecordBatch> {
+        let table = self.db.client.table(name)?;
+        let schema = &table.schema;
+        let names = |columns: &[usize]| {
+            columns
+                .iter()
+                .map(|&c| schema.columns()[c].name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut lines: Vec<String> = schema
+            .columns()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let null = if schema.is_key_column(i) {
+                    ""
+                } else if c.nullable {
+                    " NULL"
+                } else {
+                    " NOT NULL"
+                };
+                format!("  {} {}{null}", c.name, c.column_type.sql_name())
+            })
+            .collect();
+        lines.push(format!("  PRIMARY KEY ({})", names(schema.key_columns())));
+        let mut sql = format!("CREATE TABLE {} (\n{}\n)", table.name, lines.join(",\n"));
+        if table.partition.num_buckets > 1 {
+            sql.push_str(&format!(
+                " DISTRIBUTE BY HASH ({}) INTO {} BUCKETS",
+                names(&table.partition.hash_columns),
+                table.partition.num_buckets
+            ));
+        }
+        string_batch(vec![
+            ("table_name", vec![table.name.clone()]),
+            ("create_statement", vec![sql]),
         ])
     }
 

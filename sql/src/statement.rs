@@ -9,7 +9,7 @@
 
 use datafusion::sql::sqlparser::ast::{
     ColumnOption, CreateTable, DataType, ExactNumberInfo, Expr, Ident, ObjectName, ObjectNamePart,
-    ObjectType, Statement, TableConstraint, TimezoneInfo,
+    ObjectType, ShowCreateObject, Statement, TableConstraint, TimezoneInfo,
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -28,6 +28,9 @@ pub enum NyalaStatement {
     },
     ShowTables,
     Describe {
+        name: String,
+    },
+    ShowCreateTable {
         name: String,
     },
     /// Planned by DataFusion: queries, INSERT/UPSERT/UPDATE/DELETE, EXPLAIN.
@@ -174,6 +177,12 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
         }
         Statement::ExplainTable { table_name, .. } => Ok(NyalaStatement::Describe {
             name: object_name(&table_name)?,
+        }),
+        Statement::ShowCreate {
+            obj_type: ShowCreateObject::Table,
+            obj_name,
+        } => Ok(NyalaStatement::ShowCreateTable {
+            name: object_name(&obj_name)?,
         }),
         statement => Ok(NyalaStatement::DataFusion(Box::new(statement))),
     }

@@ -479,3 +479,42 @@ async fn equality_on_hash_columns_scans_only_their_tablets() {
     let plan = text(&s, "EXPLAIN SELECT * FROM metrics WHERE host = 'a'").await;
     assert!(plan.contains("tablets=4,"), "{plan}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_create_table_recreates_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = open(dir.path()).await;
+    load_metrics(&s).await;
+    run(
+        &s,
+        "CREATE TABLE people (id BIGINT PRIMARY KEY, name STRING NOT NULL, born DATE, photo BINARY)",
+    )
+    .await;
+    for table in ["metrics", "people"] {
+        let show = run(&s, &format!("SHOW CREATE TABLE {table}")).await;
+        let create = show[0]
+            .column_by_name("create_statement")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<arrow::array::StringArray>()
+            .unwrap()
+            .value(0)
+            .to_string();
+        let describe = text(&s, &format!("DESCRIBE {table}")).await;
+        run(&s, &format!("DROP TABLE {table}")).await;
+        run(&s, &create).await;
+        assert_eq!(
+            text(&s, &format!("DESCRIBE {table}")).await,
+            describe,
+            "{create}"
+        );
+        let again = run(&s, &format!("SHOW CREATE TABLE {table}")).await;
+        assert_eq!(again, show, "{create}");
+    }
+    let metrics = text(&s, "SHOW CREATE TABLE metrics").await;
+    assert!(
+        metrics.contains("DISTRIBUTE BY HASH (host, metric) INTO 4 BUCKETS"),
+        "{metrics}"
+    );
+    assert!(error(&s, "SHOW CREATE TABLE nope").await.contains("nope"));
+}
