@@ -162,6 +162,20 @@ impl Client {
             .sum()
     }
 
+    /// Per tablet of `table`, in bucket order: its id, about how many rows it holds and its
+    /// bytes on disk.
+    pub fn tablet_stats(&self, table: &TableInfo) -> Result<Vec<(String, usize, u64)>> {
+        table
+            .tablets
+            .iter()
+            .map(|t| {
+                let replica = self.inner.tserver.replica(t)?;
+                let tablet = replica.tablet();
+                Ok((t.clone(), tablet.estimated_rows(), tablet.disk_bytes()))
+            })
+            .collect()
+    }
+
     /// Flushes every tablet and the catalog, then stops them.
     pub fn shutdown(&self) -> Result<()> {
         let tablets = self.inner.tserver.shutdown();

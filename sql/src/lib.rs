@@ -460,6 +460,10 @@ impl Session {
             NyalaStatement::Describe { name } => {
                 (StatementKind::Query, Action::Rows(self.describe(&name)?))
             }
+            NyalaStatement::ShowPartitions { name } => (
+                StatementKind::Query,
+                Action::Rows(self.show_partitions(&name)?),
+            ),
             NyalaStatement::ShowCreateTable { name } => {
                 (StatementKind::Query, Action::Rows(self.show_create(&name)?))
             }
@@ -518,6 +522,55 @@ impl Session {
                     .collect(),
             ),
         ])
+    }
+
+    /// `SHOW PARTITIONS`: each tablet's bucket, id, replicas and size.
+    fn show_partitions(&self, name: &str) -> Result<RecordBatch> {
+        let table = self.db.client.table(name)?;
+        let stats = self.db.client.tablet_stats(&table)?;
+        let hash = table
+            .partition
+            .hash_columns
+            .iter()
+            .map(|&c| table.schema.columns()[c].name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let n = stats.len();
+        let columns: Vec<(&str, ArrayRef)> = vec![
+            (
+                "bucket",
+                Arc::new(UInt64Array::from_iter_values(0..n as u64)) as ArrayRef,
+            ),
+            (
+                "partition",
+                Arc::new(StringArray::from_iter_values((0..n).map(|b| {
+                    format!(
+                        "HASH ({hash}) bucket {b} of {}",
+                        table.partition.num_buckets
+                    )
+                }))),
+            ),
+            (
+                "tablet_id",
+                Arc::new(StringArray::from_iter_values(
+                    stats.iter().map(|s| s.0.as_str()),
+                )),
+            ),
+            // One node: its single replica is the leader.
+            ("leader", Arc::new(StringArray::from(vec!["local"; n]))),
+            ("replicas", Arc::new(UInt64Array::from(vec![1u64; n]))),
+            (
+                "estimated_rows",
+                Arc::new(UInt64Array::from_iter_values(
+                    stats.iter().map(|s| s.1 as u64),
+                )),
+            ),
+            (
+                "disk_bytes",
+                Arc::new(UInt64Array::from_iter_values(stats.iter().map(|s| s.2))),
+            ),
+        ];
+        Ok(RecordBatch::try_from_iter(columns)?)
     }
 
     /// `SHOW CREATE TABLE`: a CREATE TABLE statement that recreates the table's schema and

@@ -13,6 +13,7 @@ use datafusion::sql::sqlparser::ast::{
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
+use datafusion::sql::sqlparser::tokenizer::Span;
 use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
 use nyala_storage::{ColumnSchema, ColumnType, Schema};
 
@@ -31,6 +32,9 @@ pub enum NyalaStatement {
         name: String,
     },
     ShowCreateTable {
+        name: String,
+    },
+    ShowPartitions {
         name: String,
     },
     /// Planned by DataFusion: queries, INSERT/UPSERT/UPDATE/DELETE, EXPLAIN.
@@ -105,6 +109,18 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
     }
     if is_word(words[0], "SHOW") && words.len() == 2 && is_word(words[1], "TABLES") {
         return Ok(NyalaStatement::ShowTables);
+    }
+    if is_word(words[0], "SHOW") && words.len() == 3 && is_word(words[1], "PARTITIONS") {
+        return match words[2] {
+            Token::Word(w) => Ok(NyalaStatement::ShowPartitions {
+                name: normalize_ident(&Ident {
+                    value: w.value.clone(),
+                    quote_style: w.quote_style,
+                    span: Span::empty(),
+                }),
+            }),
+            _ => Err(SqlError::Parse("expected SHOW PARTITIONS table".into())),
+        };
     }
     // UPSERT, possibly under EXPLAIN [ANALYZE] [VERBOSE]: parsed as INSERT, marked as replacing.
     let explained = words

@@ -518,3 +518,26 @@ async fn show_create_table_recreates_the_table() {
     );
     assert!(error(&s, "SHOW CREATE TABLE nope").await.contains("nope"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_partitions_lists_every_tablet() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = open(dir.path()).await;
+    load_metrics(&s).await;
+    let batches = run(&s, "SHOW PARTITIONS metrics").await;
+    let batch = &batches[0];
+    assert_eq!(batch.num_rows(), 4);
+    let rows = batch
+        .column_by_name("estimated_rows")
+        .unwrap()
+        .as_any()
+        .downcast_ref::<arrow::array::UInt64Array>()
+        .unwrap();
+    assert_eq!(rows.iter().flatten().sum::<u64>(), 5);
+    let shown = text(&s, "SHOW PARTITIONS metrics").await;
+    assert!(
+        shown.contains("HASH (host, metric) bucket 3 of 4") && shown.contains("local"),
+        "{shown}"
+    );
+    assert!(error(&s, "SHOW PARTITIONS nope").await.contains("nope"));
+}
