@@ -27,7 +27,7 @@ use datafusion::physical_plan::{collect, execute_stream, memory::MemoryStream, E
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DFStatement;
 use nyala_engine::{Client, PartitionSchema};
-use nyala_storage::TabletOptions;
+use nyala_storage::{ColumnSchema, ColumnType, Schema, TabletOptions};
 
 mod catalog;
 mod dml;
@@ -179,6 +179,11 @@ enum Action {
     },
     /// A result computed at planning time (SHOW TABLES, DESCRIBE).
     Rows(RecordBatch),
+    /// CREATE TABLE ... AS SELECT: the table, then the INSERT of the query's rows.
+    CreateTableAs {
+        spec: CreateTableSpec,
+        insert: String,
+    },
     /// `SET name = value` or `RESET name`, applied to the session when run.
     Setting(LogicalPlan),
     Plan(Arc<dyn ExecutionPlan>),
@@ -192,9 +197,10 @@ impl PlannedStatement {
     /// Schema of the result stream (`count: UInt64` for DML and DDL).
     pub fn schema(&self) -> SchemaRef {
         match &self.action {
-            Action::CreateTable(_) | Action::DropTable { .. } | Action::Setting(_) => {
-                count_schema()
-            }
+            Action::CreateTable(_)
+            | Action::CreateTableAs { .. }
+            | Action::DropTable { .. }
+            | Action::Setting(_) => count_schema(),
             Action::Rows(batch) => batch.schema(),
             Action::Plan(plan) => plan.schema(),
         }
@@ -242,15 +248,30 @@ impl PlannedStatement {
         let client = &self.session.db.client;
         let batch = match self.action {
             Action::CreateTable(spec) => {
-                let partition = if spec.hash_columns.is_empty() {
-                    PartitionSchema::single(&spec.schema)
-                } else {
-                    PartitionSchema::new(&spec.schema, spec.hash_columns, spec.buckets)?
-                };
-                client
-                    .create_table(&spec.name, spec.schema, partition, spec.if_not_exists)
-                    .await?;
+                create_table(client, spec).await?;
                 count_batch(0)
+            }
+            Action::CreateTableAs { spec, insert } => {
+                let name = spec.name.clone();
+                if !create_table(client, spec).await? {
+                    // IF NOT EXISTS and the table exists: nothing is inserted.
+                    return one_stream(vec![count_batch(0)]);
+                }
+                let inserted = async {
+                    match self.session.plan(&insert).await?.action {
+                        Action::Plan(plan) => Ok(collect(plan, self.session.ctx.task_ctx()).await?),
+                        _ => Err(SqlError::Invalid(format!("cannot run {insert}"))),
+                    }
+                }
+                .await;
+                match inserted {
+                    Ok(batches) => return one_stream(batches),
+                    Err(e) => {
+                        // A failed CREATE TABLE ... AS SELECT leaves no table behind.
+                        client.drop_table(&name, true).await?;
+                        return Err(e);
+                    }
+                }
             }
             Action::DropTable { name, if_exists } => {
                 client.drop_table(&name, if_exists).await?;
@@ -273,6 +294,18 @@ impl PlannedStatement {
         };
         one_stream(vec![batch])
     }
+}
+
+/// Creates the table of `spec`; false if it existed and IF NOT EXISTS was given.
+async fn create_table(client: &Client, spec: CreateTableSpec) -> Result<bool> {
+    let partition = if spec.hash_columns.is_empty() {
+        PartitionSchema::single(&spec.schema)
+    } else {
+        PartitionSchema::new(&spec.schema, spec.hash_columns, spec.buckets)?
+    };
+    Ok(client
+        .create_table(&spec.name, spec.schema, partition, spec.if_not_exists)
+        .await?)
 }
 
 fn partitions(plan: &Arc<dyn ExecutionPlan>) -> usize {
@@ -441,6 +474,9 @@ impl Session {
         }
         let (kind, action) = match statement {
             NyalaStatement::CreateTable(spec) => (StatementKind::Ddl, Action::CreateTable(spec)),
+            NyalaStatement::CreateTableAs(ctas) => {
+                (StatementKind::Dml, self.plan_create_table_as(ctas).await?)
+            }
             NyalaStatement::DropTable { name, if_exists } => {
                 (StatementKind::Ddl, Action::DropTable { name, if_exists })
             }
@@ -522,6 +558,61 @@ impl Session {
                     .collect(),
             ),
         ])
+    }
+
+    /// The table of a CREATE TABLE ... AS SELECT takes the query's column names, types and
+    /// nullability; the key columns are NOT NULL.
+    async fn plan_create_table_as(&self, ctas: statement::CreateTableAsSpec) -> Result<Action> {
+        let query = ctas.query.to_string();
+        let plan = self
+            .ctx
+            .state()
+            .statement_to_plan(DFStatement::Statement(ctas.query))
+            .await?;
+        let fields = plan.schema().fields();
+        let mut columns = Vec::with_capacity(fields.len());
+        for field in fields {
+            let column_type = ColumnType::from_arrow(field.data_type()).ok_or_else(|| {
+                SqlError::Invalid(format!(
+                    "column '{}' of the query has type {}, which a table cannot store; cast it",
+                    field.name(),
+                    field.data_type()
+                ))
+            })?;
+            columns.push(ColumnSchema {
+                name: field.name().to_string(),
+                column_type,
+                nullable: field.is_nullable() && !ctas.key.contains(field.name()),
+            });
+        }
+        let index = |name: &String, what: &str| {
+            columns.iter().position(|c| &c.name == name).ok_or_else(|| {
+                SqlError::Invalid(format!(
+                    "{what} column '{name}' is not a column of the query"
+                ))
+            })
+        };
+        let key = ctas
+            .key
+            .iter()
+            .map(|k| index(k, "primary key"))
+            .collect::<Result<Vec<_>>>()?;
+        let hash_columns = ctas
+            .hash
+            .iter()
+            .map(|h| index(h, "hash"))
+            .collect::<Result<Vec<_>>>()?;
+        let schema = Schema::new(columns, key).map_err(|e| SqlError::Invalid(e.to_string()))?;
+        Ok(Action::CreateTableAs {
+            insert: format!("INSERT INTO {} {query}", ctas.name),
+            spec: CreateTableSpec {
+                name: ctas.name,
+                if_not_exists: ctas.if_not_exists,
+                schema,
+                hash_columns,
+                buckets: ctas.buckets,
+            },
+        })
     }
 
     /// `SHOW PARTITIONS`: each tablet's bucket, id, replicas and size.

@@ -37,10 +37,24 @@ pub enum NyalaStatement {
     ShowPartitions {
         name: String,
     },
+    /// `CREATE TABLE t PRIMARY KEY (...) [DISTRIBUTE BY ...] AS <query>`: the columns come from
+    /// the query, planned by the session.
+    CreateTableAs(CreateTableAsSpec),
     /// Planned by DataFusion: queries, INSERT/UPSERT/UPDATE/DELETE, EXPLAIN.
     DataFusion(Box<Statement>),
     /// `INSERT IGNORE INTO ...` (possibly under EXPLAIN), parsed as the plain INSERT.
     InsertIgnore(Box<Statement>),
+}
+
+#[derive(Debug)]
+pub struct CreateTableAsSpec {
+    pub name: String,
+    pub if_not_exists: bool,
+    pub key: Vec<String>,
+    /// Hash column names; empty when there is no DISTRIBUTE BY.
+    pub hash: Vec<String>,
+    pub buckets: u32,
+    pub query: Box<Statement>,
 }
 
 #[derive(Debug)]
@@ -169,6 +183,9 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
         return Ok(NyalaStatement::InsertIgnore(Box::new(parse_one(tokens)?)));
     }
     if is_word(words[0], "CREATE") && words.len() > 1 && is_word(words[1], "TABLE") {
+        if let Some(at) = query_start(&tokens) {
+            return create_table_as(tokens, at).map(NyalaStatement::CreateTableAs);
+        }
         return create_table(tokens).map(NyalaStatement::CreateTable);
     }
     match parse_one(tokens)? {
@@ -269,6 +286,109 @@ fn object_name(name: &ObjectName) -> Result<String> {
 }
 
 /// `CREATE TABLE name (columns, PRIMARY KEY (...)) [DISTRIBUTE BY HASH (cols) INTO n BUCKETS]`.
+/// The position of the `AS` that starts the query of a CREATE TABLE ... AS SELECT, if any.
+fn query_start(tokens: &[Token]) -> Option<usize> {
+    let mut depth = 0i32;
+    for (i, token) in tokens.iter().enumerate() {
+        match token {
+            Token::LParen => depth += 1,
+            Token::RParen => depth -= 1,
+            t if depth == 0 && is_word(t, "AS") => {
+                let next = tokens[i + 1..].iter().find(|t| !is_trivia(t))?;
+                let query = ["SELECT", "WITH", "VALUES"]
+                    .iter()
+                    .any(|w| is_word(next, w))
+                    || *next == Token::LParen;
+                return query.then_some(i);
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `CREATE TABLE [IF NOT EXISTS] t {PRIMARY KEY (...) | (PRIMARY KEY (...))}
+/// [DISTRIBUTE BY HASH ...] AS <query>` (Impala's form for Kudu tables).
+fn create_table_as(tokens: Vec<Token>, at: usize) -> Result<CreateTableAsSpec> {
+    let query = parse_one(tokens[at + 1..].to_vec())?;
+    if !matches!(query, Statement::Query(_)) {
+        return Err(SqlError::Parse("expected a query after AS".into()));
+    }
+    let head: Vec<&Token> = tokens[..at].iter().filter(|t| !is_trivia(t)).collect();
+    let syntax = || {
+        SqlError::Parse(
+            "expected CREATE TABLE [IF NOT EXISTS] name PRIMARY KEY (column, ...) \
+             [DISTRIBUTE BY HASH (column, ...) INTO n BUCKETS] AS SELECT ..."
+                .into(),
+        )
+    };
+    let mut i = 2;
+    let if_not_exists = head.len() > 4
+        && is_word(head[2], "IF")
+        && is_word(head[3], "NOT")
+        && is_word(head[4], "EXISTS");
+    if if_not_exists {
+        i = 5;
+    }
+    let name = match head.get(i) {
+        Some(Token::Word(w)) => word_name(w),
+        _ => return Err(syntax()),
+    };
+    let rest = &head[i + 1..];
+    // The key: PRIMARY KEY (a, b), bare or in parentheses.
+    let primary = rest
+        .windows(2)
+        .position(|w| is_word(w[0], "PRIMARY") && is_word(w[1], "KEY"))
+        .ok_or_else(|| {
+            SqlError::Invalid(format!(
+                "table '{name}' needs a primary key: CREATE TABLE {name} PRIMARY KEY (column, ...) AS SELECT ..."
+            ))
+        })?;
+    let mut key = Vec::new();
+    let mut j = primary + 2;
+    if rest.get(j) != Some(&&Token::LParen) {
+        return Err(syntax());
+    }
+    j += 1;
+    loop {
+        match rest.get(j) {
+            Some(Token::Word(w)) => key.push(word_name(w)),
+            _ => return Err(syntax()),
+        }
+        j += 1;
+        match rest.get(j) {
+            Some(Token::Comma) => j += 1,
+            Some(Token::RParen) => break,
+            _ => return Err(syntax()),
+        }
+    }
+    let partitioning = rest
+        .iter()
+        .position(|t| is_word(t, "DISTRIBUTE") || is_word(t, "PARTITION"));
+    let (hash, buckets) = match partitioning {
+        Some(p) => {
+            let tokens: Vec<Token> = rest[p..].iter().map(|t| (*t).clone()).collect();
+            parse_partitioning(tokens)?
+        }
+        None => (vec![], 1),
+    };
+    Ok(CreateTableAsSpec {
+        name,
+        if_not_exists,
+        key,
+        hash,
+        buckets,
+        query: Box::new(query),
+    })
+}
+
+fn word_name(w: &datafusion::sql::sqlparser::tokenizer::Word) -> String {
+    match w.quote_style {
+        Some(_) => w.value.clone(),
+        None => w.value.to_ascii_lowercase(),
+    }
+}
+
 fn create_table(tokens: Vec<Token>) -> Result<CreateTableSpec> {
     let mut depth = 0i32;
     let mut split = tokens.len();
