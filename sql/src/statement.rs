@@ -183,6 +183,7 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
         return Ok(NyalaStatement::InsertIgnore(Box::new(parse_one(tokens)?)));
     }
     if is_word(words[0], "CREATE") && words.len() > 1 && is_word(words[1], "TABLE") {
+        take_replicas(&mut tokens)?;
         if let Some(at) = query_start(&tokens) {
             return create_table_as(tokens, at).map(NyalaStatement::CreateTableAs);
         }
@@ -286,6 +287,73 @@ fn object_name(name: &ObjectName) -> Result<String> {
 }
 
 /// `CREATE TABLE name (columns, PRIMARY KEY (...)) [DISTRIBUTE BY HASH (cols) INTO n BUCKETS]`.
+/// Replicas per tablet on this deployment: one node, one replica.
+const REPLICAS_AVAILABLE: u64 = 1;
+
+/// Removes a top-level `WITH (replicas = n)` from a CREATE TABLE and checks that this
+/// deployment can place `n` replicas of every tablet.
+fn take_replicas(tokens: &mut Vec<Token>) -> Result<()> {
+    let mut depth = 0i32;
+    let mut start = None;
+    for (i, token) in tokens.iter().enumerate() {
+        match token {
+            Token::LParen => depth += 1,
+            Token::RParen => depth -= 1,
+            t if depth == 0 && is_word(t, "WITH") => {
+                let next = tokens[i + 1..].iter().find(|t| !is_trivia(t));
+                if next == Some(&Token::LParen) {
+                    start = Some(i);
+                }
+                break;
+            }
+            t if depth == 0 && is_word(t, "AS") => break,
+            _ => {}
+        }
+    }
+    let Some(start) = start else {
+        return Ok(());
+    };
+    let open = start
+        + 1
+        + tokens[start + 1..]
+            .iter()
+            .position(|t| *t == Token::LParen)
+            .unwrap_or(0);
+    let close = open
+        + tokens[open..]
+            .iter()
+            .position(|t| *t == Token::RParen)
+            .ok_or_else(|| SqlError::Parse("unclosed WITH (...)".into()))?;
+    let options: Vec<&Token> = tokens[open + 1..close]
+        .iter()
+        .filter(|t| !is_trivia(t))
+        .collect();
+    for option in options.split(|t| **t == Token::Comma) {
+        match option {
+            [name, Token::Eq, Token::Number(n, _)] if is_word(name, "replicas") => {
+                let n: u64 = n.parse().map_err(|_| {
+                    SqlError::Invalid(format!("replicas must be a whole number, got {n}"))
+                })?;
+                if n == 0 || n > REPLICAS_AVAILABLE {
+                    return Err(SqlError::Invalid(format!(
+                        "replicas = {n}: this deployment has {REPLICAS_AVAILABLE} tablet server, \
+                         so each tablet can have exactly {REPLICAS_AVAILABLE} replica"
+                    )));
+                }
+            }
+            other => {
+                let text: Vec<String> = other.iter().map(|t| t.to_string()).collect();
+                return Err(SqlError::NotSupported(format!(
+                    "table option '{}' (supported: replicas = n)",
+                    text.join(" ")
+                )));
+            }
+        }
+    }
+    tokens.drain(start..=close);
+    Ok(())
+}
+
 /// The position of the `AS` that starts the query of a CREATE TABLE ... AS SELECT, if any.
 fn query_start(tokens: &[Token]) -> Option<usize> {
     let mut depth = 0i32;
