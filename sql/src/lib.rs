@@ -604,7 +604,7 @@ impl Session {
             .collect::<Result<Vec<_>>>()?;
         let schema = Schema::new(columns, key).map_err(|e| SqlError::Invalid(e.to_string()))?;
         Ok(Action::CreateTableAs {
-            insert: format!("INSERT INTO {} {query}", ctas.name),
+            insert: format!("INSERT INTO \"{}\" {query}", ctas.name.replace('"', "\"\"")),
             spec: CreateTableSpec {
                 name: ctas.name,
                 if_not_exists: ctas.if_not_exists,

@@ -271,6 +271,22 @@ async fn joins_give_the_same_rows_with_and_without_runtime_filters() {
     assert!(joined.contains("| 100 "), "{joined}");
 }
 
+/// The `NyalaScanExec` line of `table` in an EXPLAIN output.
+fn scan_line<'a>(plan: &'a str, table: &str) -> &'a str {
+    plan.lines()
+        .find(|l| l.contains(&format!("NyalaScanExec: table={table},")))
+        .unwrap_or_else(|| panic!("no scan of {table} in {plan}"))
+}
+
+/// The number after `name=` in an EXPLAIN ANALYZE line.
+fn counter(line: &str, name: &str) -> u64 {
+    line.split(&format!("{name}="))
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {line}"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_analyze_shows_runtime_filters_per_scan() {
     let dir = tempfile::tempdir().unwrap();
@@ -281,21 +297,12 @@ async fn explain_analyze_shows_runtime_filters_per_scan() {
     )
     .await;
     assert!(plan.contains("RuntimeFilterBuildExec"), "{plan}");
-    let scan = plan
-        .lines()
-        .find(|l| l.contains("NyalaScanExec: table=big"))
-        .unwrap_or_else(|| panic!("{plan}"));
+    let scan = scan_line(&plan, "big");
     assert!(
         scan.contains("runtime_filters=[k #") && scan.contains("min=0, max=100109"),
         "{scan}"
     );
-    let removed: u64 = scan
-        .split("removed=")
-        .nth(1)
-        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{scan}"));
-    assert!(removed > 10_000, "{scan}");
+    assert!(counter(scan, "removed") > 10_000, "{scan}");
     // The scan output only what passed.
     assert!(scan.contains("output_rows="), "{scan}");
 
@@ -306,16 +313,8 @@ async fn explain_analyze_shows_runtime_filters_per_scan() {
         "EXPLAIN ANALYZE SELECT count(*) FROM big b JOIN small s ON b.k = s.k WHERE s.id < 50",
     )
     .await;
-    let scan = plan
-        .lines()
-        .find(|l| l.contains("NyalaScanExec: table=big"))
-        .unwrap_or_else(|| panic!("{plan}"));
-    let checked: u64 = scan
-        .split("checked=")
-        .nth(1)
-        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{scan}"));
+    let scan = scan_line(&plan, "big");
+    let checked = counter(scan, "checked");
     // Two of the three DiskRowSets of each tablet are skipped; the first and the MemRowSet
     // rows are checked.
     assert!(
@@ -405,19 +404,19 @@ async fn dynamic_filters_from_datafusion_reach_the_scan() {
         "EXPLAIN SELECT b.v FROM big b JOIN small s ON b.k = s.k",
     )
     .await;
-    let scan = plan.lines().find(|l| l.contains("table=big")).unwrap();
+    let scan = scan_line(&plan, "big");
     assert!(
         scan.contains("runtime_filters=") && !scan.contains("dynamic_filters="),
         "{scan}"
     );
-    // ...and kept when runtime filters are off only in DataFusion's hands: off means off.
+    // ...and with runtime filters off, neither kind reaches the scan.
     run(&s, "SET nyala.runtime_filters = off").await;
     let plan = text(
         &s,
         "EXPLAIN SELECT b.v FROM big b JOIN small s ON b.k = s.k",
     )
     .await;
-    let scan = plan.lines().find(|l| l.contains("table=big")).unwrap();
+    let scan = scan_line(&plan, "big");
     assert!(
         !scan.contains("runtime_filters=") && !scan.contains("dynamic_filters="),
         "{scan}"
