@@ -48,6 +48,8 @@ fn catalog_schema() -> Result<Schema> {
         name: name.to_string(),
         column_type: ColumnType::String,
         nullable: false,
+        default: None,
+        comment: None,
     };
     Ok(Schema::new(
         vec![column("id"), column("name"), column("info")],

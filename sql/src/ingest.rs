@@ -164,6 +164,8 @@ fn table_spec(name: &str, schema: &SchemaRef, target: &IngestTarget) -> Result<C
                 name: f.name().clone(),
                 column_type,
                 nullable: !key_columns.contains(&i),
+                default: None,
+                comment: None,
             })
         })
         .collect::<Result<Vec<_>>>()?;

@@ -557,6 +557,20 @@ impl Session {
                     .map(|i| yes_no(table.schema.is_key_column(i)))
                     .collect(),
             ),
+            (
+                "default",
+                columns
+                    .iter()
+                    .map(|c| c.default.clone().unwrap_or_default())
+                    .collect(),
+            ),
+            (
+                "comment",
+                columns
+                    .iter()
+                    .map(|c| c.comment.clone().unwrap_or_default())
+                    .collect(),
+            ),
         ])
     }
 
@@ -583,6 +597,8 @@ impl Session {
                 name: field.name().to_string(),
                 column_type,
                 nullable: field.is_nullable() && !ctas.key.contains(field.name()),
+                default: None,
+                comment: None,
             });
         }
         let index = |name: &String, what: &str| {
@@ -688,7 +704,22 @@ impl Session {
                 } else {
                     " NOT NULL"
                 };
-                format!("  {} {}{null}", c.name, c.column_type.sql_name())
+                let quote = |t: &str| format!("'{}'", t.replace('\'', "''"));
+                let default = match (&c.default, c.column_type) {
+                    (None, _) => String::new(),
+                    (Some(v), ColumnType::Bool) => format!(" DEFAULT {v}"),
+                    (Some(v), t) if t.arrow_type().is_numeric() => format!(" DEFAULT {v}"),
+                    (Some(v), _) => format!(" DEFAULT {}", quote(v)),
+                };
+                let comment = c
+                    .comment
+                    .as_ref()
+                    .map_or(String::new(), |t| format!(" COMMENT {}", quote(t)));
+                format!(
+                    "  {} {}{null}{default}{comment}",
+                    c.name,
+                    c.column_type.sql_name()
+                )
             })
             .collect();
         lines.push(format!("  PRIMARY KEY ({})", names(schema.key_columns())));

@@ -514,7 +514,10 @@ fn table_schema(create: &CreateTable) -> Result<(String, bool, Schema)> {
     let mut key: Vec<String> = Vec::new();
     for def in &create.columns {
         let column_name = normalize_ident(&def.name);
+        let column_type = column_type(&def.data_type)?;
         let mut nullable = true;
+        let mut default = None;
+        let mut comment = None;
         for option in &def.options {
             match &option.option {
                 ColumnOption::Null => nullable = true,
@@ -523,6 +526,10 @@ fn table_schema(create: &CreateTable) -> Result<(String, bool, Schema)> {
                     key.push(column_name.clone());
                     nullable = false;
                 }
+                ColumnOption::Default(expr) => {
+                    default = default_value(expr, column_type, &column_name)?;
+                }
+                ColumnOption::Comment(text) => comment = Some(text.clone()),
                 other => {
                     return Err(SqlError::NotSupported(format!(
                         "column option {other} (column '{column_name}')"
@@ -532,8 +539,10 @@ fn table_schema(create: &CreateTable) -> Result<(String, bool, Schema)> {
         }
         columns.push(ColumnSchema {
             name: column_name,
-            column_type: column_type(&def.data_type)?,
+            column_type,
             nullable,
+            default,
+            comment,
         });
     }
     for constraint in &create.constraints {
@@ -581,6 +590,45 @@ fn table_schema(create: &CreateTable) -> Result<(String, bool, Schema)> {
     }
     let schema = Schema::new(columns, key_indexes).map_err(|e| SqlError::Invalid(e.to_string()))?;
     Ok((name, create.if_not_exists, schema))
+}
+
+/// The text of a `DEFAULT` literal, checked against the column's type (None for NULL).
+fn default_value(expr: &Expr, column_type: ColumnType, column: &str) -> Result<Option<String>> {
+    use datafusion::sql::sqlparser::ast::{UnaryOperator, Value};
+    let text = match expr {
+        Expr::Value(v) => match &v.value {
+            Value::Null => return Ok(None),
+            Value::Number(n, _) => n.clone(),
+            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s.clone(),
+            Value::Boolean(b) => b.to_string(),
+            _ => String::new(),
+        },
+        Expr::UnaryOp {
+            op: UnaryOperator::Minus,
+            expr,
+        } => match expr.as_ref() {
+            Expr::Value(v) => match &v.value {
+                Value::Number(n, _) => format!("-{n}"),
+                _ => String::new(),
+            },
+            _ => String::new(),
+        },
+        _ => String::new(),
+    };
+    let invalid = || {
+        SqlError::Invalid(format!(
+            "DEFAULT {expr} of column '{column}' is not a {} literal",
+            column_type.sql_name()
+        ))
+    };
+    if text.is_empty() && !matches!(column_type, ColumnType::String | ColumnType::Binary) {
+        return Err(invalid());
+    }
+    datafusion::common::ScalarValue::try_from_string(text.clone(), &column_type.arrow_type())
+        .ok()
+        .filter(|v| !v.is_null())
+        .ok_or_else(invalid)?;
+    Ok(Some(text))
 }
 
 /// SQL type → Nyala column type. Kudu's names (INT8..INT64, STRING) and the usual SQL synonyms.

@@ -6,12 +6,13 @@
 //! plans ending in a [`DataSinkExec`] over a [`NyalaSink`], so DataFusion does all expression
 //! evaluation and Nyala only applies mutations.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::Session;
-use datafusion::common::{Constraint, Constraints};
+use datafusion::common::{Constraint, Constraints, ScalarValue};
 use datafusion::datasource::sink::DataSinkExec;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result};
@@ -32,6 +33,8 @@ pub struct NyalaTable {
     client: Client,
     table: TableHandle,
     constraints: Constraints,
+    /// Column defaults (`DEFAULT` in CREATE TABLE) as literals, by column name.
+    defaults: HashMap<String, Expr>,
 }
 
 impl NyalaTable {
@@ -39,10 +42,21 @@ impl NyalaTable {
         let constraints = Constraints::new_unverified(vec![Constraint::PrimaryKey(
             table.schema.key_columns().to_vec(),
         )]);
+        let defaults = table
+            .schema
+            .columns()
+            .iter()
+            .filter_map(|c| {
+                let text = c.default.clone()?;
+                let value = ScalarValue::try_from_string(text, &c.column_type.arrow_type()).ok()?;
+                Some((c.name.clone(), Expr::Literal(value, None)))
+            })
+            .collect();
         Self {
             client,
             table,
             constraints,
+            defaults,
         }
     }
 
@@ -114,6 +128,10 @@ impl TableProvider for NyalaTable {
 
     fn table_type(&self) -> TableType {
         TableType::Base
+    }
+
+    fn get_column_default(&self, column: &str) -> Option<&Expr> {
+        self.defaults.get(column)
     }
 
     async fn scan(

@@ -486,7 +486,8 @@ async fn show_create_table_recreates_the_table() {
     load_metrics(&s).await;
     run(
         &s,
-        "CREATE TABLE people (id BIGINT PRIMARY KEY, name STRING NOT NULL, born DATE, photo BINARY)",
+        "CREATE TABLE people (id BIGINT PRIMARY KEY, name STRING NOT NULL DEFAULT 'it''s me' \
+         COMMENT 'full name', born DATE DEFAULT '2000-01-01', score DOUBLE DEFAULT -1.5, photo BINARY)",
     )
     .await;
     for table in ["metrics", "people"] {
@@ -510,6 +511,13 @@ async fn show_create_table_recreates_the_table() {
         let again = run(&s, &format!("SHOW CREATE TABLE {table}")).await;
         assert_eq!(again, show, "{create}");
     }
+    // Defaults fill left-out columns, also after the database is reopened.
+    run(&s, "INSERT INTO people (id) VALUES (7)").await;
+    drop(s);
+    drop(_db);
+    let (_db, s) = open(dir.path()).await;
+    let got = text(&s, "SELECT name, born, score FROM people").await;
+    assert!(got.contains("| it's me | 2000-01-01 | -1.5  |"), "{got}");
     let metrics = text(&s, "SHOW CREATE TABLE metrics").await;
     assert!(
         metrics.contains("DISTRIBUTE BY HASH (host, metric) INTO 4 BUCKETS"),

@@ -90,6 +90,11 @@ pub struct ColumnSchema {
     pub name: String,
     pub column_type: ColumnType,
     pub nullable: bool,
+    /// The value an INSERT that leaves the column out gives it, as text of the column's type.
+    #[serde(default)]
+    pub default: Option<String>,
+    #[serde(default)]
+    pub comment: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -190,6 +195,8 @@ mod tests {
             name: name.into(),
             column_type: t,
             nullable,
+            default: None,
+            comment: None,
         }
     }
 

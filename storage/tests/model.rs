@@ -21,6 +21,8 @@ fn schema() -> Schema {
         name: name.into(),
         column_type,
         nullable,
+        default: None,
+        comment: None,
     };
     Schema::new(
         vec![
