@@ -657,6 +657,26 @@ fn column_type(data_type: &DataType) -> Result<ColumnType> {
         DataType::Timestamp(None | Some(6), TimezoneInfo::None | TimezoneInfo::WithTimeZone)
         | DataType::Datetime(None) => C::Timestamp,
         DataType::Date => C::Date,
+        DataType::Decimal(info) | DataType::Numeric(info) | DataType::Dec(info) => {
+            let (precision, scale) =
+                match info {
+                    ExactNumberInfo::Precision(p) => (*p, 0),
+                    ExactNumberInfo::PrecisionAndScale(p, s) => (*p, *s),
+                    ExactNumberInfo::None => return Err(SqlError::Invalid(
+                        "DECIMAL needs a precision: DECIMAL(p) or DECIMAL(p, s), p from 1 to 38"
+                            .into(),
+                    )),
+                };
+            if !(1..=38).contains(&precision) || scale < 0 || scale as u64 > precision {
+                return Err(SqlError::Invalid(format!(
+                    "DECIMAL({precision}, {scale}): the precision must be 1 to 38 and the scale 0 to the precision"
+                )));
+            }
+            C::Decimal {
+                precision: precision as u8,
+                scale: scale as i8,
+            }
+        }
         DataType::Custom(name, args) if args.is_empty() => {
             match name.to_string().to_ascii_uppercase().as_str() {
                 "INT8" => C::Int8,

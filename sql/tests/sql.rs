@@ -487,7 +487,7 @@ async fn show_create_table_recreates_the_table() {
     run(
         &s,
         "CREATE TABLE people (id BIGINT PRIMARY KEY, name STRING NOT NULL DEFAULT 'it''s me' \
-         COMMENT 'full name', born DATE DEFAULT '2000-01-01', score DOUBLE DEFAULT -1.5, photo BINARY)",
+         COMMENT 'full name', born DATE DEFAULT '2000-01-01', score DOUBLE DEFAULT -1.5, balance DECIMAL(12, 2) DEFAULT 0.50, photo BINARY)",
     )
     .await;
     for table in ["metrics", "people"] {
@@ -513,11 +513,16 @@ async fn show_create_table_recreates_the_table() {
     }
     // Defaults fill left-out columns, also after the database is reopened.
     run(&s, "INSERT INTO people (id) VALUES (7)").await;
+    // Shutting down flushes the rows into DiskRowSets.
+    _db.shutdown().await.unwrap();
     drop(s);
     drop(_db);
     let (_db, s) = open(dir.path()).await;
-    let got = text(&s, "SELECT name, born, score FROM people").await;
-    assert!(got.contains("| it's me | 2000-01-01 | -1.5  |"), "{got}");
+    let got = text(&s, "SELECT name, born, score, balance FROM people").await;
+    assert!(
+        got.contains("| it's me | 2000-01-01 | -1.5  | 0.50    |"),
+        "{got}"
+    );
     let metrics = text(&s, "SHOW CREATE TABLE metrics").await;
     assert!(
         metrics.contains("DISTRIBUTE BY HASH (host, metric) INTO 4 BUCKETS"),

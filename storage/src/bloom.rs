@@ -22,9 +22,9 @@ use arrow::array::{Array, ArrayRef, AsArray, BooleanArray};
 use arrow::buffer::BooleanBuffer;
 use arrow::compute::kernels::cmp;
 use arrow::datatypes::{
-    DataType, Date32Type, Date64Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type,
-    Int8Type, TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
-    TimestampSecondType, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+    DataType, Date32Type, Date64Type, Decimal128Type, Float32Type, Float64Type, Int16Type,
+    Int32Type, Int64Type, Int8Type, TimestampMicrosecondType, TimestampMillisecondType,
+    TimestampNanosecondType, TimestampSecondType, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
 use twox_hash::XxHash3_64;
 
@@ -302,6 +302,7 @@ fn map_hashes(
         DataType::Float64 => primitive!(Float64Type),
         DataType::Date32 => primitive!(Date32Type),
         DataType::Date64 => primitive!(Date64Type),
+        DataType::Decimal128(_, _) => primitive!(Decimal128Type),
         DataType::Timestamp(unit, _) => match unit {
             arrow::datatypes::TimeUnit::Second => primitive!(TimestampSecondType),
             arrow::datatypes::TimeUnit::Millisecond => primitive!(TimestampMillisecondType),
@@ -341,6 +342,12 @@ macro_rules! to_bits_int {
     )*};
 }
 to_bits_int!(i8, i16, i32, i64, u8, u16, u32, u64);
+
+impl ToBitsU64 for i128 {
+    fn to_bits_u64(&self) -> u64 {
+        (*self as u64) ^ hash_u64((*self >> 64) as u64)
+    }
+}
 
 // -0.0 and 0.0 are equal, so they hash alike.
 impl ToBitsU64 for f32 {

@@ -8,7 +8,8 @@
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{
-    DataType, Date32Type, Int16Type, Int32Type, Int64Type, Int8Type, TimestampMicrosecondType,
+    DataType, Date32Type, Decimal128Type, Int16Type, Int32Type, Int64Type, Int8Type,
+    TimestampMicrosecondType,
 };
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 
@@ -37,6 +38,11 @@ pub fn encode_key_columns(key_columns: &[ArrayRef], row: usize, out: &mut Vec<u8
             DataType::Timestamp(_, _) => out.extend_from_slice(
                 &((column.as_primitive::<TimestampMicrosecondType>().value(row) as u64)
                     ^ (1 << 63))
+                    .to_be_bytes(),
+            ),
+            // Two's complement with the sign bit flipped sorts as the value does.
+            DataType::Decimal128(_, _) => out.extend_from_slice(
+                &((column.as_primitive::<Decimal128Type>().value(row) as u128) ^ (1 << 127))
                     .to_be_bytes(),
             ),
             DataType::Utf8 => encode_bytes(
@@ -123,6 +129,28 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
+
+    #[test]
+    fn decimal_keys_sort_as_their_values() {
+        let values: Vec<i128> = vec![i128::MIN, -10_000, -1, 0, 1, 99, i128::MAX / 3];
+        let array: ArrayRef = Arc::new(
+            arrow::array::Decimal128Array::from(values.clone())
+                .with_precision_and_scale(38, 2)
+                .unwrap(),
+        );
+        let keys: Vec<Vec<u8>> = (0..values.len())
+            .map(|r| {
+                let mut k = Vec::new();
+                encode_key_columns(std::slice::from_ref(&array), r, &mut k);
+                k
+            })
+            .collect();
+        for a in 0..values.len() {
+            for b in 0..values.len() {
+                assert_eq!(keys[a].cmp(&keys[b]), values[a].cmp(&values[b]));
+            }
+        }
+    }
 
     #[test]
     fn memcmp_order_is_tuple_order() {

@@ -24,6 +24,11 @@ pub enum ColumnType {
     Timestamp,
     /// Days since the Unix epoch.
     Date,
+    /// Exact decimal of `precision` digits (1 to 38), `scale` of them after the point.
+    Decimal {
+        precision: u8,
+        scale: i8,
+    },
 }
 
 impl ColumnType {
@@ -40,6 +45,7 @@ impl ColumnType {
             ColumnType::Binary => DataType::Binary,
             ColumnType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
             ColumnType::Date => DataType::Date32,
+            ColumnType::Decimal { precision, scale } => DataType::Decimal128(*precision, *scale),
         }
     }
 
@@ -57,12 +63,16 @@ impl ColumnType {
             DataType::Binary | DataType::LargeBinary | DataType::BinaryView => ColumnType::Binary,
             DataType::Timestamp(_, _) => ColumnType::Timestamp,
             DataType::Date32 | DataType::Date64 => ColumnType::Date,
+            DataType::Decimal128(precision, scale) if *scale >= 0 => ColumnType::Decimal {
+                precision: *precision,
+                scale: *scale,
+            },
             _ => return None,
         })
     }
 
-    pub fn sql_name(&self) -> &'static str {
-        match self {
+    pub fn sql_name(&self) -> String {
+        let name = match self {
             ColumnType::Int8 => "INT8",
             ColumnType::Int16 => "INT16",
             ColumnType::Int32 => "INT32",
@@ -74,7 +84,11 @@ impl ColumnType {
             ColumnType::Binary => "BINARY",
             ColumnType::Timestamp => "TIMESTAMP",
             ColumnType::Date => "DATE",
-        }
+            ColumnType::Decimal { precision, scale } => {
+                return format!("DECIMAL({precision}, {scale})")
+            }
+        };
+        name.to_string()
     }
 
     fn can_be_key(&self) -> bool {
