@@ -8,8 +8,8 @@
 //! (`SHOW TABLES`, `DESCRIBE`, `DROP TABLE`) are answered from Nyala's catalog.
 
 use datafusion::sql::sqlparser::ast::{
-    ColumnOption, CreateTable, DataType, ExactNumberInfo, Expr, Ident, ObjectName, ObjectNamePart,
-    ObjectType, ShowCreateObject, Statement, TableConstraint, TimezoneInfo,
+    CharacterLength, ColumnOption, CreateTable, DataType, ExactNumberInfo, Expr, Ident, ObjectName,
+    ObjectNamePart, ObjectType, ShowCreateObject, Statement, TableConstraint, TimezoneInfo,
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -621,8 +621,18 @@ fn default_value(expr: &Expr, column_type: ColumnType, column: &str) -> Result<O
             column_type.sql_name()
         ))
     };
-    if text.is_empty() && !matches!(column_type, ColumnType::String | ColumnType::Binary) {
+    if text.is_empty()
+        && !matches!(
+            column_type,
+            ColumnType::String | ColumnType::Varchar { .. } | ColumnType::Binary
+        )
+    {
         return Err(invalid());
+    }
+    if let ColumnType::Varchar { length } = column_type {
+        if text.chars().count() > length as usize {
+            return Err(invalid());
+        }
     }
     datafusion::common::ScalarValue::try_from_string(text.clone(), &column_type.arrow_type())
         .ok()
@@ -646,11 +656,27 @@ fn column_type(data_type: &DataType) -> Result<ColumnType> {
         | DataType::Float8
         | DataType::Float64 => C::Double,
         DataType::Bool | DataType::Boolean => C::Bool,
+        DataType::Varchar(Some(length))
+        | DataType::CharVarying(Some(length))
+        | DataType::CharacterVarying(Some(length)) => {
+            let length = match length {
+                CharacterLength::IntegerLength { length, .. } => *length,
+                CharacterLength::Max => 65_535,
+            };
+            if !(1..=65_535).contains(&length) {
+                return Err(SqlError::Invalid(format!(
+                    "VARCHAR({length}): the length must be 1 to 65535"
+                )));
+            }
+            C::Varchar {
+                length: length as u32,
+            }
+        }
         DataType::String(_)
         | DataType::Text
-        | DataType::Varchar(_)
-        | DataType::CharVarying(_)
-        | DataType::CharacterVarying(_) => C::String,
+        | DataType::Varchar(None)
+        | DataType::CharVarying(None)
+        | DataType::CharacterVarying(None) => C::String,
         DataType::Binary(_) | DataType::Varbinary(_) | DataType::Bytea | DataType::Blob(_) => {
             C::Binary
         }

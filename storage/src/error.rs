@@ -15,6 +15,12 @@ pub enum StorageError {
     NullValue { column: String },
     #[error("{0}")]
     SchemaMismatch(String),
+    #[error("value of {length} characters is too long for column '{column}' VARCHAR({limit})")]
+    TooLong {
+        column: String,
+        length: usize,
+        limit: u32,
+    },
     #[error("invalid schema: {0}")]
     InvalidSchema(String),
     #[error("invalid predicate: {0}")]

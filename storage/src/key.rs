@@ -113,7 +113,9 @@ pub fn format_key(schema: &Schema, batch: &RecordBatch, row: usize) -> String {
                 })
                 .unwrap_or_default();
             match schema.columns()[k].column_type {
-                crate::ColumnType::String => format!("{name}='{value}'"),
+                crate::ColumnType::String | crate::ColumnType::Varchar { .. } => {
+                    format!("{name}='{value}'")
+                }
                 _ => format!("{name}={value}"),
             }
         })

@@ -24,6 +24,10 @@ pub enum ColumnType {
     Timestamp,
     /// Days since the Unix epoch.
     Date,
+    /// A string of at most `length` characters (1 to 65 535).
+    Varchar {
+        length: u32,
+    },
     /// Exact decimal of `precision` digits (1 to 38), `scale` of them after the point.
     Decimal {
         precision: u8,
@@ -41,7 +45,7 @@ impl ColumnType {
             ColumnType::Float => DataType::Float32,
             ColumnType::Double => DataType::Float64,
             ColumnType::Bool => DataType::Boolean,
-            ColumnType::String => DataType::Utf8,
+            ColumnType::String | ColumnType::Varchar { .. } => DataType::Utf8,
             ColumnType::Binary => DataType::Binary,
             ColumnType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
             ColumnType::Date => DataType::Date32,
@@ -87,6 +91,7 @@ impl ColumnType {
             ColumnType::Decimal { precision, scale } => {
                 return format!("DECIMAL({precision}, {scale})")
             }
+            ColumnType::Varchar { length } => return format!("VARCHAR({length})"),
         };
         name.to_string()
     }

@@ -27,7 +27,9 @@ use crate::diskrowset::DiskRowSet;
 use crate::key::{encode_keys, format_key};
 use crate::memrowset::{MemRowSet, RowArena, RowRef, Version};
 use crate::scan::{self, ScanIterator, ScanSpec, Source};
+use crate::ColumnType;
 use crate::{Schema, StorageError, Timestamp, WriteBatch, WriteKind};
+use arrow::array::AsArray;
 
 #[derive(Clone, Debug)]
 pub struct TabletOptions {
@@ -328,6 +330,22 @@ impl Tablet {
                     column.data_type()
                 )));
             };
+            if let ColumnType::Varchar { length: limit } = self.schema.columns()[c].column_type {
+                let longest = column
+                    .as_string::<i32>()
+                    .iter()
+                    .flatten()
+                    .map(|v| v.chars().count())
+                    .max()
+                    .unwrap_or(0);
+                if longest > limit as usize {
+                    return Err(StorageError::TooLong {
+                        column: field.name().clone(),
+                        length: longest,
+                        limit,
+                    });
+                }
+            }
             if column.null_count() > 0 {
                 if self.schema.is_key_column(c) {
                     return Err(StorageError::NullKey {
