@@ -76,6 +76,10 @@ impl Client {
             .await
     }
 
+    pub async fn rename_table(&self, name: &str, new_name: &str) -> Result<()> {
+        self.inner.master.rename_table(name, new_name).await
+    }
+
     pub async fn drop_table(&self, name: &str, if_exists: bool) -> Result<bool> {
         self.inner.master.drop_table(name, if_exists).await
     }

@@ -219,6 +219,26 @@ impl Master {
         Ok(true)
     }
 
+    /// Renames a table; its tablets and data stay as they are.
+    pub async fn rename_table(&self, name: &str, new_name: &str) -> Result<()> {
+        let _ddl = self.ddl.lock().await;
+        let info = self
+            .table(name)
+            .ok_or_else(|| EngineError::TableNotFound(name.into()))?;
+        if self.table(new_name).is_some() {
+            return Err(EngineError::TableExists(new_name.into()));
+        }
+        let renamed = TableInfo {
+            name: new_name.to_string(),
+            ..(*info).clone()
+        };
+        self.write_catalog(WriteKind::Upsert, &renamed).await?;
+        let mut tables = self.tables.write();
+        tables.remove(name);
+        tables.insert(new_name.to_string(), Arc::new(renamed));
+        Ok(())
+    }
+
     async fn write_catalog(&self, kind: WriteKind, info: &TableInfo) -> Result<()> {
         let json = serde_json::to_string(info)
             .map_err(|e| EngineError::CatalogCorrupted(e.to_string()))?;

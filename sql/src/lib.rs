@@ -177,6 +177,10 @@ enum Action {
         name: String,
         if_exists: bool,
     },
+    RenameTable {
+        name: String,
+        new_name: String,
+    },
     /// A result computed at planning time (SHOW TABLES, DESCRIBE).
     Rows(RecordBatch),
     /// CREATE TABLE ... AS SELECT: the table, then the INSERT of the query's rows.
@@ -200,6 +204,7 @@ impl PlannedStatement {
             Action::CreateTable(_)
             | Action::CreateTableAs { .. }
             | Action::DropTable { .. }
+            | Action::RenameTable { .. }
             | Action::Setting(_) => count_schema(),
             Action::Rows(batch) => batch.schema(),
             Action::Plan(plan) => plan.schema(),
@@ -275,6 +280,10 @@ impl PlannedStatement {
             }
             Action::DropTable { name, if_exists } => {
                 client.drop_table(&name, if_exists).await?;
+                count_batch(0)
+            }
+            Action::RenameTable { name, new_name } => {
+                client.rename_table(&name, &new_name).await?;
                 count_batch(0)
             }
             Action::Rows(batch) => batch,
@@ -476,6 +485,9 @@ impl Session {
             NyalaStatement::CreateTable(spec) => (StatementKind::Ddl, Action::CreateTable(spec)),
             NyalaStatement::CreateTableAs(ctas) => {
                 (StatementKind::Dml, self.plan_create_table_as(ctas).await?)
+            }
+            NyalaStatement::RenameTable { name, new_name } => {
+                (StatementKind::Ddl, Action::RenameTable { name, new_name })
             }
             NyalaStatement::DropTable { name, if_exists } => {
                 (StatementKind::Ddl, Action::DropTable { name, if_exists })

@@ -8,8 +8,9 @@
 //! (`SHOW TABLES`, `DESCRIBE`, `DROP TABLE`) are answered from Nyala's catalog.
 
 use datafusion::sql::sqlparser::ast::{
-    CharacterLength, ColumnOption, CreateTable, DataType, ExactNumberInfo, Expr, Ident, ObjectName,
-    ObjectNamePart, ObjectType, ShowCreateObject, Statement, TableConstraint, TimezoneInfo,
+    AlterTableOperation, CharacterLength, ColumnOption, CreateTable, DataType, ExactNumberInfo,
+    Expr, Ident, ObjectName, ObjectNamePart, ObjectType, RenameTableNameKind, ShowCreateObject,
+    Statement, TableConstraint, TimezoneInfo,
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -36,6 +37,10 @@ pub enum NyalaStatement {
     },
     ShowPartitions {
         name: String,
+    },
+    RenameTable {
+        name: String,
+        new_name: String,
     },
     /// `CREATE TABLE t PRIMARY KEY (...) [DISTRIBUTE BY ...] AS <query>`: the columns come from
     /// the query, planned by the session.
@@ -212,6 +217,17 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
         Statement::ExplainTable { table_name, .. } => Ok(NyalaStatement::Describe {
             name: object_name(&table_name)?,
         }),
+        Statement::AlterTable(alter) => match alter.operations.as_slice() {
+            [AlterTableOperation::RenameTable {
+                table_name: RenameTableNameKind::To(new) | RenameTableNameKind::As(new),
+            }] => Ok(NyalaStatement::RenameTable {
+                name: object_name(&alter.name)?,
+                new_name: object_name(new)?,
+            }),
+            _ => Err(SqlError::NotSupported(format!(
+                "{alter} (ALTER TABLE supports RENAME TO so far)"
+            ))),
+        },
         Statement::ShowCreate {
             obj_type: ShowCreateObject::Table,
             obj_name,

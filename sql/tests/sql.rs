@@ -553,3 +553,29 @@ async fn show_partitions_lists_every_tablet() {
     );
     assert!(error(&s, "SHOW PARTITIONS nope").await.contains("nope"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renamed_tables_survive_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (db, s) = open(dir.path()).await;
+        load_metrics(&s).await;
+        run(&s, "ALTER TABLE metrics RENAME TO measurements").await;
+        run(
+            &s,
+            "INSERT INTO measurements VALUES ('d', '2026-01-01T00:00:00', 'cpu', 1.0)",
+        )
+        .await;
+        db.shutdown().await.unwrap();
+    }
+    let (_db, s) = open(dir.path()).await;
+    assert!(text(&s, "SELECT count(*) FROM measurements")
+        .await
+        .contains("| 6 "));
+    assert!(error(&s, "SELECT * FROM metrics").await.contains("metrics"));
+    let tables = text(&s, "SHOW TABLES").await;
+    assert!(
+        tables.contains("measurements") && !tables.contains("| metrics"),
+        "{tables}"
+    );
+}
