@@ -166,6 +166,16 @@ impl Client {
             .sum()
     }
 
+    /// A snapshot at which every tablet of `table` has applied every write it will ever take
+    /// below it: reading all of them at it gives one consistent, repeatable view.
+    pub fn safe_snapshot(&self, table: &TableInfo) -> Result<Timestamp> {
+        let mut snapshot = Timestamp(u64::MAX);
+        for t in &table.tablets {
+            snapshot = snapshot.min(self.inner.tserver.replica(t)?.safe_snapshot());
+        }
+        Ok(snapshot)
+    }
+
     /// Per tablet of `table`, in bucket order: its id, about how many rows it holds and its
     /// bytes on disk.
     pub fn tablet_stats(&self, table: &TableInfo) -> Result<Vec<(String, usize, u64)>> {

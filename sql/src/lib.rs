@@ -292,6 +292,7 @@ impl PlannedStatement {
                 count_batch(0)
             }
             Action::Plan(plan) => {
+                let plan = scan::pin_snapshot(plan)?;
                 let task = self.session.ctx.task_ctx();
                 if self.kind == StatementKind::Query {
                     return Ok(execute_stream(plan, task)?);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::stats::Precision;
-use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::Statistics;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -28,7 +28,7 @@ use datafusion::physical_plan::{
 };
 use futures::TryStreamExt;
 use nyala_engine::{Client, TableHandle};
-use nyala_storage::ScanSpec;
+use nyala_storage::{ScanSpec, Timestamp};
 
 use crate::predicate::physical_to_predicates;
 use crate::runtime_filter::{RuntimeFilter, RuntimeFilterMode};
@@ -58,6 +58,37 @@ pub struct NyalaScanExec {
     /// The tablets (hash buckets) scanned, one partition each: those the predicates on the hash
     /// columns leave.
     tablets: Vec<usize>,
+    /// The snapshot every tablet is read at, pinned for the whole statement when it runs
+    /// ([`pin_snapshot`]); None: each tablet's own safe snapshot.
+    snapshot: Option<Timestamp>,
+}
+
+/// `plan` with every Nyala scan reading at one snapshot: the oldest safe snapshot of the tables
+/// it reads, so the statement sees one consistent state of all of them.
+pub fn pin_snapshot(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    let mut snapshot: Option<Timestamp> = None;
+    plan.apply(|node| {
+        if let Some(scan) = node.downcast_ref::<NyalaScanExec>() {
+            let safe = scan
+                .client
+                .safe_snapshot(&scan.table)
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            snapshot = Some(snapshot.map_or(safe, |s| s.min(safe)));
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let Some(snapshot) = snapshot else {
+        return Ok(plan);
+    };
+    plan.transform_up(|node| match node.downcast_ref::<NyalaScanExec>() {
+        Some(scan) => {
+            let mut scan = scan.clone();
+            scan.snapshot = Some(snapshot);
+            Ok(Transformed::yes(Arc::new(scan) as Arc<dyn ExecutionPlan>))
+        }
+        None => Ok(Transformed::no(node)),
+    })
+    .map(|t| t.data)
 }
 
 impl NyalaScanExec {
@@ -96,6 +127,7 @@ impl NyalaScanExec {
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
             tablets,
+            snapshot: None,
         })
     }
 
@@ -198,6 +230,9 @@ impl DisplayAs for NyalaScanExec {
         if let Some(limit) = self.spec.limit {
             write!(f, ", limit={limit}")?;
         }
+        if let Some(snapshot) = self.snapshot {
+            write!(f, ", snapshot={}", snapshot.0)?;
+        }
         if !self.runtime.is_empty() {
             let filters: Vec<String> = self
                 .runtime
@@ -279,6 +314,7 @@ impl ExecutionPlan for NyalaScanExec {
             DataFusionError::Internal(format!("NyalaScanExec has no partition {partition}"))
         })?;
         let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        let snapshot = self.snapshot;
         let filters = Self::spec_with_filters(
             self.spec.clone(),
             self.runtime.clone(),
@@ -291,7 +327,7 @@ impl ExecutionPlan for NyalaScanExec {
         let batches = futures::stream::once(async move {
             let spec = filters.await?;
             let scan = client
-                .scan_tablet(&table, tablet, spec, None)
+                .scan_tablet(&table, tablet, spec, snapshot)
                 .map_err(|e| DataFusionError::External(Box::new(e)))?;
             let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL_DEPTH);
             tokio::task::spawn_blocking(move || {

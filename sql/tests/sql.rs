@@ -579,3 +579,26 @@ async fn renamed_tables_survive_restart() {
         "{tables}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_statement_reads_every_tablet_at_one_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = load_join_tables(dir.path()).await;
+    let plan = text(
+        &s,
+        "EXPLAIN ANALYZE SELECT count(*) FROM big b JOIN small s ON b.k = s.k",
+    )
+    .await;
+    let snapshot = |table: &str| counter(scan_line(&plan, table), "snapshot");
+    assert_eq!(snapshot("big"), snapshot("small"), "{plan}");
+    // A later statement reads at a later snapshot and sees a write made in between.
+    run(&s, "INSERT INTO small VALUES (1000, 7, '1', 0)").await;
+    let later = text(
+        &s,
+        "EXPLAIN ANALYZE SELECT count(*) FROM big b JOIN small s ON b.k = s.k",
+    )
+    .await;
+    assert!(counter(scan_line(&later, "small"), "snapshot") > snapshot("small"));
+    let got = text(&s, "SELECT count(*) FROM big b JOIN small s ON b.k = s.k").await;
+    assert!(got.contains("| 101 "), "{got}");
+}
