@@ -287,16 +287,21 @@ impl NyalaFlightService {
             .map_err(status)?;
         let schema = planned.schema();
         let endpoints = match planned.tablet_partitions() {
-            Some(n) if n > 1 && rows.len() == 1 && per_tablet => (0..n as u32)
-                .map(|i| {
-                    let ticket = QueryTicket {
-                        partition: Some(i),
-                        partitions: n as u32,
-                        ..ticket.clone()
-                    };
-                    self.endpoint(&ticket, true)
-                })
-                .collect(),
+            Some(n) if n > 1 && rows.len() == 1 && per_tablet => {
+                // Every endpoint reads at one snapshot, taken now.
+                let snapshot = planned.snapshot().map_err(status)?;
+                (0..n as u32)
+                    .map(|i| {
+                        let ticket = QueryTicket {
+                            partition: Some(i),
+                            partitions: n as u32,
+                            snapshot,
+                            ..ticket.clone()
+                        };
+                        self.endpoint(&ticket, true)
+                    })
+                    .collect()
+            }
             _ => vec![self.endpoint(&ticket, false)],
         };
         Ok(Response::new(flight_info(&schema, endpoints, descriptor)?))
@@ -344,7 +349,7 @@ impl NyalaFlightService {
                 Some(partition)
                     if planned.tablet_partitions() == Some(ticket.partitions as usize) =>
                 {
-                    planned.execute_partition(partition as usize)
+                    planned.execute_partition(partition as usize, ticket.snapshot)
                 }
                 Some(_) => Err(SqlError::Invalid(
                     "the table's tablets changed since this query was planned; run it again".into(),

@@ -38,6 +38,9 @@ pub struct QueryTicket {
     /// That statement was DDL: its result has no columns and no rows.
     #[prost(bool, tag = "7")]
     pub ddl: bool,
+    /// For per-tablet endpoints: the snapshot all of them read at.
+    #[prost(uint64, optional, tag = "8")]
+    pub snapshot: Option<u64>,
 }
 
 impl QueryTicket {

@@ -27,7 +27,7 @@ use datafusion::physical_plan::{collect, execute_stream, memory::MemoryStream, E
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DFStatement;
 use nyala_engine::{Client, PartitionSchema};
-use nyala_storage::{ColumnSchema, ColumnType, Schema, TabletOptions};
+use nyala_storage::{ColumnSchema, ColumnType, Schema, TabletOptions, Timestamp};
 
 mod catalog;
 mod dml;
@@ -235,11 +235,28 @@ impl PlannedStatement {
         }
     }
 
+    /// The snapshot this statement would read at if run now (None if it reads no table). Pass
+    /// it to [`Self::execute_partition`] so separately fetched partitions agree.
+    pub fn snapshot(&self) -> Result<Option<u64>> {
+        match &self.action {
+            Action::Plan(plan) => Ok(scan::statement_snapshot(plan)?.map(|t| t.0)),
+            _ => Ok(None),
+        }
+    }
+
     /// Runs partition `partition` of a query for which [`Self::tablet_partitions`] is `Some(n)`
-    /// with `partition < n`.
-    pub fn execute_partition(self, partition: usize) -> Result<SendableRecordBatchStream> {
+    /// with `partition < n`, at `snapshot` (from [`Self::snapshot`]; None: a fresh one).
+    pub fn execute_partition(
+        self,
+        partition: usize,
+        snapshot: Option<u64>,
+    ) -> Result<SendableRecordBatchStream> {
         match (&self.action, self.tablet_partitions()) {
             (Action::Plan(plan), Some(n)) if partition < n => {
+                let plan = match snapshot {
+                    Some(ts) => scan::with_snapshot(plan.clone(), Timestamp(ts))?,
+                    None => scan::pin_snapshot(plan.clone())?,
+                };
                 Ok(plan.execute(partition, self.session.ctx.task_ctx())?)
             }
             _ => Err(SqlError::Invalid(format!(

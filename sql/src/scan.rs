@@ -63,9 +63,9 @@ pub struct NyalaScanExec {
     snapshot: Option<Timestamp>,
 }
 
-/// `plan` with every Nyala scan reading at one snapshot: the oldest safe snapshot of the tables
-/// it reads, so the statement sees one consistent state of all of them.
-pub fn pin_snapshot(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+/// The snapshot a statement reads at: the oldest safe snapshot of the tables its Nyala scans
+/// read (None when it reads no table), so it sees one consistent state of all of them.
+pub fn statement_snapshot(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Timestamp>> {
     let mut snapshot: Option<Timestamp> = None;
     plan.apply(|node| {
         if let Some(scan) = node.downcast_ref::<NyalaScanExec>() {
@@ -77,9 +77,14 @@ pub fn pin_snapshot(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPla
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
-    let Some(snapshot) = snapshot else {
-        return Ok(plan);
-    };
+    Ok(snapshot)
+}
+
+/// `plan` with every Nyala scan reading at `snapshot`.
+pub fn with_snapshot(
+    plan: Arc<dyn ExecutionPlan>,
+    snapshot: Timestamp,
+) -> Result<Arc<dyn ExecutionPlan>> {
     plan.transform_up(|node| match node.downcast_ref::<NyalaScanExec>() {
         Some(scan) => {
             let mut scan = scan.clone();
@@ -89,6 +94,14 @@ pub fn pin_snapshot(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPla
         None => Ok(Transformed::no(node)),
     })
     .map(|t| t.data)
+}
+
+/// `plan` with every Nyala scan reading at the statement's snapshot ([`statement_snapshot`]).
+pub fn pin_snapshot(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    match statement_snapshot(&plan)? {
+        Some(snapshot) => with_snapshot(plan, snapshot),
+        None => Ok(plan),
+    }
 }
 
 impl NyalaScanExec {

@@ -856,3 +856,48 @@ async fn sqllogictest_files_over_flight_sql() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+/// The tablet endpoints of one FlightInfo read at one snapshot, taken at GetFlightInfo: rows
+/// written between GetFlightInfo and the DoGets are not seen by any of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tablet_endpoints_read_one_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut c = server.client().await;
+    update(
+        &mut c,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) DISTRIBUTE BY HASH (id) INTO 4 BUCKETS",
+    )
+    .await
+    .unwrap();
+    update(
+        &mut c,
+        "INSERT INTO t SELECT value, value * 1 FROM generate_series(1, 1000) AS s(value)",
+    )
+    .await
+    .unwrap();
+    let info = c.execute("SELECT id, v FROM t".into(), None).await.unwrap();
+    assert_eq!(info.endpoint.len(), 4);
+    update(
+        &mut c,
+        "INSERT INTO t SELECT value, value * 1 FROM generate_series(1001, 2000) AS s(value)",
+    )
+    .await
+    .unwrap();
+    update(&mut c, "DELETE FROM t WHERE id <= 500")
+        .await
+        .unwrap();
+    let mut seen = 0;
+    for endpoint in info.endpoint {
+        let stream = c.do_get(endpoint.ticket.unwrap()).await.unwrap();
+        let batches: Vec<RecordBatch> = stream.try_collect().await.unwrap();
+        seen += rows(&batches);
+    }
+    assert_eq!(
+        seen, 1000,
+        "the endpoints read the table as it was at GetFlightInfo"
+    );
+    assert!(text(&mut c, "SELECT count(*) FROM t")
+        .await
+        .contains("| 1500 "));
+}
