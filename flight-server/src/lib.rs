@@ -705,11 +705,7 @@ impl FlightSqlService for NyalaFlightService {
         query: CommandGetCatalogs,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        command_info(
-            &query.clone().into_builder().schema(),
-            query,
-            request.into_inner(),
-        )
+        command_info(&query.into_builder().schema(), query, request.into_inner())
     }
 
     async fn do_get_catalogs(
@@ -769,11 +765,7 @@ impl FlightSqlService for NyalaFlightService {
         query: CommandGetTableTypes,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        command_info(
-            &query.clone().into_builder().schema(),
-            query,
-            request.into_inner(),
-        )
+        command_info(&query.into_builder().schema(), query, request.into_inner())
     }
 
     async fn do_get_table_types(
@@ -903,7 +895,7 @@ impl FlightSqlService for NyalaFlightService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         command_info(
-            &query.clone().into_builder(&self.xdbc_types).schema(),
+            &query.into_builder(&self.xdbc_types).schema(),
             query,
             request.into_inner(),
         )

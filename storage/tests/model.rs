@@ -172,8 +172,8 @@ fn random_operations_match_a_model() {
                 // The first row of each new key goes in; existing and repeated keys are skipped.
                 let mut inserted = 0;
                 for e in &entries {
-                    if !model.contains_key(&e.0) {
-                        model.insert(e.0, (e.1.clone(), e.2));
+                    if let std::collections::btree_map::Entry::Vacant(slot) = model.entry(e.0) {
+                        slot.insert((e.1.clone(), e.2));
                         inserted += 1;
                     }
                 }
