@@ -12,9 +12,8 @@ use arrow::compute::{cast_with_options, CastOptions};
 use arrow::datatypes::SchemaRef;
 use datafusion::dataframe::DataFrameWriteOptions;
 use futures::{Stream, TryStreamExt};
-use nyala_storage::{ColumnSchema, ColumnType, Schema};
 
-use crate::statement::CreateTableSpec;
+use crate::statement::{CreateTableSpec, Nullability};
 use crate::{Action, PlannedStatement, Result, Session, SqlError, StatementKind};
 
 /// What to do about the target table before loading.
@@ -129,9 +128,10 @@ pub fn count_of(batches: &[RecordBatch]) -> u64 {
         .unwrap_or(0)
 }
 
-/// The table a load creates: the data's columns, keyed by the chosen columns (NOT NULL).
+/// The table a load creates: the data's columns, keyed by the chosen columns (NOT NULL; the
+/// first column by default), hash-partitioned on them when `buckets` > 1.
 fn table_spec(name: &str, schema: &SchemaRef, target: &IngestTarget) -> Result<CreateTableSpec> {
-    let key_names: Vec<String> = if target.primary_key.is_empty() {
+    let key: Vec<String> = if target.primary_key.is_empty() {
         schema
             .fields()
             .first()
@@ -140,49 +140,20 @@ fn table_spec(name: &str, schema: &SchemaRef, target: &IngestTarget) -> Result<C
     } else {
         target.primary_key.clone()
     };
-    let key_columns = key_names
-        .iter()
-        .map(|k| {
-            schema.index_of(k).map_err(|_| {
-                SqlError::Invalid(format!("primary key column '{k}' is not in the data"))
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let columns = schema
-        .fields()
-        .iter()
-        .enumerate()
-        .map(|(i, f)| {
-            let column_type = ColumnType::from_arrow(f.data_type()).ok_or_else(|| {
-                SqlError::NotSupported(format!(
-                    "column '{}' of Arrow type {}",
-                    f.name(),
-                    f.data_type()
-                ))
-            })?;
-            Ok(ColumnSchema {
-                name: f.name().clone(),
-                column_type,
-                nullable: !key_columns.contains(&i),
-                default: None,
-                comment: None,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let schema =
-        Schema::new(columns, key_columns.clone()).map_err(|e| SqlError::Invalid(e.to_string()))?;
-    let hash_columns = if target.buckets > 1 {
-        key_columns
+    let hash = if target.buckets > 1 {
+        key.clone()
     } else {
         vec![]
     };
-    Ok(CreateTableSpec {
-        name: name.to_string(),
-        if_not_exists: false,
-        schema,
-        hash_columns,
-        buckets: target.buckets.max(1),
-    })
+    CreateTableSpec::from_arrow(
+        name,
+        schema.fields(),
+        "the data",
+        Nullability::Nullable,
+        &key,
+        &hash,
+        target.buckets,
+    )
 }
 
 /// `batch` with the table's columns in the table's order: matched by name, cast without loss,

@@ -27,7 +27,7 @@ use datafusion::physical_plan::{collect, execute_stream, memory::MemoryStream, E
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DFStatement;
 use nyala_engine::{Client, PartitionSchema};
-use nyala_storage::{ColumnSchema, ColumnType, Schema, TabletOptions, Timestamp};
+use nyala_storage::{ColumnType, TabletOptions, Timestamp};
 
 mod catalog;
 mod dml;
@@ -188,7 +188,7 @@ enum Action {
         spec: CreateTableSpec,
         insert: String,
     },
-    /// `SET name = value` or `RESET name`, applied to the session when run.
+    /// `SET name = value`, applied to the session when run.
     Setting(LogicalPlan),
     Plan(Arc<dyn ExecutionPlan>),
 }
@@ -342,9 +342,7 @@ fn partitions(plan: &Arc<dyn ExecutionPlan>) -> usize {
 fn statement_kind(plan: &LogicalPlan) -> Result<StatementKind> {
     match plan {
         LogicalPlan::Dml(_) => Ok(StatementKind::Dml),
-        LogicalPlan::Statement(Statement::SetVariable(_) | Statement::ResetVariable(_)) => {
-            Ok(StatementKind::Ddl)
-        }
+        LogicalPlan::Statement(Statement::SetVariable(_)) => Ok(StatementKind::Ddl),
         LogicalPlan::Ddl(_) | LogicalPlan::Copy(_) | LogicalPlan::Statement(_) => Err(
             SqlError::NotSupported(format!("{} statements", plan.display())),
         ),
@@ -613,51 +611,19 @@ impl Session {
             .state()
             .statement_to_plan(DFStatement::Statement(ctas.query))
             .await?;
-        let fields = plan.schema().fields();
-        let mut columns = Vec::with_capacity(fields.len());
-        for field in fields {
-            let column_type = ColumnType::from_arrow(field.data_type()).ok_or_else(|| {
-                SqlError::Invalid(format!(
-                    "column '{}' of the query has type {}, which a table cannot store; cast it",
-                    field.name(),
-                    field.data_type()
-                ))
-            })?;
-            columns.push(ColumnSchema {
-                name: field.name().to_string(),
-                column_type,
-                nullable: field.is_nullable() && !ctas.key.contains(field.name()),
-                default: None,
-                comment: None,
-            });
-        }
-        let index = |name: &String, what: &str| {
-            columns.iter().position(|c| &c.name == name).ok_or_else(|| {
-                SqlError::Invalid(format!(
-                    "{what} column '{name}' is not a column of the query"
-                ))
-            })
-        };
-        let key = ctas
-            .key
-            .iter()
-            .map(|k| index(k, "primary key"))
-            .collect::<Result<Vec<_>>>()?;
-        let hash_columns = ctas
-            .hash
-            .iter()
-            .map(|h| index(h, "hash"))
-            .collect::<Result<Vec<_>>>()?;
-        let schema = Schema::new(columns, key).map_err(|e| SqlError::Invalid(e.to_string()))?;
+        let mut spec = CreateTableSpec::from_arrow(
+            &ctas.name,
+            plan.schema().fields(),
+            "the query",
+            statement::Nullability::FromFields,
+            &ctas.key,
+            &ctas.hash,
+            ctas.buckets,
+        )?;
+        spec.if_not_exists = ctas.if_not_exists;
         Ok(Action::CreateTableAs {
             insert: format!("INSERT INTO \"{}\" {query}", ctas.name.replace('"', "\"\"")),
-            spec: CreateTableSpec {
-                name: ctas.name,
-                if_not_exists: ctas.if_not_exists,
-                schema,
-                hash_columns,
-                buckets: ctas.buckets,
-            },
+            spec,
         })
     }
 

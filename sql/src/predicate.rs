@@ -64,14 +64,7 @@ pub fn to_predicates(schema: &Schema, expr: &Expr) -> Option<Vec<ColumnPredicate
                 _ => return None,
             };
             let (column, value) = column_and_value(schema, &column.name, literal)?;
-            let op = match op {
-                Operator::Eq => PredicateOp::Eq(value),
-                Operator::Lt => PredicateOp::Lt(value),
-                Operator::LtEq => PredicateOp::LtEq(value),
-                Operator::Gt => PredicateOp::Gt(value),
-                Operator::GtEq => PredicateOp::GtEq(value),
-                _ => return None,
-            };
+            let op = comparison(op, value)?;
             Some(vec![ColumnPredicate { column, op }])
         }
         Expr::Between(Between {
@@ -132,6 +125,18 @@ pub fn to_predicates(schema: &Schema, expr: &Expr) -> Option<Vec<ColumnPredicate
     }
 }
 
+/// `column <op> value` as a storage predicate, for the comparisons storage evaluates.
+fn comparison(op: Operator, value: Scalar) -> Option<PredicateOp> {
+    Some(match op {
+        Operator::Eq => PredicateOp::Eq(value),
+        Operator::Lt => PredicateOp::Lt(value),
+        Operator::LtEq => PredicateOp::LtEq(value),
+        Operator::Gt => PredicateOp::Gt(value),
+        Operator::GtEq => PredicateOp::GtEq(value),
+        _ => return None,
+    })
+}
+
 /// The column index and the literal as a value of the column's type, if lossless and not NULL.
 fn column_and_value(schema: &Schema, name: &str, literal: &ScalarValue) -> Option<(usize, Scalar)> {
     let column = schema.column_index(name)?;
@@ -187,18 +192,11 @@ pub fn physical_to_predicates(
                 _ => return vec![],
             },
         };
-        let Some(value) = value_for_column(schema, column, &literal) else {
-            return vec![];
-        };
-        let op = match op {
-            Some(Operator::Eq) => PredicateOp::Eq(value),
-            Some(Operator::Lt) => PredicateOp::Lt(value),
-            Some(Operator::LtEq) => PredicateOp::LtEq(value),
-            Some(Operator::Gt) => PredicateOp::Gt(value),
-            Some(Operator::GtEq) => PredicateOp::GtEq(value),
-            _ => return vec![],
-        };
-        return vec![ColumnPredicate { column, op }];
+        return op
+            .zip(value_for_column(schema, column, &literal))
+            .and_then(|(op, value)| comparison(op, value))
+            .map(|op| vec![ColumnPredicate { column, op }])
+            .unwrap_or_default();
     }
     if let Some(list) = expr.downcast_ref::<InListExpr>() {
         let Some(column) = column_of(list.expr()) else {

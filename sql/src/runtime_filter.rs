@@ -91,7 +91,7 @@ impl RuntimeFilterMode {
     }
 }
 
-/// Checks a `SET`/`RESET` of a Nyala setting before it is applied, so a bad value is refused
+/// Checks a `SET` of a Nyala setting before it is applied, so a bad value is refused
 /// with a clear message instead of being stored and ignored.
 pub fn check_setting(statement: &Statement) -> Result<()> {
     if let Statement::SetVariable(set) = statement {

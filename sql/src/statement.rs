@@ -72,6 +72,76 @@ pub struct CreateTableSpec {
     pub buckets: u32,
 }
 
+/// How [`CreateTableSpec::from_arrow`] sets the NULL-ability of non-key columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nullability {
+    /// As the Arrow fields say (a query's result).
+    FromFields,
+    /// Always nullable (loaded data, whose fields often claim NOT NULL by accident).
+    Nullable,
+}
+
+impl CreateTableSpec {
+    /// A table holding the columns of `fields` (from `source`, named in errors) keyed by the
+    /// `key` columns (NOT NULL) and hash-partitioned on `hash` into `buckets`.
+    pub fn from_arrow(
+        name: &str,
+        fields: &arrow::datatypes::Fields,
+        source: &str,
+        nullability: Nullability,
+        key: &[String],
+        hash: &[String],
+        buckets: u32,
+    ) -> Result<Self> {
+        let index = |name: &String, what: &str| {
+            fields.iter().position(|f| f.name() == name).ok_or_else(|| {
+                SqlError::Invalid(format!(
+                    "{what} column '{name}' is not a column of {source}"
+                ))
+            })
+        };
+        let key_columns = key
+            .iter()
+            .map(|k| index(k, "primary key"))
+            .collect::<Result<Vec<_>>>()?;
+        let hash_columns = hash
+            .iter()
+            .map(|h| index(h, "hash"))
+            .collect::<Result<Vec<_>>>()?;
+        let columns = fields
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let column_type = ColumnType::from_arrow(f.data_type()).ok_or_else(|| {
+                    SqlError::Invalid(format!(
+                        "column '{}' of {source} has type {}, which a table cannot store; cast it",
+                        f.name(),
+                        f.data_type()
+                    ))
+                })?;
+                let nullable = !key_columns.contains(&i)
+                    && (nullability == Nullability::Nullable || f.is_nullable());
+                Ok(ColumnSchema {
+                    name: f.name().clone(),
+                    column_type,
+                    nullable,
+                    default: None,
+                    comment: None,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let schema =
+            Schema::new(columns, key_columns).map_err(|e| SqlError::Invalid(e.to_string()))?;
+        Ok(CreateTableSpec {
+            name: name.to_string(),
+            if_not_exists: false,
+            schema,
+            hash_columns,
+            buckets: buckets.max(1),
+        })
+    }
+}
+
 fn tokenize(sql: &str) -> Result<Vec<Token>> {
     Tokenizer::new(&GenericDialect {}, sql)
         .tokenize()
