@@ -16,7 +16,7 @@ use nyala_storage::{
 
 use crate::clock::HybridClock;
 use crate::master::{Master, TableInfo};
-use crate::partition::PartitionSchema;
+use crate::partition::{PartitionSchema, RangeSpec};
 use crate::tserver::TabletServer;
 use crate::{EngineError, Result};
 
@@ -80,6 +80,14 @@ impl Client {
         self.inner.master.rename_table(name, new_name).await
     }
 
+    pub async fn add_range_partition(&self, name: &str, range: &RangeSpec) -> Result<()> {
+        self.inner.master.add_range_partition(name, range).await
+    }
+
+    pub async fn drop_range_partition(&self, name: &str, range: &RangeSpec) -> Result<()> {
+        self.inner.master.drop_range_partition(name, range).await
+    }
+
     pub async fn drop_table(&self, name: &str, if_exists: bool) -> Result<bool> {
         self.inner.master.drop_table(name, if_exists).await
     }
@@ -107,11 +115,11 @@ impl Client {
             .partition
             .split(&table.schema, rows)
             .map_err(|error| WriteError { applied: 0, error })?;
-        let writes = parts.into_iter().map(|(bucket, rows)| async move {
+        let writes = parts.into_iter().map(|(tablet, rows)| async move {
             let replica = self
                 .inner
                 .tserver
-                .replica(&table.tablets[bucket as usize])
+                .replica(&table.tablets[tablet])
                 .map_err(|error| WriteError { applied: 0, error })?;
             let mut applied = 0;
             for chunk in chunks(&rows) {
@@ -139,23 +147,23 @@ impl Client {
         }
     }
 
-    /// Scans the tablet of `bucket` at `snapshot` (None: that tablet's current safe snapshot).
+    /// Scans tablet number `tablet` of `table` at `snapshot` (None: that tablet's current safe snapshot).
     pub fn scan_tablet(
         &self,
         table: &TableInfo,
-        bucket: usize,
+        tablet: usize,
         spec: ScanSpec,
         snapshot: Option<Timestamp>,
     ) -> Result<ScanIterator> {
-        let tablet = table.tablets.get(bucket).ok_or_else(|| {
-            EngineError::TabletNotFound(format!("bucket {bucket} of table {}", table.name))
+        let tablet = table.tablets.get(tablet).ok_or_else(|| {
+            EngineError::TabletNotFound(format!("tablet {tablet} of table {}", table.name))
         })?;
         self.inner.tserver.replica(tablet)?.scan(spec, snapshot)
     }
 
-    /// About how many rows the tablet of `bucket` holds (all tablets: None), for planning.
-    pub fn estimated_rows(&self, table: &TableInfo, bucket: Option<usize>) -> usize {
-        let tablets = match bucket {
+    /// About how many rows tablet number `tablet` holds (all tablets: None), for planning.
+    pub fn estimated_rows(&self, table: &TableInfo, tablet: Option<usize>) -> usize {
+        let tablets = match tablet {
             Some(b) => table.tablets.get(b..=b).unwrap_or_default(),
             None => &table.tablets[..],
         };
@@ -176,7 +184,7 @@ impl Client {
         Ok(snapshot)
     }
 
-    /// Per tablet of `table`, in bucket order: its id, about how many rows it holds and its
+    /// Per tablet of `table`, in tablet order: its id, about how many rows it holds and its
     /// bytes on disk.
     pub fn tablet_stats(&self, table: &TableInfo) -> Result<Vec<(String, usize, u64)>> {
         table

@@ -14,6 +14,8 @@ pub enum EngineError {
     #[error("invalid table definition: {0}")]
     InvalidTable(String),
     #[error("{0}")]
+    NoRangePartition(String),
+    #[error("{0}")]
     Storage(#[from] StorageError),
     #[error("replication: {0}")]
     Raft(#[from] RaftError),

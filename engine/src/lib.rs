@@ -1,7 +1,7 @@
 //! Nyala's engine: the pieces between SQL and storage that make tablets into a database.
 //!
 //! - [`clock::HybridClock`] hands out MVCC timestamps; the leader puts them in log entries.
-//! - [`partition::PartitionSchema`] maps a row to its tablet by hashing its partition key.
+//! - [`partition::PartitionSchema`] maps a row to its tablet: hash levels, then range partitions.
 //! - [`replica::TabletReplica`] is one tablet behind its Raft log: writes are proposed, applied
 //!   deterministically, and scans read at a safe snapshot.
 //! - [`tserver::TabletServer`] hosts replicas; [`master::Master`] keeps the catalog, itself a
@@ -24,6 +24,6 @@ pub use client::{Client, TableHandle, WriteError};
 pub use error::EngineError;
 pub use master::{TableId, TableInfo};
 pub use nyala_storage as storage;
-pub use partition::PartitionSchema;
+pub use partition::{BoundSpec, HashLevel, PartitionSchema, RangeSpec};
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -18,7 +18,7 @@ use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::HybridClock;
-use crate::partition::PartitionSchema;
+use crate::partition::{PartitionSchema, RangeSpec};
 use crate::replica::TabletReplica;
 use crate::tserver::TabletServer;
 use crate::{EngineError, Result};
@@ -32,7 +32,7 @@ pub struct TableInfo {
     pub name: String,
     pub schema: Schema,
     pub partition: PartitionSchema,
-    /// Tablet ids, indexed by hash bucket.
+    /// Tablet ids, in the partitioning's tablet order (see [`PartitionSchema`]).
     pub tablets: Vec<String>,
 }
 
@@ -168,8 +168,8 @@ impl Master {
         }
         let id = uuid::Uuid::new_v4().simple().to_string();
         let info = TableInfo {
-            tablets: (0..partition.num_buckets)
-                .map(|b| format!("{id}-{b}"))
+            tablets: (0..partition.num_tablets())
+                .map(|t| format!("{id}-{t}"))
                 .collect(),
             id,
             name: name.to_string(),
@@ -236,6 +236,74 @@ impl Master {
         let mut tables = self.tables.write();
         tables.remove(name);
         tables.insert(new_name.to_string(), Arc::new(renamed));
+        Ok(())
+    }
+
+    /// Adds a range partition to a range-partitioned table: its tablets (one per hash bucket
+    /// combination) are created, then the catalog commits them.
+    pub async fn add_range_partition(&self, name: &str, range: &RangeSpec) -> Result<()> {
+        let _ddl = self.ddl.lock().await;
+        let info = self
+            .table(name)
+            .ok_or_else(|| EngineError::TableNotFound(name.into()))?;
+        let (partition, at) = info.partition.add_range(&info.schema, range)?;
+        let per_range = partition.tablets_per_range();
+        let prefix = uuid::Uuid::new_v4().simple().to_string();
+        let new: Vec<String> = (0..per_range)
+            .map(|c| format!("{}-{}-{c}", info.id, &prefix[..8]))
+            .collect();
+        let mut tablets = info.tablets.clone();
+        tablets.splice(at * per_range..at * per_range, new.iter().cloned());
+        let added = TableInfo {
+            partition,
+            tablets,
+            ..(*info).clone()
+        };
+        let committed = match new
+            .iter()
+            .try_for_each(|t| self.tserver.create_tablet(t, &info.schema).map(drop))
+        {
+            Ok(()) => self.write_catalog(WriteKind::Upsert, &added).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = committed {
+            for tablet in &new {
+                let _ = self.tserver.delete_tablet(tablet);
+            }
+            return Err(e);
+        }
+        self.tables
+            .write()
+            .insert(name.to_string(), Arc::new(added));
+        Ok(())
+    }
+
+    /// Drops a range partition, deleting its tablets and their rows.
+    pub async fn drop_range_partition(&self, name: &str, range: &RangeSpec) -> Result<()> {
+        let _ddl = self.ddl.lock().await;
+        let info = self
+            .table(name)
+            .ok_or_else(|| EngineError::TableNotFound(name.into()))?;
+        let (partition, at) = info.partition.drop_range(&info.schema, range)?;
+        let per_range = info.partition.tablets_per_range();
+        let mut tablets = info.tablets.clone();
+        let removed: Vec<String> = tablets
+            .drain(at * per_range..(at + 1) * per_range)
+            .collect();
+        let dropped = TableInfo {
+            partition,
+            tablets,
+            ..(*info).clone()
+        };
+        self.write_catalog(WriteKind::Upsert, &dropped).await?;
+        self.tables
+            .write()
+            .insert(name.to_string(), Arc::new(dropped));
+        for tablet in &removed {
+            if let Err(e) = self.tserver.delete_tablet(tablet) {
+                tracing::warn!(tablet = %tablet, error = %e, "could not delete tablet of dropped range");
+            }
+        }
         Ok(())
     }
 

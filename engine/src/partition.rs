@@ -1,163 +1,874 @@
-//! Hash partitioning (Kudu paper 3.2): the partition key of a row is the memcmp-comparable
-//! encoding of its hash columns; its xxh64 modulo the bucket count picks the tablet. The same key
-//! encoding as the primary key, so the mapping is stable across versions and processes.
+//! Partitioning (Kudu paper 3.2): zero or more hash levels, then an optional range level.
+//!
+//! A row's bucket in a hash level is the xxh64 of the memcmp-comparable encoding of that level's
+//! columns (seeded by the level's position) modulo its bucket count. Its range key is the same
+//! encoding of the range columns; the range partitions are disjoint half-open intervals of range
+//! keys, and a row outside all of them is rejected. Every range partition holds one tablet per
+//! combination of hash buckets, so tablet `r * B + c` is range `r` and bucket combination `c`
+//! (mixed radix, first level most significant), with `B` the product of the bucket counts.
 
-use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
-use arrow::compute::{concat, take_record_batch};
-use nyala_storage::{encode_key_columns, ColumnPredicate, PredicateOp, Scalar, Schema};
+use std::fmt;
+
+use arrow::array::{Array, ArrayRef, RecordBatch, StringArray, UInt32Array};
+use arrow::compute::{cast_with_options, concat, take_record_batch, CastOptions};
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use nyala_storage::{encode_key_columns, ColumnPredicate, ColumnType, PredicateOp, Scalar, Schema};
 use serde::{Deserialize, Serialize};
 
 use crate::{EngineError, Result};
 
-/// Most value combinations of the hash columns that partition pruning enumerates.
+/// Most value combinations of a level's columns that partition pruning enumerates.
 pub const MAX_PRUNING_COMBINATIONS: usize = 1024;
+/// Most buckets in one hash level.
+pub const MAX_BUCKETS: u32 = 1024;
+/// Most tablets one table may have.
+pub const MAX_TABLETS: usize = 10_000;
+
+/// One hash level: `HASH (columns) INTO buckets BUCKETS`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HashLevel {
+    /// Indexes (into the table schema) of the hash columns; a subset of the primary key.
+    pub columns: Vec<usize>,
+    pub buckets: u32,
+}
+
+/// A range bound as written: the value of each range column (as text) and whether the bound
+/// itself is in the range.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoundSpec {
+    pub values: Vec<String>,
+    pub inclusive: bool,
+}
+
+/// A range partition as written; `None` is unbounded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RangeSpec {
+    pub lower: Option<BoundSpec>,
+    pub upper: Option<BoundSpec>,
+}
+
+/// A checked range bound: its values in their type's canonical text, and its range key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RangeBound {
+    pub values: Vec<String>,
+    pub inclusive: bool,
+    /// For a lower bound, the smallest range key in the range; for an upper bound, the smallest
+    /// range key above it.
+    key: Vec<u8>,
+}
+
+/// One range partition: the range keys from `lower` (inclusive) to `upper` (exclusive).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RangePartition {
+    pub lower: Option<RangeBound>,
+    pub upper: Option<RangeBound>,
+    /// The types of the range columns, for quoting the values in [`fmt::Display`].
+    quoted: Vec<bool>,
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PartitionSchema {
-    /// Indexes (into the table schema) of the hash columns; a subset of the primary key.
-    pub hash_columns: Vec<usize>,
-    pub num_buckets: u32,
+    pub hash: Vec<HashLevel>,
+    /// The range columns (a subset of the primary key); empty when there is no range level,
+    /// and then `ranges` is one unbounded range.
+    pub range_columns: Vec<usize>,
+    /// Sorted and disjoint.
+    pub ranges: Vec<RangePartition>,
 }
 
 impl PartitionSchema {
-    /// Validates the partitioning against the table schema.
-    pub fn new(schema: &Schema, hash_columns: Vec<usize>, num_buckets: u32) -> Result<Self> {
-        if num_buckets == 0 || num_buckets > 1024 {
+    /// Validates the partitioning against the table schema. Without range columns the table
+    /// has one unbounded range; with them, exactly the ranges given (possibly none yet).
+    pub fn new(
+        schema: &Schema,
+        hash: Vec<HashLevel>,
+        range_columns: Vec<usize>,
+        ranges: Vec<RangeSpec>,
+    ) -> Result<Self> {
+        let mut hashed = Vec::new();
+        for level in &hash {
+            if level.buckets == 0 || level.buckets > MAX_BUCKETS {
+                return Err(EngineError::InvalidTable(format!(
+                    "the number of hash buckets must be between 1 and {MAX_BUCKETS}, got {}",
+                    level.buckets
+                )));
+            }
+            if level.columns.is_empty() {
+                return Err(EngineError::InvalidTable(
+                    "a hash level needs at least one column".into(),
+                ));
+            }
+            check_key_columns(schema, &level.columns, "hash")?;
+            for &c in &level.columns {
+                if hashed.contains(&c) {
+                    return Err(EngineError::InvalidTable(format!(
+                        "column '{}' is in two hash levels",
+                        schema.columns()[c].name
+                    )));
+                }
+                hashed.push(c);
+            }
+        }
+        check_key_columns(schema, &range_columns, "range")?;
+        if range_columns.is_empty() && !ranges.is_empty() {
+            return Err(EngineError::InvalidTable(
+                "range partitions need range columns: RANGE (column, ...)".into(),
+            ));
+        }
+        let mut partition = Self {
+            hash,
+            range_columns,
+            ranges: vec![],
+        };
+        if partition.range_columns.is_empty() {
+            partition.ranges.push(RangePartition::unbounded());
+        }
+        for spec in &ranges {
+            let range = partition.range(schema, spec)?;
+            partition.insert_range(range)?;
+        }
+        if partition.num_tablets() > MAX_TABLETS {
             return Err(EngineError::InvalidTable(format!(
-                "the number of hash buckets must be between 1 and 1024, got {num_buckets}"
+                "the partitioning makes {} tablets; at most {MAX_TABLETS} are allowed",
+                partition.num_tablets()
             )));
         }
-        for &c in &hash_columns {
-            let Some(column) = schema.columns().get(c) else {
+        Ok(partition)
+    }
+
+    /// One tablet: the partitioning of a table created without DISTRIBUTE BY.
+    pub fn single() -> Self {
+        Self {
+            hash: vec![],
+            range_columns: vec![],
+            ranges: vec![RangePartition::unbounded()],
+        }
+    }
+
+    /// Tablets per range partition: the product of the bucket counts.
+    pub fn tablets_per_range(&self) -> usize {
+        self.hash.iter().map(|l| l.buckets as usize).product()
+    }
+
+    pub fn num_tablets(&self) -> usize {
+        self.ranges.len() * self.tablets_per_range()
+    }
+
+    /// Checks `spec` against the range columns' types.
+    fn range(&self, schema: &Schema, spec: &RangeSpec) -> Result<RangePartition> {
+        if self.range_columns.is_empty() {
+            return Err(EngineError::InvalidTable(
+                "the table has no range partitioning".into(),
+            ));
+        }
+        let quoted = self
+            .range_columns
+            .iter()
+            .map(|&c| {
+                !matches!(
+                    schema.columns()[c].column_type,
+                    ColumnType::Int8
+                        | ColumnType::Int16
+                        | ColumnType::Int32
+                        | ColumnType::Int64
+                        | ColumnType::Decimal { .. }
+                        | ColumnType::Bool
+                )
+            })
+            .collect();
+        let bound = |b: &BoundSpec, lower: bool| -> Result<RangeBound> {
+            let (values, mut key) = self.encode_bound(schema, &b.values)?;
+            // The successor of a key in memcmp order is the key followed by a zero byte.
+            if lower != b.inclusive {
+                key.push(0);
+            }
+            Ok(RangeBound {
+                values,
+                inclusive: b.inclusive,
+                key,
+            })
+        };
+        let range = RangePartition {
+            lower: spec.lower.as_ref().map(|b| bound(b, true)).transpose()?,
+            upper: spec.upper.as_ref().map(|b| bound(b, false)).transpose()?,
+            quoted,
+        };
+        if let (Some(l), Some(u)) = (&range.lower, &range.upper) {
+            if l.key >= u.key {
                 return Err(EngineError::InvalidTable(format!(
-                    "hash column #{c} does not exist"
-                )));
-            };
-            if !schema.is_key_column(c) {
-                return Err(EngineError::InvalidTable(format!(
-                    "hash column '{}' is not part of the primary key",
-                    column.name
+                    "range partition {range} is empty: its lower bound is not below its upper bound"
                 )));
             }
         }
-        let mut sorted = hash_columns.clone();
-        sorted.sort_unstable();
-        sorted.dedup();
-        if sorted.len() != hash_columns.len() {
-            return Err(EngineError::InvalidTable(
-                "a hash column is listed twice".into(),
-            ));
-        }
-        Ok(Self {
-            hash_columns,
-            num_buckets,
-        })
+        Ok(range)
     }
 
-    /// One bucket over all key columns: the partitioning of a table created without DISTRIBUTE BY.
-    pub fn single(schema: &Schema) -> Self {
-        Self {
-            hash_columns: schema.key_columns().to_vec(),
-            num_buckets: 1,
+    /// The canonical text and the range key of a bound's values.
+    fn encode_bound(&self, schema: &Schema, values: &[String]) -> Result<(Vec<String>, Vec<u8>)> {
+        if values.len() != self.range_columns.len() {
+            return Err(EngineError::InvalidTable(format!(
+                "a range bound needs {} value(s), one per range column ({}), got {}",
+                self.range_columns.len(),
+                self.names(schema, &self.range_columns),
+                values.len()
+            )));
         }
+        let options = CastOptions {
+            safe: false,
+            ..Default::default()
+        };
+        let mut arrays = Vec::with_capacity(values.len());
+        let mut canonical = Vec::with_capacity(values.len());
+        for (&c, text) in self.range_columns.iter().zip(values) {
+            let column = &schema.columns()[c];
+            let array = cast_with_options(
+                &StringArray::from(vec![text.as_str()]),
+                &column.column_type.arrow_type(),
+                &options,
+            )
+            .map_err(|_| {
+                EngineError::InvalidTable(format!(
+                    "range bound '{text}' is not a valid {} for column '{}'",
+                    column.column_type.sql_name(),
+                    column.name
+                ))
+            })?;
+            if let ColumnType::Varchar { length } = column.column_type {
+                if text.chars().count() > length as usize {
+                    return Err(EngineError::InvalidTable(format!(
+                        "range bound '{text}' is longer than column '{}' allows ({length})",
+                        column.name
+                    )));
+                }
+            }
+            canonical.push(format_value(&array, 0));
+            arrays.push(array);
+        }
+        let mut key = Vec::new();
+        encode_key_columns(&arrays, 0, &mut key);
+        Ok((canonical, key))
     }
 
-    /// The bucket of every row of `batch` (a batch with the table's columns, or at least the hash
-    /// columns at the table's column positions resolved by name).
-    pub fn buckets(&self, schema: &Schema, batch: &RecordBatch) -> Result<Vec<u32>> {
-        if self.num_buckets == 1 {
-            return Ok(vec![0; batch.num_rows()]);
+    /// Inserts `range` in order; an error if it overlaps another one.
+    fn insert_range(&mut self, range: RangePartition) -> Result<usize> {
+        let lower = |r: &RangePartition| r.lower.as_ref().map(|b| b.key.clone());
+        let at = self.ranges.partition_point(|r| lower(r) < lower(&range));
+        let overlaps_next = self.ranges.get(at).is_some_and(|next| match &range.upper {
+            None => true,
+            Some(u) => next.lower.as_ref().is_none_or(|l| l.key < u.key),
+        });
+        let overlaps_previous = at > 0
+            && self.ranges[at - 1]
+                .upper
+                .as_ref()
+                .is_none_or(|u| range.lower.as_ref().is_none_or(|l| l.key < u.key));
+        if overlaps_next || overlaps_previous {
+            let other = if overlaps_next {
+                &self.ranges[at]
+            } else {
+                &self.ranges[at - 1]
+            };
+            return Err(EngineError::InvalidTable(format!(
+                "range partition {range} overlaps range partition {other}"
+            )));
         }
-        let columns: Vec<ArrayRef> = self
-            .hash_columns
+        self.ranges.insert(at, range);
+        Ok(at)
+    }
+
+    /// The partitioning with range `spec` added, and the new range's position.
+    pub fn add_range(&self, schema: &Schema, spec: &RangeSpec) -> Result<(Self, usize)> {
+        let range = self.range(schema, spec)?;
+        let mut added = self.clone();
+        let at = added.insert_range(range)?;
+        if added.num_tablets() > MAX_TABLETS {
+            return Err(EngineError::InvalidTable(format!(
+                "the table would have {} tablets; at most {MAX_TABLETS} are allowed",
+                added.num_tablets()
+            )));
+        }
+        Ok((added, at))
+    }
+
+    /// The partitioning without range `spec` (which must match an existing range exactly), and
+    /// the dropped range's position.
+    pub fn drop_range(&self, schema: &Schema, spec: &RangeSpec) -> Result<(Self, usize)> {
+        let range = self.range(schema, spec)?;
+        let key = |b: &Option<RangeBound>| b.as_ref().map(|b| b.key.clone());
+        let at = self
+            .ranges
             .iter()
-            .map(|&c| {
-                let name = &schema.columns()[c].name;
-                batch.column_by_name(name).cloned().ok_or_else(|| {
-                    EngineError::InvalidTable(format!("missing partition column '{name}'"))
-                })
-            })
-            .collect::<Result<_>>()?;
-        let mut key = Vec::with_capacity(32);
-        Ok((0..batch.num_rows())
-            .map(|row| {
-                key.clear();
-                encode_key_columns(&columns, row, &mut key);
-                (xxhash_rust::xxh64::xxh64(&key, 0) % self.num_buckets as u64) as u32
-            })
-            .collect())
+            .position(|r| key(&r.lower) == key(&range.lower) && key(&r.upper) == key(&range.upper))
+            .ok_or_else(|| {
+                EngineError::InvalidTable(format!("there is no range partition {range}"))
+            })?;
+        let mut dropped = self.clone();
+        dropped.ranges.remove(at);
+        Ok((dropped, at))
     }
 
-    /// The buckets that can hold rows passing `predicates` (a conjunction): when every hash
-    /// column has an equality or IN-list predicate, the buckets of their value combinations
-    /// (at most [`MAX_PRUNING_COMBINATIONS`]); otherwise None (every bucket).
-    pub fn prune(&self, schema: &Schema, predicates: &[ColumnPredicate]) -> Option<Vec<u32>> {
-        let mut choices: Vec<&[Scalar]> = Vec::with_capacity(self.hash_columns.len());
-        for &c in &self.hash_columns {
-            let values = predicates
-                .iter()
-                .filter(|p| p.column == c)
-                .find_map(|p| match &p.op {
-                    PredicateOp::Eq(v) => Some(std::slice::from_ref(v)),
-                    PredicateOp::InList(values) => Some(values.as_slice()),
-                    _ => None,
-                })?;
-            choices.push(values);
-        }
-        let combinations = choices.iter().map(|c| c.len()).product::<usize>();
-        if combinations > MAX_PRUNING_COMBINATIONS {
-            return None;
-        }
-        if combinations == 0 {
-            return Some(vec![]);
-        }
-        // Column j of combination i takes choice (i / stride_j) % len_j.
-        let mut columns = Vec::with_capacity(choices.len());
-        let mut stride = 1;
-        for values in &choices {
-            let picked: Vec<&dyn arrow::array::Array> = (0..combinations)
-                .map(|i| values[(i / stride) % values.len()].0.as_ref())
-                .collect();
-            columns.push(concat(&picked).ok()?);
-            stride *= values.len();
-        }
-        let fields: Vec<arrow::datatypes::Field> = self
-            .hash_columns
+    fn names(&self, schema: &Schema, columns: &[usize]) -> String {
+        columns
             .iter()
-            .zip(&columns)
-            .map(|(&c, a)| {
-                arrow::datatypes::Field::new(&schema.columns()[c].name, a.data_type().clone(), true)
-            })
-            .collect();
-        let batch = RecordBatch::try_new(
-            std::sync::Arc::new(arrow::datatypes::Schema::new(fields)),
-            columns,
-        )
-        .ok()?;
-        let mut buckets = self.buckets(schema, &batch).ok()?;
-        buckets.sort_unstable();
-        buckets.dedup();
-        Some(buckets)
+            .map(|&c| schema.columns()[c].name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
-    /// Splits `batch` into one batch per bucket that has rows, preserving row order within a bucket.
-    pub fn split(&self, schema: &Schema, batch: &RecordBatch) -> Result<Vec<(u32, RecordBatch)>> {
-        let buckets = self.buckets(schema, batch)?;
-        if self.num_buckets == 1 {
+    /// `HASH (a) bucket 1 of 4, HASH (b) bucket 0 of 2` and the range of tablet `tablet`.
+    pub fn describe(&self, schema: &Schema, tablet: usize) -> (String, String) {
+        let per_range = self.tablets_per_range();
+        let mut combination = tablet % per_range;
+        let mut buckets = vec![0; self.hash.len()];
+        for (l, level) in self.hash.iter().enumerate().rev() {
+            buckets[l] = combination % level.buckets as usize;
+            combination /= level.buckets as usize;
+        }
+        let hash = self
+            .hash
+            .iter()
+            .zip(&buckets)
+            .map(|(level, b)| {
+                format!(
+                    "HASH ({}) bucket {b} of {}",
+                    self.names(schema, &level.columns),
+                    level.buckets
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let range = match self.range_columns.is_empty() {
+            true => String::new(),
+            false => self.ranges[tablet / per_range].to_string(),
+        };
+        (hash, range)
+    }
+
+    /// The tablet of every row of `batch` (a batch with at least the partition columns, found
+    /// by name); an error naming the first row outside every range partition.
+    pub fn tablets(&self, schema: &Schema, batch: &RecordBatch) -> Result<Vec<usize>> {
+        let mut tablets = vec![0usize; batch.num_rows()];
+        for (l, level) in self.hash.iter().enumerate() {
+            let buckets = level_buckets(schema, level, l, batch)?;
+            for (t, b) in tablets.iter_mut().zip(buckets) {
+                *t = *t * level.buckets as usize + b as usize;
+            }
+        }
+        if self.range_columns.is_empty() {
+            return Ok(tablets);
+        }
+        let per_range = self.tablets_per_range();
+        let columns = columns_by_name(schema, &self.range_columns, batch)?;
+        let mut key = Vec::with_capacity(16);
+        for (row, tablet) in tablets.iter_mut().enumerate() {
+            key.clear();
+            encode_key_columns(&columns, row, &mut key);
+            let Some(range) = self.range_of(&key) else {
+                let values = self
+                    .range_columns
+                    .iter()
+                    .zip(&columns)
+                    .map(|(&c, a)| format!("{}={}", schema.columns()[c].name, format_value(a, row)))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                return Err(EngineError::NoRangePartition(format!(
+                    "row ({values}) is outside every range partition of the table \
+                     (ALTER TABLE ... ADD RANGE PARTITION adds one)"
+                )));
+            };
+            *tablet += range * per_range;
+        }
+        Ok(tablets)
+    }
+
+    /// The range partition holding range key `key`.
+    fn range_of(&self, key: &[u8]) -> Option<usize> {
+        let after = self
+            .ranges
+            .partition_point(|r| r.lower.as_ref().is_none_or(|l| l.key.as_slice() <= key));
+        let at = after.checked_sub(1)?;
+        let range = &self.ranges[at];
+        range
+            .upper
+            .as_ref()
+            .is_none_or(|u| key < u.key.as_slice())
+            .then_some(at)
+    }
+
+    /// Splits `batch` into one batch per tablet that has rows, preserving row order within a
+    /// tablet. Nothing is returned when any row is outside every range.
+    pub fn split(&self, schema: &Schema, batch: &RecordBatch) -> Result<Vec<(usize, RecordBatch)>> {
+        if self.num_tablets() == 1 {
+            // Still checks the rows against the one range.
+            self.tablets(schema, batch)?;
             return Ok(vec![(0, batch.clone())]);
         }
-        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); self.num_buckets as usize];
-        for (row, bucket) in buckets.into_iter().enumerate() {
-            rows[bucket as usize].push(row as u32);
+        let tablets = self.tablets(schema, batch)?;
+        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); self.num_tablets()];
+        for (row, tablet) in tablets.into_iter().enumerate() {
+            rows[tablet].push(row as u32);
         }
         let mut out = Vec::new();
-        for (bucket, indexes) in rows.into_iter().enumerate() {
+        for (tablet, indexes) in rows.into_iter().enumerate() {
             if indexes.is_empty() {
                 continue;
             }
             let indexes = UInt32Array::from(indexes);
-            out.push((bucket as u32, take_record_batch(batch, &indexes)?));
+            out.push((tablet, take_record_batch(batch, &indexes)?));
         }
         Ok(out)
+    }
+
+    /// The tablets that can hold rows passing `predicates` (a conjunction), in order.
+    /// A hash level is pruned when each of its columns has an equality or IN-list predicate
+    /// (at most [`MAX_PRUNING_COMBINATIONS`] value combinations); the range level by equality
+    /// and IN lists on all range columns, or by comparisons on a single range column.
+    pub fn prune(&self, schema: &Schema, predicates: &[ColumnPredicate]) -> Vec<usize> {
+        let mut allowed: Vec<Option<Vec<bool>>> = Vec::with_capacity(self.hash.len());
+        for (l, level) in self.hash.iter().enumerate() {
+            let buckets = combinations(schema, &level.columns, predicates).and_then(|batch| {
+                let mut hit = vec![false; level.buckets as usize];
+                for b in level_buckets(schema, level, l, &batch).ok()? {
+                    hit[b as usize] = true;
+                }
+                Some(hit)
+            });
+            allowed.push(buckets);
+        }
+        let ranges = self.prune_ranges(schema, predicates);
+        let per_range = self.tablets_per_range();
+        (0..self.num_tablets())
+            .filter(|&t| {
+                if !ranges[t / per_range] {
+                    return false;
+                }
+                let mut combination = t % per_range;
+                for (level, hit) in self.hash.iter().zip(&allowed).rev() {
+                    let bucket = combination % level.buckets as usize;
+                    combination /= level.buckets as usize;
+                    if hit.as_ref().is_some_and(|h| !h[bucket]) {
+                        return false;
+                    }
+                }
+                true
+            })
+            .collect()
+    }
+
+    /// Which range partitions can hold rows passing `predicates`.
+    fn prune_ranges(&self, schema: &Schema, predicates: &[ColumnPredicate]) -> Vec<bool> {
+        let all = vec![true; self.ranges.len()];
+        if self.range_columns.is_empty() {
+            return all;
+        }
+        if let Some(points) = combinations(schema, &self.range_columns, predicates) {
+            let mut hit = vec![false; self.ranges.len()];
+            let mut key = Vec::new();
+            for row in 0..points.num_rows() {
+                key.clear();
+                encode_key_columns(points.columns(), row, &mut key);
+                if let Some(r) = self.range_of(&key) {
+                    hit[r] = true;
+                }
+            }
+            return hit;
+        }
+        let [column] = self.range_columns[..] else {
+            return all;
+        };
+        let arrow_type = schema.columns()[column].column_type.arrow_type();
+        let encode = |v: &Scalar| {
+            (v.0.data_type() == &arrow_type && v.0.len() == 1 && !v.0.is_null(0)).then(|| {
+                let mut key = Vec::new();
+                encode_key_columns(std::slice::from_ref(&v.0), 0, &mut key);
+                key
+            })
+        };
+        // The range keys [low, high) (high None: unbounded) that can hold matching rows.
+        let mut low: Vec<u8> = Vec::new();
+        let mut high: Option<Vec<u8>> = None;
+        for p in predicates.iter().filter(|p| p.column == column) {
+            let (bound, is_low) = match &p.op {
+                PredicateOp::Gt(v) => (
+                    encode(v).map(|mut k| {
+                        k.push(0);
+                        k
+                    }),
+                    true,
+                ),
+                PredicateOp::GtEq(v) => (encode(v), true),
+                PredicateOp::Lt(v) => (encode(v), false),
+                PredicateOp::LtEq(v) => (
+                    encode(v).map(|mut k| {
+                        k.push(0);
+                        k
+                    }),
+                    false,
+                ),
+                _ => continue,
+            };
+            let Some(bound) = bound else { continue };
+            if is_low {
+                low = low.max(bound);
+            } else {
+                high = Some(high.map_or(bound.clone(), |h| h.min(bound)));
+            }
+        }
+        self.ranges
+            .iter()
+            .map(|r| {
+                let below = r.upper.as_ref().is_some_and(|u| u.key <= low);
+                let above = match (&r.lower, &high) {
+                    (Some(l), Some(h)) => l.key >= *h,
+                    _ => false,
+                };
+                !below && !above
+            })
+            .collect()
+    }
+}
+
+fn check_key_columns(schema: &Schema, columns: &[usize], what: &str) -> Result<()> {
+    for (i, &c) in columns.iter().enumerate() {
+        let Some(column) = schema.columns().get(c) else {
+            return Err(EngineError::InvalidTable(format!(
+                "{what} column #{c} does not exist"
+            )));
+        };
+        if !schema.is_key_column(c) {
+            return Err(EngineError::InvalidTable(format!(
+                "{what} column '{}' is not part of the primary key",
+                column.name
+            )));
+        }
+        if columns[..i].contains(&c) {
+            return Err(EngineError::InvalidTable(format!(
+                "{what} column '{}' is listed twice",
+                column.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The columns `columns` of the table, found by name in `batch`.
+fn columns_by_name(
+    schema: &Schema,
+    columns: &[usize],
+    batch: &RecordBatch,
+) -> Result<Vec<ArrayRef>> {
+    columns
+        .iter()
+        .map(|&c| {
+            let name = &schema.columns()[c].name;
+            batch.column_by_name(name).cloned().ok_or_else(|| {
+                EngineError::InvalidTable(format!("missing partition column '{name}'"))
+            })
+        })
+        .collect()
+}
+
+/// The bucket of every row of `batch` in hash level `level` (the `l`-th).
+fn level_buckets(
+    schema: &Schema,
+    level: &HashLevel,
+    l: usize,
+    batch: &RecordBatch,
+) -> Result<Vec<u32>> {
+    if level.buckets == 1 {
+        return Ok(vec![0; batch.num_rows()]);
+    }
+    let columns = columns_by_name(schema, &level.columns, batch)?;
+    let mut key = Vec::with_capacity(32);
+    Ok((0..batch.num_rows())
+        .map(|row| {
+            key.clear();
+            encode_key_columns(&columns, row, &mut key);
+            (xxhash_rust::xxh64::xxh64(&key, l as u64) % level.buckets as u64) as u32
+        })
+        .collect())
+}
+
+/// Every combination of the values that equality and IN-list predicates allow for `columns`,
+/// as a batch with those columns; None when a column has no such predicate, a value is not of
+/// the column's type, or there are more than [`MAX_PRUNING_COMBINATIONS`].
+fn combinations(
+    schema: &Schema,
+    columns: &[usize],
+    predicates: &[ColumnPredicate],
+) -> Option<RecordBatch> {
+    let mut choices: Vec<&[Scalar]> = Vec::with_capacity(columns.len());
+    for &c in columns {
+        let values = predicates
+            .iter()
+            .filter(|p| p.column == c)
+            .find_map(|p| match &p.op {
+                PredicateOp::Eq(v) => Some(std::slice::from_ref(v)),
+                PredicateOp::InList(values) => Some(values.as_slice()),
+                _ => None,
+            })?;
+        let arrow_type = schema.columns()[c].column_type.arrow_type();
+        if values.iter().any(|v| v.0.data_type() != &arrow_type) {
+            return None;
+        }
+        choices.push(values);
+    }
+    let combinations = choices.iter().map(|c| c.len()).product::<usize>();
+    if combinations > MAX_PRUNING_COMBINATIONS {
+        return None;
+    }
+    // Column j of combination i takes choice (i / stride_j) % len_j.
+    let mut arrays = Vec::with_capacity(choices.len());
+    let mut stride = 1;
+    for values in &choices {
+        let array = if combinations == 0 {
+            values.first().map(|v| v.0.slice(0, 0))?
+        } else {
+            let picked: Vec<&dyn Array> = (0..combinations)
+                .map(|i| values[(i / stride) % values.len()].0.as_ref())
+                .collect();
+            concat(&picked).ok()?
+        };
+        arrays.push(array);
+        stride *= values.len().max(1);
+    }
+    let fields: Vec<arrow::datatypes::Field> = columns
+        .iter()
+        .zip(&arrays)
+        .map(|(&c, a)| {
+            arrow::datatypes::Field::new(&schema.columns()[c].name, a.data_type().clone(), true)
+        })
+        .collect();
+    RecordBatch::try_new(
+        std::sync::Arc::new(arrow::datatypes::Schema::new(fields)),
+        arrays,
+    )
+    .ok()
+}
+
+fn format_value(array: &ArrayRef, row: usize) -> String {
+    ArrayFormatter::try_new(array.as_ref(), &FormatOptions::default())
+        .map(|f| f.value(row).to_string())
+        .unwrap_or_default()
+}
+
+impl RangePartition {
+    fn unbounded() -> Self {
+        Self {
+            lower: None,
+            upper: None,
+            quoted: vec![],
+        }
+    }
+
+    pub fn is_unbounded(&self) -> bool {
+        self.lower.is_none() && self.upper.is_none()
+    }
+}
+
+impl fmt::Display for RangePartition {
+    /// Impala's notation: `'a' <= VALUES < 'b'`, `VALUES < 10`, `UNBOUNDED`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let values = |b: &RangeBound| {
+            let literals: Vec<String> = b
+                .values
+                .iter()
+                .zip(&self.quoted)
+                .map(|(v, &q)| match q {
+                    true => format!("'{}'", v.replace('\'', "''")),
+                    false => v.clone(),
+                })
+                .collect();
+            match literals.as_slice() {
+                [one] => one.clone(),
+                many => format!("({})", many.join(", ")),
+            }
+        };
+        let op = |b: &RangeBound| if b.inclusive { "<=" } else { "<" };
+        match (&self.lower, &self.upper) {
+            (None, None) => f.write_str("UNBOUNDED"),
+            (Some(l), None) => write!(f, "{} {} VALUES", values(l), op(l)),
+            (None, Some(u)) => write!(f, "VALUES {} {}", op(u), values(u)),
+            (Some(l), Some(u)) if l.inclusive && u.inclusive && l.values == u.values => {
+                write!(f, "VALUE = {}", values(l))
+            }
+            (Some(l), Some(u)) => {
+                write!(f, "{} {} VALUES {} {}", values(l), op(l), op(u), values(u))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Int64Array, StringArray};
+    use nyala_storage::ColumnSchema;
+
+    use super::*;
+
+    fn schema() -> Schema {
+        let column = |name: &str, column_type| ColumnSchema {
+            name: name.into(),
+            column_type,
+            nullable: false,
+            default: None,
+            comment: None,
+        };
+        Schema::new(
+            vec![
+                column("host", ColumnType::String),
+                column("ts", ColumnType::Int64),
+                column("v", ColumnType::Double),
+            ],
+            vec![0, 1],
+        )
+        .unwrap()
+    }
+
+    fn bound(v: i64, inclusive: bool) -> Option<BoundSpec> {
+        Some(BoundSpec {
+            values: vec![v.to_string()],
+            inclusive,
+        })
+    }
+
+    fn partitioned() -> PartitionSchema {
+        PartitionSchema::new(
+            &schema(),
+            vec![HashLevel {
+                columns: vec![0],
+                buckets: 3,
+            }],
+            vec![1],
+            vec![
+                RangeSpec {
+                    lower: None,
+                    upper: bound(0, false),
+                },
+                RangeSpec {
+                    lower: bound(10, true),
+                    upper: bound(20, false),
+                },
+                RangeSpec {
+                    lower: bound(0, true),
+                    upper: bound(10, false),
+                },
+                RangeSpec {
+                    lower: bound(30, true),
+                    upper: bound(30, true),
+                },
+            ],
+        )
+        .unwrap()
+    }
+
+    fn rows(hosts: &[&str], ts: &[i64]) -> RecordBatch {
+        RecordBatch::try_from_iter(vec![
+            (
+                "host",
+                Arc::new(StringArray::from(hosts.to_vec())) as ArrayRef,
+            ),
+            ("ts", Arc::new(Int64Array::from(ts.to_vec()))),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn rows_go_to_their_range_and_bucket() {
+        let p = partitioned();
+        assert_eq!(p.num_tablets(), 12);
+        let shown: Vec<String> = p.ranges.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "VALUES < 0",
+                "0 <= VALUES < 10",
+                "10 <= VALUES < 20",
+                "VALUE = 30"
+            ]
+        );
+        let tablets = p
+            .tablets(
+                &schema(),
+                &rows(&["a", "a", "a", "a", "a"], &[-5, 0, 9, 19, 30]),
+            )
+            .unwrap();
+        let ranges: Vec<usize> = tablets.iter().map(|t| t / 3).collect();
+        assert_eq!(ranges, [0, 1, 1, 2, 3]);
+        let buckets: Vec<usize> = tablets.iter().map(|t| t % 3).collect();
+        assert!(buckets.iter().all(|&b| b == buckets[0]));
+        for outside in [20, 29, 31] {
+            let e = p.tablets(&schema(), &rows(&["a"], &[outside])).unwrap_err();
+            assert!(e.to_string().contains(&format!("ts={outside}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn overlapping_and_empty_ranges_are_rejected() {
+        let p = partitioned();
+        let spec = |l, u| RangeSpec {
+            lower: bound(l, true),
+            upper: bound(u, false),
+        };
+        let e = p.add_range(&schema(), &spec(15, 25)).unwrap_err();
+        assert!(e.to_string().contains("overlaps"), "{e}");
+        let e = p.add_range(&schema(), &spec(25, 25)).unwrap_err();
+        assert!(e.to_string().contains("empty"), "{e}");
+        let (added, at) = p.add_range(&schema(), &spec(20, 30)).unwrap();
+        assert_eq!(at, 3);
+        assert_eq!(added.num_tablets(), 15);
+        let (dropped, at) = added.drop_range(&schema(), &spec(0, 10)).unwrap();
+        assert_eq!(at, 1);
+        assert!(dropped.tablets(&schema(), &rows(&["a"], &[5])).is_err());
+        assert!(dropped.drop_range(&schema(), &spec(0, 10)).is_err());
+        let e = p
+            .add_range(
+                &schema(),
+                &RangeSpec {
+                    lower: Some(BoundSpec {
+                        values: vec!["x".into()],
+                        inclusive: true,
+                    }),
+                    upper: None,
+                },
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("not a valid INT64"), "{e}");
+    }
+
+    #[test]
+    fn pruning_keeps_every_tablet_that_can_match() {
+        let p = partitioned();
+        let s = schema();
+        let eq = |c, v: ArrayRef| ColumnPredicate {
+            column: c,
+            op: PredicateOp::Eq(Scalar(v)),
+        };
+        let int = |v: i64| Arc::new(Int64Array::from(vec![v])) as ArrayRef;
+        let host = |v: &str| Arc::new(StringArray::from(vec![v])) as ArrayRef;
+        let batch = rows(&["q"], &[12]);
+        let tablet = p.tablets(&s, &batch).unwrap()[0];
+        assert_eq!(p.prune(&s, &[eq(0, host("q")), eq(1, int(12))]), [tablet]);
+        let by_range = p.prune(
+            &s,
+            &[ColumnPredicate {
+                column: 1,
+                op: PredicateOp::GtEq(Scalar(int(10))),
+            }],
+        );
+        assert_eq!(by_range, (6..12).collect::<Vec<_>>());
+        let below = p.prune(
+            &s,
+            &[ColumnPredicate {
+                column: 1,
+                op: PredicateOp::Lt(Scalar(int(0))),
+            }],
+        );
+        assert_eq!(below, [0, 1, 2]);
+        // A value of another type does not prune.
+        let wrong = Arc::new(arrow::array::Int32Array::from(vec![12])) as ArrayRef;
+        assert_eq!(p.prune(&s, &[eq(1, wrong)]).len(), 12);
     }
 }

@@ -1,13 +1,16 @@
 //! The `nyala.public` schema as DataFusion sees it: every table of the master's catalog, looked
-//! up at planning time, so tables created by other sessions are visible at once.
+//! up at planning time, so tables created by other sessions are visible at once. Next to it,
+//! `nyala.sys` holds system tables computed at planning time: `sys.partitions`, one row per
+//! tablet of every table (what `SHOW PARTITIONS t` shows for one table).
 
 use std::sync::Arc;
 
+use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
 use async_trait::async_trait;
-use datafusion::catalog::SchemaProvider;
+use datafusion::catalog::{MemTable, SchemaProvider};
 use datafusion::datasource::TableProvider;
 use datafusion::error::{DataFusionError, Result};
-use nyala_engine::Client;
+use nyala_engine::{Client, TableHandle};
 
 use crate::table::NyalaTable;
 
@@ -41,4 +44,88 @@ impl SchemaProvider for NyalaSchemaProvider {
     fn table_exist(&self, name: &str) -> bool {
         self.client.table(name).is_ok()
     }
+}
+
+/// The `nyala.sys` schema.
+#[derive(Debug)]
+pub struct SysSchemaProvider {
+    client: Client,
+}
+
+impl SysSchemaProvider {
+    pub const NAME: &'static str = "sys";
+
+    pub fn new(client: Client) -> Self {
+        Self { client }
+    }
+}
+
+#[async_trait]
+impl SchemaProvider for SysSchemaProvider {
+    fn table_names(&self) -> Vec<String> {
+        vec!["partitions".into()]
+    }
+
+    async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>, DataFusionError> {
+        if name != "partitions" {
+            return Ok(None);
+        }
+        let batch = partitions(&self.client, &self.client.tables())
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        Ok(Some(Arc::new(MemTable::try_new(
+            batch.schema(),
+            vec![vec![batch]],
+        )?)))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        name == "partitions"
+    }
+}
+
+/// One row per tablet of `tables`: the table, the tablet's position, hash buckets and range, its
+/// id, leader, replicas, about how many rows it holds and its bytes on disk.
+pub fn partitions(client: &Client, tables: &[TableHandle]) -> Result<RecordBatch, crate::SqlError> {
+    let mut table_names = Vec::new();
+    let mut tablets = Vec::new();
+    let mut hash = Vec::new();
+    let mut range = Vec::new();
+    let mut stats = Vec::new();
+    for table in tables {
+        for (t, stat) in client.tablet_stats(table)?.into_iter().enumerate() {
+            let (h, r) = table.partition.describe(&table.schema, t);
+            table_names.push(table.name.clone());
+            tablets.push(t as u64);
+            hash.push(h);
+            range.push(r);
+            stats.push(stat);
+        }
+    }
+    let n = stats.len();
+    let columns: Vec<(&str, ArrayRef)> = vec![
+        ("table_name", Arc::new(StringArray::from(table_names))),
+        ("tablet", Arc::new(UInt64Array::from(tablets))),
+        ("hash_buckets", Arc::new(StringArray::from(hash))),
+        ("range", Arc::new(StringArray::from(range))),
+        (
+            "tablet_id",
+            Arc::new(StringArray::from_iter_values(
+                stats.iter().map(|s| s.0.as_str()),
+            )),
+        ),
+        // One node: its single replica is the leader.
+        ("leader", Arc::new(StringArray::from(vec!["local"; n]))),
+        ("replicas", Arc::new(UInt64Array::from(vec![1u64; n]))),
+        (
+            "estimated_rows",
+            Arc::new(UInt64Array::from_iter_values(
+                stats.iter().map(|s| s.1 as u64),
+            )),
+        ),
+        (
+            "disk_bytes",
+            Arc::new(UInt64Array::from_iter_values(stats.iter().map(|s| s.2))),
+        ),
+    ];
+    Ok(RecordBatch::try_from_iter(columns)?)
 }

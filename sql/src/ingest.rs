@@ -13,6 +13,7 @@ use arrow::datatypes::SchemaRef;
 use datafusion::dataframe::DataFrameWriteOptions;
 use futures::{Stream, TryStreamExt};
 
+use crate::partitioning::PartitionSpec;
 use crate::statement::{CreateTableSpec, Nullability};
 use crate::{Action, PlannedStatement, Result, Session, SqlError, StatementKind};
 
@@ -140,19 +141,13 @@ fn table_spec(name: &str, schema: &SchemaRef, target: &IngestTarget) -> Result<C
     } else {
         target.primary_key.clone()
     };
-    let hash = if target.buckets > 1 {
-        key.clone()
-    } else {
-        vec![]
-    };
     CreateTableSpec::from_arrow(
         name,
         schema.fields(),
         "the data",
         Nullability::Nullable,
         &key,
-        &hash,
-        target.buckets,
+        &PartitionSpec::hash_key(target.buckets),
     )
 }
 

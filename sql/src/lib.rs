@@ -26,13 +26,14 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{collect, execute_stream, memory::MemoryStream, ExecutionPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DFStatement;
-use nyala_engine::{Client, PartitionSchema};
+use nyala_engine::{Client, RangeSpec};
 use nyala_storage::{ColumnType, TabletOptions, Timestamp};
 
 mod catalog;
 mod dml;
 mod error;
 mod ingest;
+pub mod partitioning;
 mod predicate;
 pub mod runtime_filter;
 mod scan;
@@ -118,6 +119,10 @@ impl Database {
             SCHEMA_NAME,
             Arc::new(catalog::NyalaSchemaProvider::new(self.client.clone())),
         );
+        let _ = catalog.register_schema(
+            catalog::SysSchemaProvider::NAME,
+            Arc::new(catalog::SysSchemaProvider::new(self.client.clone())),
+        );
         ctx.register_catalog(CATALOG_NAME, Arc::new(catalog));
         Session {
             db: self.clone(),
@@ -181,6 +186,11 @@ enum Action {
         name: String,
         new_name: String,
     },
+    AlterRangePartition {
+        name: String,
+        add: bool,
+        range: RangeSpec,
+    },
     /// A result computed at planning time (SHOW TABLES, DESCRIBE).
     Rows(RecordBatch),
     /// CREATE TABLE ... AS SELECT: the table, then the INSERT of the query's rows.
@@ -205,6 +215,7 @@ impl PlannedStatement {
             | Action::CreateTableAs { .. }
             | Action::DropTable { .. }
             | Action::RenameTable { .. }
+            | Action::AlterRangePartition { .. }
             | Action::Setting(_) => count_schema(),
             Action::Rows(batch) => batch.schema(),
             Action::Plan(plan) => plan.schema(),
@@ -303,6 +314,13 @@ impl PlannedStatement {
                 client.rename_table(&name, &new_name).await?;
                 count_batch(0)
             }
+            Action::AlterRangePartition { name, add, range } => {
+                match add {
+                    true => client.add_range_partition(&name, &range).await?,
+                    false => client.drop_range_partition(&name, &range).await?,
+                }
+                count_batch(0)
+            }
             Action::Rows(batch) => batch,
             Action::Setting(plan) => {
                 self.session.ctx.execute_logical_plan(plan).await?;
@@ -325,13 +343,8 @@ impl PlannedStatement {
 
 /// Creates the table of `spec`; false if it existed and IF NOT EXISTS was given.
 async fn create_table(client: &Client, spec: CreateTableSpec) -> Result<bool> {
-    let partition = if spec.hash_columns.is_empty() {
-        PartitionSchema::single(&spec.schema)
-    } else {
-        PartitionSchema::new(&spec.schema, spec.hash_columns, spec.buckets)?
-    };
     Ok(client
-        .create_table(&spec.name, spec.schema, partition, spec.if_not_exists)
+        .create_table(&spec.name, spec.schema, spec.partition, spec.if_not_exists)
         .await?)
 }
 
@@ -505,6 +518,10 @@ impl Session {
             NyalaStatement::RenameTable { name, new_name } => {
                 (StatementKind::Ddl, Action::RenameTable { name, new_name })
             }
+            NyalaStatement::AlterRangePartition { name, add, range } => (
+                StatementKind::Ddl,
+                Action::AlterRangePartition { name, add, range },
+            ),
             NyalaStatement::DropTable { name, if_exists } => {
                 (StatementKind::Ddl, Action::DropTable { name, if_exists })
             }
@@ -617,8 +634,7 @@ impl Session {
             "the query",
             statement::Nullability::FromFields,
             &ctas.key,
-            &ctas.hash,
-            ctas.buckets,
+            &ctas.partition,
         )?;
         spec.if_not_exists = ctas.if_not_exists;
         Ok(Action::CreateTableAs {
@@ -627,53 +643,12 @@ impl Session {
         })
     }
 
-    /// `SHOW PARTITIONS`: each tablet's bucket, id, replicas and size.
+    /// `SHOW PARTITIONS`: the table's rows of `sys.partitions`, without the table name.
     fn show_partitions(&self, name: &str) -> Result<RecordBatch> {
         let table = self.db.client.table(name)?;
-        let stats = self.db.client.tablet_stats(&table)?;
-        let hash = table
-            .partition
-            .hash_columns
-            .iter()
-            .map(|&c| table.schema.columns()[c].name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ");
-        let n = stats.len();
-        let columns: Vec<(&str, ArrayRef)> = vec![
-            (
-                "bucket",
-                Arc::new(UInt64Array::from_iter_values(0..n as u64)) as ArrayRef,
-            ),
-            (
-                "partition",
-                Arc::new(StringArray::from_iter_values((0..n).map(|b| {
-                    format!(
-                        "HASH ({hash}) bucket {b} of {}",
-                        table.partition.num_buckets
-                    )
-                }))),
-            ),
-            (
-                "tablet_id",
-                Arc::new(StringArray::from_iter_values(
-                    stats.iter().map(|s| s.0.as_str()),
-                )),
-            ),
-            // One node: its single replica is the leader.
-            ("leader", Arc::new(StringArray::from(vec!["local"; n]))),
-            ("replicas", Arc::new(UInt64Array::from(vec![1u64; n]))),
-            (
-                "estimated_rows",
-                Arc::new(UInt64Array::from_iter_values(
-                    stats.iter().map(|s| s.1 as u64),
-                )),
-            ),
-            (
-                "disk_bytes",
-                Arc::new(UInt64Array::from_iter_values(stats.iter().map(|s| s.2))),
-            ),
-        ];
-        Ok(RecordBatch::try_from_iter(columns)?)
+        let batch = catalog::partitions(&self.db.client, &[table])?;
+        let columns: Vec<usize> = (1..batch.num_columns()).collect();
+        Ok(batch.project(&columns)?)
     }
 
     /// `SHOW CREATE TABLE`: a CREATE TABLE statement that recreates the table's schema and
@@ -720,12 +695,9 @@ impl Session {
             .collect();
         lines.push(format!("  PRIMARY KEY ({})", names(schema.key_columns())));
         let mut sql = format!("CREATE TABLE {} (\n{}\n)", table.name, lines.join(",\n"));
-        if table.partition.num_buckets > 1 {
-            sql.push_str(&format!(
-                " DISTRIBUTE BY HASH ({}) INTO {} BUCKETS",
-                names(&table.partition.hash_columns),
-                table.partition.num_buckets
-            ));
+        if let Some(clause) = partitioning::render(schema, &table.partition) {
+            sql.push(' ');
+            sql.push_str(&clause);
         }
         string_batch(vec![
             ("table_name", vec![table.name.clone()]),

@@ -116,15 +116,11 @@ impl NyalaScanExec {
             Some(p) => Arc::new(full.project(p)?),
             None => full,
         };
-        let tablets: Vec<usize> = match table.partition.prune(&table.schema, &spec.predicates) {
-            // No bucket can match (an empty IN list): scan one tablet, which returns nothing.
-            Some(buckets) if buckets.is_empty() => vec![0],
-            Some(buckets) => buckets.into_iter().map(|b| b as usize).collect(),
-            None => (0..table.tablets.len()).collect(),
-        };
+        // With no tablet to scan, the one partition of the plan is empty.
+        let tablets = table.partition.prune(&table.schema, &spec.predicates);
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
-            Partitioning::UnknownPartitioning(tablets.len()),
+            Partitioning::UnknownPartitioning(tablets.len().max(1)),
             EmissionType::Incremental,
             Boundedness::Bounded,
         ));
@@ -323,9 +319,20 @@ impl ExecutionPlan for NyalaScanExec {
     ) -> Result<SendableRecordBatchStream> {
         let client = self.client.clone();
         let table = self.table.clone();
-        let tablet = *self.tablets.get(partition).ok_or_else(|| {
-            DataFusionError::Internal(format!("NyalaScanExec has no partition {partition}"))
-        })?;
+        let tablet = match self.tablets.get(partition) {
+            Some(&tablet) => tablet,
+            None if partition == 0 => {
+                return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                    self.schema.clone(),
+                    futures::stream::empty(),
+                )))
+            }
+            None => {
+                return Err(DataFusionError::Internal(format!(
+                    "NyalaScanExec has no partition {partition}"
+                )))
+            }
+        };
         let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let snapshot = self.snapshot;
         let filters = Self::spec_with_filters(

@@ -1,9 +1,10 @@
 //! Parsing: which statements Nyala handles itself and which go to DataFusion.
 //!
 //! Everything is tokenized and parsed with sqlparser (GenericDialect). Nyala's own syntax is
-//! handled on top of it: `CREATE TABLE ... DISTRIBUTE BY HASH (...) INTO n BUCKETS` (Kudu/Impala;
+//! handled on top of it: `CREATE TABLE ... DISTRIBUTE BY HASH ... , RANGE ...` (Kudu/Impala;
 //! Impala's `PARTITION BY HASH (...) PARTITIONS n` too) is split at the partitioning clause, the
-//! table part parsed by sqlparser and the clause by us; `UPSERT INTO` is parsed as an INSERT and
+//! table part parsed by sqlparser and the clause by [`crate::partitioning`]; `ALTER TABLE ...
+//! ADD|DROP RANGE PARTITION` is ours too; `UPSERT INTO` is parsed as an INSERT and
 //! marked as a replace, which DataFusion plans as `InsertOp::Replace`. Catalog statements
 //! (`SHOW TABLES`, `DESCRIBE`, `DROP TABLE`) are answered from Nyala's catalog.
 
@@ -16,8 +17,10 @@ use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 use datafusion::sql::sqlparser::tokenizer::Span;
 use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+use nyala_engine::{PartitionSchema, RangeSpec};
 use nyala_storage::{ColumnSchema, ColumnType, Schema};
 
+use crate::partitioning::{parse_range_partition, PartitionSpec};
 use crate::{Result, SqlError};
 
 /// A statement, classified.
@@ -42,6 +45,12 @@ pub enum NyalaStatement {
         name: String,
         new_name: String,
     },
+    /// `ALTER TABLE t ADD|DROP RANGE PARTITION ...`.
+    AlterRangePartition {
+        name: String,
+        add: bool,
+        range: RangeSpec,
+    },
     /// `CREATE TABLE t PRIMARY KEY (...) [DISTRIBUTE BY ...] AS <query>`: the columns come from
     /// the query, planned by the session.
     CreateTableAs(CreateTableAsSpec),
@@ -56,9 +65,7 @@ pub struct CreateTableAsSpec {
     pub name: String,
     pub if_not_exists: bool,
     pub key: Vec<String>,
-    /// Hash column names; empty when there is no DISTRIBUTE BY.
-    pub hash: Vec<String>,
-    pub buckets: u32,
+    pub partition: PartitionSpec,
     pub query: Box<Statement>,
 }
 
@@ -67,9 +74,7 @@ pub struct CreateTableSpec {
     pub name: String,
     pub if_not_exists: bool,
     pub schema: Schema,
-    /// Indexes into `schema` of the hash columns; empty when there is no DISTRIBUTE BY.
-    pub hash_columns: Vec<usize>,
-    pub buckets: u32,
+    pub partition: PartitionSchema,
 }
 
 /// How [`CreateTableSpec::from_arrow`] sets the NULL-ability of non-key columns.
@@ -83,15 +88,14 @@ pub enum Nullability {
 
 impl CreateTableSpec {
     /// A table holding the columns of `fields` (from `source`, named in errors) keyed by the
-    /// `key` columns (NOT NULL) and hash-partitioned on `hash` into `buckets`.
+    /// `key` columns (NOT NULL) and partitioned by `partition`.
     pub fn from_arrow(
         name: &str,
         fields: &arrow::datatypes::Fields,
         source: &str,
         nullability: Nullability,
         key: &[String],
-        hash: &[String],
-        buckets: u32,
+        partition: &PartitionSpec,
     ) -> Result<Self> {
         let index = |name: &String, what: &str| {
             fields.iter().position(|f| f.name() == name).ok_or_else(|| {
@@ -103,10 +107,6 @@ impl CreateTableSpec {
         let key_columns = key
             .iter()
             .map(|k| index(k, "primary key"))
-            .collect::<Result<Vec<_>>>()?;
-        let hash_columns = hash
-            .iter()
-            .map(|h| index(h, "hash"))
             .collect::<Result<Vec<_>>>()?;
         let columns = fields
             .iter()
@@ -135,9 +135,8 @@ impl CreateTableSpec {
         Ok(CreateTableSpec {
             name: name.to_string(),
             if_not_exists: false,
+            partition: partition.resolve(&schema)?,
             schema,
-            hash_columns,
-            buckets: buckets.max(1),
         })
     }
 }
@@ -172,7 +171,7 @@ pub fn split_statements(sql: &str) -> Result<Vec<String>> {
 }
 
 /// True if `token` is the unquoted keyword or word `word`.
-fn is_word(token: &Token, word: &str) -> bool {
+pub(crate) fn is_word(token: &Token, word: &str) -> bool {
     matches!(token, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(word))
 }
 
@@ -257,6 +256,9 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
         tokens.remove(ignore);
         return Ok(NyalaStatement::InsertIgnore(Box::new(parse_one(tokens)?)));
     }
+    if let Some(alter) = alter_range_partition(&tokens)? {
+        return Ok(alter);
+    }
     if is_word(words[0], "CREATE") && words.len() > 1 && is_word(words[1], "TABLE") {
         take_replicas(&mut tokens)?;
         if let Some(at) = query_start(&tokens) {
@@ -295,7 +297,7 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
                 new_name: object_name(new)?,
             }),
             _ => Err(SqlError::NotSupported(format!(
-                "{alter} (ALTER TABLE supports RENAME TO so far)"
+                "{alter} (ALTER TABLE supports RENAME TO and ADD/DROP RANGE PARTITION so far)"
             ))),
         },
         Statement::ShowCreate {
@@ -306,6 +308,40 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
         }),
         statement => Ok(NyalaStatement::DataFusion(Box::new(statement))),
     }
+}
+
+/// `ALTER TABLE t {ADD | DROP} RANGE PARTITION <range>`, which sqlparser does not know.
+fn alter_range_partition(tokens: &[Token]) -> Result<Option<NyalaStatement>> {
+    let words: Vec<(usize, &Token)> = tokens
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !is_trivia(t))
+        .collect();
+    if words.len() < 2 || !is_word(words[0].1, "ALTER") || !is_word(words[1].1, "TABLE") {
+        return Ok(None);
+    }
+    let Some(at) = words.windows(3).position(|w| {
+        (is_word(w[0].1, "ADD") || is_word(w[0].1, "DROP"))
+            && is_word(w[1].1, "RANGE")
+            && is_word(w[2].1, "PARTITION")
+    }) else {
+        return Ok(None);
+    };
+    let name_tokens = tokens[words[2].0..words[at].0].to_vec();
+    let mut parser = Parser::new(&GenericDialect {}).with_tokens(name_tokens);
+    let name = parser
+        .parse_object_name(false)
+        .map_err(|e| SqlError::Parse(e.to_string()))?;
+    if parser.peek_token().token != Token::EOF {
+        return Err(SqlError::Parse(
+            "expected ALTER TABLE name ADD|DROP RANGE PARTITION ...".into(),
+        ));
+    }
+    Ok(Some(NyalaStatement::AlterRangePartition {
+        name: object_name(&name)?,
+        add: is_word(words[at].1, "ADD"),
+        range: parse_range_partition(&tokens[words[at + 2].0 + 1..])?,
+    }))
 }
 
 /// JDBC and ADBC send `?` placeholders; DataFusion binds `$1`, `$2`, ... in order.
@@ -372,7 +408,6 @@ fn object_name(name: &ObjectName) -> Result<String> {
     Ok(normalize_ident(table))
 }
 
-/// `CREATE TABLE name (columns, PRIMARY KEY (...)) [DISTRIBUTE BY HASH (cols) INTO n BUCKETS]`.
 /// Replicas per tablet on this deployment: one node, one replica.
 const REPLICAS_AVAILABLE: u64 = 1;
 
@@ -462,7 +497,7 @@ fn query_start(tokens: &[Token]) -> Option<usize> {
 }
 
 /// `CREATE TABLE [IF NOT EXISTS] t {PRIMARY KEY (...) | (PRIMARY KEY (...))}
-/// [DISTRIBUTE BY HASH ...] AS <query>` (Impala's form for Kudu tables).
+/// [DISTRIBUTE BY ...] AS <query>` (Impala's form for Kudu tables).
 fn create_table_as(tokens: Vec<Token>, at: usize) -> Result<CreateTableAsSpec> {
     let query = parse_one(tokens[at + 1..].to_vec())?;
     if !matches!(query, Statement::Query(_)) {
@@ -472,7 +507,7 @@ fn create_table_as(tokens: Vec<Token>, at: usize) -> Result<CreateTableAsSpec> {
     let syntax = || {
         SqlError::Parse(
             "expected CREATE TABLE [IF NOT EXISTS] name PRIMARY KEY (column, ...) \
-             [DISTRIBUTE BY HASH (column, ...) INTO n BUCKETS] AS SELECT ..."
+             [DISTRIBUTE BY ...] AS SELECT ..."
                 .into(),
         )
     };
@@ -519,24 +554,23 @@ fn create_table_as(tokens: Vec<Token>, at: usize) -> Result<CreateTableAsSpec> {
     let partitioning = rest
         .iter()
         .position(|t| is_word(t, "DISTRIBUTE") || is_word(t, "PARTITION"));
-    let (hash, buckets) = match partitioning {
+    let partition = match partitioning {
         Some(p) => {
             let tokens: Vec<Token> = rest[p..].iter().map(|t| (*t).clone()).collect();
-            parse_partitioning(tokens)?
+            PartitionSpec::parse(&tokens)?
         }
-        None => (vec![], 1),
+        None => PartitionSpec::default(),
     };
     Ok(CreateTableAsSpec {
         name,
         if_not_exists,
         key,
-        hash,
-        buckets,
+        partition,
         query: Box::new(query),
     })
 }
 
-fn word_name(w: &datafusion::sql::sqlparser::tokenizer::Word) -> String {
+pub(crate) fn word_name(w: &datafusion::sql::sqlparser::tokenizer::Word) -> String {
     match w.quote_style {
         Some(_) => w.value.clone(),
         None => w.value.to_ascii_lowercase(),
@@ -564,25 +598,16 @@ fn create_table(tokens: Vec<Token>) -> Result<CreateTableSpec> {
         return Err(SqlError::Parse("expected CREATE TABLE".into()));
     };
     let (name, if_not_exists, schema) = table_schema(&create)?;
-    let (hash_names, buckets) = if partitioning.is_empty() {
-        (vec![], 1)
+    let partition = if partitioning.is_empty() {
+        PartitionSchema::single()
     } else {
-        parse_partitioning(partitioning)?
+        PartitionSpec::parse(&partitioning)?.resolve(&schema)?
     };
-    let hash_columns = hash_names
-        .iter()
-        .map(|n| {
-            schema.column_index(n).ok_or_else(|| {
-                SqlError::Invalid(format!("unknown column '{n}' in DISTRIBUTE BY HASH"))
-            })
-        })
-        .collect::<Result<_>>()?;
     Ok(CreateTableSpec {
         name,
         if_not_exists,
         schema,
-        hash_columns,
-        buckets,
+        partition,
     })
 }
 
@@ -803,77 +828,6 @@ fn column_type(data_type: &DataType) -> Result<ColumnType> {
     })
 }
 
-/// `DISTRIBUTE BY HASH (a, b) INTO n BUCKETS` or `PARTITION BY HASH (a, b) PARTITIONS n`.
-fn parse_partitioning(tokens: Vec<Token>) -> Result<(Vec<String>, u32)> {
-    let words: Vec<Token> = tokens.into_iter().filter(|t| !is_trivia(t)).collect();
-    let mut it = words.iter().peekable();
-    let syntax = || {
-        SqlError::Parse(
-            "expected DISTRIBUTE BY HASH (column, ...) INTO n BUCKETS \
-             (or PARTITION BY HASH (column, ...) PARTITIONS n)"
-                .into(),
-        )
-    };
-    let expect_word =
-        |it: &mut std::iter::Peekable<std::slice::Iter<Token>>, w: &str| match it.next() {
-            Some(t) if is_word(t, w) => Ok(()),
-            _ => Err(syntax()),
-        };
-    let impala = match it.next() {
-        Some(t) if is_word(t, "DISTRIBUTE") => false,
-        Some(t) if is_word(t, "PARTITION") => true,
-        _ => return Err(syntax()),
-    };
-    expect_word(&mut it, "BY")?;
-    if it.peek().is_some_and(|t| is_word(t, "RANGE")) {
-        return Err(SqlError::NotSupported(
-            "range partitioning (DISTRIBUTE BY RANGE)".into(),
-        ));
-    }
-    expect_word(&mut it, "HASH")?;
-    if it.next() != Some(&Token::LParen) {
-        return Err(syntax());
-    }
-    let mut columns = Vec::new();
-    loop {
-        match it.next() {
-            Some(Token::Word(w)) => columns.push(match w.quote_style {
-                Some(_) => w.value.clone(),
-                None => w.value.to_ascii_lowercase(),
-            }),
-            _ => return Err(syntax()),
-        }
-        match it.next() {
-            Some(Token::Comma) => continue,
-            Some(Token::RParen) => break,
-            _ => return Err(syntax()),
-        }
-    }
-    if impala {
-        expect_word(&mut it, "PARTITIONS")?;
-    } else {
-        expect_word(&mut it, "INTO")?;
-    }
-    let buckets = match it.next() {
-        Some(Token::Number(n, _)) => n
-            .parse::<u32>()
-            .map_err(|_| SqlError::Invalid(format!("invalid number of buckets {n}")))?,
-        _ => return Err(syntax()),
-    };
-    if !impala {
-        expect_word(&mut it, "BUCKETS")?;
-    }
-    match it.next() {
-        None => Ok((columns, buckets)),
-        Some(Token::Comma) => Err(SqlError::NotSupported(
-            "more than one level of partitioning".into(),
-        )),
-        Some(t) => Err(SqlError::Parse(format!(
-            "unexpected {t} after the partitioning clause"
-        ))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -897,8 +851,9 @@ mod tests {
             panic!("not a create table")
         };
         assert_eq!(spec.name, "metrics");
-        assert_eq!(spec.buckets, 4);
-        assert_eq!(spec.hash_columns, vec![0, 2]);
+        assert_eq!(spec.partition.hash.len(), 1);
+        assert_eq!(spec.partition.hash[0].buckets, 4);
+        assert_eq!(spec.partition.hash[0].columns, vec![0, 2]);
         assert_eq!(spec.schema.key_columns(), &[0, 2, 1]);
         assert!(!spec.schema.columns()[1].nullable);
         assert!(spec.schema.columns()[3].nullable);
@@ -912,7 +867,7 @@ mod tests {
         .unwrap() else {
             panic!("not a create table")
         };
-        assert_eq!(spec.buckets, 3);
+        assert_eq!(spec.partition.num_tablets(), 3);
         assert_eq!(spec.schema.columns()[1].column_type, ColumnType::Int8);
     }
 

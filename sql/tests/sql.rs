@@ -480,6 +480,89 @@ async fn equality_on_hash_columns_scans_only_their_tablets() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn range_and_hash_predicates_scan_only_their_tablets() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = open(dir.path()).await;
+    run(
+        &s,
+        "CREATE TABLE events (host STRING, day DATE, seq BIGINT, PRIMARY KEY (host, day, seq)) \
+         DISTRIBUTE BY HASH (host) INTO 3 BUCKETS, HASH (seq) INTO 2 BUCKETS, RANGE (day) \
+         SPLIT ROWS (('2026-01-01'), ('2026-02-01'))",
+    )
+    .await;
+    let mut values = Vec::new();
+    for i in 0..300 {
+        let day = ["2025-12-15", "2026-01-15", "2026-02-15"][i % 3];
+        values.push(format!("('h{}', '{day}', {i})", i % 7));
+    }
+    run(
+        &s,
+        &format!("INSERT INTO events VALUES {}", values.join(", ")),
+    )
+    .await;
+    for (predicate, tablets) in [
+        ("day >= '2026-02-01'", "tablets=6 of 18"),
+        ("day > '2026-01-31'", "tablets=12 of 18"),
+        ("day > '2026-02-01'", "tablets=6 of 18"),
+        ("day < '2026-01-01'", "tablets=6 of 18"),
+        ("day <= '2026-01-01'", "tablets=12 of 18"),
+        (
+            "day BETWEEN '2026-01-02' AND '2026-01-30'",
+            "tablets=6 of 18",
+        ),
+        ("day IN ('2025-01-01', '2026-02-20')", "tablets=12 of 18"),
+        ("host = 'h1'", "tablets=6 of 18"),
+        (
+            "host = 'h1' AND seq = 8 AND day = '2026-02-15'",
+            "tablets=1 of 18",
+        ),
+        ("day = '2026-01-15' AND seq IN (1, 2)", "tablets=3 of 18"),
+        ("seq = 8 OR day = '2026-01-15'", "tablets=18,"),
+    ] {
+        let query = format!("SELECT count(*) FROM events WHERE {predicate}");
+        let plan = text(&s, &format!("EXPLAIN {query}")).await;
+        assert!(plan.contains(tablets), "{predicate}: {plan}");
+        // The pruned scan counts what a scan of every tablet counts.
+        let unpruned = predicate
+            .replace("day", "(day + INTERVAL '0' DAY)")
+            .replace("host", "(host || '')")
+            .replace("seq", "(seq + 0)");
+        assert_eq!(
+            text(&s, &query).await,
+            text(&s, &format!("SELECT count(*) FROM events WHERE {unpruned}")).await,
+            "{predicate}"
+        );
+    }
+    // Range partitions added and dropped survive a restart, with their rows.
+    run(
+        &s,
+        "ALTER TABLE events DROP RANGE PARTITION VALUES < '2026-01-01'",
+    )
+    .await;
+    run(
+        &s,
+        "ALTER TABLE events ADD RANGE PARTITION VALUES < '2025-01-01'",
+    )
+    .await;
+    run(&s, "INSERT INTO events VALUES ('x', '2024-05-05', 1)").await;
+    _db.shutdown().await.unwrap();
+    drop((s, _db));
+    let (_db, s) = open(dir.path()).await;
+    let got = text(&s, "SELECT count(*) AS n FROM events").await;
+    assert!(got.contains("| 201 |"), "{got}");
+    let create = text(&s, "SHOW CREATE TABLE events").await;
+    assert!(
+        create.contains("RANGE (day) (PARTITION VALUES < '2025-01-01', PARTITION '2026-01-01' <= VALUES < '2026-02-01', PARTITION '2026-02-01' <= VALUES)"),
+        "{create}"
+    );
+    assert!(
+        error(&s, "INSERT INTO events VALUES ('x', '2025-05-05', 1)")
+            .await
+            .contains("outside every range partition")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn show_create_table_recreates_the_table() {
     let dir = tempfile::tempdir().unwrap();
     let (_db, s) = open(dir.path()).await;
@@ -490,7 +573,21 @@ async fn show_create_table_recreates_the_table() {
          COMMENT 'full name', born DATE DEFAULT '2000-01-01', score DOUBLE DEFAULT -1.5, balance DECIMAL(12, 2) DEFAULT 0.50, photo BINARY)",
     )
     .await;
-    for table in ["metrics", "people"] {
+    run(
+        &s,
+        "CREATE TABLE events (host STRING, day DATE, seq BIGINT, PRIMARY KEY (host, day, seq)) \
+         DISTRIBUTE BY HASH (host) INTO 3 BUCKETS, HASH (seq) INTO 2 BUCKETS, RANGE (day) (\
+         PARTITION VALUES < '2026-01-01', PARTITION '2026-01-01' <= VALUES < '2026-02-01', \
+         PARTITION VALUE = '2030-01-01', PARTITION '2031-01-01' < VALUES)",
+    )
+    .await;
+    run(
+        &s,
+        "CREATE TABLE spans (a STRING, b INT, PRIMARY KEY (a, b)) \
+         PARTITION BY RANGE (a, b) SPLIT ROWS (('it''s', 5), ('z', -1))",
+    )
+    .await;
+    for table in ["metrics", "people", "events", "spans"] {
         let show = run(&s, &format!("SHOW CREATE TABLE {table}")).await;
         let create = show[0]
             .column_by_name("create_statement")
@@ -501,6 +598,11 @@ async fn show_create_table_recreates_the_table() {
             .value(0)
             .to_string();
         let describe = text(&s, &format!("DESCRIBE {table}")).await;
+        let partitions = format!(
+            "SELECT tablet, hash_buckets, range FROM sys.partitions \
+             WHERE table_name = '{table}' ORDER BY tablet"
+        );
+        let tablets = text(&s, &partitions).await;
         run(&s, &format!("DROP TABLE {table}")).await;
         run(&s, &create).await;
         assert_eq!(
@@ -510,6 +612,7 @@ async fn show_create_table_recreates_the_table() {
         );
         let again = run(&s, &format!("SHOW CREATE TABLE {table}")).await;
         assert_eq!(again, show, "{create}");
+        assert_eq!(text(&s, &partitions).await, tablets, "{create}");
     }
     // Defaults fill left-out columns, also after the database is reopened.
     run(&s, "INSERT INTO people (id) VALUES (7)").await;
@@ -527,6 +630,11 @@ async fn show_create_table_recreates_the_table() {
     assert!(
         metrics.contains("DISTRIBUTE BY HASH (host, metric) INTO 4 BUCKETS"),
         "{metrics}"
+    );
+    let events = text(&s, "SHOW CREATE TABLE events").await;
+    assert!(
+        events.contains("RANGE (day) (PARTITION VALUES < '2026-01-01', PARTITION '2026-01-01' <= VALUES < '2026-02-01', PARTITION VALUE = '2030-01-01', PARTITION '2031-01-01' < VALUES)"),
+        "{events}"
     );
     assert!(error(&s, "SHOW CREATE TABLE nope").await.contains("nope"));
 }
