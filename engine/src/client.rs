@@ -15,7 +15,7 @@ use nyala_storage::{
 };
 
 use crate::clock::HybridClock;
-use crate::master::{Master, TableInfo};
+use crate::master::{ColumnChange, Master, TableInfo};
 use crate::partition::{PartitionSchema, RangeSpec};
 use crate::tserver::TabletServer;
 use crate::{EngineError, Result};
@@ -78,6 +78,10 @@ impl Client {
 
     pub async fn rename_table(&self, name: &str, new_name: &str) -> Result<()> {
         self.inner.master.rename_table(name, new_name).await
+    }
+
+    pub async fn alter_columns(&self, name: &str, changes: &[ColumnChange]) -> Result<()> {
+        self.inner.master.alter_columns(name, changes).await
     }
 
     pub async fn add_range_partition(&self, name: &str, range: &RangeSpec) -> Result<()> {

@@ -22,7 +22,7 @@ pub mod tserver;
 
 pub use client::{Client, TableHandle, WriteError};
 pub use error::EngineError;
-pub use master::{TableId, TableInfo};
+pub use master::{ColumnChange, TableId, TableInfo};
 pub use nyala_storage as storage;
 pub use partition::{BoundSpec, HashLevel, PartitionSchema, RangeSpec};
 

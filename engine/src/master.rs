@@ -36,6 +36,14 @@ pub struct TableInfo {
     pub tablets: Vec<String>,
 }
 
+/// One change of `ALTER TABLE ... ADD | DROP | RENAME COLUMN`.
+#[derive(Debug, Clone)]
+pub enum ColumnChange {
+    Add(ColumnSchema),
+    Drop(String),
+    Rename { name: String, new_name: String },
+}
+
 pub struct Master {
     catalog: TabletReplica,
     tserver: Arc<TabletServer>,
@@ -132,9 +140,18 @@ impl Master {
         }
         for table in tables.values() {
             for id in &table.tablets {
-                if self.tserver.replica(id).is_err() {
-                    tracing::error!(table = %table.name, tablet = %id, "tablet missing; recreating it empty");
-                    self.tserver.create_tablet(id, &table.schema)?;
+                match self.tserver.replica(id) {
+                    Err(_) => {
+                        tracing::error!(table = %table.name, tablet = %id, "tablet missing; recreating it empty");
+                        self.tserver.create_tablet(id, &table.schema)?;
+                    }
+                    // A schema change committed to the catalog that a crash kept from this
+                    // tablet: finish it.
+                    Ok(replica) if *replica.schema() != table.schema => {
+                        tracing::warn!(table = %table.name, tablet = %id, "finishing an interrupted schema change");
+                        futures::executor::block_on(replica.alter_schema(&table.schema))?;
+                    }
+                    Ok(_) => {}
                 }
             }
         }
@@ -236,6 +253,47 @@ impl Master {
         let mut tables = self.tables.write();
         tables.remove(name);
         tables.insert(new_name.to_string(), Arc::new(renamed));
+        Ok(())
+    }
+
+    /// Adds, drops or renames columns. The catalog commits the new schema first, then every
+    /// tablet rewrites its data to it through its log; a crash in between is finished on the
+    /// next start (see `reconcile_tablets`).
+    pub async fn alter_columns(&self, name: &str, changes: &[ColumnChange]) -> Result<()> {
+        let _ddl = self.ddl.lock().await;
+        let info = self
+            .table(name)
+            .ok_or_else(|| EngineError::TableNotFound(name.into()))?;
+        let mut schema = info.schema.clone();
+        for change in changes {
+            schema = match change {
+                ColumnChange::Add(column) => schema.with_column_added(column.clone())?,
+                ColumnChange::Drop(column) => schema.with_column_dropped(column)?,
+                ColumnChange::Rename { name, new_name } => {
+                    schema.with_column_renamed(name, new_name)?
+                }
+            };
+        }
+        // Partition columns are key columns, which stay; only their positions may move.
+        let sources = info.schema.sources_in(&schema);
+        let partition = info
+            .partition
+            .with_columns_moved(|c| sources[c].unwrap_or(c));
+        let altered = TableInfo {
+            schema,
+            partition,
+            ..(*info).clone()
+        };
+        self.write_catalog(WriteKind::Upsert, &altered).await?;
+        self.tables
+            .write()
+            .insert(name.to_string(), Arc::new(altered.clone()));
+        for tablet in &altered.tablets {
+            self.tserver
+                .replica(tablet)?
+                .alter_schema(&altered.schema)
+                .await?;
+        }
         Ok(())
     }
 

@@ -145,6 +145,19 @@ impl PartitionSchema {
         }
     }
 
+    /// The same partitioning after the table's columns moved: column `c` is now `moved(c)`.
+    pub fn with_columns_moved(&self, moved: impl Fn(usize) -> usize) -> Self {
+        let mut partition = self.clone();
+        for level in &mut partition.hash {
+            level.columns.iter_mut().for_each(|c| *c = moved(*c));
+        }
+        partition
+            .range_columns
+            .iter_mut()
+            .for_each(|c| *c = moved(*c));
+        partition
+    }
+
     /// Tablets per range partition: the product of the bucket counts.
     pub fn tablets_per_range(&self) -> usize {
         self.hash.iter().map(|l| l.buckets as usize).product()

@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use nyala_raft::{RaftConfig, RaftNode, StateMachine};
 use nyala_storage::{
-    ScanIterator, ScanSpec, Schema, StorageError, Tablet, TabletOptions, Timestamp, WriteBatch,
+    ScanIterator, ScanSpec, Schema, StorageError, Tablet, TabletOp, TabletOptions, Timestamp,
+    WriteBatch,
 };
 
 use crate::clock::HybridClock;
@@ -35,27 +36,27 @@ fn lock(inflight: &Inflight) -> MutexGuard<'_, BTreeSet<u64>> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A write as it is stored in the Raft log.
-struct LoggedWrite {
+/// An operation as it is stored in the Raft log: its timestamp, then the operation.
+struct LoggedOp {
     ts: Timestamp,
-    batch: WriteBatch,
+    op: TabletOp,
 }
 
-impl LoggedWrite {
-    fn encode(ts: Timestamp, encoded_batch: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(8 + encoded_batch.len());
+impl LoggedOp {
+    fn encode(ts: Timestamp, encoded_op: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + encoded_op.len());
         out.extend_from_slice(&ts.0.to_le_bytes());
-        out.extend_from_slice(encoded_batch);
+        out.extend_from_slice(encoded_op);
         out
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, StorageError> {
-        let (ts, batch) = bytes.split_first_chunk::<8>().ok_or_else(|| {
+        let (ts, op) = bytes.split_first_chunk::<8>().ok_or_else(|| {
             StorageError::Corruption("log entry shorter than its timestamp".into())
         })?;
         Ok(Self {
             ts: Timestamp(u64::from_le_bytes(*ts)),
-            batch: WriteBatch::decode(batch)?,
+            op: TabletOp::decode(op)?,
         })
     }
 }
@@ -75,11 +76,14 @@ impl StateMachine for TabletStateMachine {
     }
 
     fn apply(&mut self, index: u64, command: &[u8]) -> Self::Output {
-        let write = LoggedWrite::decode(command)?;
+        let logged = LoggedOp::decode(command)?;
         // A replayed entry may carry a timestamp ahead of this process's clock.
-        self.clock.observe(write.ts);
-        let result = self.tablet.apply(index, write.ts, &write.batch);
-        lock(&self.inflight).remove(&write.ts.0);
+        self.clock.observe(logged.ts);
+        let result = match &logged.op {
+            TabletOp::Write(batch) => self.tablet.apply(index, logged.ts, batch),
+            TabletOp::AlterSchema(schema) => self.tablet.alter_schema(index, schema).map(|()| 0),
+        };
+        lock(&self.inflight).remove(&logged.ts.0);
         result
     }
 }
@@ -153,7 +157,7 @@ impl TabletReplica {
         &self.dir
     }
 
-    pub fn schema(&self) -> &Schema {
+    pub fn schema(&self) -> Arc<Schema> {
         self.tablet.schema()
     }
 
@@ -164,13 +168,23 @@ impl TabletReplica {
     /// Replicates and applies one write batch; returns the number of rows applied. The batch is
     /// applied entirely or not at all.
     pub async fn write(&self, batch: &WriteBatch) -> Result<usize> {
-        let encoded = batch.encode();
+        self.propose(batch.encode()).await
+    }
+
+    /// Replicates and applies a schema change (see [`Tablet::alter_schema`]).
+    pub async fn alter_schema(&self, schema: &Schema) -> Result<()> {
+        self.propose(TabletOp::encode_alter_schema(schema))
+            .await
+            .map(drop)
+    }
+
+    async fn propose(&self, encoded: Vec<u8>) -> Result<usize> {
         let (ts, applied) = {
             let mut inflight = lock(&self.inflight);
             let ts = self.clock.now();
             inflight.insert(ts.0);
             // `propose` enqueues before returning, so entries reach the log in timestamp order.
-            (ts, self.raft.propose(LoggedWrite::encode(ts, &encoded)))
+            (ts, self.raft.propose(LoggedOp::encode(ts, &encoded)))
         };
         match applied.await {
             Ok(result) => Ok(result?),

@@ -26,7 +26,7 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{collect, execute_stream, memory::MemoryStream, ExecutionPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DFStatement;
-use nyala_engine::{Client, RangeSpec};
+use nyala_engine::{Client, ColumnChange, RangeSpec};
 use nyala_storage::{ColumnType, TabletOptions, Timestamp};
 
 mod catalog;
@@ -191,6 +191,10 @@ enum Action {
         add: bool,
         range: RangeSpec,
     },
+    AlterColumns {
+        name: String,
+        changes: Vec<statement::ColumnAlteration>,
+    },
     /// A result computed at planning time (SHOW TABLES, DESCRIBE).
     Rows(RecordBatch),
     /// CREATE TABLE ... AS SELECT: the table, then the INSERT of the query's rows.
@@ -216,6 +220,7 @@ impl PlannedStatement {
             | Action::DropTable { .. }
             | Action::RenameTable { .. }
             | Action::AlterRangePartition { .. }
+            | Action::AlterColumns { .. }
             | Action::Setting(_) => count_schema(),
             Action::Rows(batch) => batch.schema(),
             Action::Plan(plan) => plan.schema(),
@@ -312,6 +317,27 @@ impl PlannedStatement {
             }
             Action::RenameTable { name, new_name } => {
                 client.rename_table(&name, &new_name).await?;
+                count_batch(0)
+            }
+            Action::AlterColumns { name, changes } => {
+                let schema = client.table(&name)?.schema.clone();
+                let changes: Vec<ColumnChange> = changes
+                    .into_iter()
+                    .filter(|c| {
+                        let skip = match &c.change {
+                            ColumnChange::Add(column) => {
+                                schema.column_index(&column.name).is_some()
+                            }
+                            ColumnChange::Drop(column) => schema.column_index(column).is_none(),
+                            ColumnChange::Rename { .. } => false,
+                        };
+                        !(c.if_exists && skip)
+                    })
+                    .map(|c| c.change)
+                    .collect();
+                if !changes.is_empty() {
+                    client.alter_columns(&name, &changes).await?;
+                }
                 count_batch(0)
             }
             Action::AlterRangePartition { name, add, range } => {
@@ -517,6 +543,9 @@ impl Session {
             }
             NyalaStatement::RenameTable { name, new_name } => {
                 (StatementKind::Ddl, Action::RenameTable { name, new_name })
+            }
+            NyalaStatement::AlterColumns { name, changes } => {
+                (StatementKind::Ddl, Action::AlterColumns { name, changes })
             }
             NyalaStatement::AlterRangePartition { name, add, range } => (
                 StatementKind::Ddl,

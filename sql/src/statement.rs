@@ -9,15 +9,15 @@
 //! (`SHOW TABLES`, `DESCRIBE`, `DROP TABLE`) are answered from Nyala's catalog.
 
 use datafusion::sql::sqlparser::ast::{
-    AlterTableOperation, CharacterLength, ColumnOption, CreateTable, DataType, ExactNumberInfo,
-    Expr, Ident, ObjectName, ObjectNamePart, ObjectType, RenameTableNameKind, ShowCreateObject,
-    Statement, TableConstraint, TimezoneInfo,
+    AlterTableOperation, CharacterLength, ColumnDef, ColumnOption, CreateTable, DataType,
+    ExactNumberInfo, Expr, Ident, ObjectName, ObjectNamePart, ObjectType, RenameTableNameKind,
+    ShowCreateObject, Statement, TableConstraint, TimezoneInfo,
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 use datafusion::sql::sqlparser::tokenizer::Span;
 use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
-use nyala_engine::{PartitionSchema, RangeSpec};
+use nyala_engine::{ColumnChange, PartitionSchema, RangeSpec};
 use nyala_storage::{ColumnSchema, ColumnType, Schema};
 
 use crate::partitioning::{parse_range_partition, PartitionSpec};
@@ -45,6 +45,11 @@ pub enum NyalaStatement {
         name: String,
         new_name: String,
     },
+    /// `ALTER TABLE t ADD|DROP|RENAME COLUMN ...`.
+    AlterColumns {
+        name: String,
+        changes: Vec<ColumnAlteration>,
+    },
     /// `ALTER TABLE t ADD|DROP RANGE PARTITION ...`.
     AlterRangePartition {
         name: String,
@@ -58,6 +63,15 @@ pub enum NyalaStatement {
     DataFusion(Box<Statement>),
     /// `INSERT IGNORE INTO ...` (possibly under EXPLAIN), parsed as the plain INSERT.
     InsertIgnore(Box<Statement>),
+}
+
+/// One column change of an ALTER TABLE.
+#[derive(Debug)]
+pub struct ColumnAlteration {
+    pub change: ColumnChange,
+    /// `ADD ... IF NOT EXISTS` / `DROP ... IF EXISTS`: nothing to do when the column already
+    /// exists / does not exist.
+    pub if_exists: bool,
 }
 
 #[derive(Debug)]
@@ -296,9 +310,10 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
                 name: object_name(&alter.name)?,
                 new_name: object_name(new)?,
             }),
-            _ => Err(SqlError::NotSupported(format!(
-                "{alter} (ALTER TABLE supports RENAME TO and ADD/DROP RANGE PARTITION so far)"
-            ))),
+            operations => Ok(NyalaStatement::AlterColumns {
+                name: object_name(&alter.name)?,
+                changes: alter_columns(operations)?,
+            }),
         },
         Statement::ShowCreate {
             obj_type: ShowCreateObject::Table,
@@ -624,37 +639,11 @@ fn table_schema(create: &CreateTable) -> Result<(String, bool, Schema)> {
     let mut columns = Vec::new();
     let mut key: Vec<String> = Vec::new();
     for def in &create.columns {
-        let column_name = normalize_ident(&def.name);
-        let column_type = column_type(&def.data_type)?;
-        let mut nullable = true;
-        let mut default = None;
-        let mut comment = None;
-        for option in &def.options {
-            match &option.option {
-                ColumnOption::Null => nullable = true,
-                ColumnOption::NotNull => nullable = false,
-                ColumnOption::PrimaryKey(_) => {
-                    key.push(column_name.clone());
-                    nullable = false;
-                }
-                ColumnOption::Default(expr) => {
-                    default = default_value(expr, column_type, &column_name)?;
-                }
-                ColumnOption::Comment(text) => comment = Some(text.clone()),
-                other => {
-                    return Err(SqlError::NotSupported(format!(
-                        "column option {other} (column '{column_name}')"
-                    )))
-                }
-            }
+        let (column, primary_key) = column_schema(def)?;
+        if primary_key {
+            key.push(column.name.clone());
         }
-        columns.push(ColumnSchema {
-            name: column_name,
-            column_type,
-            nullable,
-            default,
-            comment,
-        });
+        columns.push(column);
     }
     for constraint in &create.constraints {
         match constraint {
@@ -701,6 +690,99 @@ fn table_schema(create: &CreateTable) -> Result<(String, bool, Schema)> {
     }
     let schema = Schema::new(columns, key_indexes).map_err(|e| SqlError::Invalid(e.to_string()))?;
     Ok((name, create.if_not_exists, schema))
+}
+
+/// A column definition; true if it says PRIMARY KEY.
+fn column_schema(def: &ColumnDef) -> Result<(ColumnSchema, bool)> {
+    let column_name = normalize_ident(&def.name);
+    let column_type = column_type(&def.data_type)?;
+    let mut nullable = true;
+    let mut default = None;
+    let mut comment = None;
+    let mut primary_key = false;
+    for option in &def.options {
+        match &option.option {
+            ColumnOption::Null => nullable = true,
+            ColumnOption::NotNull => nullable = false,
+            ColumnOption::PrimaryKey(_) => {
+                primary_key = true;
+                nullable = false;
+            }
+            ColumnOption::Default(expr) => {
+                default = default_value(expr, column_type, &column_name)?;
+            }
+            ColumnOption::Comment(text) => comment = Some(text.clone()),
+            other => {
+                return Err(SqlError::NotSupported(format!(
+                    "column option {other} (column '{column_name}')"
+                )))
+            }
+        }
+    }
+    Ok((
+        ColumnSchema {
+            name: column_name,
+            column_type,
+            nullable,
+            default,
+            comment,
+        },
+        primary_key,
+    ))
+}
+
+/// `ALTER TABLE t ADD [COLUMN] [IF NOT EXISTS] c TYPE ..., DROP [COLUMN] [IF EXISTS] c,
+/// RENAME COLUMN c TO d`, in order.
+fn alter_columns(operations: &[AlterTableOperation]) -> Result<Vec<ColumnAlteration>> {
+    let mut changes = Vec::new();
+    for operation in operations {
+        match operation {
+            AlterTableOperation::AddColumn {
+                if_not_exists,
+                column_def,
+                column_position: None,
+                ..
+            } => {
+                let (column, primary_key) = column_schema(column_def)?;
+                if primary_key {
+                    return Err(SqlError::Invalid(format!(
+                        "column '{}': a column added to a table cannot join its primary key",
+                        column.name
+                    )));
+                }
+                changes.push(ColumnAlteration {
+                    change: ColumnChange::Add(column),
+                    if_exists: *if_not_exists,
+                });
+            }
+            AlterTableOperation::DropColumn {
+                column_names,
+                if_exists,
+                drop_behavior: None,
+                ..
+            } => changes.extend(column_names.iter().map(|c| ColumnAlteration {
+                change: ColumnChange::Drop(normalize_ident(c)),
+                if_exists: *if_exists,
+            })),
+            AlterTableOperation::RenameColumn {
+                old_column_name,
+                new_column_name,
+            } => changes.push(ColumnAlteration {
+                change: ColumnChange::Rename {
+                    name: normalize_ident(old_column_name),
+                    new_name: normalize_ident(new_column_name),
+                },
+                if_exists: false,
+            }),
+            other => {
+                return Err(SqlError::NotSupported(format!(
+                    "ALTER TABLE ... {other} (supported: RENAME TO, ADD/DROP/RENAME COLUMN, \
+                     ADD/DROP RANGE PARTITION)"
+                )))
+            }
+        }
+    }
+    Ok(changes)
 }
 
 /// The text of a `DEFAULT` literal, checked against the column's type (None for NULL).

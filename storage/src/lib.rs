@@ -22,4 +22,4 @@ pub use key::{encode_key_columns, encode_keys, format_key};
 pub use scan::{ColumnPredicate, PredicateOp, Scalar, ScanIterator, ScanSpec};
 pub use schema::{ColumnSchema, ColumnType, Schema};
 pub use tablet::{Tablet, TabletOptions};
-pub use write::{Timestamp, WriteBatch, WriteKind};
+pub use write::{TabletOp, Timestamp, WriteBatch, WriteKind};

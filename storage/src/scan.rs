@@ -75,7 +75,7 @@ pub(crate) enum Source {
     /// Rows already gathered (MemRowSet rows, delta images); predicates still to apply.
     Batch(RecordBatch),
     /// A DiskRowSet's base rows, with hidden rows skipped and predicates applied by the reader.
-    Rowset(RowsetReader),
+    Rowset(Box<RowsetReader>),
 }
 
 pub(crate) struct Scan {

@@ -116,17 +116,27 @@ pub struct ColumnSchema {
     pub comment: Option<String>,
 }
 
+/// A table's columns and primary key. Every column has a stable id (its position when the
+/// table was created, then the next free number for each added column), so a schema change can
+/// say where each column's values come from however columns were renamed or dropped.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Schema {
     columns: Vec<ColumnSchema>,
     key_columns: Vec<usize>,
+    /// Parallel to `columns`; empty in schemas written before ids existed (ids = positions).
+    #[serde(default)]
+    column_ids: Vec<u32>,
+    #[serde(default)]
+    next_column_id: u32,
     #[serde(skip)]
     arrow: OnceLock<SchemaRef>,
 }
 
 impl PartialEq for Schema {
     fn eq(&self, other: &Self) -> bool {
-        self.columns == other.columns && self.key_columns == other.key_columns
+        self.columns == other.columns
+            && self.key_columns == other.key_columns
+            && self.ids() == other.ids()
     }
 }
 
@@ -168,11 +178,101 @@ impl Schema {
                 ));
             }
         }
+        let n = columns.len() as u32;
         Ok(Schema {
             columns,
             key_columns,
+            column_ids: (0..n).collect(),
+            next_column_id: n,
             arrow: OnceLock::new(),
         })
+    }
+
+    /// The column ids, parallel to [`Schema::columns`].
+    pub fn ids(&self) -> Vec<u32> {
+        match self.column_ids.len() == self.columns.len() {
+            true => self.column_ids.clone(),
+            false => (0..self.columns.len() as u32).collect(),
+        }
+    }
+
+    fn with_columns(
+        &self,
+        columns: Vec<ColumnSchema>,
+        ids: Vec<u32>,
+    ) -> Result<Schema, StorageError> {
+        let key_ids: Vec<u32> = self.key_columns.iter().map(|&k| self.ids()[k]).collect();
+        let key_columns = key_ids
+            .iter()
+            .map(|id| ids.iter().position(|i| i == id))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| {
+                StorageError::InvalidSchema("a primary key column cannot be dropped".into())
+            })?;
+        let next = self.next_column_id.max(self.columns.len() as u32);
+        let mut schema = Schema::new(columns, key_columns)?;
+        schema.next_column_id = ids.iter().map(|&i| i + 1).max().unwrap_or(0).max(next);
+        schema.column_ids = ids;
+        Ok(schema)
+    }
+
+    /// This schema with `column` added at the end. Rows that exist get its DEFAULT (or NULL),
+    /// so a NOT NULL column needs a DEFAULT.
+    pub fn with_column_added(&self, column: ColumnSchema) -> Result<Schema, StorageError> {
+        if !column.nullable && column.default.is_none() {
+            return Err(StorageError::InvalidSchema(format!(
+                "column '{}' is NOT NULL, so the rows that exist need a DEFAULT for it",
+                column.name
+            )));
+        }
+        let mut columns = self.columns.clone();
+        columns.push(column);
+        let mut ids = self.ids();
+        ids.push(self.next_column_id.max(self.columns.len() as u32));
+        self.with_columns(columns, ids)
+    }
+
+    /// This schema without column `name` (not a key column).
+    pub fn with_column_dropped(&self, name: &str) -> Result<Schema, StorageError> {
+        let i = self.existing(name)?;
+        if self.is_key_column(i) {
+            return Err(StorageError::InvalidSchema(format!(
+                "column '{name}' is part of the primary key and cannot be dropped"
+            )));
+        }
+        if self.columns.len() == 1 {
+            return Err(StorageError::InvalidSchema(
+                "a table needs at least one column".into(),
+            ));
+        }
+        let mut columns = self.columns.clone();
+        let mut ids = self.ids();
+        columns.remove(i);
+        ids.remove(i);
+        self.with_columns(columns, ids)
+    }
+
+    /// This schema with column `name` called `new_name`.
+    pub fn with_column_renamed(&self, name: &str, new_name: &str) -> Result<Schema, StorageError> {
+        let i = self.existing(name)?;
+        let mut columns = self.columns.clone();
+        columns[i].name = new_name.to_string();
+        self.with_columns(columns, self.ids())
+    }
+
+    fn existing(&self, name: &str) -> Result<usize, StorageError> {
+        self.column_index(name)
+            .ok_or_else(|| StorageError::InvalidSchema(format!("column '{name}' does not exist")))
+    }
+
+    /// For each column of this schema, the position in `old` of the column with the same id
+    /// (None: a column `old` does not have).
+    pub fn sources_in(&self, old: &Schema) -> Vec<Option<usize>> {
+        let old_ids = old.ids();
+        self.ids()
+            .iter()
+            .map(|id| old_ids.iter().position(|o| o == id))
+            .collect()
     }
 
     pub fn columns(&self) -> &[ColumnSchema] {
@@ -216,6 +316,50 @@ mod tests {
             nullable,
             default: None,
             comment: None,
+        }
+    }
+
+    #[test]
+    fn column_ids_follow_columns_through_changes() {
+        let s = Schema::new(
+            vec![
+                col("a", ColumnType::Int32, true),
+                col("k", ColumnType::Int64, false),
+                col("b", ColumnType::Int32, true),
+            ],
+            vec![1],
+        )
+        .unwrap();
+        let t = s
+            .with_column_dropped("a")
+            .unwrap()
+            .with_column_renamed("b", "c")
+            .unwrap()
+            .with_column_added(col("a", ColumnType::Int32, true))
+            .unwrap();
+        assert_eq!(t.ids(), vec![1, 2, 3]);
+        assert_eq!(t.key_columns(), &[0]);
+        assert_eq!(t.sources_in(&s), vec![Some(1), Some(2), None]);
+        let json = serde_json::to_string(&t).unwrap();
+        let back: Schema = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, t);
+        assert_eq!(
+            back.with_column_added(col("d", ColumnType::Int8, true))
+                .unwrap()
+                .ids(),
+            vec![1, 2, 3, 4]
+        );
+        for (result, needle) in [
+            (s.with_column_dropped("k"), "primary key"),
+            (s.with_column_dropped("z"), "'z' does not exist"),
+            (s.with_column_renamed("a", "b"), "twice"),
+            (
+                s.with_column_added(col("n", ColumnType::Int8, false)),
+                "DEFAULT",
+            ),
+        ] {
+            let e = result.unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
         }
     }
 

@@ -17,8 +17,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{Array, RecordBatch};
-use arrow::compute::{cast, interleave};
+use arrow::array::{new_null_array, Array, ArrayRef, RecordBatch, StringArray, UInt32Array};
+use arrow::compute::{cast, interleave, take};
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 
@@ -60,12 +60,13 @@ const METADATA: &str = "metadata";
 
 pub struct Tablet {
     dir: PathBuf,
-    schema: Schema,
     options: TabletOptions,
     state: RwLock<State>,
 }
 
 struct State {
+    /// The schema of every row in the MemRowSet, the arena and the rowsets.
+    schema: Arc<Schema>,
     arena: RowArena,
     mrs: MemRowSet,
     rowsets: Vec<Arc<DiskRowSet>>,
@@ -104,9 +105,9 @@ impl Tablet {
         write_metadata(dir, &meta)?;
         Ok(Tablet {
             dir: dir.to_path_buf(),
-            schema,
             options,
             state: RwLock::new(State {
+                schema: Arc::new(schema),
                 arena: RowArena::default(),
                 mrs: MemRowSet::default(),
                 rowsets: vec![],
@@ -137,9 +138,9 @@ impl Tablet {
         let deltas = vec![DeltaMemStore::default(); rowsets.len()];
         Ok(Tablet {
             dir: dir.to_path_buf(),
-            schema: meta.schema,
             options,
             state: RwLock::new(State {
+                schema: Arc::new(meta.schema),
                 arena: RowArena::default(),
                 mrs: MemRowSet::default(),
                 rowsets,
@@ -151,8 +152,8 @@ impl Tablet {
         })
     }
 
-    pub fn schema(&self) -> &Schema {
-        &self.schema
+    pub fn schema(&self) -> Arc<Schema> {
+        self.state.read().schema.clone()
     }
 
     pub fn durable_index(&self) -> u64 {
@@ -201,12 +202,13 @@ impl Tablet {
         ts: Timestamp,
         batch: &WriteBatch,
     ) -> Result<usize, StorageError> {
-        let rows = self.conform(batch)?;
+        let schema = state.schema.clone();
+        let rows = Self::conform(&schema, batch)?;
         let n = rows.num_rows();
         if n == 0 {
             return Ok(0);
         }
-        let keys = encode_keys(&self.schema, &rows)?;
+        let keys = encode_keys(&schema, &rows)?;
         // Validate every row before changing anything.
         let mut seen = HashSet::with_capacity(n);
         let mut locations = Vec::with_capacity(n);
@@ -227,7 +229,7 @@ impl Tablet {
                     WriteKind::InsertIgnore => applied[row] = false,
                     _ => {
                         return Err(StorageError::DuplicateKey {
-                            key: format_key(&self.schema, &rows, row),
+                            key: format_key(&schema, &rows, row),
                         })
                     }
                 }
@@ -236,7 +238,7 @@ impl Tablet {
             match (batch.kind, &location) {
                 (WriteKind::Insert, Location::Mem(_) | Location::Disk { .. }) => {
                     return Err(StorageError::DuplicateKey {
-                        key: format_key(&self.schema, &rows, row),
+                        key: format_key(&schema, &rows, row),
                     })
                 }
                 (WriteKind::InsertIgnore, Location::Mem(_) | Location::Disk { .. }) => {
@@ -244,7 +246,7 @@ impl Tablet {
                 }
                 (WriteKind::Update | WriteKind::Delete, Location::Absent) => {
                     return Err(StorageError::KeyNotFound {
-                        key: format_key(&self.schema, &rows, row),
+                        key: format_key(&schema, &rows, row),
                     })
                 }
                 _ => {}
@@ -284,8 +286,8 @@ impl Tablet {
 
     /// Checks a batch's columns against the schema and returns it in the shape the kind needs:
     /// full table rows for INSERT/UPSERT, key + changed columns for UPDATE, keys for DELETE.
-    fn conform(&self, batch: &WriteBatch) -> Result<RecordBatch, StorageError> {
-        let table = self.schema.arrow_schema();
+    fn conform(schema: &Schema, batch: &WriteBatch) -> Result<RecordBatch, StorageError> {
+        let table = schema.arrow_schema();
         let rows = &batch.rows;
         for field in rows.schema().fields() {
             if table.index_of(field.name()).is_err() {
@@ -299,9 +301,9 @@ impl Tablet {
             WriteKind::Insert | WriteKind::InsertIgnore | WriteKind::Upsert => {
                 (0..table.fields().len()).collect()
             }
-            WriteKind::Delete => self.schema.key_columns().to_vec(),
+            WriteKind::Delete => schema.key_columns().to_vec(),
             WriteKind::Update => {
-                let mut cols = self.schema.key_columns().to_vec();
+                let mut cols = schema.key_columns().to_vec();
                 for (i, f) in table.fields().iter().enumerate() {
                     if !cols.contains(&i) && rows.column_by_name(f.name()).is_some() {
                         cols.push(i);
@@ -326,11 +328,11 @@ impl Tablet {
                 return Err(StorageError::SchemaMismatch(format!(
                     "column '{}' is {}, got {}",
                     field.name(),
-                    self.schema.columns()[c].column_type.sql_name(),
+                    schema.columns()[c].column_type.sql_name(),
                     column.data_type()
                 )));
             };
-            if let ColumnType::Varchar { length: limit } = self.schema.columns()[c].column_type {
+            if let ColumnType::Varchar { length: limit } = schema.columns()[c].column_type {
                 let longest = column
                     .as_string::<i32>()
                     .iter()
@@ -347,7 +349,7 @@ impl Tablet {
                 }
             }
             if column.null_count() > 0 {
-                if self.schema.is_key_column(c) {
+                if schema.is_key_column(c) {
                     return Err(StorageError::NullKey {
                         column: field.name().clone(),
                     });
@@ -371,7 +373,7 @@ impl Tablet {
         rows: &RecordBatch,
         locations: &[Location],
     ) -> Result<RecordBatch, StorageError> {
-        let table = self.schema.arrow_schema();
+        let table = state.schema.arrow_schema();
         let width = table.fields().len();
         // Base rows of flushed rows without a delta image are read from their rowsets.
         let mut base_reads: Vec<Vec<u32>> = vec![Vec::new(); state.rowsets.len()];
@@ -439,20 +441,21 @@ impl Tablet {
     }
 
     pub fn scan(&self, spec: &ScanSpec) -> Result<ScanIterator, StorageError> {
-        let (read_columns, output_len) = scan::read_columns(&self.schema, spec)?;
-        let table = self.schema.arrow_schema();
         let state = self.state.read();
+        let schema = &state.schema;
+        let (read_columns, output_len) = scan::read_columns(schema, spec)?;
+        let table = schema.arrow_schema();
         let batch_size = spec.batch_size.max(1);
         let mut sources = std::collections::VecDeque::new();
         for (rowset, deltas) in state.rowsets.iter().zip(&state.deltas) {
             let (hidden, images) = deltas.view(spec.snapshot);
-            sources.push_back(Source::Rowset(rowset.reader(
-                &self.schema,
+            sources.push_back(Source::Rowset(Box::new(rowset.reader(
+                schema,
                 &read_columns,
                 &hidden,
                 &spec.predicates,
                 batch_size,
-            )?));
+            )?)));
             for chunk in images.chunks(batch_size) {
                 sources.push_back(Source::Batch(state.arena.gather(
                     &table,
@@ -470,7 +473,7 @@ impl Tablet {
             )?));
         }
         Ok(scan::boxed(scan::Scan {
-            schema: self.schema.clone(),
+            schema: (**schema).clone(),
             read_columns,
             output_len,
             predicates: spec.predicates.clone(),
@@ -481,20 +484,108 @@ impl Tablet {
 
     /// Writes in-memory rows and deltas to new DiskRowSets and switches to them atomically.
     pub fn flush(&self) -> Result<(), StorageError> {
+        self.flush_locked(&mut self.state.write())
+    }
+
+    /// Changes the schema as log entry `index`: flushes, rewrites every rowset with the new
+    /// columns (values found by column id; an added column takes its DEFAULT or NULL), then
+    /// switches to the new schema and files with one metadata write. A crash before that write
+    /// leaves the old schema and files, and replaying the log applies the change again.
+    pub fn alter_schema(&self, index: u64, schema: &Schema) -> Result<(), StorageError> {
         let mut state = self.state.write();
+        let old = state.schema.clone();
+        let sources = schema.sources_in(&old);
+        let key_ids = |s: &Schema| -> Vec<u32> {
+            let ids = s.ids();
+            s.key_columns().iter().map(|&k| ids[k]).collect()
+        };
+        if key_ids(schema) != key_ids(&old) {
+            return Err(StorageError::InvalidSchema(
+                "a schema change cannot change the primary key".into(),
+            ));
+        }
+        for (column, source) in schema.columns().iter().zip(&sources) {
+            if let Some(o) = source {
+                if old.columns()[*o].column_type != column.column_type {
+                    return Err(StorageError::InvalidSchema(format!(
+                        "a schema change cannot change the type of column '{}'",
+                        column.name
+                    )));
+                }
+            }
+        }
+        self.flush_locked(&mut state)?;
+        let table = schema.arrow_schema();
+        let mut next_id = state.next_rowset_id;
+        let mut created: Vec<Arc<DiskRowSet>> = Vec::new();
+        let result = (|| -> Result<(), StorageError> {
+            for rowset in &state.rowsets {
+                let n = rowset.num_rows();
+                let base =
+                    rowset.read_rows(old.columns().len(), &(0..n as u32).collect::<Vec<_>>())?;
+                let columns = schema
+                    .columns()
+                    .iter()
+                    .zip(&sources)
+                    .map(|(column, source)| match source {
+                        Some(o) => Ok(base.column(*o).clone()),
+                        None => default_column(column, n),
+                    })
+                    .collect::<Result<Vec<_>, StorageError>>()?;
+                let batch = RecordBatch::try_new(table.clone(), columns)?;
+                let keys = (0..n as u32).map(|o| rowset.key(o).to_vec()).collect();
+                created.push(Arc::new(DiskRowSet::write(
+                    &self.dir,
+                    next_id,
+                    &table,
+                    &[batch],
+                    keys,
+                )?));
+                next_id += 1;
+            }
+            let meta = Metadata {
+                schema: schema.clone(),
+                rowsets: created.iter().map(|r| r.id).collect(),
+                next_rowset_id: next_id,
+                durable_index: index,
+            };
+            write_metadata(&self.dir, &meta)
+        })();
+        if let Err(e) = result {
+            for rowset in &created {
+                let _ = std::fs::remove_file(rowset.path());
+            }
+            return Err(e);
+        }
+        for rowset in &state.rowsets {
+            if let Err(e) = std::fs::remove_file(rowset.path()) {
+                tracing::warn!(file = %rowset.path().display(), error = %e, "could not remove rewritten rowset");
+            }
+        }
+        state.schema = Arc::new(schema.clone());
+        state.deltas = vec![DeltaMemStore::default(); created.len()];
+        state.rowsets = created;
+        state.next_rowset_id = next_id;
+        state.last_applied = state.last_applied.max(index);
+        state.durable_index = index;
+        Ok(())
+    }
+
+    fn flush_locked(&self, state: &mut State) -> Result<(), StorageError> {
         if state.mrs.is_empty() && state.deltas.iter().all(DeltaMemStore::is_empty) {
             if state.durable_index != state.last_applied {
-                let meta = self.metadata(
-                    state.rowsets.iter().map(|r| r.id).collect(),
-                    state.next_rowset_id,
-                    state.last_applied,
-                );
+                let meta = Metadata {
+                    schema: (*state.schema).clone(),
+                    rowsets: state.rowsets.iter().map(|r| r.id).collect(),
+                    next_rowset_id: state.next_rowset_id,
+                    durable_index: state.last_applied,
+                };
                 write_metadata(&self.dir, &meta)?;
                 state.durable_index = state.last_applied;
             }
             return Ok(());
         }
-        let table = self.schema.arrow_schema();
+        let table = state.schema.arrow_schema();
         let all: Vec<usize> = (0..table.fields().len()).collect();
         let mut next_id = state.next_rowset_id;
         let mut kept: Vec<Arc<DiskRowSet>> = Vec::new();
@@ -585,11 +676,12 @@ impl Tablet {
         }
         let mut rowsets = kept;
         rowsets.extend(created);
-        let meta = self.metadata(
-            rowsets.iter().map(|r| r.id).collect(),
-            next_id,
-            state.last_applied,
-        );
+        let meta = Metadata {
+            schema: (*state.schema).clone(),
+            rowsets: rowsets.iter().map(|r| r.id).collect(),
+            next_rowset_id: next_id,
+            durable_index: state.last_applied,
+        };
         write_metadata(&self.dir, &meta)?;
         // The new state is durable; the replaced files are garbage now (open scans keep their
         // file handles).
@@ -606,15 +698,23 @@ impl Tablet {
         state.arena.clear();
         Ok(())
     }
+}
 
-    fn metadata(&self, rowsets: Vec<u64>, next_rowset_id: u64, durable_index: u64) -> Metadata {
-        Metadata {
-            schema: self.schema.clone(),
-            rowsets,
-            next_rowset_id,
-            durable_index,
-        }
+/// `n` copies of `column`'s DEFAULT, or NULLs without one.
+fn default_column(column: &crate::ColumnSchema, n: usize) -> Result<ArrayRef, StorageError> {
+    let data_type = column.column_type.arrow_type();
+    let Some(text) = &column.default else {
+        return Ok(new_null_array(&data_type, n));
+    };
+    let one = cast(&StringArray::from(vec![text.as_str()]), &data_type)?;
+    if one.is_null(0) {
+        return Err(StorageError::InvalidSchema(format!(
+            "DEFAULT '{text}' of column '{}' is not a {}",
+            column.name,
+            column.column_type.sql_name()
+        )));
     }
+    Ok(take(&one, &UInt32Array::from(vec![0u32; n]), None)?)
 }
 
 impl State {

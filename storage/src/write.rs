@@ -27,6 +27,34 @@ pub enum WriteKind {
     InsertIgnore = 4,
 }
 
+/// What a tablet's log entry holds after its timestamp: a write, or a schema change (a tag byte
+/// no write kind uses, then the new schema as JSON).
+#[derive(Clone, Debug)]
+pub enum TabletOp {
+    Write(WriteBatch),
+    AlterSchema(crate::Schema),
+}
+
+const ALTER_SCHEMA: u8 = 0x80;
+
+impl TabletOp {
+    pub fn encode_alter_schema(schema: &crate::Schema) -> Vec<u8> {
+        let mut out = vec![ALTER_SCHEMA];
+        // A schema is plain data: serialising it cannot fail.
+        out.extend(serde_json::to_vec(schema).unwrap_or_default());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<TabletOp, StorageError> {
+        match bytes.split_first() {
+            Some((&ALTER_SCHEMA, json)) => serde_json::from_slice(json)
+                .map(TabletOp::AlterSchema)
+                .map_err(|e| StorageError::Corruption(format!("schema change entry: {e}"))),
+            _ => WriteBatch::decode(bytes).map(TabletOp::Write),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct WriteBatch {
     pub kind: WriteKind,
