@@ -58,6 +58,8 @@ fn catalog_schema() -> Result<Schema> {
         nullable: false,
         default: None,
         comment: None,
+        encoding: Default::default(),
+        compression: Default::default(),
     };
     Ok(Schema::new(
         vec![column("id"), column("name"), column("info")],

@@ -728,6 +728,8 @@ mod tests {
             nullable: false,
             default: None,
             comment: None,
+            encoding: Default::default(),
+            compression: Default::default(),
         };
         Schema::new(
             vec![

@@ -27,7 +27,7 @@ use datafusion::physical_plan::{collect, execute_stream, memory::MemoryStream, E
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DFStatement;
 use nyala_engine::{Client, ColumnChange, RangeSpec};
-use nyala_storage::{ColumnType, TabletOptions, Timestamp};
+use nyala_storage::{ColumnCompression, ColumnEncoding, ColumnType, TabletOptions, Timestamp};
 
 mod catalog;
 mod dml;
@@ -645,6 +645,17 @@ impl Session {
                     .map(|c| c.comment.clone().unwrap_or_default())
                     .collect(),
             ),
+            (
+                "encoding",
+                columns.iter().map(|c| c.encoding.name().into()).collect(),
+            ),
+            (
+                "compression",
+                columns
+                    .iter()
+                    .map(|c| c.compression.name().into())
+                    .collect(),
+            ),
         ])
     }
 
@@ -715,8 +726,15 @@ impl Session {
                     .comment
                     .as_ref()
                     .map_or(String::new(), |t| format!(" COMMENT {}", quote(t)));
+                let mut storage = String::new();
+                if c.encoding != ColumnEncoding::Auto {
+                    storage.push_str(&format!(" ENCODING {}", c.encoding.name()));
+                }
+                if c.compression != ColumnCompression::Default {
+                    storage.push_str(&format!(" COMPRESSION {}", c.compression.name()));
+                }
                 format!(
-                    "  {} {}{null}{default}{comment}",
+                    "  {} {}{null}{default}{comment}{storage}",
                     c.name,
                     c.column_type.sql_name()
                 )

@@ -18,7 +18,7 @@ use datafusion::sql::sqlparser::parser::Parser;
 use datafusion::sql::sqlparser::tokenizer::Span;
 use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
 use nyala_engine::{ColumnChange, PartitionSchema, RangeSpec};
-use nyala_storage::{ColumnSchema, ColumnType, Schema};
+use nyala_storage::{ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema};
 
 use crate::partitioning::{parse_range_partition, PartitionSpec};
 use crate::{Result, SqlError};
@@ -141,6 +141,8 @@ impl CreateTableSpec {
                     nullable,
                     default: None,
                     comment: None,
+                    encoding: Default::default(),
+                    compression: Default::default(),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -609,10 +611,11 @@ fn create_table(tokens: Vec<Token>) -> Result<CreateTableSpec> {
     let partitioning = tokens[split..].to_vec();
     let mut head = tokens;
     head.truncate(split);
+    let attributes = take_storage_attributes(&mut head)?;
     let Statement::CreateTable(create) = parse_one(head)? else {
         return Err(SqlError::Parse("expected CREATE TABLE".into()));
     };
-    let (name, if_not_exists, schema) = table_schema(&create)?;
+    let (name, if_not_exists, schema) = table_schema(&create, &attributes)?;
     let partition = if partitioning.is_empty() {
         PartitionSchema::single()
     } else {
@@ -626,7 +629,79 @@ fn create_table(tokens: Vec<Token>) -> Result<CreateTableSpec> {
     })
 }
 
-fn table_schema(create: &CreateTable) -> Result<(String, bool, Schema)> {
+/// Kudu's column attributes `ENCODING e` and `COMPRESSION c`, which sqlparser does not know:
+/// removed from the column list of a CREATE TABLE and returned with their column's name.
+fn take_storage_attributes(tokens: &mut Vec<Token>) -> Result<Vec<(String, StorageAttribute)>> {
+    let mut attributes = Vec::new();
+    let mut remove = Vec::new();
+    let mut depth = 0i32;
+    let mut column: Option<String> = None;
+    let significant: Vec<usize> = (0..tokens.len())
+        .filter(|&i| !is_trivia(&tokens[i]))
+        .collect();
+    for (n, &i) in significant.iter().enumerate() {
+        match &tokens[i] {
+            Token::LParen => depth += 1,
+            Token::RParen => {
+                depth -= 1;
+                if depth == 0 {
+                    break; // the end of the column list
+                }
+            }
+            Token::Comma if depth == 1 => column = None,
+            Token::Word(w) if depth == 1 && column.is_none() => column = Some(word_name(w)),
+            t if depth == 1 && (is_word(t, "ENCODING") || is_word(t, "COMPRESSION")) => {
+                let name = column.clone().unwrap_or_default();
+                let Some((at, Token::Word(value))) =
+                    significant.get(n + 1).map(|&at| (at, &tokens[at]))
+                else {
+                    return Err(SqlError::Parse(format!(
+                        "expected a name after {t} (column '{name}')"
+                    )));
+                };
+                let attribute = if is_word(t, "ENCODING") {
+                    ColumnEncoding::parse(&value.value)
+                        .map(StorageAttribute::Encoding)
+                        .ok_or_else(|| {
+                            SqlError::Invalid(format!(
+                                "unknown encoding {} (column '{name}'); use one of {}",
+                                value.value,
+                                ColumnEncoding::NAMES
+                            ))
+                        })?
+                } else {
+                    ColumnCompression::parse(&value.value)
+                        .map(StorageAttribute::Compression)
+                        .ok_or_else(|| {
+                            SqlError::Invalid(format!(
+                                "unknown compression {} (column '{name}'); use one of {}",
+                                value.value,
+                                ColumnCompression::NAMES
+                            ))
+                        })?
+                };
+                attributes.push((name, attribute));
+                remove.extend([i, at]);
+            }
+            _ => {}
+        }
+    }
+    for i in remove.into_iter().rev() {
+        tokens.remove(i);
+    }
+    Ok(attributes)
+}
+
+#[derive(Debug, Clone, Copy)]
+enum StorageAttribute {
+    Encoding(ColumnEncoding),
+    Compression(ColumnCompression),
+}
+
+fn table_schema(
+    create: &CreateTable,
+    attributes: &[(String, StorageAttribute)],
+) -> Result<(String, bool, Schema)> {
     if create.query.is_some() {
         return Err(SqlError::NotSupported("CREATE TABLE ... AS SELECT".into()));
     }
@@ -639,9 +714,15 @@ fn table_schema(create: &CreateTable) -> Result<(String, bool, Schema)> {
     let mut columns = Vec::new();
     let mut key: Vec<String> = Vec::new();
     for def in &create.columns {
-        let (column, primary_key) = column_schema(def)?;
+        let (mut column, primary_key) = column_schema(def)?;
         if primary_key {
             key.push(column.name.clone());
+        }
+        for (_, attribute) in attributes.iter().filter(|(c, _)| *c == column.name) {
+            match *attribute {
+                StorageAttribute::Encoding(e) => column.encoding = e,
+                StorageAttribute::Compression(c) => column.compression = c,
+            }
         }
         columns.push(column);
     }
@@ -726,6 +807,8 @@ fn column_schema(def: &ColumnDef) -> Result<(ColumnSchema, bool)> {
             nullable,
             default,
             comment,
+            encoding: Default::default(),
+            compression: Default::default(),
         },
         primary_key,
     ))

@@ -1,10 +1,10 @@
 //! DiskRowSets: immutable columnar files holding flushed rows in primary-key order.
 //!
-//! A DiskRowSet is one Parquet file (LZ4, dictionary encoding, page statistics) with the table's
-//! columns plus `__key`, the encoded primary key of each row. The row ordinal in the file
+//! A DiskRowSet is one Parquet file (page statistics; per column the encoding and compression of
+//! its schema, by default dictionary encoding and LZ4) with the table's columns plus `__key`, the encoded primary key of each row. The row ordinal in the file
 //! identifies a row for its delta store. On open the key column is loaded into memory: key
 //! lookups are a binary search, and the first/last key bound which lookups need this rowset at
-//! all. (A sparse key index, bloom filters and per-column encodings are the storage issue's.)
+//! all. (A sparse key index and bloom filters are the storage issue's.)
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -22,15 +22,15 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::push_decoder::{ParquetPushDecoder, ParquetPushDecoderBuilder};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
-use parquet::basic::Compression;
+use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::{PageIndexPolicy, RowGroupMetaData};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::schema::types::{SchemaDescPtr, SchemaDescriptor};
+use parquet::schema::types::{ColumnPath, SchemaDescPtr, SchemaDescriptor};
 use parquet::DecodeResult;
 use std::os::unix::fs::FileExt;
 
 use crate::scan::{predicate_mask, ColumnPredicate, PredicateOp, Scalar};
-use crate::{Schema, StorageError};
+use crate::{ColumnCompression, ColumnEncoding, ColumnType, Schema, StorageError};
 
 pub const KEY_COLUMN: &str = "__key";
 /// Rows per Parquet row group: the unit of statistics pruning, and where a scan may change how
@@ -57,23 +57,46 @@ impl DiskRowSet {
     }
 
     /// Writes `batches` (table columns, key order) with their `keys` as rowset `id` in `dir`,
-    /// synced to disk.
+    /// synced to disk, each column with its encoding and compression.
     pub fn write(
         dir: &Path,
         id: u64,
-        table: &SchemaRef,
+        table: &Schema,
         batches: &[RecordBatch],
         keys: Vec<Vec<u8>>,
     ) -> Result<DiskRowSet, StorageError> {
         let path = dir.join(Self::file_name(id));
         let file = File::create(&path)?;
-        let props = WriterProperties::builder()
+        let mut props = WriterProperties::builder()
             .set_compression(Compression::LZ4_RAW)
             .set_dictionary_enabled(true)
             .set_statistics_enabled(EnabledStatistics::Page)
-            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-            .build();
-        let schema = file_schema(table);
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS));
+        for column in table.columns() {
+            let path = ColumnPath::from(column.name.as_str());
+            let encoding = match column.encoding {
+                ColumnEncoding::Auto | ColumnEncoding::Dictionary => None,
+                ColumnEncoding::Rle if column.column_type != ColumnType::Bool => None,
+                ColumnEncoding::Rle => Some(Encoding::RLE),
+                ColumnEncoding::Plain => Some(Encoding::PLAIN),
+                ColumnEncoding::BitShuffle => Some(Encoding::BYTE_STREAM_SPLIT),
+                ColumnEncoding::Delta => Some(Encoding::DELTA_BINARY_PACKED),
+                ColumnEncoding::Prefix => Some(Encoding::DELTA_BYTE_ARRAY),
+            };
+            if let Some(encoding) = encoding {
+                props = props
+                    .set_column_dictionary_enabled(path.clone(), false)
+                    .set_column_encoding(path.clone(), encoding);
+            }
+            let compression = match column.compression {
+                ColumnCompression::Default | ColumnCompression::Lz4 => Compression::LZ4_RAW,
+                ColumnCompression::None => Compression::UNCOMPRESSED,
+                ColumnCompression::Zstd => Compression::ZSTD(ZstdLevel::default()),
+            };
+            props = props.set_column_compression(path, compression);
+        }
+        let props = props.build();
+        let schema = file_schema(&table.arrow_schema());
         let mut writer = ArrowWriter::try_new(&file, schema.clone(), Some(props))?;
         let mut offset = 0;
         for batch in batches {

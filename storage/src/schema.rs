@@ -104,6 +104,104 @@ impl ColumnType {
     }
 }
 
+/// How a column's values are encoded in DiskRowSets (Kudu's names; see [`ColumnEncoding::parse`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ColumnEncoding {
+    /// Dictionary encoding, falling back to plain for columns with many distinct values.
+    #[default]
+    Auto,
+    Plain,
+    Dictionary,
+    /// Run-length encoding: of the values for BOOL, of dictionary indexes for other types.
+    Rle,
+    /// Byte-stream split (the bytes of each value stored in separate streams), for numbers.
+    BitShuffle,
+    /// Delta of consecutive values, bit-packed, for integers, dates and timestamps.
+    Delta,
+    /// Shared prefixes of consecutive values stored once, for strings and binary.
+    Prefix,
+}
+
+impl ColumnEncoding {
+    pub const NAMES: &'static str = "AUTO_ENCODING, PLAIN_ENCODING, DICT_ENCODING, RLE, \
+        BIT_SHUFFLE, DELTA (GROUP_VARINT), PREFIX_ENCODING";
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name.to_ascii_uppercase().as_str() {
+            "AUTO_ENCODING" | "AUTO" => Self::Auto,
+            "PLAIN_ENCODING" | "PLAIN" => Self::Plain,
+            "DICT_ENCODING" | "DICTIONARY" => Self::Dictionary,
+            "RLE" => Self::Rle,
+            "BIT_SHUFFLE" => Self::BitShuffle,
+            "DELTA" | "GROUP_VARINT" => Self::Delta,
+            "PREFIX_ENCODING" | "PREFIX" => Self::Prefix,
+            _ => return None,
+        })
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Auto => "AUTO_ENCODING",
+            Self::Plain => "PLAIN_ENCODING",
+            Self::Dictionary => "DICT_ENCODING",
+            Self::Rle => "RLE",
+            Self::BitShuffle => "BIT_SHUFFLE",
+            Self::Delta => "DELTA",
+            Self::Prefix => "PREFIX_ENCODING",
+        }
+    }
+
+    /// Whether this encoding can store values of `column_type`.
+    pub fn supports(&self, column_type: ColumnType) -> bool {
+        use ColumnType as C;
+        let integer = matches!(
+            column_type,
+            C::Int8 | C::Int16 | C::Int32 | C::Int64 | C::Date | C::Timestamp
+        );
+        match self {
+            Self::Auto | Self::Plain | Self::Dictionary => true,
+            Self::Rle => integer || column_type == C::Bool,
+            Self::BitShuffle => integer || matches!(column_type, C::Float | C::Double),
+            Self::Delta => integer,
+            Self::Prefix => matches!(column_type, C::String | C::Varchar { .. } | C::Binary),
+        }
+    }
+}
+
+/// How a column's pages are compressed in DiskRowSets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ColumnCompression {
+    /// LZ4.
+    #[default]
+    Default,
+    None,
+    Lz4,
+    Zstd,
+}
+
+impl ColumnCompression {
+    pub const NAMES: &'static str = "DEFAULT_COMPRESSION, NO_COMPRESSION, LZ4, ZSTD";
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name.to_ascii_uppercase().as_str() {
+            "DEFAULT_COMPRESSION" | "DEFAULT" => Self::Default,
+            "NO_COMPRESSION" | "NONE" => Self::None,
+            "LZ4" => Self::Lz4,
+            "ZSTD" => Self::Zstd,
+            _ => return None,
+        })
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Default => "DEFAULT_COMPRESSION",
+            Self::None => "NO_COMPRESSION",
+            Self::Lz4 => "LZ4",
+            Self::Zstd => "ZSTD",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ColumnSchema {
     pub name: String,
@@ -114,6 +212,10 @@ pub struct ColumnSchema {
     pub default: Option<String>,
     #[serde(default)]
     pub comment: Option<String>,
+    #[serde(default)]
+    pub encoding: ColumnEncoding,
+    #[serde(default)]
+    pub compression: ColumnCompression,
 }
 
 /// A table's columns and primary key. Every column has a stable id (its position when the
@@ -155,6 +257,14 @@ impl Schema {
             }
             if columns[..i].iter().any(|o| o.name == c.name) {
                 return invalid(format!("column '{}' is declared twice", c.name));
+            }
+            if !c.encoding.supports(c.column_type) {
+                return invalid(format!(
+                    "encoding {} cannot store column '{}' of type {}",
+                    c.encoding.name(),
+                    c.name,
+                    c.column_type.sql_name()
+                ));
             }
         }
         if key_columns.is_empty() {
@@ -316,6 +426,8 @@ mod tests {
             nullable,
             default: None,
             comment: None,
+            encoding: ColumnEncoding::Auto,
+            compression: ColumnCompression::Default,
         }
     }
 

@@ -537,7 +537,7 @@ impl Tablet {
                 created.push(Arc::new(DiskRowSet::write(
                     &self.dir,
                     next_id,
-                    &table,
+                    schema,
                     &[batch],
                     keys,
                 )?));
@@ -637,7 +637,7 @@ impl Tablet {
                 created.push(Arc::new(DiskRowSet::write(
                     &self.dir,
                     next_id,
-                    &table,
+                    &state.schema,
                     &[batch],
                     keys.into_iter().map(|k| k.0).collect(),
                 )?));
@@ -661,7 +661,11 @@ impl Tablet {
                     }
                     let keys = chunk.iter().map(|(k, _)| k.clone()).collect();
                     created.push(Arc::new(DiskRowSet::write(
-                        &self.dir, next_id, &table, &batches, keys,
+                        &self.dir,
+                        next_id,
+                        &state.schema,
+                        &batches,
+                        keys,
                     )?));
                     next_id += 1;
                 }

@@ -23,6 +23,8 @@ fn schema() -> Schema {
         nullable,
         default: None,
         comment: None,
+        encoding: Default::default(),
+        compression: Default::default(),
     };
     Schema::new(
         vec![
