@@ -17,15 +17,20 @@ use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef};
 use datafusion::catalog::{CatalogProvider, MemoryCatalogProvider};
 use datafusion::common::ScalarValue;
+use datafusion::common::TableReference;
+use datafusion::datasource::provider_as_source;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::SessionStateBuilder;
-use datafusion::logical_expr::{LogicalPlan, Statement};
+use datafusion::logical_expr::{DmlStatement, LogicalPlan, Statement, WriteOp};
 use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{collect, execute_stream, memory::MemoryStream, ExecutionPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DFStatement;
+use datafusion::sql::sqlparser::ast::{
+    AssignmentTarget, Ident, TableFactor, Update, UpdateTableFromKind,
+};
 use nyala_engine::{Client, ColumnChange, RangeSpec};
 use nyala_storage::{ColumnCompression, ColumnEncoding, ColumnType, TabletOptions, Timestamp};
 
@@ -577,6 +582,12 @@ impl Session {
             NyalaStatement::ShowCreateTable { name } => {
                 (StatementKind::Query, Action::Rows(self.show_create(&name)?))
             }
+            NyalaStatement::UpdateFrom(update) => {
+                let plan = self.plan_update_from(*update).await?;
+                let plan = dml::plan_mutations(bind(plan, params)?)?;
+                let plan = self.ctx.state().create_physical_plan(&plan).await?;
+                (StatementKind::Dml, Action::Plan(plan))
+            }
             NyalaStatement::DataFusion(statement) | NyalaStatement::InsertIgnore(statement) => {
                 let state = self.ctx.state();
                 let plan = state
@@ -603,6 +614,96 @@ impl Session {
             session: self.clone(),
             action,
         })
+    }
+
+    /// `UPDATE t SET ... FROM s [WHERE ...]` as DataFusion plans an UPDATE: a projection of
+    /// every column of `t`, kept or assigned, over `t` joined with `s` and filtered by WHERE.
+    async fn plan_update_from(&self, update: Update) -> Result<LogicalPlan> {
+        if update.returning.is_some() || update.limit.is_some() || !update.order_by.is_empty() {
+            return Err(SqlError::NotSupported(
+                "RETURNING, ORDER BY or LIMIT in UPDATE".into(),
+            ));
+        }
+        let TableFactor::Table {
+            name: table_name,
+            alias,
+            ..
+        } = &update.table.relation
+        else {
+            return Err(SqlError::Invalid("UPDATE needs a table to update".into()));
+        };
+        let name = statement::object_name(table_name)?;
+        let table = self.db.client.table(&name)?;
+        let qualifier = match alias {
+            Some(alias) => alias.name.clone(),
+            None => Ident::with_quote('"', &name),
+        };
+        let mut assigned = std::collections::HashMap::new();
+        for assignment in &update.assignments {
+            let AssignmentTarget::ColumnName(target) = &assignment.target else {
+                return Err(SqlError::NotSupported("tuple assignment in UPDATE".into()));
+            };
+            let column = target
+                .0
+                .last()
+                .and_then(|part| part.as_ident())
+                .map(statement::normalize_ident)
+                .unwrap_or_default();
+            if table.schema.column_index(&column).is_none() {
+                return Err(SqlError::Invalid(format!(
+                    "table '{name}' has no column '{column}'"
+                )));
+            }
+            if assigned.insert(column.clone(), &assignment.value).is_some() {
+                return Err(SqlError::Invalid(format!(
+                    "column '{column}' is assigned twice"
+                )));
+            }
+        }
+        let columns: Vec<String> = table
+            .schema
+            .columns()
+            .iter()
+            .map(|c| {
+                let column = Ident::with_quote('"', &c.name);
+                match assigned.get(&c.name) {
+                    Some(value) => format!("{value} AS {column}"),
+                    None => format!("{qualifier}.{column} AS {column}"),
+                }
+            })
+            .collect();
+        let from = match &update.from {
+            Some(UpdateTableFromKind::BeforeSet(from) | UpdateTableFromKind::AfterSet(from)) => {
+                from.iter().map(ToString::to_string).collect::<Vec<_>>()
+            }
+            None => vec![],
+        };
+        let mut sql = format!(
+            "SELECT {} FROM {}",
+            columns.join(", "),
+            std::iter::once(update.table.to_string())
+                .chain(from)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        if let Some(selection) = &update.selection {
+            sql.push_str(&format!(" WHERE {selection}"));
+        }
+        let NyalaStatement::DataFusion(query) = statement::parse(&sql)? else {
+            return Err(SqlError::Invalid(format!("cannot plan {update}")));
+        };
+        let input = self
+            .ctx
+            .state()
+            .statement_to_plan(DFStatement::Statement(query))
+            .await?;
+        let target = provider_as_source(self.ctx.table_provider(name.as_str()).await?);
+        Ok(LogicalPlan::Dml(DmlStatement::new(
+            TableReference::bare(name),
+            target,
+            WriteOp::Update,
+            Arc::new(input),
+        )))
     }
 
     fn describe(&self, name: &str) -> Result<RecordBatch> {

@@ -11,7 +11,7 @@
 use datafusion::sql::sqlparser::ast::{
     AlterTableOperation, CharacterLength, ColumnDef, ColumnOption, CreateTable, DataType,
     ExactNumberInfo, Expr, Ident, ObjectName, ObjectNamePart, ObjectType, RenameTableNameKind,
-    ShowCreateObject, Statement, TableConstraint, TimezoneInfo,
+    ShowCreateObject, Statement, TableConstraint, TimezoneInfo, Update,
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -63,6 +63,8 @@ pub enum NyalaStatement {
     DataFusion(Box<Statement>),
     /// `INSERT IGNORE INTO ...` (possibly under EXPLAIN), parsed as the plain INSERT.
     InsertIgnore(Box<Statement>),
+    /// `UPDATE t SET ... FROM s [WHERE ...]`, which DataFusion 55 does not plan.
+    UpdateFrom(Box<Update>),
 }
 
 /// One column change of an ALTER TABLE.
@@ -317,6 +319,9 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
                 changes: alter_columns(operations)?,
             }),
         },
+        Statement::Update(update) if update.from.is_some() => {
+            Ok(NyalaStatement::UpdateFrom(Box::new(update)))
+        }
         Statement::ShowCreate {
             obj_type: ShowCreateObject::Table,
             obj_name,
@@ -399,7 +404,7 @@ pub fn normalize_ident(ident: &Ident) -> String {
 }
 
 /// A table name: `t` or `nyala.public.t` / `public.t`.
-fn object_name(name: &ObjectName) -> Result<String> {
+pub(crate) fn object_name(name: &ObjectName) -> Result<String> {
     let parts: Vec<&Ident> = name
         .0
         .iter()
