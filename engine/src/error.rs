@@ -16,6 +16,8 @@ pub enum EngineError {
     #[error("{0}")]
     NoRangePartition(String),
     #[error("{0}")]
+    Unsupported(String),
+    #[error("{0}")]
     Storage(#[from] StorageError),
     #[error("replication: {0}")]
     Raft(#[from] RaftError),

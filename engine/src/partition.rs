@@ -554,6 +554,13 @@ fn check_key_columns(schema: &Schema, columns: &[usize], what: &str) -> Result<(
                 column.name
             )));
         }
+        if schema.auto_increment_column() == Some(c) {
+            return Err(EngineError::InvalidTable(format!(
+                "{what} column '{}' is assigned after a row's tablet is chosen, so it cannot \
+                 partition the table",
+                column.name
+            )));
+        }
         if columns[..i].contains(&c) {
             return Err(EngineError::InvalidTable(format!(
                 "{what} column '{}' is listed twice",

@@ -14,14 +14,16 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
 use nyala_raft::{RaftConfig, RaftNode, StateMachine};
 use nyala_storage::{
     ScanIterator, ScanSpec, Schema, StorageError, Tablet, TabletOp, TabletOptions, Timestamp,
-    WriteBatch,
+    WriteBatch, WriteKind, AUTO_INCREMENT_COLUMN,
 };
 
 use crate::clock::HybridClock;
-use crate::Result;
+use crate::{EngineError, Result};
 
 /// Raft node id of the only voter of a single-replica tablet.
 const LOCAL_NODE_ID: u64 = 1;
@@ -61,6 +63,30 @@ impl LoggedOp {
     }
 }
 
+/// `rows` with auto_incrementing_id `first`, `first + 1`, ... (replacing the column's NULLs).
+fn with_auto_ids(rows: &RecordBatch, first: i64, n: i64) -> Result<RecordBatch> {
+    let mut fields: Vec<Field> = Vec::with_capacity(rows.num_columns() + 1);
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(rows.num_columns() + 1);
+    for (field, column) in rows.schema().fields().iter().zip(rows.columns()) {
+        if field.name() == AUTO_INCREMENT_COLUMN {
+            if column.null_count() != column.len() {
+                return Err(EngineError::Unsupported(format!(
+                    "{AUTO_INCREMENT_COLUMN} is assigned by the database; leave it out of INSERT"
+                )));
+            }
+            continue;
+        }
+        fields.push(field.as_ref().clone());
+        columns.push(column.clone());
+    }
+    fields.push(Field::new(AUTO_INCREMENT_COLUMN, DataType::Int64, false));
+    columns.push(Arc::new(Int64Array::from_iter_values(first..first + n)));
+    Ok(RecordBatch::try_new(
+        Arc::new(ArrowSchema::new(fields)),
+        columns,
+    )?)
+}
+
 /// The replicated state machine: applies logged writes to the tablet.
 pub struct TabletStateMachine {
     tablet: Arc<Tablet>,
@@ -89,6 +115,8 @@ impl StateMachine for TabletStateMachine {
 }
 
 pub struct TabletReplica {
+    /// The next auto_incrementing_id this leader hands out.
+    next_auto_id: Mutex<i64>,
     id: String,
     dir: PathBuf,
     tablet: Arc<Tablet>,
@@ -140,6 +168,7 @@ impl TabletReplica {
         };
         let raft = RaftNode::open(RaftConfig::new(LOCAL_NODE_ID, dir.join("wal")), sm)?;
         Ok(Self {
+            next_auto_id: Mutex::new(0),
             id: id.to_string(),
             dir: dir.to_path_buf(),
             tablet,
@@ -167,20 +196,50 @@ impl TabletReplica {
 
     /// Replicates and applies one write batch; returns the number of rows applied. The batch is
     /// applied entirely or not at all.
+    /// In a table with a NON UNIQUE PRIMARY KEY, inserted rows get their auto_incrementing_id
+    /// here, on the leader, in log order.
     pub async fn write(&self, batch: &WriteBatch) -> Result<usize> {
-        self.propose(batch.encode()).await
+        let schema = self.tablet.schema();
+        match (schema.auto_increment_column(), batch.kind) {
+            (Some(_), WriteKind::Insert | WriteKind::InsertIgnore) => {
+                self.propose_with(|| {
+                    let n = batch.rows.num_rows() as i64;
+                    let mut next = self
+                        .next_auto_id
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    let first = (*next).max(self.tablet.next_auto_id());
+                    *next = first + n;
+                    let rows = with_auto_ids(&batch.rows, first, n)?;
+                    Ok(WriteBatch {
+                        kind: batch.kind,
+                        rows,
+                    }
+                    .encode())
+                })
+                .await
+            }
+            (Some(_), WriteKind::Upsert) => Err(EngineError::Unsupported(
+                "UPSERT needs a unique primary key; this table has a NON UNIQUE PRIMARY KEY \
+                 (INSERT adds rows, UPDATE changes them)"
+                    .into(),
+            )),
+            _ => self.propose_with(|| Ok(batch.encode())).await,
+        }
     }
 
     /// Replicates and applies a schema change (see [`Tablet::alter_schema`]).
     pub async fn alter_schema(&self, schema: &Schema) -> Result<()> {
-        self.propose(TabletOp::encode_alter_schema(schema))
+        self.propose_with(|| Ok(TabletOp::encode_alter_schema(schema)))
             .await
             .map(drop)
     }
 
-    async fn propose(&self, encoded: Vec<u8>) -> Result<usize> {
+    /// Proposes the operation `encode` makes; it runs under the lock that orders proposals.
+    async fn propose_with(&self, encode: impl FnOnce() -> Result<Vec<u8>>) -> Result<usize> {
         let (ts, applied) = {
             let mut inflight = lock(&self.inflight);
+            let encoded = encode()?;
             let ts = self.clock.now();
             inflight.insert(ts.0);
             // `propose` enqueues before returning, so entries reach the log in timestamp order.

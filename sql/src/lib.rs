@@ -29,7 +29,8 @@ use datafusion::physical_plan::{collect, execute_stream, memory::MemoryStream, E
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{
-    AssignmentTarget, Ident, TableFactor, Update, UpdateTableFromKind,
+    AssignmentTarget, Ident, ObjectName, Statement as DFSqlStatement, TableFactor, TableObject,
+    Update, UpdateTableFromKind,
 };
 use nyala_engine::{Client, ColumnChange, RangeSpec};
 use nyala_storage::{ColumnCompression, ColumnEncoding, ColumnType, TabletOptions, Timestamp};
@@ -491,11 +492,7 @@ impl Session {
         let no_parameters = Arc::new(ArrowSchema::empty());
         let (kind, schema, parameters) = match statement::parse(sql)? {
             NyalaStatement::DataFusion(statement) | NyalaStatement::InsertIgnore(statement) => {
-                let plan = self
-                    .ctx
-                    .state()
-                    .statement_to_plan(DFStatement::Statement(statement))
-                    .await?;
+                let plan = self.logical_plan(statement).await?;
                 let kind = statement_kind(&plan)?;
                 let parameters = parameter_types(&plan)?
                     .into_iter()
@@ -590,9 +587,7 @@ impl Session {
             }
             NyalaStatement::DataFusion(statement) | NyalaStatement::InsertIgnore(statement) => {
                 let state = self.ctx.state();
-                let plan = state
-                    .statement_to_plan(DFStatement::Statement(statement))
-                    .await?;
+                let plan = self.logical_plan(statement).await?;
                 let kind = statement_kind(&plan)?;
                 let plan = if ignore_duplicates {
                     dml::plan_insert_ignore(plan)?
@@ -692,11 +687,7 @@ impl Session {
         let NyalaStatement::DataFusion(query) = statement::parse(&sql)? else {
             return Err(SqlError::Invalid(format!("cannot plan {update}")));
         };
-        let input = self
-            .ctx
-            .state()
-            .statement_to_plan(DFStatement::Statement(query))
-            .await?;
+        let input = self.logical_plan(query).await?;
         let target = provider_as_source(self.ctx.table_provider(name.as_str()).await?);
         Ok(LogicalPlan::Dml(DmlStatement::new(
             TableReference::bare(name),
@@ -704,6 +695,51 @@ impl Session {
             WriteOp::Update,
             Arc::new(input),
         )))
+    }
+
+    /// DataFusion's plan of `statement`.
+    async fn logical_plan(&self, mut statement: Box<DFSqlStatement>) -> Result<LogicalPlan> {
+        self.name_assigned_columns(&mut statement);
+        Ok(self
+            .ctx
+            .state()
+            .statement_to_plan(DFStatement::Statement(statement))
+            .await?)
+    }
+
+    /// An INSERT without a column list into a table with a NON UNIQUE PRIMARY KEY lists the
+    /// table's columns except auto_incrementing_id, which the database assigns.
+    fn name_assigned_columns(&self, statement: &mut DFSqlStatement) {
+        let insert = match statement {
+            DFSqlStatement::Explain { statement, .. } => match statement.as_mut() {
+                DFSqlStatement::Insert(insert) => insert,
+                _ => return,
+            },
+            DFSqlStatement::Insert(insert) => insert,
+            _ => return,
+        };
+        if !insert.columns.is_empty() {
+            return;
+        }
+        let TableObject::TableName(name) = insert.table.clone() else {
+            return;
+        };
+        let Some(table) = statement::object_name(&name)
+            .ok()
+            .and_then(|n| self.db.client.table(&n).ok())
+        else {
+            return;
+        };
+        if let Some(hidden) = table.schema.auto_increment_column() {
+            insert.columns = table
+                .schema
+                .columns()
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != hidden)
+                .map(|(_, c)| ObjectName::from(vec![Ident::with_quote('"', &c.name)]))
+                .collect();
+        }
     }
 
     fn describe(&self, name: &str) -> Result<RecordBatch> {
@@ -764,11 +800,7 @@ impl Session {
     /// nullability; the key columns are NOT NULL.
     async fn plan_create_table_as(&self, ctas: statement::CreateTableAsSpec) -> Result<Action> {
         let query = ctas.query.to_string();
-        let plan = self
-            .ctx
-            .state()
-            .statement_to_plan(DFStatement::Statement(ctas.query))
-            .await?;
+        let plan = self.logical_plan(ctas.query).await?;
         let mut spec = CreateTableSpec::from_arrow(
             &ctas.name,
             plan.schema().fields(),
@@ -808,6 +840,7 @@ impl Session {
             .columns()
             .iter()
             .enumerate()
+            .filter(|(i, _)| schema.auto_increment_column() != Some(*i))
             .map(|(i, c)| {
                 let null = if schema.is_key_column(i) {
                     ""
@@ -841,7 +874,14 @@ impl Session {
                 )
             })
             .collect();
-        lines.push(format!("  PRIMARY KEY ({})", names(schema.key_columns())));
+        let unique = match schema.auto_increment_column() {
+            Some(_) => "NON UNIQUE ",
+            None => "",
+        };
+        lines.push(format!(
+            "  {unique}PRIMARY KEY ({})",
+            names(schema.declared_key_columns())
+        ));
         let mut sql = format!("CREATE TABLE {} (\n{}\n)", table.name, lines.join(",\n"));
         if let Some(clause) = partitioning::render(schema, &table.partition) {
             sql.push(' ');

@@ -109,7 +109,7 @@ impl PartitionSpec {
             .map(|(names, buckets)| {
                 Ok(HashLevel {
                     columns: match names.is_empty() {
-                        true => schema.key_columns().to_vec(),
+                        true => schema.declared_key_columns().to_vec(),
                         false => indexes(names, "HASH")?,
                     },
                     buckets: *buckets,

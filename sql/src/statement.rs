@@ -617,10 +617,16 @@ fn create_table(tokens: Vec<Token>) -> Result<CreateTableSpec> {
     let mut head = tokens;
     head.truncate(split);
     let attributes = take_storage_attributes(&mut head)?;
+    let non_unique = take_non_unique(&mut head);
     let Statement::CreateTable(create) = parse_one(head)? else {
         return Err(SqlError::Parse("expected CREATE TABLE".into()));
     };
-    let (name, if_not_exists, schema) = table_schema(&create, &attributes)?;
+    let (name, if_not_exists, mut schema) = table_schema(&create, &attributes)?;
+    if non_unique {
+        schema = schema
+            .with_auto_increment()
+            .map_err(|e| SqlError::Invalid(e.to_string()))?;
+    }
     let partition = if partitioning.is_empty() {
         PartitionSchema::single()
     } else {
@@ -695,6 +701,28 @@ fn take_storage_attributes(tokens: &mut Vec<Token>) -> Result<Vec<(String, Stora
         tokens.remove(i);
     }
     Ok(attributes)
+}
+
+/// Removes `NON UNIQUE` before `PRIMARY KEY` (Kudu 1.17); true if it was there.
+fn take_non_unique(tokens: &mut Vec<Token>) -> bool {
+    let significant: Vec<usize> = (0..tokens.len())
+        .filter(|&i| !is_trivia(&tokens[i]))
+        .collect();
+    let found = significant.windows(4).find(|w| {
+        is_word(&tokens[w[0]], "NON")
+            && is_word(&tokens[w[1]], "UNIQUE")
+            && is_word(&tokens[w[2]], "PRIMARY")
+            && is_word(&tokens[w[3]], "KEY")
+    });
+    match found {
+        Some(w) => {
+            let (non, unique) = (w[0], w[1]);
+            tokens.remove(unique);
+            tokens.remove(non);
+            true
+        }
+        None => false,
+    }
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -588,7 +588,13 @@ async fn show_create_table_recreates_the_table() {
          PARTITION BY RANGE (a, b) SPLIT ROWS (('it''s', 5), ('z', -1))",
     )
     .await;
-    for table in ["metrics", "people", "events", "spans"] {
+    run(
+        &s,
+        "CREATE TABLE visits (user_id BIGINT, page STRING, NON UNIQUE PRIMARY KEY (user_id)) \
+         DISTRIBUTE BY HASH INTO 2 BUCKETS",
+    )
+    .await;
+    for table in ["metrics", "people", "events", "spans", "visits"] {
         let show = run(&s, &format!("SHOW CREATE TABLE {table}")).await;
         let create = show[0]
             .column_by_name("create_statement")
@@ -810,6 +816,54 @@ async fn column_encodings_and_compression_shape_the_files() {
         .await;
         assert_eq!(got, expected, "{table}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_incrementing_ids_stay_unique_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let distinct = "SELECT count(*) AS n, count(DISTINCT auto_incrementing_id) AS ids FROM log";
+    {
+        let (db, s) = open(dir.path()).await;
+        run(
+            &s,
+            "CREATE TABLE log (source STRING, line STRING, NON UNIQUE PRIMARY KEY (source))",
+        )
+        .await;
+        run(
+            &s,
+            "INSERT INTO log VALUES ('a', 'x'), ('a', 'x'), ('b', 'y')",
+        )
+        .await;
+        // Flushed: the next ids must come after those on disk.
+        db.shutdown().await.unwrap();
+    }
+    {
+        let (_db, s) = open(dir.path()).await;
+        run(&s, "INSERT INTO log VALUES ('a', 'x'), ('c', 'z')").await;
+        run(&s, "DELETE FROM log WHERE source = 'c'").await;
+        // Not flushed: the log replays these inserts, with the same ids.
+    }
+    let (_db, s) = open(dir.path()).await;
+    let before = text(&s, "SELECT auto_incrementing_id FROM log ORDER BY 1").await;
+    run(
+        &s,
+        "INSERT INTO log SELECT 'a', 'x' FROM generate_series(1, 100)",
+    )
+    .await;
+    let got = text(&s, distinct).await;
+    assert!(got.contains("| 104 | 104 |"), "{got}");
+    let after = text(
+        &s,
+        "SELECT auto_incrementing_id FROM log ORDER BY 1 LIMIT 4",
+    )
+    .await;
+    assert_eq!(before, after);
+    let create = text(&s, "SHOW CREATE TABLE log").await;
+    assert!(
+        create.contains("NON UNIQUE PRIMARY KEY (source)")
+            && !create.contains("auto_incrementing_id BIGINT"),
+        "{create}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

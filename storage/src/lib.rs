@@ -20,6 +20,8 @@ pub use bloom::{FilterStats, JoinFilter, BLOOM_WARMUP_ROWS};
 pub use error::StorageError;
 pub use key::{encode_key_columns, encode_keys, format_key};
 pub use scan::{ColumnPredicate, PredicateOp, Scalar, ScanIterator, ScanSpec};
-pub use schema::{ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema};
+pub use schema::{
+    ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema, AUTO_INCREMENT_COLUMN,
+};
 pub use tablet::{Tablet, TabletOptions};
 pub use write::{TabletOp, Timestamp, WriteBatch, WriteKind};

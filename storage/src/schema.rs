@@ -230,15 +230,23 @@ pub struct Schema {
     column_ids: Vec<u32>,
     #[serde(default)]
     next_column_id: u32,
+    /// A NON UNIQUE PRIMARY KEY: the last key column is [`AUTO_INCREMENT_COLUMN`], whose values
+    /// the tablet's leader assigns.
+    #[serde(default)]
+    auto_increment: bool,
     #[serde(skip)]
     arrow: OnceLock<SchemaRef>,
 }
+
+/// The hidden key column of a table with a NON UNIQUE PRIMARY KEY (Kudu 1.17's name).
+pub const AUTO_INCREMENT_COLUMN: &str = "auto_incrementing_id";
 
 impl PartialEq for Schema {
     fn eq(&self, other: &Self) -> bool {
         self.columns == other.columns
             && self.key_columns == other.key_columns
             && self.ids() == other.ids()
+            && self.auto_increment == other.auto_increment
     }
 }
 
@@ -294,8 +302,50 @@ impl Schema {
             key_columns,
             column_ids: (0..n).collect(),
             next_column_id: n,
+            auto_increment: false,
             arrow: OnceLock::new(),
         })
+    }
+
+    /// This schema with a NON UNIQUE primary key: [`AUTO_INCREMENT_COLUMN`] (BIGINT) is added
+    /// as the last column and the last key column, so rows with equal key values can coexist.
+    pub fn with_auto_increment(&self) -> Result<Schema, StorageError> {
+        if self.column_index(AUTO_INCREMENT_COLUMN).is_some() {
+            return Err(StorageError::InvalidSchema(format!(
+                "'{AUTO_INCREMENT_COLUMN}' is the name of the column a NON UNIQUE PRIMARY KEY adds"
+            )));
+        }
+        let mut columns = self.columns.clone();
+        columns.push(ColumnSchema {
+            name: AUTO_INCREMENT_COLUMN.into(),
+            column_type: ColumnType::Int64,
+            nullable: false,
+            default: None,
+            comment: Some("assigned by the database".into()),
+            encoding: ColumnEncoding::Delta,
+            compression: ColumnCompression::Default,
+        });
+        let mut key_columns = self.key_columns.clone();
+        key_columns.push(columns.len() - 1);
+        let mut schema = Schema::new(columns, key_columns)?;
+        schema.auto_increment = true;
+        Ok(schema)
+    }
+
+    /// The position of [`AUTO_INCREMENT_COLUMN`] in a table with a NON UNIQUE PRIMARY KEY.
+    pub fn auto_increment_column(&self) -> Option<usize> {
+        match self.auto_increment {
+            true => self.column_index(AUTO_INCREMENT_COLUMN),
+            false => None,
+        }
+    }
+
+    /// The key columns a user declared (without [`AUTO_INCREMENT_COLUMN`]).
+    pub fn declared_key_columns(&self) -> &[usize] {
+        match self.auto_increment {
+            true => &self.key_columns[..self.key_columns.len().saturating_sub(1)],
+            false => &self.key_columns,
+        }
     }
 
     /// The column ids, parallel to [`Schema::columns`].
@@ -321,6 +371,7 @@ impl Schema {
             })?;
         let next = self.next_column_id.max(self.columns.len() as u32);
         let mut schema = Schema::new(columns, key_columns)?;
+        schema.auto_increment = self.auto_increment;
         schema.next_column_id = ids.iter().map(|&i| i + 1).max().unwrap_or(0).max(next);
         schema.column_ids = ids;
         Ok(schema)
@@ -407,7 +458,11 @@ impl Schema {
                 Arc::new(ArrowSchema::new(
                     self.columns
                         .iter()
-                        .map(|c| Field::new(&c.name, c.column_type.arrow_type(), c.nullable))
+                        .map(|c| {
+                            // Left out of INSERTs (NULL), then assigned by the tablet's leader.
+                            let assigned = self.auto_increment && c.name == AUTO_INCREMENT_COLUMN;
+                            Field::new(&c.name, c.column_type.arrow_type(), c.nullable || assigned)
+                        })
                         .collect::<Vec<_>>(),
                 ))
             })

@@ -54,6 +54,9 @@ struct Metadata {
     rowsets: Vec<u64>,
     next_rowset_id: u64,
     durable_index: u64,
+    /// Above every auto_incrementing_id written so far.
+    #[serde(default)]
+    next_auto_id: i64,
 }
 
 const METADATA: &str = "metadata";
@@ -75,6 +78,7 @@ struct State {
     next_rowset_id: u64,
     last_applied: u64,
     durable_index: u64,
+    next_auto_id: i64,
 }
 
 /// Where the live version of a key is.
@@ -101,6 +105,7 @@ impl Tablet {
             rowsets: vec![],
             next_rowset_id: 1,
             durable_index: 0,
+            next_auto_id: 1,
         };
         write_metadata(dir, &meta)?;
         Ok(Tablet {
@@ -115,6 +120,7 @@ impl Tablet {
                 next_rowset_id: 1,
                 last_applied: 0,
                 durable_index: 0,
+                next_auto_id: 1,
             }),
         })
     }
@@ -148,12 +154,18 @@ impl Tablet {
                 next_rowset_id: meta.next_rowset_id,
                 last_applied: meta.durable_index,
                 durable_index: meta.durable_index,
+                next_auto_id: meta.next_auto_id.max(1),
             }),
         })
     }
 
     pub fn schema(&self) -> Arc<Schema> {
         self.state.read().schema.clone()
+    }
+
+    /// The lowest auto_incrementing_id no write has used.
+    pub fn next_auto_id(&self) -> i64 {
+        self.state.read().next_auto_id
     }
 
     pub fn durable_index(&self) -> u64 {
@@ -207,6 +219,18 @@ impl Tablet {
         let n = rows.num_rows();
         if n == 0 {
             return Ok(0);
+        }
+        if let (Some(c), WriteKind::Insert | WriteKind::InsertIgnore) =
+            (schema.auto_increment_column(), batch.kind)
+        {
+            let ids = rows
+                .column_by_name(&schema.columns()[c].name)
+                .and_then(|ids| {
+                    arrow::compute::max(ids.as_primitive_opt::<arrow::datatypes::Int64Type>()?)
+                });
+            if let Some(max) = ids {
+                state.next_auto_id = state.next_auto_id.max(max.saturating_add(1));
+            }
         }
         let keys = encode_keys(&schema, &rows)?;
         // Validate every row before changing anything.
@@ -548,6 +572,7 @@ impl Tablet {
                 rowsets: created.iter().map(|r| r.id).collect(),
                 next_rowset_id: next_id,
                 durable_index: index,
+                next_auto_id: state.next_auto_id,
             };
             write_metadata(&self.dir, &meta)
         })();
@@ -579,6 +604,7 @@ impl Tablet {
                     rowsets: state.rowsets.iter().map(|r| r.id).collect(),
                     next_rowset_id: state.next_rowset_id,
                     durable_index: state.last_applied,
+                    next_auto_id: state.next_auto_id,
                 };
                 write_metadata(&self.dir, &meta)?;
                 state.durable_index = state.last_applied;
@@ -685,6 +711,7 @@ impl Tablet {
             rowsets: rowsets.iter().map(|r| r.id).collect(),
             next_rowset_id: next_id,
             durable_index: state.last_applied,
+            next_auto_id: state.next_auto_id,
         };
         write_metadata(&self.dir, &meta)?;
         // The new state is durable; the replaced files are garbage now (open scans keep their
