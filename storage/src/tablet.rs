@@ -187,6 +187,10 @@ impl Tablet {
         state.mrs.len() + state.rowsets.iter().map(|r| r.num_rows()).sum::<usize>()
     }
 
+    pub fn rowset_count(&self) -> usize {
+        self.state.read().rowsets.len()
+    }
+
     pub fn disk_bytes(&self) -> u64 {
         self.state
             .read()

@@ -1,0 +1,310 @@
+//! Tablet storage benchmark: one tablet against the same rows written as one Parquet file and
+//! read with the parquet crate, all in one run so the ratios compare like with like.
+//!
+//! ```text
+//! cargo build --release -p nyala-storage --example storage_bench
+//! $CARGO_TARGET_DIR/release/examples/storage_bench --rows 10000000
+//! ```
+//!
+//! Rows are `(k BIGINT key, v BIGINT, s STRING)`, inserted in batches of 1 000 in shuffled key
+//! order with the tablet flushing whenever its MemRowSet reaches the flush threshold (inline, so
+//! insert throughput includes flushing). Scans report the median of `--runs` warm runs.
+
+use std::fs::File;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::Int64Type;
+use clap::Parser;
+use nyala_storage::{
+    ColumnPredicate, ColumnSchema, ColumnType, PredicateOp, Scalar, ScanSpec, Schema, Tablet,
+    TabletOptions, Timestamp, WriteBatch, WriteKind,
+};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::{ArrowWriter, ProjectionMask};
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+#[derive(Parser)]
+struct Args {
+    /// Rows to insert.
+    #[arg(long, default_value_t = 10_000_000)]
+    rows: usize,
+    /// Warm runs per scan; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Random point lookups.
+    #[arg(long, default_value_t = 2_000)]
+    lookups: usize,
+}
+
+const BATCH: usize = 1_000;
+
+fn schema() -> Schema {
+    let column = |name: &str, column_type, nullable| ColumnSchema {
+        name: name.into(),
+        column_type,
+        nullable,
+        default: None,
+        comment: None,
+        encoding: Default::default(),
+        compression: Default::default(),
+    };
+    Schema::new(
+        vec![
+            column("k", ColumnType::Int64, false),
+            column("v", ColumnType::Int64, false),
+            column("s", ColumnType::String, true),
+        ],
+        vec![0],
+    )
+    .expect("valid schema")
+}
+
+fn rows(schema: &Schema, keys: &[i64]) -> RecordBatch {
+    RecordBatch::try_new(
+        schema.arrow_schema(),
+        vec![
+            Arc::new(Int64Array::from(keys.to_vec())) as ArrayRef,
+            Arc::new(Int64Array::from_iter_values(keys.iter().map(|k| k * 7 % 1_000_003))),
+            Arc::new(StringArray::from_iter_values(
+                keys.iter().map(|k| format!("user-{:05}-{}", k % 50_000, k % 7)),
+            )),
+        ],
+    )
+    .expect("valid batch")
+}
+
+struct Clock {
+    ts: u64,
+    index: u64,
+}
+
+impl Clock {
+    fn next(&mut self) -> (u64, Timestamp) {
+        self.ts += 1;
+        self.index += 1;
+        (self.index, Timestamp(self.ts))
+    }
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort();
+    samples[((samples.len() - 1) as f64 * p) as usize]
+}
+
+/// Sums column `column` (INT64: the values; STRING: the lengths) of a tablet scan.
+fn scan_tablet(tablet: &Tablet, column: usize, snapshot: Timestamp) -> (u64, Duration) {
+    let start = Instant::now();
+    let spec = ScanSpec {
+        projection: Some(vec![column]),
+        predicates: vec![],
+        snapshot,
+        limit: None,
+        batch_size: 64 * 1024,
+    };
+    let mut sum = 0u64;
+    for batch in tablet.scan(&spec).expect("scan") {
+        sum = sum.wrapping_add(fold(batch.expect("batch").column(0)));
+    }
+    (sum, start.elapsed())
+}
+
+fn scan_parquet(path: &std::path::Path, column: usize) -> (u64, Duration) {
+    let start = Instant::now();
+    let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(path).expect("open"))
+        .expect("parquet");
+    let mask = ProjectionMask::roots(builder.parquet_schema(), [column]);
+    let mut sum = 0u64;
+    for batch in builder
+        .with_projection(mask)
+        .with_batch_size(64 * 1024)
+        .build()
+        .expect("reader")
+    {
+        sum = sum.wrapping_add(fold(batch.expect("batch").column(0)));
+    }
+    (sum, start.elapsed())
+}
+
+fn fold(column: &ArrayRef) -> u64 {
+    match column.data_type() {
+        arrow::datatypes::DataType::Int64 => column
+            .as_primitive::<Int64Type>()
+            .values()
+            .iter()
+            .fold(0u64, |a, &v| a.wrapping_add(v as u64)),
+        _ => {
+            let strings = column.as_string::<i32>();
+            (strings.value_offsets()[strings.len()] - strings.value_offsets()[0]) as u64
+        }
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let schema = schema();
+    let options = TabletOptions::default();
+    let tablet = Tablet::create(&dir.path().join("tablet"), schema.clone(), options.clone())
+        .expect("tablet");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut keys: Vec<i64> = (0..args.rows as i64).collect();
+    keys.shuffle(&mut rng);
+    let mut clock = Clock { ts: 0, index: 0 };
+
+    // Inserts, flushing whenever the MemRowSet is full.
+    let mut latencies = Vec::with_capacity(args.rows / BATCH + 1);
+    let mut flushing = Duration::ZERO;
+    let start = Instant::now();
+    for chunk in keys.chunks(BATCH) {
+        let batch = WriteBatch {
+            kind: WriteKind::Insert,
+            rows: rows(&schema, chunk),
+        };
+        let (index, ts) = clock.next();
+        let t = Instant::now();
+        tablet.apply(index, ts, &batch).expect("insert");
+        latencies.push(t.elapsed());
+        if tablet.needs_flush() {
+            let t = Instant::now();
+            tablet.flush().expect("flush");
+            flushing += t.elapsed();
+        }
+    }
+    let t = Instant::now();
+    tablet.flush().expect("flush");
+    flushing += t.elapsed();
+    let insert_time = start.elapsed();
+    println!(
+        "insert: {} rows in {:.2} s = {:.0} rows/s (of which flushing {:.2} s); \
+         per {BATCH}-row batch p50 {:.0} µs, p99 {:.0} µs",
+        args.rows,
+        insert_time.as_secs_f64(),
+        args.rows as f64 / insert_time.as_secs_f64(),
+        flushing.as_secs_f64(),
+        percentile(&mut latencies, 0.5).as_secs_f64() * 1e6,
+        percentile(&mut latencies, 0.99).as_secs_f64() * 1e6,
+    );
+
+    // The same rows in key order, as one Parquet file (LZ4, dictionary, as the crate defaults).
+    let parquet_path = dir.path().join("same.parquet");
+    {
+        let props = WriterProperties::builder()
+            .set_compression(Compression::LZ4_RAW)
+            .build();
+        let file = File::create(&parquet_path).expect("create");
+        let mut writer =
+            ArrowWriter::try_new(file, schema.arrow_schema(), Some(props)).expect("writer");
+        let sorted: Vec<i64> = (0..args.rows as i64).collect();
+        for chunk in sorted.chunks(64 * 1024) {
+            writer.write(&rows(&schema, chunk)).expect("write");
+        }
+        writer.close().expect("close");
+    }
+    let tablet_bytes = tablet.disk_bytes();
+    let parquet_bytes = std::fs::metadata(&parquet_path).expect("stat").len();
+    println!(
+        "bytes on disk per row: tablet {:.2} (incl. the encoded key column), parquet {:.2}, ratio {:.2}",
+        tablet_bytes as f64 / args.rows as f64,
+        parquet_bytes as f64 / args.rows as f64,
+        tablet_bytes as f64 / parquet_bytes as f64
+    );
+
+    let now = Timestamp(u64::MAX - 1);
+    let report = |what: &str, tablet_column: usize, parquet_column: usize, snapshot| {
+        let _ = scan_tablet(&tablet, tablet_column, snapshot);
+        let _ = scan_parquet(&parquet_path, parquet_column);
+        let mut ours = Vec::new();
+        let mut theirs = Vec::new();
+        let (mut a, mut b) = (0, 0);
+        for _ in 0..args.runs {
+            let (sum, t) = scan_tablet(&tablet, tablet_column, snapshot);
+            ours.push(t);
+            a = sum;
+            let (sum, t) = scan_parquet(&parquet_path, parquet_column);
+            theirs.push(t);
+            b = sum;
+        }
+        let (ours, theirs) = (median(ours), median(theirs));
+        println!(
+            "{what}: tablet {:.3} s ({:.0} M rows/s), parquet {:.3} s, tablet/parquet {:.2}x{}",
+            ours.as_secs_f64(),
+            args.rows as f64 / ours.as_secs_f64() / 1e6,
+            theirs.as_secs_f64(),
+            ours.as_secs_f64() / theirs.as_secs_f64(),
+            if a == b { "" } else { " (results differ: updated rows)" }
+        );
+        ours
+    };
+    let fresh = report("full scan of INT64 v", 1, 1, now);
+    report("full scan of STRING s", 2, 2, now);
+
+    // Point lookups through the scan path (an equality predicate on the key).
+    let start = Instant::now();
+    for _ in 0..args.lookups {
+        let k = rng.random_range(0..args.rows as i64);
+        let spec = ScanSpec {
+            projection: Some(vec![0, 1, 2]),
+            predicates: vec![ColumnPredicate {
+                column: 0,
+                op: PredicateOp::Eq(Scalar(Arc::new(Int64Array::from(vec![k])))),
+            }],
+            snapshot: now,
+            limit: None,
+            batch_size: 1024,
+        };
+        let found: usize = tablet
+            .scan(&spec)
+            .expect("scan")
+            .map(|b| b.expect("batch").num_rows())
+            .sum();
+        assert_eq!(found, 1, "key {k}");
+    }
+    let lookup_time = start.elapsed();
+    println!(
+        "point lookups by primary key (warm, {} rowsets): {:.0} per second, {:.0} µs each",
+        tablet_rowsets(&tablet),
+        args.lookups as f64 / lookup_time.as_secs_f64(),
+        lookup_time.as_secs_f64() * 1e6 / args.lookups as f64
+    );
+
+    // Update 10 % of the rows, then scan with the deltas in memory and after they are merged.
+    let mut updated: Vec<i64> = (0..args.rows as i64).filter(|k| k % 10 == 3).collect();
+    updated.shuffle(&mut rng);
+    for chunk in updated.chunks(BATCH) {
+        let batch = WriteBatch {
+            kind: WriteKind::Update,
+            rows: RecordBatch::try_new(
+                Arc::new(schema.arrow_schema().project(&[0, 1]).expect("projection")),
+                vec![
+                    Arc::new(Int64Array::from(chunk.to_vec())) as ArrayRef,
+                    Arc::new(Int64Array::from(vec![-1i64; chunk.len()])),
+                ],
+            )
+            .expect("batch"),
+        };
+        let (index, ts) = clock.next();
+        tablet.apply(index, ts, &batch).expect("update");
+    }
+    let with_deltas = report("after updating 10 %, deltas in memory: scan of v", 1, 1, now);
+    tablet.flush().expect("flush");
+    let compacted = report("after the deltas are merged (flush): scan of v", 1, 1, now);
+    println!(
+        "scan of v vs fresh: with deltas {:.2}x, merged {:.2}x",
+        with_deltas.as_secs_f64() / fresh.as_secs_f64(),
+        compacted.as_secs_f64() / fresh.as_secs_f64()
+    );
+}
+
+fn tablet_rowsets(tablet: &Tablet) -> usize {
+    tablet.rowset_count()
+}
