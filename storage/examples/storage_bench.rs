@@ -69,9 +69,12 @@ fn rows(schema: &Schema, keys: &[i64]) -> RecordBatch {
         schema.arrow_schema(),
         vec![
             Arc::new(Int64Array::from(keys.to_vec())) as ArrayRef,
-            Arc::new(Int64Array::from_iter_values(keys.iter().map(|k| k * 7 % 1_000_003))),
+            Arc::new(Int64Array::from_iter_values(
+                keys.iter().map(|k| k * 7 % 1_000_003),
+            )),
             Arc::new(StringArray::from_iter_values(
-                keys.iter().map(|k| format!("user-{:05}-{}", k % 50_000, k % 7)),
+                keys.iter()
+                    .map(|k| format!("user-{:05}-{}", k % 50_000, k % 7)),
             )),
         ],
     )
@@ -120,8 +123,8 @@ fn scan_tablet(tablet: &Tablet, column: usize, snapshot: Timestamp) -> (u64, Dur
 
 fn scan_parquet(path: &std::path::Path, column: usize) -> (u64, Duration) {
     let start = Instant::now();
-    let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(path).expect("open"))
-        .expect("parquet");
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(File::open(path).expect("open")).expect("parquet");
     let mask = ProjectionMask::roots(builder.parquet_schema(), [column]);
     let mut sum = 0u64;
     for batch in builder
@@ -219,6 +222,11 @@ fn main() {
         tablet_bytes as f64 / parquet_bytes as f64
     );
 
+    println!(
+        "memory held for key lookups: {:.1} bytes per row ({} rowsets)",
+        tablet.key_index_bytes() as f64 / args.rows as f64,
+        tablet.rowset_count()
+    );
     let now = Timestamp(u64::MAX - 1);
     let report = |what: &str, tablet_column: usize, parquet_column: usize, snapshot| {
         let _ = scan_tablet(&tablet, tablet_column, snapshot);
@@ -241,7 +249,11 @@ fn main() {
             args.rows as f64 / ours.as_secs_f64() / 1e6,
             theirs.as_secs_f64(),
             ours.as_secs_f64() / theirs.as_secs_f64(),
-            if a == b { "" } else { " (results differ: updated rows)" }
+            if a == b {
+                ""
+            } else {
+                " (results differ: updated rows)"
+            }
         );
         ours
     };
@@ -295,7 +307,12 @@ fn main() {
         let (index, ts) = clock.next();
         tablet.apply(index, ts, &batch).expect("update");
     }
-    let with_deltas = report("after updating 10 %, deltas in memory: scan of v", 1, 1, now);
+    let with_deltas = report(
+        "after updating 10 %, deltas in memory: scan of v",
+        1,
+        1,
+        now,
+    );
     tablet.flush().expect("flush");
     let compacted = report("after the deltas are merged (flush): scan of v", 1, 1, now);
     println!(

@@ -40,7 +40,7 @@ const BLOOM_MIN_REMOVED_FRACTION: u64 = 10;
 const BITS_PER_KEY: usize = 12;
 
 /// The split-block bloom filter: 256-bit blocks, eight salted bits per key.
-struct SplitBlockFilter {
+pub(crate) struct SplitBlockFilter {
     blocks: Vec<[u32; 8]>,
 }
 
@@ -50,7 +50,7 @@ const SALT: [u32; 8] = [
 ];
 
 impl SplitBlockFilter {
-    fn with_keys(keys: usize) -> Self {
+    pub(crate) fn with_keys(keys: usize) -> Self {
         let blocks = (keys * BITS_PER_KEY)
             .div_ceil(256)
             .next_power_of_two()
@@ -69,7 +69,7 @@ impl SplitBlockFilter {
         SALT.map(|salt| 1u32 << (low.wrapping_mul(salt) >> 27))
     }
 
-    fn insert(&mut self, hash: u64) {
+    pub(crate) fn insert(&mut self, hash: u64) {
         let i = self.block(hash);
         let mask = Self::mask(hash);
         for (word, bit) in self.blocks[i].iter_mut().zip(mask) {
@@ -77,7 +77,7 @@ impl SplitBlockFilter {
         }
     }
 
-    fn check(&self, hash: u64) -> bool {
+    pub(crate) fn check(&self, hash: u64) -> bool {
         let block = &self.blocks[self.block(hash)];
         let mask = Self::mask(hash);
         // Branch-free over the eight words.
@@ -88,7 +88,7 @@ impl SplitBlockFilter {
         missing == 0
     }
 
-    fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.blocks.len() * 32
     }
 }
@@ -99,7 +99,7 @@ fn hash_u64(v: u64) -> u64 {
     h ^ (h >> 29)
 }
 
-fn hash_bytes(v: &[u8]) -> u64 {
+pub(crate) fn hash_bytes(v: &[u8]) -> u64 {
     XxHash3_64::oneshot(v)
 }
 

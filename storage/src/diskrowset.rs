@@ -29,6 +29,8 @@ use parquet::schema::types::{ColumnPath, SchemaDescPtr, SchemaDescriptor};
 use parquet::DecodeResult;
 use std::os::unix::fs::FileExt;
 
+pub(crate) use crate::bloom::hash_bytes;
+use crate::bloom::SplitBlockFilter;
 use crate::scan::{predicate_mask, ColumnPredicate, PredicateOp, Scalar};
 use crate::{ColumnCompression, ColumnEncoding, ColumnType, Schema, StorageError};
 
@@ -36,13 +38,90 @@ pub const KEY_COLUMN: &str = "__key";
 /// Rows per Parquet row group: the unit of statistics pruning, and where a scan may change how
 /// it filters.
 const ROW_GROUP_ROWS: usize = 64 * 1024;
+/// Most rows per data page.
+const PAGE_ROWS: usize = 4 * 1024;
 
 pub struct DiskRowSet {
     pub id: u64,
     path: PathBuf,
     /// Encoded keys, sorted; position = row ordinal.
-    keys: Vec<Vec<u8>>,
+    keys: KeyIndex,
     bytes: u64,
+    /// The file's footer and page index, read once.
+    metadata: ArrowReaderMetadata,
+}
+
+fn load_metadata(file: &File) -> Result<ArrowReaderMetadata, StorageError> {
+    // The offset index lets the decoder skip pages in which no row is selected.
+    let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
+    Ok(ArrowReaderMetadata::load(file, options)?)
+}
+
+/// A rowset's encoded keys in order, packed into one buffer with the end offset of each (about
+/// 12 bytes per BIGINT key instead of a heap allocation per key), and a split-block bloom filter
+/// over them, so most lookups of a key the rowset does not hold stop at one cache line.
+struct KeyIndex {
+    bytes: Vec<u8>,
+    ends: Vec<u32>,
+    bloom: SplitBlockFilter,
+}
+
+impl KeyIndex {
+    fn new<'a>(keys: impl ExactSizeIterator<Item = &'a [u8]>) -> Result<Self, StorageError> {
+        let mut index = KeyIndex {
+            bytes: Vec::new(),
+            ends: Vec::with_capacity(keys.len()),
+            bloom: SplitBlockFilter::with_keys(keys.len()),
+        };
+        for key in keys {
+            index.bytes.extend_from_slice(key);
+            let end = u32::try_from(index.bytes.len()).map_err(|_| {
+                StorageError::Corruption("the keys of one rowset exceed 4 GiB".into())
+            })?;
+            index.ends.push(end);
+            index.bloom.insert(hash_bytes(key));
+        }
+        index.bytes.shrink_to_fit();
+        Ok(index)
+    }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn get(&self, i: usize) -> &[u8] {
+        let start = match i {
+            0 => 0,
+            _ => self.ends[i - 1] as usize,
+        };
+        &self.bytes[start..self.ends[i] as usize]
+    }
+
+    fn is_sorted(&self) -> bool {
+        (1..self.len()).all(|i| self.get(i - 1) < self.get(i))
+    }
+
+    /// The position of `key` (whose [`hash_bytes`] is `hash`).
+    fn find(&self, key: &[u8], hash: u64) -> Option<usize> {
+        let n = self.len();
+        if n == 0 || key < self.get(0) || key > self.get(n - 1) || !self.bloom.check(hash) {
+            return None;
+        }
+        let (mut low, mut high) = (0, n);
+        while low < high {
+            let mid = (low + high) / 2;
+            match self.get(mid).cmp(key) {
+                std::cmp::Ordering::Less => low = mid + 1,
+                std::cmp::Ordering::Greater => high = mid,
+                std::cmp::Ordering::Equal => return Some(mid),
+            }
+        }
+        None
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.bytes.capacity() + self.ends.capacity() * 4 + self.bloom.bytes()
+    }
 }
 
 fn file_schema(table: &SchemaRef) -> SchemaRef {
@@ -71,7 +150,9 @@ impl DiskRowSet {
             .set_compression(Compression::LZ4_RAW)
             .set_dictionary_enabled(true)
             .set_statistics_enabled(EnabledStatistics::Page)
-            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS));
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+            // Small pages: a key lookup decodes one page per column, found by the offset index.
+            .set_data_page_row_count_limit(PAGE_ROWS);
         for column in table.columns() {
             let path = ColumnPath::from(column.name.as_str());
             let encoding = match column.encoding {
@@ -95,7 +176,10 @@ impl DiskRowSet {
             };
             props = props.set_column_compression(path, compression);
         }
-        let props = props.build();
+        // Keys are unique: a dictionary would only cost (and every lookup would decode it).
+        let props = props
+            .set_column_dictionary_enabled(ColumnPath::from(KEY_COLUMN), false)
+            .build();
         let schema = file_schema(&table.arrow_schema());
         let mut writer = ArrowWriter::try_new(&file, schema.clone(), Some(props))?;
         let mut offset = 0;
@@ -112,11 +196,13 @@ impl DiskRowSet {
         writer.close()?;
         file.sync_all()?;
         let bytes = file.metadata()?.len();
+        let metadata = load_metadata(&File::open(&path)?)?;
         Ok(DiskRowSet {
             id,
             path,
-            keys,
+            keys: KeyIndex::new(keys.iter().map(Vec::as_slice))?,
             bytes,
+            metadata,
         })
     }
 
@@ -125,20 +211,32 @@ impl DiskRowSet {
         let path = dir.join(Self::file_name(id));
         let file = File::open(&path)?;
         let bytes = file.metadata()?.len();
-        let builder = ParquetRecordBatchReaderBuilder::try_new(file)?;
+        let metadata = load_metadata(&file)?;
+        let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata.clone());
         let key_index = builder.schema().index_of(KEY_COLUMN).map_err(|_| {
             StorageError::Corruption(format!("{} has no key column", path.display()))
         })?;
         let mask = ProjectionMask::roots(builder.parquet_schema(), [key_index]);
-        let mut keys = Vec::new();
+        let mut batches = Vec::new();
         for batch in builder.with_projection(mask).build()? {
             let batch = batch?;
             let column = batch.column(0).as_binary_opt::<i32>().ok_or_else(|| {
                 StorageError::Corruption(format!("{}: key column is not binary", path.display()))
             })?;
-            keys.extend(column.iter().map(|k| k.unwrap_or_default().to_vec()));
+            if column.null_count() > 0 {
+                return Err(StorageError::Corruption(format!(
+                    "{}: a key is missing",
+                    path.display()
+                )));
+            }
+            batches.push(column.clone());
         }
-        if keys.windows(2).any(|w| w[0] >= w[1]) {
+        let rows: usize = batches.iter().map(|b| b.len()).sum();
+        let keys = KeyIndex::new(ExactLen(
+            batches.iter().flat_map(|b| b.iter().flatten()),
+            rows,
+        ))?;
+        if !keys.is_sorted() {
             return Err(StorageError::Corruption(format!(
                 "{}: keys out of order",
                 path.display()
@@ -149,6 +247,7 @@ impl DiskRowSet {
             path,
             keys,
             bytes,
+            metadata,
         })
     }
 
@@ -160,24 +259,23 @@ impl DiskRowSet {
         self.keys.len()
     }
 
+    /// Memory held for key lookups.
+    pub fn key_index_bytes(&self) -> usize {
+        self.keys.memory_bytes()
+    }
+
     pub fn disk_bytes(&self) -> u64 {
         self.bytes
     }
 
     pub fn key(&self, ordinal: u32) -> &[u8] {
-        &self.keys[ordinal as usize]
+        self.keys.get(ordinal as usize)
     }
 
-    /// The ordinal of `key` in this rowset.
-    pub fn find(&self, key: &[u8]) -> Option<u32> {
-        match (self.keys.first(), self.keys.last()) {
-            (Some(first), Some(last)) if first.as_slice() <= key && key <= last.as_slice() => self
-                .keys
-                .binary_search_by(|k| k.as_slice().cmp(key))
-                .ok()
-                .map(|i| i as u32),
-            _ => None,
-        }
+    /// The ordinal of `key` in this rowset; `hash` is its [`hash_bytes`], computed once for all
+    /// the rowsets a lookup tries.
+    pub fn find(&self, key: &[u8], hash: u64) -> Option<u32> {
+        self.keys.find(key, hash).map(|i| i as u32)
     }
 
     /// A reader of the table columns `columns` (indexes into `schema`), in ordinal order,
@@ -200,9 +298,7 @@ impl DiskRowSet {
         batch_size: usize,
     ) -> Result<RowsetReader, StorageError> {
         let file = File::open(&self.path)?;
-        // The offset index lets the decoder skip pages in which no row is selected.
-        let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
-        let metadata = ArrowReaderMetadata::load(&file, options)?;
+        let metadata = self.metadata.clone();
         let parquet_schema = metadata.parquet_schema().clone();
         let mut skipped: Vec<(usize, usize)> = hidden.iter().map(|&o| (o as usize, 1)).collect();
         let mut read_groups = Vec::new();
@@ -276,21 +372,40 @@ impl DiskRowSet {
         num_columns: usize,
         ordinals: &[u32],
     ) -> Result<RecordBatch, StorageError> {
+        // Only the row groups holding the ordinals are read; the selection counts their rows.
+        let mut groups = Vec::new();
         let mut selectors = Vec::new();
-        let mut next = 0u32;
-        for &o in ordinals {
-            if o > next {
-                selectors.push(RowSelector::skip((o - next) as usize));
+        let mut group_start = 0u32;
+        let mut ordinals = ordinals.iter().copied().peekable();
+        for (g, group) in self.metadata.metadata().row_groups().iter().enumerate() {
+            let group_end = group_start + group.num_rows() as u32;
+            if ordinals.peek().is_some_and(|&o| o < group_end) {
+                groups.push(g);
+                // The first row of this group not yet covered by a selector.
+                let mut next = group_start;
+                while let Some(o) = ordinals.next_if(|&o| o < group_end) {
+                    if o > next {
+                        selectors.push(RowSelector::skip((o - next) as usize));
+                    }
+                    selectors.push(RowSelector::select(1));
+                    next = o + 1;
+                }
+                if group_end > next {
+                    selectors.push(RowSelector::skip((group_end - next) as usize));
+                }
             }
-            selectors.push(RowSelector::select(1));
-            next = o + 1;
+            group_start = group_end;
         }
-        let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(&self.path)?)?;
+        let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
+            File::open(&self.path)?,
+            self.metadata.clone(),
+        )
+        .with_row_groups(groups);
         let mask = ProjectionMask::roots(builder.parquet_schema(), 0..num_columns);
         let reader = builder
             .with_projection(mask)
             .with_row_selection(RowSelection::from(selectors))
-            .with_batch_size(ordinals.len().max(1))
+            .with_batch_size(8 * 1024)
             .build()?;
         let schema = arrow::array::RecordBatchReader::schema(&reader);
         let batches = reader.collect::<Result<Vec<_>, _>>()?;
@@ -494,3 +609,22 @@ impl Iterator for RowsetReader {
         }
     }
 }
+
+/// An iterator that knows its length (for [`KeyIndex::new`] over several arrays).
+struct ExactLen<I>(I, usize);
+
+impl<I: Iterator> Iterator for ExactLen<I> {
+    type Item = I::Item;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let item = self.0.next();
+        self.1 = self.1.saturating_sub(usize::from(item.is_some()));
+        item
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.1, Some(self.1))
+    }
+}
+
+impl<I: Iterator> ExactSizeIterator for ExactLen<I> {}

@@ -288,6 +288,54 @@ pub(crate) fn read_columns(
     Ok((columns, output_len))
 }
 
+/// Most keys a scan looks up one by one instead of reading the rowsets.
+const MAX_POINT_KEYS: usize = 256;
+
+/// The encoded keys a scan can only return, when its predicates give every key column one value
+/// (`=`) or a short IN list of values of the column's type; None otherwise.
+pub(crate) fn point_keys(schema: &Schema, predicates: &[ColumnPredicate]) -> Option<Vec<Vec<u8>>> {
+    let mut choices: Vec<&[Scalar]> = Vec::with_capacity(schema.key_columns().len());
+    for &c in schema.key_columns() {
+        let values = predicates
+            .iter()
+            .filter(|p| p.column == c)
+            .find_map(|p| match &p.op {
+                PredicateOp::Eq(v) => Some(std::slice::from_ref(v)),
+                PredicateOp::InList(values) => Some(values.as_slice()),
+                _ => None,
+            })?;
+        let arrow_type = schema.columns()[c].column_type.arrow_type();
+        let fits = |v: &Scalar| v.0.data_type() == &arrow_type && v.0.len() == 1 && v.0.is_valid(0);
+        if !values.iter().all(fits) {
+            return None;
+        }
+        choices.push(values);
+    }
+    let combinations = choices.iter().map(|c| c.len()).product::<usize>();
+    if combinations > MAX_POINT_KEYS {
+        return None;
+    }
+    let mut keys = Vec::with_capacity(combinations);
+    for i in 0..combinations {
+        // Key column j takes choice (i / stride_j) % len_j.
+        let mut stride = 1;
+        let columns: Vec<ArrayRef> = choices
+            .iter()
+            .map(|values| {
+                let value = values[(i / stride) % values.len()].0.clone();
+                stride *= values.len();
+                value
+            })
+            .collect();
+        let mut key = Vec::new();
+        crate::key::encode_key_columns(&columns, 0, &mut key);
+        keys.push(key);
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    Some(keys)
+}
+
 pub(crate) fn boxed(scan: Scan) -> ScanIterator {
     Box::new(scan)
 }

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::deltastore::DeltaMemStore;
 use crate::diskrowset::DiskRowSet;
 use crate::key::{encode_keys, format_key};
-use crate::memrowset::{MemRowSet, RowArena, RowRef, Version};
+use crate::memrowset::{visible, MemRowSet, RowArena, RowRef, Version};
 use crate::scan::{self, ScanIterator, ScanSpec, Source};
 use crate::ColumnType;
 use crate::{Schema, StorageError, Timestamp, WriteBatch, WriteKind};
@@ -185,6 +185,16 @@ impl Tablet {
     pub fn estimated_rows(&self) -> usize {
         let state = self.state.read();
         state.mrs.len() + state.rowsets.iter().map(|r| r.num_rows()).sum::<usize>()
+    }
+
+    /// Memory the DiskRowSets hold for key lookups (packed keys and bloom filters).
+    pub fn key_index_bytes(&self) -> usize {
+        self.state
+            .read()
+            .rowsets
+            .iter()
+            .map(|r| r.key_index_bytes())
+            .sum()
     }
 
     pub fn rowset_count(&self) -> usize {
@@ -473,6 +483,9 @@ impl Tablet {
         let schema = &state.schema;
         let (read_columns, output_len) = scan::read_columns(schema, spec)?;
         let table = schema.arrow_schema();
+        if let Some(keys) = scan::point_keys(schema, &spec.predicates) {
+            return self.lookup(&state, spec, keys, read_columns, output_len);
+        }
         let batch_size = spec.batch_size.max(1);
         let mut sources = std::collections::VecDeque::new();
         for (rowset, deltas) in state.rowsets.iter().zip(&state.deltas) {
@@ -502,6 +515,47 @@ impl Tablet {
         }
         Ok(scan::boxed(scan::Scan {
             schema: (**schema).clone(),
+            read_columns,
+            output_len,
+            predicates: spec.predicates.clone(),
+            remaining: spec.limit,
+            sources,
+        }))
+    }
+
+    /// A scan whose predicates pin every key column to a few values: each key is found through
+    /// the MemRowSet index and the rowsets' key indexes instead of reading the rowsets.
+    fn lookup(
+        &self,
+        state: &State,
+        spec: &ScanSpec,
+        keys: Vec<Vec<u8>>,
+        read_columns: Vec<usize>,
+        output_len: usize,
+    ) -> Result<ScanIterator, StorageError> {
+        let table = state.schema.arrow_schema();
+        let width = table.fields().len();
+        let mut sources = std::collections::VecDeque::new();
+        let mut in_memory = Vec::new();
+        for key in keys {
+            match state.locate_at(&key, spec.snapshot) {
+                Some(Found::Memory(row)) => in_memory.push(row),
+                Some(Found::Disk { rs, ordinal }) => {
+                    let row = state.rowsets[rs].read_rows(width, &[ordinal])?;
+                    sources.push_back(Source::Batch(row.project(&read_columns)?));
+                }
+                None => {}
+            }
+        }
+        if !in_memory.is_empty() {
+            sources.push_back(Source::Batch(state.arena.gather(
+                &table,
+                &read_columns,
+                &in_memory,
+            )?));
+        }
+        Ok(scan::boxed(scan::Scan {
+            schema: (*state.schema).clone(),
             read_columns,
             output_len,
             predicates: spec.predicates.clone(),
@@ -752,7 +806,39 @@ fn default_column(column: &crate::ColumnSchema, n: usize) -> Result<ArrayRef, St
     Ok(take(&one, &UInt32Array::from(vec![0u32; n]), None)?)
 }
 
+/// Where the version of a key visible at a snapshot is.
+enum Found {
+    Memory(RowRef),
+    Disk { rs: usize, ordinal: u32 },
+}
+
 impl State {
+    /// The row with `key` visible at `snapshot`, if any (as a scan at `snapshot` sees it).
+    fn locate_at(&self, key: &[u8], snapshot: Timestamp) -> Option<Found> {
+        if let Some(v) = self
+            .mrs
+            .index
+            .get(key)
+            .and_then(|versions| visible(versions, snapshot))
+        {
+            return v.row.map(Found::Memory);
+        }
+        let hash = crate::diskrowset::hash_bytes(key);
+        for (rs, rowset) in self.rowsets.iter().enumerate() {
+            if let Some(ordinal) = rowset.find(key, hash) {
+                return match self.deltas[rs]
+                    .by_ordinal
+                    .get(&ordinal)
+                    .and_then(|versions| visible(versions, snapshot))
+                {
+                    Some(v) => v.row.map(Found::Memory),
+                    None => Some(Found::Disk { rs, ordinal }),
+                };
+            }
+        }
+        None
+    }
+
     fn locate(&self, key: &[u8]) -> Location {
         if let Some(v) = self.mrs.latest(key) {
             return match v.row {
@@ -760,8 +846,9 @@ impl State {
                 None => Location::Absent,
             };
         }
+        let hash = crate::diskrowset::hash_bytes(key);
         for (rs, rowset) in self.rowsets.iter().enumerate() {
-            if let Some(ordinal) = rowset.find(key) {
+            if let Some(ordinal) = rowset.find(key, hash) {
                 return match self.deltas[rs].latest(ordinal) {
                     None => Location::Disk {
                         rs,

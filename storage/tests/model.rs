@@ -64,6 +64,21 @@ fn scan(tablet: &Tablet, snapshot: Timestamp, min_v: Option<i64>) -> Model {
             }]
         })
         .unwrap_or_default();
+    scan_with(tablet, snapshot, predicates)
+}
+
+/// A scan that pins the key to `keys` (`=` for one key, else IN), which the tablet answers by
+/// looking the keys up.
+fn lookup(tablet: &Tablet, snapshot: Timestamp, keys: &[i64]) -> Model {
+    let scalar = |k: i64| Scalar(Arc::new(Int64Array::from(vec![k])));
+    let op = match keys {
+        [k] => PredicateOp::Eq(scalar(*k)),
+        many => PredicateOp::InList(many.iter().map(|&k| scalar(k)).collect()),
+    };
+    scan_with(tablet, snapshot, vec![ColumnPredicate { column: 1, op }])
+}
+
+fn scan_with(tablet: &Tablet, snapshot: Timestamp, predicates: Vec<ColumnPredicate>) -> Model {
     let spec = ScanSpec {
         projection: Some(vec![1, 0, 2]),
         predicates,
@@ -218,6 +233,20 @@ fn random_operations_match_a_model() {
                 &scan(&tablet, *old_ts, None),
                 old_model,
                 "snapshot at {old_ts:?}"
+            );
+            // Key lookups, at the same snapshot, of keys present and absent.
+            let wanted: Vec<i64> = (0..rng.random_range(1..4))
+                .map(|_| rng.random_range(-45..45))
+                .collect();
+            let expected: Model = old_model
+                .iter()
+                .filter(|(k, _)| wanted.contains(k))
+                .map(|(k, v)| (*k, v.clone()))
+                .collect();
+            assert_eq!(
+                lookup(&tablet, *old_ts, &wanted),
+                expected,
+                "lookup of {wanted:?} at {old_ts:?}"
             );
         }
     }
