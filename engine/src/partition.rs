@@ -10,9 +10,12 @@
 use std::fmt;
 
 use arrow::array::{Array, ArrayRef, RecordBatch, StringArray, UInt32Array};
-use arrow::compute::{cast_with_options, concat, take_record_batch, CastOptions};
+use arrow::compute::{cast_with_options, take_record_batch, CastOptions};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
-use nyala_storage::{encode_key_columns, ColumnPredicate, ColumnType, PredicateOp, Scalar, Schema};
+use nyala_storage::{
+    encode_key_columns, equality_combinations, ColumnPredicate, ColumnType, PredicateOp, Scalar,
+    Schema,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::{EngineError, Result};
@@ -222,7 +225,7 @@ impl PartitionSchema {
             return Err(EngineError::InvalidTable(format!(
                 "a range bound needs {} value(s), one per range column ({}), got {}",
                 self.range_columns.len(),
-                self.names(schema, &self.range_columns),
+                schema.column_list(&self.range_columns),
                 values.len()
             )));
         }
@@ -320,14 +323,6 @@ impl PartitionSchema {
         Ok((dropped, at))
     }
 
-    fn names(&self, schema: &Schema, columns: &[usize]) -> String {
-        columns
-            .iter()
-            .map(|&c| schema.columns()[c].name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
     /// `HASH (a) bucket 1 of 4, HASH (b) bucket 0 of 2` and the range of tablet `tablet`.
     pub fn describe(&self, schema: &Schema, tablet: usize) -> (String, String) {
         let per_range = self.tablets_per_range();
@@ -344,7 +339,7 @@ impl PartitionSchema {
             .map(|(level, b)| {
                 format!(
                     "HASH ({}) bucket {b} of {}",
-                    self.names(schema, &level.columns),
+                    schema.column_list(&level.columns),
                     level.buckets
                 )
             })
@@ -609,49 +604,13 @@ fn level_buckets(
         .collect())
 }
 
-/// Every combination of the values that equality and IN-list predicates allow for `columns`,
-/// as a batch with those columns; None when a column has no such predicate, a value is not of
-/// the column's type, or there are more than [`MAX_PRUNING_COMBINATIONS`].
+/// [`equality_combinations`] of `columns` as a batch with those columns.
 fn combinations(
     schema: &Schema,
     columns: &[usize],
     predicates: &[ColumnPredicate],
 ) -> Option<RecordBatch> {
-    let mut choices: Vec<&[Scalar]> = Vec::with_capacity(columns.len());
-    for &c in columns {
-        let values = predicates
-            .iter()
-            .filter(|p| p.column == c)
-            .find_map(|p| match &p.op {
-                PredicateOp::Eq(v) => Some(std::slice::from_ref(v)),
-                PredicateOp::InList(values) => Some(values.as_slice()),
-                _ => None,
-            })?;
-        let arrow_type = schema.columns()[c].column_type.arrow_type();
-        if values.iter().any(|v| v.0.data_type() != &arrow_type) {
-            return None;
-        }
-        choices.push(values);
-    }
-    let combinations = choices.iter().map(|c| c.len()).product::<usize>();
-    if combinations > MAX_PRUNING_COMBINATIONS {
-        return None;
-    }
-    // Column j of combination i takes choice (i / stride_j) % len_j.
-    let mut arrays = Vec::with_capacity(choices.len());
-    let mut stride = 1;
-    for values in &choices {
-        let array = if combinations == 0 {
-            values.first().map(|v| v.0.slice(0, 0))?
-        } else {
-            let picked: Vec<&dyn Array> = (0..combinations)
-                .map(|i| values[(i / stride) % values.len()].0.as_ref())
-                .collect();
-            concat(&picked).ok()?
-        };
-        arrays.push(array);
-        stride *= values.len().max(1);
-    }
+    let arrays = equality_combinations(schema, columns, predicates, MAX_PRUNING_COMBINATIONS)?;
     let fields: Vec<arrow::datatypes::Field> = columns
         .iter()
         .zip(&arrays)

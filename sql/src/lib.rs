@@ -829,13 +829,7 @@ impl Session {
     fn show_create(&self, name: &str) -> Result<RecordBatch> {
         let table = self.db.client.table(name)?;
         let schema = &table.schema;
-        let names = |columns: &[usize]| {
-            columns
-                .iter()
-                .map(|&c| schema.columns()[c].name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let names = |columns: &[usize]| schema.column_list(columns);
         let mut lines: Vec<String> = schema
             .columns()
             .iter()

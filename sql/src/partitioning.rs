@@ -142,13 +142,7 @@ pub fn parse_range_partition(tokens: &[Token]) -> Result<RangeSpec> {
 
 /// The partitioning clause that recreates `partition` (None: a single tablet).
 pub fn render(schema: &Schema, partition: &PartitionSchema) -> Option<String> {
-    let names = |columns: &[usize]| {
-        columns
-            .iter()
-            .map(|&c| schema.columns()[c].name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let names = |columns: &[usize]| schema.column_list(columns);
     let mut levels: Vec<String> = partition
         .hash
         .iter()

@@ -19,7 +19,9 @@ mod write;
 pub use bloom::{FilterStats, JoinFilter, BLOOM_WARMUP_ROWS};
 pub use error::StorageError;
 pub use key::{encode_key_columns, encode_keys, format_key};
-pub use scan::{ColumnPredicate, PredicateOp, Scalar, ScanIterator, ScanSpec};
+pub use scan::{
+    equality_combinations, ColumnPredicate, PredicateOp, Scalar, ScanIterator, ScanSpec,
+};
 pub use schema::{
     ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema, AUTO_INCREMENT_COLUMN,
 };

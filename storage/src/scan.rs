@@ -291,11 +291,17 @@ pub(crate) fn read_columns(
 /// Most keys a scan looks up one by one instead of reading the rowsets.
 const MAX_POINT_KEYS: usize = 256;
 
-/// The encoded keys a scan can only return, when its predicates give every key column one value
-/// (`=`) or a short IN list of values of the column's type; None otherwise.
-pub(crate) fn point_keys(schema: &Schema, predicates: &[ColumnPredicate]) -> Option<Vec<Vec<u8>>> {
-    let mut choices: Vec<&[Scalar]> = Vec::with_capacity(schema.key_columns().len());
-    for &c in schema.key_columns() {
+/// Every combination of the values that `=` and IN-list predicates allow for `columns`: one
+/// array per column, row `i` of them being combination `i`. None when a column has no such
+/// predicate, a value is not of the column's type, or there are more than `max` combinations.
+pub fn equality_combinations(
+    schema: &Schema,
+    columns: &[usize],
+    predicates: &[ColumnPredicate],
+    max: usize,
+) -> Option<Vec<ArrayRef>> {
+    let mut choices: Vec<&[Scalar]> = Vec::with_capacity(columns.len());
+    for &c in columns {
         let values = predicates
             .iter()
             .filter(|p| p.column == c)
@@ -312,25 +318,38 @@ pub(crate) fn point_keys(schema: &Schema, predicates: &[ColumnPredicate]) -> Opt
         choices.push(values);
     }
     let combinations = choices.iter().map(|c| c.len()).product::<usize>();
-    if combinations > MAX_POINT_KEYS {
+    if combinations > max {
         return None;
     }
-    let mut keys = Vec::with_capacity(combinations);
-    for i in 0..combinations {
-        // Key column j takes choice (i / stride_j) % len_j.
-        let mut stride = 1;
-        let columns: Vec<ArrayRef> = choices
-            .iter()
-            .map(|values| {
-                let value = values[(i / stride) % values.len()].0.clone();
-                stride *= values.len();
-                value
-            })
+    // Column j of combination i takes choice (i / stride_j) % len_j.
+    let mut arrays = Vec::with_capacity(choices.len());
+    let mut stride = 1;
+    for (values, &c) in choices.iter().zip(columns) {
+        let picked: Vec<&dyn Array> = (0..combinations)
+            .map(|i| values[(i / stride) % values.len()].0.as_ref())
             .collect();
-        let mut key = Vec::new();
-        crate::key::encode_key_columns(&columns, 0, &mut key);
-        keys.push(key);
+        let array = match picked.is_empty() {
+            true => arrow::array::new_empty_array(&schema.columns()[c].column_type.arrow_type()),
+            false => arrow::compute::concat(&picked).ok()?,
+        };
+        arrays.push(array);
+        stride *= values.len().max(1);
     }
+    Some(arrays)
+}
+
+/// The encoded keys a scan can only return, when its predicates give every key column one value
+/// (`=`) or a short IN list; None otherwise.
+pub(crate) fn point_keys(schema: &Schema, predicates: &[ColumnPredicate]) -> Option<Vec<Vec<u8>>> {
+    let columns = equality_combinations(schema, schema.key_columns(), predicates, MAX_POINT_KEYS)?;
+    let rows = columns.first().map_or(0, |c| c.len());
+    let mut keys: Vec<Vec<u8>> = (0..rows)
+        .map(|row| {
+            let mut key = Vec::new();
+            crate::key::encode_key_columns(&columns, row, &mut key);
+            key
+        })
+        .collect();
     keys.sort_unstable();
     keys.dedup();
     Some(keys)

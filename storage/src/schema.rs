@@ -444,6 +444,15 @@ impl Schema {
         &self.key_columns
     }
 
+    /// The names of `columns`, comma-separated: `a, b`.
+    pub fn column_list(&self, columns: &[usize]) -> String {
+        columns
+            .iter()
+            .map(|&c| self.columns[c].name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     pub fn column_index(&self, name: &str) -> Option<usize> {
         self.columns.iter().position(|c| c.name == name)
     }
