@@ -25,5 +25,5 @@ pub use scan::{
 pub use schema::{
     ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema, AUTO_INCREMENT_COLUMN,
 };
-pub use tablet::{Tablet, TabletOptions};
+pub use tablet::{FailPoint, Tablet, TabletOptions};
 pub use write::{TabletOp, Timestamp, WriteBatch, WriteKind};

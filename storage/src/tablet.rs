@@ -37,6 +37,20 @@ pub struct TabletOptions {
     pub flush_threshold_bytes: usize,
     /// Target size of one DiskRowSet.
     pub rowset_target_bytes: usize,
+    /// For crash tests: called at each step of a flush or schema change; `true` makes that step
+    /// fail as if the process had died there (what is on disk stays as it is).
+    pub fail_point: Option<FailPoint>,
+}
+
+/// See [`TabletOptions::fail_point`]. Steps: `rowset_written`, `metadata_staged` (the new
+/// metadata written but not yet renamed into place) and `metadata_switched`.
+#[derive(Clone)]
+pub struct FailPoint(pub Arc<dyn Fn(&str) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for FailPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FailPoint")
+    }
 }
 
 impl Default for TabletOptions {
@@ -44,6 +58,7 @@ impl Default for TabletOptions {
         Self {
             flush_threshold_bytes: 64 << 20,
             rowset_target_bytes: 32 << 20,
+            fail_point: None,
         }
     }
 }
@@ -107,7 +122,7 @@ impl Tablet {
             durable_index: 0,
             next_auto_id: 1,
         };
-        write_metadata(dir, &meta)?;
+        write_metadata(dir, &meta, &|_| Ok(()))?;
         Ok(Tablet {
             dir: dir.to_path_buf(),
             options,
@@ -564,6 +579,19 @@ impl Tablet {
         }))
     }
 
+    fn fail(&self, step: &str) -> Result<(), StorageError> {
+        match &self.options.fail_point {
+            Some(FailPoint(fail)) if fail(step) => Err(StorageError::Io(std::io::Error::other(
+                format!("injected failure at {step}"),
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn write_metadata(&self, meta: &Metadata) -> Result<(), StorageError> {
+        write_metadata(&self.dir, meta, &|step| self.fail(step))
+    }
+
     /// Writes in-memory rows and deltas to new DiskRowSets and switches to them atomically.
     pub fn flush(&self) -> Result<(), StorageError> {
         self.flush_locked(&mut self.state.write())
@@ -624,22 +652,25 @@ impl Tablet {
                     keys,
                 )?));
                 next_id += 1;
+                self.fail("rowset_written")?;
             }
-            let meta = Metadata {
-                schema: schema.clone(),
-                rowsets: created.iter().map(|r| r.id).collect(),
-                next_rowset_id: next_id,
-                durable_index: index,
-                next_auto_id: state.next_auto_id,
-            };
-            write_metadata(&self.dir, &meta)
+            Ok(())
         })();
+        state.next_rowset_id = next_id;
         if let Err(e) = result {
             for rowset in &created {
                 let _ = std::fs::remove_file(rowset.path());
             }
             return Err(e);
         }
+        // From here the new files may be named by the metadata on disk: they stay.
+        self.write_metadata(&Metadata {
+            schema: schema.clone(),
+            rowsets: created.iter().map(|r| r.id).collect(),
+            next_rowset_id: next_id,
+            durable_index: index,
+            next_auto_id: state.next_auto_id,
+        })?;
         for rowset in &state.rowsets {
             if let Err(e) = std::fs::remove_file(rowset.path()) {
                 tracing::warn!(file = %rowset.path().display(), error = %e, "could not remove rewritten rowset");
@@ -664,7 +695,7 @@ impl Tablet {
                     durable_index: state.last_applied,
                     next_auto_id: state.next_auto_id,
                 };
-                write_metadata(&self.dir, &meta)?;
+                self.write_metadata(&meta)?;
                 state.durable_index = state.last_applied;
             }
             return Ok(());
@@ -726,6 +757,7 @@ impl Tablet {
                     keys.into_iter().map(|k| k.0).collect(),
                 )?));
                 next_id += 1;
+                self.fail("rowset_written")?;
             }
             // MemRowSet: live rows in key order, rolled at the target rowset size.
             let live: Vec<(Vec<u8>, RowRef)> = state
@@ -752,10 +784,13 @@ impl Tablet {
                         keys,
                     )?));
                     next_id += 1;
+                    self.fail("rowset_written")?;
                 }
             }
             Ok(())
         })();
+        // Rowset ids are never reused, even after a failure: the metadata on disk may name them.
+        state.next_rowset_id = next_id;
         if let Err(e) = result {
             for rowset in &created {
                 let _ = std::fs::remove_file(rowset.path());
@@ -771,7 +806,7 @@ impl Tablet {
             durable_index: state.last_applied,
             next_auto_id: state.next_auto_id,
         };
-        write_metadata(&self.dir, &meta)?;
+        self.write_metadata(&meta)?;
         // The new state is durable; the replaced files are garbage now (open scans keep their
         // file handles).
         for rowset in replaced {
@@ -868,16 +903,22 @@ impl State {
     }
 }
 
-fn write_metadata(dir: &Path, meta: &Metadata) -> Result<(), StorageError> {
+/// Writes the metadata: a temp file, synced, renamed over the old one, directory synced.
+fn write_metadata(
+    dir: &Path,
+    meta: &Metadata,
+    fail: &dyn Fn(&str) -> Result<(), StorageError>,
+) -> Result<(), StorageError> {
     let json = serde_json::to_vec(meta).map_err(|e| StorageError::Corruption(e.to_string()))?;
     let tmp = dir.join("metadata.tmp");
     let mut file = File::create(&tmp)?;
     file.write_all(format!("{:08x}\n", crc32fast::hash(&json)).as_bytes())?;
     file.write_all(&json)?;
     file.sync_all()?;
+    fail("metadata_staged")?;
     std::fs::rename(&tmp, dir.join(METADATA))?;
     File::open(dir)?.sync_all()?;
-    Ok(())
+    fail("metadata_switched")
 }
 
 fn read_metadata(dir: &Path) -> Result<Metadata, StorageError> {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::Int64Type;
 use nyala_storage::{
-    ColumnPredicate, ColumnSchema, ColumnType, PredicateOp, Scalar, ScanSpec, Schema, Tablet,
-    TabletOptions, Timestamp, WriteBatch, WriteKind,
+    ColumnPredicate, ColumnSchema, ColumnType, FailPoint, PredicateOp, Scalar, ScanSpec, Schema,
+    Tablet, TabletOptions, Timestamp, WriteBatch, WriteKind,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -115,6 +115,7 @@ fn random_operations_match_a_model() {
     let options = TabletOptions {
         flush_threshold_bytes: 1 << 20,
         rowset_target_bytes: 4 << 10,
+        fail_point: None,
     };
     let mut tablet = Tablet::create(dir.path(), schema.clone(), options.clone()).unwrap();
     let mut rng = StdRng::seed_from_u64(42);
@@ -279,4 +280,107 @@ fn files_of_an_interrupted_flush_are_ignored_and_removed() {
     assert_eq!(scan(&tablet, Timestamp(u64::MAX), None).len(), 1);
     assert_eq!(tablet.durable_index(), 1);
     assert!(!dir.path().join("rowset-0000000099.parquet").exists());
+}
+
+/// Crash tests: a flush or a schema change fails at the n-th time it reaches a step (a rowset
+/// file written, the new metadata staged, the metadata switched), the tablet is dropped as a
+/// crash would leave it, and the reopened tablet must hold either the state before the
+/// operation or the state after it, with no stray files, and keep working.
+#[test]
+fn a_crash_at_any_step_of_a_flush_or_schema_change_leaves_the_old_or_the_new_state() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let schema = schema();
+    let entry = |k: i64| (k, Some(format!("s{}", k % 3)), k * 10);
+    let durable: Model = (0..3000).map(|k| (k, (entry(k).1, entry(k).2))).collect();
+    for step in ["rowset_written", "metadata_staged", "metadata_switched"] {
+        for nth in 1..=3 {
+            for alter in [false, true] {
+                let dir = tempfile::tempdir().unwrap();
+                let armed = Arc::new(AtomicBool::new(false));
+                let hits = Arc::new(AtomicUsize::new(0));
+                let (a, h) = (armed.clone(), hits.clone());
+                let options = TabletOptions {
+                    flush_threshold_bytes: 1 << 30,
+                    rowset_target_bytes: 4 << 10,
+                    fail_point: Some(FailPoint(Arc::new(move |s: &str| {
+                        a.load(Ordering::SeqCst)
+                            && s == step
+                            && h.fetch_add(1, Ordering::SeqCst) + 1 == nth
+                    }))),
+                };
+                let tablet = Tablet::create(dir.path(), schema.clone(), options).unwrap();
+                let write = |index: u64, kind, entries: Vec<(i64, Option<String>, i64)>| {
+                    let batch = rows(&schema, &entries);
+                    let rows = match kind {
+                        WriteKind::Update => batch.project(&[1, 2]).unwrap(),
+                        WriteKind::Delete => batch.project(&[1]).unwrap(),
+                        _ => batch,
+                    };
+                    tablet
+                        .apply(index, Timestamp(index), &WriteBatch { kind, rows })
+                        .unwrap();
+                };
+                write(1, WriteKind::Insert, (0..3000).map(entry).collect());
+                tablet.flush().unwrap();
+                // Deltas on flushed rows, and rows only in memory.
+                write(2, WriteKind::Update, vec![(5, None, -5), (2500, None, -1)]);
+                write(3, WriteKind::Delete, vec![entry(7)]);
+                write(4, WriteKind::Insert, (5000..5100).map(entry).collect());
+                let mut after = durable.clone();
+                after.get_mut(&5).unwrap().1 = -5;
+                after.get_mut(&2500).unwrap().1 = -1;
+                after.remove(&7);
+                after.extend((5000..5100).map(|k| (k, (entry(k).1, entry(k).2))));
+                armed.store(true, Ordering::SeqCst);
+                let result = if alter {
+                    let mut added = schema
+                        .with_column_added(ColumnSchema {
+                            name: "extra".into(),
+                            column_type: ColumnType::Int64,
+                            nullable: true,
+                            default: Some("7".into()),
+                            comment: None,
+                            encoding: Default::default(),
+                            compression: Default::default(),
+                        })
+                        .unwrap();
+                    added = added.with_column_renamed("extra", "x").unwrap();
+                    tablet.alter_schema(5, &added)
+                } else {
+                    tablet.flush()
+                };
+                let failed = hits.load(Ordering::SeqCst) >= nth;
+                assert_eq!(result.is_err(), failed, "{step} #{nth} alter={alter}");
+                drop(tablet);
+                let tablet = Tablet::open(dir.path(), TabletOptions::default()).unwrap();
+                let got = scan(&tablet, Timestamp(u64::MAX), None);
+                let what = format!("{step} #{nth} alter={alter}");
+                if !failed || step == "metadata_switched" {
+                    assert_eq!(got, after, "{what}: the new state");
+                } else if got != after {
+                    assert_eq!(got, durable, "{what}: neither the old nor the new state");
+                }
+                if got == durable {
+                    assert_eq!(tablet.schema().columns().len(), 3, "{what}");
+                }
+                // Only the metadata and the rowsets it names are left.
+                let files = std::fs::read_dir(dir.path()).unwrap().count();
+                assert_eq!(files, tablet.rowset_count() + 1, "{what}: stray files");
+                // The tablet keeps working: new rows, a flush (new rowset ids) and a reopen.
+                if tablet.schema().columns().len() == 3 {
+                    let rows = rows(&schema, &[entry(9000)]);
+                    let batch = WriteBatch {
+                        kind: WriteKind::Insert,
+                        rows,
+                    };
+                    tablet.apply(100, Timestamp(100), &batch).unwrap();
+                }
+                tablet.flush().unwrap();
+                let expected = scan(&tablet, Timestamp(u64::MAX), None);
+                drop(tablet);
+                let tablet = Tablet::open(dir.path(), TabletOptions::default()).unwrap();
+                assert_eq!(scan(&tablet, Timestamp(u64::MAX), None), expected, "{what}");
+            }
+        }
+    }
 }
