@@ -53,10 +53,20 @@ impl std::fmt::Debug for Client {
 pub type TableHandle = Arc<TableInfo>;
 
 impl Client {
-    /// Opens an embedded single node (master and tablet server in this process) in `data_dir`.
-    pub fn open_embedded(data_dir: &Path, options: TabletOptions) -> Result<Self> {
+    /// Opens an embedded single node (master and tablet server in this process) in `data_dir`,
+    /// holding at most about `memory_limit` bytes of unflushed data over all its tablets.
+    pub fn open_embedded(
+        data_dir: &Path,
+        options: TabletOptions,
+        memory_limit: usize,
+    ) -> Result<Self> {
         let clock = Arc::new(HybridClock::new());
-        let tserver = TabletServer::open(&data_dir.join("tserver"), options, clock.clone())?;
+        let tserver = TabletServer::open(
+            &data_dir.join("tserver"),
+            options,
+            memory_limit,
+            clock.clone(),
+        )?;
         let master = Master::open(&data_dir.join("master"), clock, tserver.clone())?;
         Ok(Self {
             inner: Arc::new(Inner { master, tserver }),
@@ -127,6 +137,11 @@ impl Client {
                 .map_err(|error| WriteError { applied: 0, error })?;
             let mut applied = 0;
             for chunk in chunks(&rows) {
+                self.inner
+                    .tserver
+                    .admit_write()
+                    .await
+                    .map_err(|error| WriteError { applied, error })?;
                 applied += replica
                     .write(&WriteBatch { kind, rows: chunk })
                     .await
@@ -188,16 +203,21 @@ impl Client {
         Ok(snapshot)
     }
 
-    /// Per tablet of `table`, in tablet order: its id, about how many rows it holds and its
-    /// bytes on disk.
-    pub fn tablet_stats(&self, table: &TableInfo) -> Result<Vec<(String, usize, u64)>> {
+    /// Per tablet of `table`, in tablet order: its id, about how many rows it holds, its bytes
+    /// on disk and its bytes of unflushed data in memory.
+    pub fn tablet_stats(&self, table: &TableInfo) -> Result<Vec<(String, usize, u64, usize)>> {
         table
             .tablets
             .iter()
             .map(|t| {
                 let replica = self.inner.tserver.replica(t)?;
                 let tablet = replica.tablet();
-                Ok((t.clone(), tablet.estimated_rows(), tablet.disk_bytes()))
+                Ok((
+                    t.clone(),
+                    tablet.estimated_rows(),
+                    tablet.disk_bytes(),
+                    tablet.memory_bytes(),
+                ))
             })
             .collect()
     }

@@ -17,6 +17,9 @@ pub enum EngineError {
     NoRangePartition(String),
     #[error("{0}")]
     Unsupported(String),
+    /// The server cannot take the request now (memory over its limit); retrying later may work.
+    #[error("{0}")]
+    Busy(String),
     #[error("{0}")]
     Storage(#[from] StorageError),
     #[error("replication: {0}")]

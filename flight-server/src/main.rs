@@ -47,6 +47,9 @@ enum Command {
             requires = "user"
         )]
         password: Option<String>,
+        /// Unflushed data (MiB) all tablets together may hold; writers wait above it.
+        #[arg(long, default_value_t = 2048)]
+        memory_limit_mb: usize,
     },
     /// Run SQL: a script with -c/-f, or an interactive shell.
     Sql {
@@ -97,11 +100,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             advertise,
             user,
             password,
+            memory_limit_mb,
         } => {
             let credentials = user
                 .zip(password)
                 .map(|(username, password)| Credentials { username, password });
-            serve(data_dir, listen, advertise, credentials).await
+            let options = DatabaseOptions {
+                memory_limit_bytes: Some(memory_limit_mb << 20),
+                ..DatabaseOptions::default()
+            };
+            serve(data_dir, listen, advertise, credentials, options).await
         }
         Command::Sql {
             connect,
@@ -158,8 +166,9 @@ async fn serve(
     listen: SocketAddr,
     advertise: Option<String>,
     credentials: Option<Credentials>,
+    options: DatabaseOptions,
 ) -> anyhow::Result<()> {
-    let db: Arc<Database> = Database::open(&data_dir, DatabaseOptions::default())
+    let db: Arc<Database> = Database::open(&data_dir, options)
         .await
         .with_context(|| format!("cannot open the database in {}", data_dir.display()))?;
     let listener = tokio::net::TcpListener::bind(listen)

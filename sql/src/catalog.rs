@@ -84,7 +84,8 @@ impl SchemaProvider for SysSchemaProvider {
 }
 
 /// One row per tablet of `tables`: the table, the tablet's position, hash buckets and range, its
-/// id, leader, replicas, about how many rows it holds and its bytes on disk.
+/// id, leader, replicas, about how many rows it holds, its bytes on disk and its unflushed bytes
+/// in memory.
 pub fn partitions(client: &Client, tables: &[TableHandle]) -> Result<RecordBatch, crate::SqlError> {
     let mut table_names = Vec::new();
     let mut tablets = Vec::new();
@@ -125,6 +126,12 @@ pub fn partitions(client: &Client, tables: &[TableHandle]) -> Result<RecordBatch
         (
             "disk_bytes",
             Arc::new(UInt64Array::from_iter_values(stats.iter().map(|s| s.2))),
+        ),
+        (
+            "memory_bytes",
+            Arc::new(UInt64Array::from_iter_values(
+                stats.iter().map(|s| s.3 as u64),
+            )),
         ),
     ];
     Ok(RecordBatch::try_from_iter(columns)?)

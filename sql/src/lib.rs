@@ -80,6 +80,8 @@ pub struct StatementInfo {
 pub struct DatabaseOptions {
     /// MemRowSet size in bytes at which a tablet flushes to a DiskRowSet (None: storage default).
     pub flush_threshold_bytes: Option<usize>,
+    /// Unflushed data all tablets together may hold before writers wait (None: 2 GiB).
+    pub memory_limit_bytes: Option<usize>,
 }
 
 /// An open Nyala database: catalog, tablets and the SQL engine over them.
@@ -95,10 +97,14 @@ impl Database {
             tablet_options.flush_threshold_bytes = bytes;
         }
         let dir = data_dir.to_path_buf();
-        let client =
-            tokio::task::spawn_blocking(move || Client::open_embedded(&dir, tablet_options))
-                .await
-                .map_err(|e| SqlError::Invalid(format!("opening the database failed: {e}")))??;
+        let memory_limit = options
+            .memory_limit_bytes
+            .unwrap_or(nyala_engine::tserver::DEFAULT_MEMORY_LIMIT);
+        let client = tokio::task::spawn_blocking(move || {
+            Client::open_embedded(&dir, tablet_options, memory_limit)
+        })
+        .await
+        .map_err(|e| SqlError::Invalid(format!("opening the database failed: {e}")))??;
         Ok(Arc::new(Database { client }))
     }
 

@@ -867,6 +867,62 @@ async fn auto_incrementing_ids_stay_unique_across_restarts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_wait_while_the_server_is_over_its_memory_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let limit = 4 << 20;
+    let db = Database::open(
+        dir.path(),
+        DatabaseOptions {
+            // Tablets never flush on their own threshold: only memory pressure flushes them.
+            flush_threshold_bytes: Some(1 << 30),
+            memory_limit_bytes: Some(limit),
+        },
+    )
+    .await
+    .unwrap();
+    let s = db.session();
+    run(
+        &s,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, s STRING) DISTRIBUTE BY HASH (id) INTO 8 BUCKETS",
+    )
+    .await;
+    let memory = "SELECT sum(memory_bytes) AS m, sum(disk_bytes) AS d FROM sys.partitions";
+    let mut peak = 0;
+    for part in 0..10 {
+        run(
+            &s,
+            &format!(
+                "INSERT INTO t SELECT value, repeat('x', 50) || value FROM generate_series({}, {}) AS g(value)",
+                part * 20_000,
+                part * 20_000 + 19_999
+            ),
+        )
+        .await;
+        peak = peak.max(sums(&s, memory).await.0);
+    }
+    // 200 000 rows of about 70 bytes are far more than the limit: flushed as they came, and
+    // memory never held much more than the limit plus one write.
+    assert!(peak <= (limit + (8 << 20)) as u64, "peak {peak}");
+    let got = text(&s, "SELECT count(*) AS n, count(DISTINCT s) AS d FROM t").await;
+    assert!(got.contains("| 200000 | 200000 |"), "{got}");
+    assert!(sums(&s, memory).await.1 > 0, "nothing was flushed");
+}
+
+/// The two UInt64 values of a one-row query.
+async fn sums(s: &Session, sql: &str) -> (u64, u64) {
+    let batches = run(s, sql).await;
+    let value = |c: usize| {
+        batches[0]
+            .column(c)
+            .as_any()
+            .downcast_ref::<arrow::array::UInt64Array>()
+            .unwrap()
+            .value(0)
+    };
+    (value(0), value(1))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_statement_reads_every_tablet_at_one_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let (_db, s) = load_join_tables(dir.path()).await;
