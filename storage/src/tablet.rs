@@ -626,8 +626,7 @@ impl Tablet {
         }
         self.flush_locked(&mut state)?;
         let table = schema.arrow_schema();
-        let mut next_id = state.next_rowset_id;
-        let mut created: Vec<Arc<DiskRowSet>> = Vec::new();
+        let mut new = NewRowsets::starting_at(state.next_rowset_id);
         let result = (|| -> Result<(), StorageError> {
             for rowset in &state.rowsets {
                 let n = rowset.num_rows();
@@ -644,25 +643,16 @@ impl Tablet {
                     .collect::<Result<Vec<_>, StorageError>>()?;
                 let batch = RecordBatch::try_new(table.clone(), columns)?;
                 let keys = (0..n as u32).map(|o| rowset.key(o).to_vec()).collect();
-                created.push(Arc::new(DiskRowSet::write(
-                    &self.dir,
-                    next_id,
-                    schema,
-                    &[batch],
-                    keys,
-                )?));
-                next_id += 1;
-                self.fail("rowset_written")?;
+                new.write(self, schema, &[batch], keys)?;
             }
             Ok(())
         })();
-        state.next_rowset_id = next_id;
+        state.next_rowset_id = new.next_id;
         if let Err(e) = result {
-            for rowset in &created {
-                let _ = std::fs::remove_file(rowset.path());
-            }
+            new.remove_files();
             return Err(e);
         }
+        let (created, next_id) = (new.created, new.next_id);
         // From here the new files may be named by the metadata on disk: they stay.
         self.write_metadata(&Metadata {
             schema: schema.clone(),
@@ -702,9 +692,8 @@ impl Tablet {
         }
         let table = state.schema.arrow_schema();
         let all: Vec<usize> = (0..table.fields().len()).collect();
-        let mut next_id = state.next_rowset_id;
+        let mut new = NewRowsets::starting_at(state.next_rowset_id);
         let mut kept: Vec<Arc<DiskRowSet>> = Vec::new();
-        let mut created: Vec<Arc<DiskRowSet>> = Vec::new();
         let mut replaced: Vec<Arc<DiskRowSet>> = Vec::new();
         let latest = Timestamp(u64::MAX);
         let result = (|| -> Result<(), StorageError> {
@@ -749,15 +738,12 @@ impl Tablet {
                     continue;
                 }
                 let batch = RecordBatch::try_new(table.clone(), columns)?;
-                created.push(Arc::new(DiskRowSet::write(
-                    &self.dir,
-                    next_id,
+                new.write(
+                    self,
                     &state.schema,
                     &[batch],
                     keys.into_iter().map(|k| k.0).collect(),
-                )?));
-                next_id += 1;
-                self.fail("rowset_written")?;
+                )?;
             }
             // MemRowSet: live rows in key order, rolled at the target rowset size.
             let live: Vec<(Vec<u8>, RowRef)> = state
@@ -776,27 +762,18 @@ impl Tablet {
                         batches.push(state.arena.gather(&table, &all, part)?);
                     }
                     let keys = chunk.iter().map(|(k, _)| k.clone()).collect();
-                    created.push(Arc::new(DiskRowSet::write(
-                        &self.dir,
-                        next_id,
-                        &state.schema,
-                        &batches,
-                        keys,
-                    )?));
-                    next_id += 1;
-                    self.fail("rowset_written")?;
+                    new.write(self, &state.schema, &batches, keys)?;
                 }
             }
             Ok(())
         })();
         // Rowset ids are never reused, even after a failure: the metadata on disk may name them.
-        state.next_rowset_id = next_id;
+        state.next_rowset_id = new.next_id;
         if let Err(e) = result {
-            for rowset in &created {
-                let _ = std::fs::remove_file(rowset.path());
-            }
+            new.remove_files();
             return Err(e);
         }
+        let (created, next_id) = (new.created, new.next_id);
         let mut rowsets = kept;
         rowsets.extend(created);
         let meta = Metadata {
@@ -821,6 +798,41 @@ impl Tablet {
         state.mrs.clear();
         state.arena.clear();
         Ok(())
+    }
+}
+
+/// The rowsets a flush or schema change writes: ids handed out in order, files removed if the
+/// operation fails before its metadata is written.
+struct NewRowsets {
+    next_id: u64,
+    created: Vec<Arc<DiskRowSet>>,
+}
+
+impl NewRowsets {
+    fn starting_at(next_id: u64) -> Self {
+        Self {
+            next_id,
+            created: Vec::new(),
+        }
+    }
+
+    fn write(
+        &mut self,
+        tablet: &Tablet,
+        schema: &Schema,
+        batches: &[RecordBatch],
+        keys: Vec<Vec<u8>>,
+    ) -> Result<(), StorageError> {
+        let rowset = DiskRowSet::write(&tablet.dir, self.next_id, schema, batches, keys)?;
+        self.created.push(Arc::new(rowset));
+        self.next_id += 1;
+        tablet.fail("rowset_written")
+    }
+
+    fn remove_files(&self) {
+        for rowset in &self.created {
+            let _ = std::fs::remove_file(rowset.path());
+        }
     }
 }
 
