@@ -21,7 +21,7 @@ use datafusion::common::TableReference;
 use datafusion::datasource::provider_as_source;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::SessionStateBuilder;
-use datafusion::logical_expr::{DmlStatement, LogicalPlan, Statement, WriteOp};
+use datafusion::logical_expr::{DmlStatement, LogicalPlan, LogicalPlanBuilder, Statement, WriteOp};
 use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
@@ -585,11 +585,18 @@ impl Session {
             NyalaStatement::ShowCreateTable { name } => {
                 (StatementKind::Query, Action::Rows(self.show_create(&name)?))
             }
-            NyalaStatement::UpdateFrom(update) => {
-                let plan = self.plan_update_from(*update).await?;
+            NyalaStatement::UpdateFrom { update, explain } => {
+                let mut plan = self.plan_update_from(*update).await?;
+                let mut kind = StatementKind::Dml;
+                if let Some((verbose, analyze)) = explain {
+                    plan = LogicalPlanBuilder::from(plan)
+                        .explain(verbose, analyze)?
+                        .build()?;
+                    kind = StatementKind::Query;
+                }
                 let plan = dml::plan_mutations(bind(plan, params)?)?;
                 let plan = self.ctx.state().create_physical_plan(&plan).await?;
-                (StatementKind::Dml, Action::Plan(plan))
+                (kind, Action::Plan(plan))
             }
             NyalaStatement::DataFusion(statement) | NyalaStatement::InsertIgnore(statement) => {
                 let state = self.ctx.state();

@@ -63,8 +63,12 @@ pub enum NyalaStatement {
     DataFusion(Box<Statement>),
     /// `INSERT IGNORE INTO ...` (possibly under EXPLAIN), parsed as the plain INSERT.
     InsertIgnore(Box<Statement>),
-    /// `UPDATE t SET ... FROM s [WHERE ...]`, which DataFusion 55 does not plan.
-    UpdateFrom(Box<Update>),
+    /// `UPDATE t SET ... FROM s [WHERE ...]`, which DataFusion 55 does not plan, possibly
+    /// under `EXPLAIN [ANALYZE] [VERBOSE]` (`explain`: Some((verbose, analyze))).
+    UpdateFrom {
+        update: Box<Update>,
+        explain: Option<(bool, bool)>,
+    },
 }
 
 /// One column change of an ALTER TABLE.
@@ -284,6 +288,10 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
         }
         return create_table(tokens).map(NyalaStatement::CreateTable);
     }
+    let attributes = match is_word(words[0], "ALTER") {
+        true => take_storage_attributes(&mut tokens, 0)?,
+        false => vec![],
+    };
     match parse_one(tokens)? {
         Statement::Drop {
             object_type: ObjectType::Table,
@@ -316,11 +324,26 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
             }),
             operations => Ok(NyalaStatement::AlterColumns {
                 name: object_name(&alter.name)?,
-                changes: alter_columns(operations)?,
+                changes: alter_columns(operations, &attributes)?,
             }),
         },
-        Statement::Update(update) if update.from.is_some() => {
-            Ok(NyalaStatement::UpdateFrom(Box::new(update)))
+        Statement::Update(update) if update.from.is_some() => Ok(NyalaStatement::UpdateFrom {
+            update: Box::new(update),
+            explain: None,
+        }),
+        Statement::Explain {
+            statement,
+            analyze,
+            verbose,
+            ..
+        } if matches!(statement.as_ref(), Statement::Update(u) if u.from.is_some()) => {
+            let Statement::Update(update) = *statement else {
+                return Err(SqlError::Parse("expected EXPLAIN UPDATE".into()));
+            };
+            Ok(NyalaStatement::UpdateFrom {
+                update: Box::new(update),
+                explain: Some((verbose, analyze)),
+            })
         }
         Statement::ShowCreate {
             obj_type: ShowCreateObject::Table,
@@ -616,7 +639,7 @@ fn create_table(tokens: Vec<Token>) -> Result<CreateTableSpec> {
     let partitioning = tokens[split..].to_vec();
     let mut head = tokens;
     head.truncate(split);
-    let attributes = take_storage_attributes(&mut head)?;
+    let attributes = take_storage_attributes(&mut head, 1)?;
     let non_unique = take_non_unique(&mut head);
     let Statement::CreateTable(create) = parse_one(head)? else {
         return Err(SqlError::Parse("expected CREATE TABLE".into()));
@@ -641,12 +664,25 @@ fn create_table(tokens: Vec<Token>) -> Result<CreateTableSpec> {
 }
 
 /// Kudu's column attributes `ENCODING e` and `COMPRESSION c`, which sqlparser does not know:
-/// removed from the column list of a CREATE TABLE and returned with their column's name.
-fn take_storage_attributes(tokens: &mut Vec<Token>) -> Result<Vec<(String, StorageAttribute)>> {
+/// removed from the column definitions and returned with their column's name. Column
+/// definitions are the comma-separated parts at parenthesis depth `level` (1: the column list
+/// of a CREATE TABLE, which ends at its closing parenthesis; 0: the changes of an ALTER TABLE,
+/// where the column's name follows `ADD [COLUMN] [IF NOT EXISTS]`).
+fn take_storage_attributes(
+    tokens: &mut Vec<Token>,
+    level: i32,
+) -> Result<Vec<(String, StorageAttribute)>> {
     let mut attributes = Vec::new();
     let mut remove = Vec::new();
     let mut depth = 0i32;
     let mut column: Option<String> = None;
+    // In an ALTER TABLE, the name of an added column follows ADD [COLUMN] [IF NOT EXISTS].
+    let mut after_add = false;
+    let before_name = |t: &Token| {
+        ["COLUMN", "IF", "NOT", "EXISTS"]
+            .iter()
+            .any(|w| is_word(t, w))
+    };
     let significant: Vec<usize> = (0..tokens.len())
         .filter(|&i| !is_trivia(&tokens[i]))
         .collect();
@@ -655,13 +691,15 @@ fn take_storage_attributes(tokens: &mut Vec<Token>) -> Result<Vec<(String, Stora
             Token::LParen => depth += 1,
             Token::RParen => {
                 depth -= 1;
-                if depth == 0 {
+                if level > 0 && depth == 0 {
                     break; // the end of the column list
                 }
             }
-            Token::Comma if depth == 1 => column = None,
-            Token::Word(w) if depth == 1 && column.is_none() => column = Some(word_name(w)),
-            t if depth == 1 && (is_word(t, "ENCODING") || is_word(t, "COMPRESSION")) => {
+            Token::Comma if depth == level => {
+                column = None;
+                after_add = false;
+            }
+            t if depth == level && (is_word(t, "ENCODING") || is_word(t, "COMPRESSION")) => {
                 let name = column.clone().unwrap_or_default();
                 let Some((at, Token::Word(value))) =
                     significant.get(n + 1).map(|&at| (at, &tokens[at]))
@@ -694,6 +732,13 @@ fn take_storage_attributes(tokens: &mut Vec<Token>) -> Result<Vec<(String, Stora
                 attributes.push((name, attribute));
                 remove.extend([i, at]);
             }
+            t @ Token::Word(w) if depth == level && column.is_none() => {
+                if level > 0 || (after_add && !before_name(t)) {
+                    column = Some(word_name(w));
+                } else if is_word(t, "ADD") {
+                    after_add = true;
+                }
+            }
             _ => {}
         }
     }
@@ -725,6 +770,32 @@ fn take_non_unique(tokens: &mut Vec<Token>) -> bool {
     }
 }
 
+fn apply_attributes(column: &mut ColumnSchema, attributes: &[(String, StorageAttribute)]) {
+    for (_, attribute) in attributes.iter().filter(|(c, _)| *c == column.name) {
+        match *attribute {
+            StorageAttribute::Encoding(e) => column.encoding = e,
+            StorageAttribute::Compression(c) => column.compression = c,
+        }
+    }
+}
+
+/// An attribute that matched no defined column was written somewhere other than after a
+/// column's type.
+fn check_attributes_used(
+    attributes: &[(String, StorageAttribute)],
+    columns: &[ColumnSchema],
+) -> Result<()> {
+    match attributes
+        .iter()
+        .find(|(name, _)| !columns.iter().any(|c| c.name == *name))
+    {
+        Some((name, _)) => Err(SqlError::Parse(format!(
+            "ENCODING and COMPRESSION go after the type of a column being defined (near '{name}')"
+        ))),
+        None => Ok(()),
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 enum StorageAttribute {
     Encoding(ColumnEncoding),
@@ -751,14 +822,10 @@ fn table_schema(
         if primary_key {
             key.push(column.name.clone());
         }
-        for (_, attribute) in attributes.iter().filter(|(c, _)| *c == column.name) {
-            match *attribute {
-                StorageAttribute::Encoding(e) => column.encoding = e,
-                StorageAttribute::Compression(c) => column.compression = c,
-            }
-        }
+        apply_attributes(&mut column, attributes);
         columns.push(column);
     }
+    check_attributes_used(attributes, &columns)?;
     for constraint in &create.constraints {
         match constraint {
             TableConstraint::PrimaryKey(pk) => {
@@ -849,8 +916,12 @@ fn column_schema(def: &ColumnDef) -> Result<(ColumnSchema, bool)> {
 
 /// `ALTER TABLE t ADD [COLUMN] [IF NOT EXISTS] c TYPE ..., DROP [COLUMN] [IF EXISTS] c,
 /// RENAME COLUMN c TO d`, in order.
-fn alter_columns(operations: &[AlterTableOperation]) -> Result<Vec<ColumnAlteration>> {
+fn alter_columns(
+    operations: &[AlterTableOperation],
+    attributes: &[(String, StorageAttribute)],
+) -> Result<Vec<ColumnAlteration>> {
     let mut changes = Vec::new();
+    let mut added = Vec::new();
     for operation in operations {
         match operation {
             AlterTableOperation::AddColumn {
@@ -859,7 +930,9 @@ fn alter_columns(operations: &[AlterTableOperation]) -> Result<Vec<ColumnAlterat
                 column_position: None,
                 ..
             } => {
-                let (column, primary_key) = column_schema(column_def)?;
+                let (mut column, primary_key) = column_schema(column_def)?;
+                apply_attributes(&mut column, attributes);
+                added.push(column.clone());
                 if primary_key {
                     return Err(SqlError::Invalid(format!(
                         "column '{}': a column added to a table cannot join its primary key",
@@ -898,6 +971,7 @@ fn alter_columns(operations: &[AlterTableOperation]) -> Result<Vec<ColumnAlterat
             }
         }
     }
+    check_attributes_used(attributes, &added)?;
     Ok(changes)
 }
 
