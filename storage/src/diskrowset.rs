@@ -97,6 +97,20 @@ impl KeyIndex {
         &self.bytes[start..self.ends[i] as usize]
     }
 
+    /// The number of leading keys for which `before` holds (keys are sorted, `before` monotone).
+    fn partition_point(&self, before: impl Fn(&[u8]) -> bool) -> usize {
+        let (mut low, mut high) = (0, self.len());
+        while low < high {
+            let mid = (low + high) / 2;
+            if before(self.get(mid)) {
+                low = mid + 1;
+            } else {
+                high = mid;
+            }
+        }
+        low
+    }
+
     fn is_sorted(&self) -> bool {
         (1..self.len()).all(|i| self.get(i - 1) < self.get(i))
     }
@@ -301,6 +315,13 @@ impl DiskRowSet {
         let metadata = self.metadata.clone();
         let parquet_schema = metadata.parquet_schema().clone();
         let mut skipped: Vec<(usize, usize)> = hidden.iter().map(|&o| (o as usize, 1)).collect();
+        // Rows outside the ordinal range that key predicates allow are not read at all.
+        let (first, end) = self.key_range(schema, predicates);
+        skipped.extend(
+            [(0, first), (end, self.num_rows() - end)]
+                .into_iter()
+                .filter(|r| r.1 > 0),
+        );
         let mut read_groups = Vec::new();
         let mut start = 0;
         for group in metadata.metadata().row_groups() {
@@ -364,6 +385,55 @@ impl DiskRowSet {
         };
         reader.decoder = Some(reader.with_filter(builder).build()?);
         Ok(reader)
+    }
+
+    /// The ordinals `[first, end)` outside which no row can pass `predicates`, from `=`, `<`,
+    /// `<=`, `>`, `>=` on the first key column, searched in the key index. Used where the first
+    /// key column's encoding orders keys on its own: fixed-width types, or a one-column key.
+    fn key_range(&self, schema: &Schema, predicates: &[ColumnPredicate]) -> (usize, usize) {
+        let n = self.num_rows();
+        let first_column = schema.key_columns()[0];
+        let column_type = schema.columns()[first_column].column_type;
+        let whole_key = schema.key_columns().len() == 1;
+        let variable = matches!(
+            column_type,
+            ColumnType::String | ColumnType::Varchar { .. } | ColumnType::Binary
+        );
+        if variable && !whole_key {
+            return (0, n);
+        }
+        let arrow_type = column_type.arrow_type();
+        let encode = |v: &Scalar| {
+            (v.0.data_type() == &arrow_type && v.0.len() == 1 && v.0.is_valid(0)).then(|| {
+                let mut bound = Vec::new();
+                crate::key::encode_key_columns(std::slice::from_ref(&v.0), 0, &mut bound);
+                bound
+            })
+        };
+        // How a key compares with a bound on the first key column.
+        let compare = |key: &[u8], bound: &[u8]| match whole_key {
+            true => key.cmp(bound),
+            false => key[..bound.len().min(key.len())].cmp(bound),
+        };
+        let below = |bound: &[u8]| self.keys.partition_point(|k| compare(k, bound).is_lt());
+        let not_above = |bound: &[u8]| self.keys.partition_point(|k| compare(k, bound).is_le());
+        let (mut first, mut end) = (0, n);
+        for p in predicates.iter().filter(|p| p.column == first_column) {
+            let (low, high) = match &p.op {
+                PredicateOp::Eq(v) => (encode(v), encode(v).map(|b| not_above(&b))),
+                PredicateOp::Gt(v) | PredicateOp::GtEq(v) => (encode(v), None),
+                PredicateOp::Lt(v) => (None, encode(v).map(|b| below(&b))),
+                PredicateOp::LtEq(v) => (None, encode(v).map(|b| not_above(&b))),
+                _ => (None, None),
+            };
+            if let Some(low) = low {
+                first = first.max(below(&low));
+            }
+            if let Some(high) = high {
+                end = end.min(high);
+            }
+        }
+        (first.min(end), end)
     }
 
     /// Reads the full rows at `ordinals` (sorted, distinct), all table columns.

@@ -228,6 +228,48 @@ fn random_operations_match_a_model() {
             .map(|(k, v)| (*k, v.clone()))
             .collect();
         assert_eq!(scan(&tablet, Timestamp(u64::MAX), Some(min_v)), filtered);
+        // A key range, which rowsets turn into a range of row ordinals.
+        let (low, high) = (rng.random_range(-45..45), rng.random_range(-45..45));
+        let scalar = |k: i64| Scalar(Arc::new(Int64Array::from(vec![k])));
+        let (low_op, high_op) = match rng.random_range(0..3) {
+            0 => (
+                PredicateOp::GtEq(scalar(low)),
+                PredicateOp::Lt(scalar(high)),
+            ),
+            1 => (
+                PredicateOp::Gt(scalar(low)),
+                PredicateOp::LtEq(scalar(high)),
+            ),
+            _ => (
+                PredicateOp::Eq(scalar(low)),
+                PredicateOp::LtEq(scalar(high)),
+            ),
+        };
+        let in_range = |k: i64| match (&low_op, &high_op) {
+            (PredicateOp::GtEq(_), _) => k >= low && k < high,
+            (PredicateOp::Gt(_), _) => k > low && k <= high,
+            _ => k == low && k <= high,
+        };
+        let expected: Model = model
+            .iter()
+            .filter(|(k, _)| in_range(**k))
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        let predicates = vec![
+            ColumnPredicate {
+                column: 1,
+                op: low_op.clone(),
+            },
+            ColumnPredicate {
+                column: 1,
+                op: high_op.clone(),
+            },
+        ];
+        assert_eq!(
+            scan_with(&tablet, Timestamp(u64::MAX), predicates),
+            expected,
+            "keys {low_op:?} and {high_op:?}"
+        );
         snapshots.push((Timestamp(ts), model.clone()));
         if let Some((old_ts, old_model)) = snapshots.get(rng.random_range(0..snapshots.len())) {
             assert_eq!(
