@@ -52,15 +52,7 @@ pub struct Master {
 }
 
 fn catalog_schema() -> Result<Schema> {
-    let column = |name: &str| ColumnSchema {
-        name: name.to_string(),
-        column_type: ColumnType::String,
-        nullable: false,
-        default: None,
-        comment: None,
-        encoding: Default::default(),
-        compression: Default::default(),
-    };
+    let column = |name: &str| ColumnSchema::new(name, ColumnType::String, false);
     Ok(Schema::new(
         vec![column("id"), column("name"), column("info")],
         vec![0],
@@ -195,26 +187,37 @@ impl Master {
             schema,
             partition,
         };
-        let created = self.create_tablets(&info);
+        self.create_tablets_and_commit(&info.tablets, info.clone())
+            .await?;
+        Ok(true)
+    }
+
+    /// Creates `tablets` (with the table's schema), then commits `info` to the catalog; if
+    /// either fails, the new tablets are deleted and nothing changes.
+    async fn create_tablets_and_commit(&self, tablets: &[String], info: TableInfo) -> Result<()> {
+        let created = tablets
+            .iter()
+            .try_for_each(|t| self.tserver.create_tablet(t, &info.schema).map(drop));
         let committed = match created {
             Ok(()) => self.write_catalog(WriteKind::Upsert, &info).await,
             Err(e) => Err(e),
         };
         if let Err(e) = committed {
-            for tablet in &info.tablets {
+            for tablet in tablets {
                 let _ = self.tserver.delete_tablet(tablet);
             }
             return Err(e);
         }
-        self.tables.write().insert(name.to_string(), Arc::new(info));
-        Ok(true)
+        self.tables
+            .write()
+            .insert(info.name.clone(), Arc::new(info));
+        Ok(())
     }
 
-    fn create_tablets(&self, info: &TableInfo) -> Result<()> {
-        for tablet in &info.tablets {
-            self.tserver.create_tablet(tablet, &info.schema)?;
-        }
-        Ok(())
+    /// The table called `name`, or a TableNotFound error.
+    fn existing(&self, name: &str) -> Result<Arc<TableInfo>> {
+        self.table(name)
+            .ok_or_else(|| EngineError::TableNotFound(name.into()))
     }
 
     /// Drops a table and deletes its tablets. Returns `Ok(false)` if it is absent and `if_exists`.
@@ -241,9 +244,7 @@ impl Master {
     /// Renames a table; its tablets and data stay as they are.
     pub async fn rename_table(&self, name: &str, new_name: &str) -> Result<()> {
         let _ddl = self.ddl.lock().await;
-        let info = self
-            .table(name)
-            .ok_or_else(|| EngineError::TableNotFound(name.into()))?;
+        let info = self.existing(name)?;
         if self.table(new_name).is_some() {
             return Err(EngineError::TableExists(new_name.into()));
         }
@@ -263,9 +264,7 @@ impl Master {
     /// next start (see `reconcile_tablets`).
     pub async fn alter_columns(&self, name: &str, changes: &[ColumnChange]) -> Result<()> {
         let _ddl = self.ddl.lock().await;
-        let info = self
-            .table(name)
-            .ok_or_else(|| EngineError::TableNotFound(name.into()))?;
+        let info = self.existing(name)?;
         let mut schema = info.schema.clone();
         for change in changes {
             schema = match change {
@@ -303,9 +302,7 @@ impl Master {
     /// combination) are created, then the catalog commits them.
     pub async fn add_range_partition(&self, name: &str, range: &RangeSpec) -> Result<()> {
         let _ddl = self.ddl.lock().await;
-        let info = self
-            .table(name)
-            .ok_or_else(|| EngineError::TableNotFound(name.into()))?;
+        let info = self.existing(name)?;
         let (partition, at) = info.partition.add_range(&info.schema, range)?;
         let per_range = partition.tablets_per_range();
         let prefix = uuid::Uuid::new_v4().simple().to_string();
@@ -319,31 +316,13 @@ impl Master {
             tablets,
             ..(*info).clone()
         };
-        let committed = match new
-            .iter()
-            .try_for_each(|t| self.tserver.create_tablet(t, &info.schema).map(drop))
-        {
-            Ok(()) => self.write_catalog(WriteKind::Upsert, &added).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = committed {
-            for tablet in &new {
-                let _ = self.tserver.delete_tablet(tablet);
-            }
-            return Err(e);
-        }
-        self.tables
-            .write()
-            .insert(name.to_string(), Arc::new(added));
-        Ok(())
+        self.create_tablets_and_commit(&new, added).await
     }
 
     /// Drops a range partition, deleting its tablets and their rows.
     pub async fn drop_range_partition(&self, name: &str, range: &RangeSpec) -> Result<()> {
         let _ddl = self.ddl.lock().await;
-        let info = self
-            .table(name)
-            .ok_or_else(|| EngineError::TableNotFound(name.into()))?;
+        let info = self.existing(name)?;
         let (partition, at) = info.partition.drop_range(&info.schema, range)?;
         let per_range = info.partition.tablets_per_range();
         let mut tablets = info.tablets.clone();

@@ -688,15 +688,7 @@ mod tests {
     use super::*;
 
     fn schema() -> Schema {
-        let column = |name: &str, column_type| ColumnSchema {
-            name: name.into(),
-            column_type,
-            nullable: false,
-            default: None,
-            comment: None,
-            encoding: Default::default(),
-            compression: Default::default(),
-        };
+        let column = |name: &str, column_type| ColumnSchema::new(name, column_type, false);
         Schema::new(
             vec![
                 column("host", ColumnType::String),

@@ -141,10 +141,6 @@ impl TabletServer {
             .sum()
     }
 
-    pub fn memory_limit(&self) -> usize {
-        self.memory_limit
-    }
-
     /// Waits until the tablets' memory is below the limit (back-pressure on writers); an error
     /// if flushing does not bring it there in time.
     pub async fn admit_write(&self) -> Result<()> {

@@ -141,15 +141,7 @@ impl CreateTableSpec {
                 })?;
                 let nullable = !key_columns.contains(&i)
                     && (nullability == Nullability::Nullable || f.is_nullable());
-                Ok(ColumnSchema {
-                    name: f.name().clone(),
-                    column_type,
-                    nullable,
-                    default: None,
-                    comment: None,
-                    encoding: Default::default(),
-                    compression: Default::default(),
-                })
+                Ok(ColumnSchema::new(f.name().clone(), column_type, nullable))
             })
             .collect::<Result<Vec<_>>>()?;
         let schema =
@@ -902,13 +894,9 @@ fn column_schema(def: &ColumnDef) -> Result<(ColumnSchema, bool)> {
     }
     Ok((
         ColumnSchema {
-            name: column_name,
-            column_type,
-            nullable,
             default,
             comment,
-            encoding: Default::default(),
-            compression: Default::default(),
+            ..ColumnSchema::new(column_name, column_type, nullable)
         },
         primary_key,
     ))

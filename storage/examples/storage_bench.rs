@@ -44,15 +44,7 @@ struct Args {
 const BATCH: usize = 1_000;
 
 fn schema() -> Schema {
-    let column = |name: &str, column_type, nullable| ColumnSchema {
-        name: name.into(),
-        column_type,
-        nullable,
-        default: None,
-        comment: None,
-        encoding: Default::default(),
-        compression: Default::default(),
-    };
+    let column = |name: &str, column_type, nullable| ColumnSchema::new(name, column_type, nullable);
     Schema::new(
         vec![
             column("k", ColumnType::Int64, false),

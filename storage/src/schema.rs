@@ -218,6 +218,21 @@ pub struct ColumnSchema {
     pub compression: ColumnCompression,
 }
 
+impl ColumnSchema {
+    /// A column without DEFAULT or COMMENT, with the default encoding and compression.
+    pub fn new(name: impl Into<String>, column_type: ColumnType, nullable: bool) -> Self {
+        Self {
+            name: name.into(),
+            column_type,
+            nullable,
+            default: None,
+            comment: None,
+            encoding: ColumnEncoding::Auto,
+            compression: ColumnCompression::Default,
+        }
+    }
+}
+
 /// A table's columns and primary key. Every column has a stable id (its position when the
 /// table was created, then the next free number for each added column), so a schema change can
 /// say where each column's values come from however columns were renamed or dropped.
@@ -317,13 +332,9 @@ impl Schema {
         }
         let mut columns = self.columns.clone();
         columns.push(ColumnSchema {
-            name: AUTO_INCREMENT_COLUMN.into(),
-            column_type: ColumnType::Int64,
-            nullable: false,
-            default: None,
             comment: Some("assigned by the database".into()),
             encoding: ColumnEncoding::Delta,
-            compression: ColumnCompression::Default,
+            ..ColumnSchema::new(AUTO_INCREMENT_COLUMN, ColumnType::Int64, false)
         });
         let mut key_columns = self.key_columns.clone();
         key_columns.push(columns.len() - 1);
@@ -484,15 +495,7 @@ mod tests {
     use super::*;
 
     fn col(name: &str, t: ColumnType, nullable: bool) -> ColumnSchema {
-        ColumnSchema {
-            name: name.into(),
-            column_type: t,
-            nullable,
-            default: None,
-            comment: None,
-            encoding: ColumnEncoding::Auto,
-            compression: ColumnCompression::Default,
-        }
+        ColumnSchema::new(name, t, nullable)
     }
 
     #[test]

@@ -647,12 +647,7 @@ impl Tablet {
             }
             Ok(())
         })();
-        state.next_rowset_id = new.next_id;
-        if let Err(e) = result {
-            new.remove_files();
-            return Err(e);
-        }
-        let (created, next_id) = (new.created, new.next_id);
+        let (created, next_id) = new.finish(&mut state, result)?;
         // From here the new files may be named by the metadata on disk: they stay.
         self.write_metadata(&Metadata {
             schema: schema.clone(),
@@ -767,13 +762,7 @@ impl Tablet {
             }
             Ok(())
         })();
-        // Rowset ids are never reused, even after a failure: the metadata on disk may name them.
-        state.next_rowset_id = new.next_id;
-        if let Err(e) = result {
-            new.remove_files();
-            return Err(e);
-        }
-        let (created, next_id) = (new.created, new.next_id);
+        let (created, next_id) = new.finish(state, result)?;
         let mut rowsets = kept;
         rowsets.extend(created);
         let meta = Metadata {
@@ -829,10 +818,22 @@ impl NewRowsets {
         tablet.fail("rowset_written")
     }
 
-    fn remove_files(&self) {
-        for rowset in &self.created {
-            let _ = std::fs::remove_file(rowset.path());
+    /// Ends the writing: the ids handed out stay used in `state` (the metadata on disk may name
+    /// them even after a failure); if `written` failed, the new files are removed. Returns the
+    /// new rowsets and the next free id.
+    fn finish(
+        self,
+        state: &mut State,
+        written: Result<(), StorageError>,
+    ) -> Result<(Vec<Arc<DiskRowSet>>, u64), StorageError> {
+        state.next_rowset_id = self.next_id;
+        if let Err(e) = written {
+            for rowset in &self.created {
+                let _ = std::fs::remove_file(rowset.path());
+            }
+            return Err(e);
         }
+        Ok((self.created, self.next_id))
     }
 }
 

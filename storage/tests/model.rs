@@ -17,15 +17,7 @@ use rand::{Rng, SeedableRng};
 type Model = BTreeMap<i64, (Option<String>, i64)>;
 
 fn schema() -> Schema {
-    let col = |name: &str, column_type, nullable| ColumnSchema {
-        name: name.into(),
-        column_type,
-        nullable,
-        default: None,
-        comment: None,
-        encoding: Default::default(),
-        compression: Default::default(),
-    };
+    let col = |name: &str, column_type, nullable| ColumnSchema::new(name, column_type, nullable);
     Schema::new(
         vec![
             col("s", ColumnType::String, true),
@@ -377,13 +369,8 @@ fn a_crash_at_any_step_of_a_flush_or_schema_change_leaves_the_old_or_the_new_sta
                 let result = if alter {
                     let mut added = schema
                         .with_column_added(ColumnSchema {
-                            name: "extra".into(),
-                            column_type: ColumnType::Int64,
-                            nullable: true,
                             default: Some("7".into()),
-                            comment: None,
-                            encoding: Default::default(),
-                            compression: Default::default(),
+                            ..ColumnSchema::new("extra", ColumnType::Int64, true)
                         })
                         .unwrap();
                     added = added.with_column_renamed("extra", "x").unwrap();
