@@ -203,21 +203,23 @@ impl Client {
         Ok(snapshot)
     }
 
-    /// Per tablet of `table`, in tablet order: its id, about how many rows it holds, its bytes
-    /// on disk and its bytes of unflushed data in memory.
-    pub fn tablet_stats(&self, table: &TableInfo) -> Result<Vec<(String, usize, u64, usize)>> {
+    /// The size and shape of each tablet of `table`, in tablet order.
+    pub fn tablet_stats(&self, table: &TableInfo) -> Result<Vec<TabletStats>> {
         table
             .tablets
             .iter()
             .map(|t| {
                 let replica = self.inner.tserver.replica(t)?;
                 let tablet = replica.tablet();
-                Ok((
-                    t.clone(),
-                    tablet.estimated_rows(),
-                    tablet.disk_bytes(),
-                    tablet.memory_bytes(),
-                ))
+                Ok(TabletStats {
+                    id: t.clone(),
+                    estimated_rows: tablet.estimated_rows(),
+                    disk_bytes: tablet.disk_bytes(),
+                    memory_bytes: tablet.memory_bytes(),
+                    rowsets: tablet.rowset_count(),
+                    delta_files: tablet.delta_file_count(),
+                    compactions: tablet.compactions(),
+                })
             })
             .collect()
     }
@@ -228,6 +230,23 @@ impl Client {
         let catalog = self.inner.master.shutdown();
         tablets.and(catalog)
     }
+}
+
+/// What [`Client::tablet_stats`] reports of one tablet.
+#[derive(Clone, Debug)]
+pub struct TabletStats {
+    pub id: String,
+    /// Rows in memory and on disk, counting deleted and updated rows too.
+    pub estimated_rows: usize,
+    pub disk_bytes: u64,
+    /// Unflushed data.
+    pub memory_bytes: usize,
+    /// DiskRowSets.
+    pub rowsets: usize,
+    /// UNDO and REDO delta files of all rowsets.
+    pub delta_files: usize,
+    /// Compactions run since the server started.
+    pub compactions: u64,
 }
 
 /// Splits a batch into slices of at most [`MAX_WRITE_BYTES`] of Arrow memory (zero-copy).

@@ -20,7 +20,7 @@ pub mod partition;
 pub mod replica;
 pub mod tserver;
 
-pub use client::{Client, TableHandle, WriteError};
+pub use client::{Client, TableHandle, TabletStats, WriteError};
 pub use error::EngineError;
 pub use master::{ColumnChange, TableId, TableInfo};
 pub use nyala_storage as storage;

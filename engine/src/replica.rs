@@ -277,6 +277,13 @@ impl TabletReplica {
         Ok(())
     }
 
+    /// Runs one compaction of the tablet's files on the Raft thread, between applies.
+    pub fn compact(&self, kind: nyala_storage::MaintenanceKind) -> Result<()> {
+        self.raft
+            .with_state_machine(move |sm| sm.tablet.compact(&kind))??;
+        Ok(())
+    }
+
     /// Flushes and stops the replica.
     pub fn shutdown(&self) -> Result<()> {
         let flushed = self.flush();

@@ -2,7 +2,9 @@
 //! maintenance: flushing MemRowSets that grew past their threshold (which also lets the Raft log
 //! behind them be dropped) and, while the memory of all tablets together is above 60 % of the
 //! server's limit, flushing the tablet holding the most. Writers wait while that memory is above
-//! the limit itself, so it stays bounded however many tablets are written.
+//! the limit itself, so it stays bounded however many tablets are written. Then, each round, the
+//! compaction with the best score over all tablets runs (see
+//! [`nyala_storage::Tablet::maintenance_ops`]), if it is worth its I/O.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -129,6 +131,19 @@ impl TabletServer {
             );
             flush(replica);
             total -= bytes;
+        }
+        let best = replicas
+            .iter()
+            .filter_map(|r| Some((r, r.tablet().maintenance_ops().into_iter().next()?)))
+            .max_by(|a, b| a.1.score.total_cmp(&b.1.score));
+        if let Some((replica, op)) = best.filter(|(_, op)| op.score >= 1.0) {
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            tracing::debug!(tablet = replica.id(), ?op, "compacting");
+            if let Err(e) = replica.compact(op.kind) {
+                tracing::error!(tablet = replica.id(), error = %e, "compaction failed");
+            }
         }
     }
 

@@ -50,6 +50,9 @@ enum Command {
         /// Unflushed data (MiB) all tablets together may hold; writers wait above it.
         #[arg(long, default_value_t = 2048)]
         memory_limit_mb: usize,
+        /// How far back (seconds) `AS OF` reads may go; older versions are dropped.
+        #[arg(long, default_value_t = 900)]
+        history_max_age_secs: u64,
     },
     /// Run SQL: a script with -c/-f, or an interactive shell.
     Sql {
@@ -101,12 +104,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             user,
             password,
             memory_limit_mb,
+            history_max_age_secs,
         } => {
             let credentials = user
                 .zip(password)
                 .map(|(username, password)| Credentials { username, password });
             let options = DatabaseOptions {
                 memory_limit_bytes: Some(memory_limit_mb << 20),
+                history_max_age: Some(std::time::Duration::from_secs(history_max_age_secs)),
                 ..DatabaseOptions::default()
             };
             serve(data_dir, listen, advertise, credentials, options).await

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use datafusion::catalog::{MemTable, SchemaProvider};
 use datafusion::datasource::TableProvider;
 use datafusion::error::{DataFusionError, Result};
-use nyala_engine::{Client, TableHandle};
+use nyala_engine::{Client, TableHandle, TabletStats};
 
 use crate::table::NyalaTable;
 
@@ -103,6 +103,9 @@ pub fn partitions(client: &Client, tables: &[TableHandle]) -> Result<RecordBatch
         }
     }
     let n = stats.len();
+    let count = |f: &dyn Fn(&TabletStats) -> u64| -> ArrayRef {
+        Arc::new(UInt64Array::from_iter_values(stats.iter().map(f)))
+    };
     let columns: Vec<(&str, ArrayRef)> = vec![
         ("table_name", Arc::new(StringArray::from(table_names))),
         ("tablet", Arc::new(UInt64Array::from(tablets))),
@@ -111,28 +114,18 @@ pub fn partitions(client: &Client, tables: &[TableHandle]) -> Result<RecordBatch
         (
             "tablet_id",
             Arc::new(StringArray::from_iter_values(
-                stats.iter().map(|s| s.0.as_str()),
+                stats.iter().map(|s| s.id.as_str()),
             )),
         ),
         // One node: its single replica is the leader.
         ("leader", Arc::new(StringArray::from(vec!["local"; n]))),
         ("replicas", Arc::new(UInt64Array::from(vec![1u64; n]))),
-        (
-            "estimated_rows",
-            Arc::new(UInt64Array::from_iter_values(
-                stats.iter().map(|s| s.1 as u64),
-            )),
-        ),
-        (
-            "disk_bytes",
-            Arc::new(UInt64Array::from_iter_values(stats.iter().map(|s| s.2))),
-        ),
-        (
-            "memory_bytes",
-            Arc::new(UInt64Array::from_iter_values(
-                stats.iter().map(|s| s.3 as u64),
-            )),
-        ),
+        ("estimated_rows", count(&|s| s.estimated_rows as u64)),
+        ("disk_bytes", count(&|s| s.disk_bytes)),
+        ("memory_bytes", count(&|s| s.memory_bytes as u64)),
+        ("rowsets", count(&|s| s.rowsets as u64)),
+        ("delta_files", count(&|s| s.delta_files as u64)),
+        ("compactions", count(&|s| s.compactions)),
     ];
     Ok(RecordBatch::try_from_iter(columns)?)
 }

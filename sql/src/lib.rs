@@ -35,6 +35,7 @@ use datafusion::sql::sqlparser::ast::{
 use nyala_engine::{Client, ColumnChange, RangeSpec};
 use nyala_storage::{ColumnCompression, ColumnEncoding, ColumnType, TabletOptions, Timestamp};
 
+mod as_of;
 mod catalog;
 mod dml;
 mod error;
@@ -82,6 +83,8 @@ pub struct DatabaseOptions {
     pub flush_threshold_bytes: Option<usize>,
     /// Unflushed data all tablets together may hold before writers wait (None: 2 GiB).
     pub memory_limit_bytes: Option<usize>,
+    /// How far back `AS OF` reads may go (None: storage default, 15 minutes).
+    pub history_max_age: Option<std::time::Duration>,
 }
 
 /// An open Nyala database: catalog, tablets and the SQL engine over them.
@@ -95,6 +98,9 @@ impl Database {
         let mut tablet_options = TabletOptions::default();
         if let Some(bytes) = options.flush_threshold_bytes {
             tablet_options.flush_threshold_bytes = bytes;
+        }
+        if let Some(age) = options.history_max_age {
+            tablet_options.history_max_age = age;
         }
         let dir = data_dir.to_path_buf();
         let memory_limit = options
@@ -136,6 +142,12 @@ impl Database {
             Arc::new(catalog::SysSchemaProvider::new(self.client.clone())),
         );
         ctx.register_catalog(CATALOG_NAME, Arc::new(catalog));
+        ctx.register_udtf(
+            as_of::FUNCTION,
+            Arc::new(as_of::AsOfFunction {
+                client: self.client.clone(),
+            }),
+        );
         Session {
             db: self.clone(),
             ctx,

@@ -61,6 +61,8 @@ pub struct NyalaScanExec {
     /// The snapshot every tablet is read at, pinned for the whole statement when it runs
     /// ([`pin_snapshot`]); None: each tablet's own safe snapshot.
     snapshot: Option<Timestamp>,
+    /// Set by `AS OF`: the snapshot is the user's, and the statement's does not replace it.
+    as_of: bool,
 }
 
 /// The snapshot a statement reads at: the oldest safe snapshot of the tables its Nyala scans
@@ -68,7 +70,7 @@ pub struct NyalaScanExec {
 pub fn statement_snapshot(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Timestamp>> {
     let mut snapshot: Option<Timestamp> = None;
     plan.apply(|node| {
-        if let Some(scan) = node.downcast_ref::<NyalaScanExec>() {
+        if let Some(scan) = node.downcast_ref::<NyalaScanExec>().filter(|s| !s.as_of) {
             let safe = scan
                 .client
                 .safe_snapshot(&scan.table)
@@ -85,14 +87,16 @@ pub fn with_snapshot(
     plan: Arc<dyn ExecutionPlan>,
     snapshot: Timestamp,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    plan.transform_up(|node| match node.downcast_ref::<NyalaScanExec>() {
-        Some(scan) => {
-            let mut scan = scan.clone();
-            scan.snapshot = Some(snapshot);
-            Ok(Transformed::yes(Arc::new(scan) as Arc<dyn ExecutionPlan>))
-        }
-        None => Ok(Transformed::no(node)),
-    })
+    plan.transform_up(
+        |node| match node.downcast_ref::<NyalaScanExec>().filter(|s| !s.as_of) {
+            Some(scan) => {
+                let mut scan = scan.clone();
+                scan.snapshot = Some(snapshot);
+                Ok(Transformed::yes(Arc::new(scan) as Arc<dyn ExecutionPlan>))
+            }
+            None => Ok(Transformed::no(node)),
+        },
+    )
     .map(|t| t.data)
 }
 
@@ -137,7 +141,17 @@ impl NyalaScanExec {
             metrics: ExecutionPlanMetricsSet::new(),
             tablets,
             snapshot: None,
+            as_of: false,
         })
+    }
+
+    /// The scan reading at `snapshot` whatever the statement's snapshot is.
+    pub fn pinned_at(self, snapshot: Timestamp) -> Self {
+        Self {
+            snapshot: Some(snapshot),
+            as_of: true,
+            ..self
+        }
     }
 
     /// The row limit pushed into storage, if any.
@@ -239,7 +253,9 @@ impl DisplayAs for NyalaScanExec {
         if let Some(limit) = self.spec.limit {
             write!(f, ", limit={limit}")?;
         }
-        if let Some(snapshot) = self.snapshot {
+        if let Some(snapshot) = self.snapshot.filter(|_| self.as_of) {
+            write!(f, ", as_of={}", snapshot.display())?;
+        } else if let Some(snapshot) = self.snapshot {
             write!(f, ", snapshot={}", snapshot.0)?;
         }
         if !self.runtime.is_empty() {

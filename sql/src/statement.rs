@@ -161,7 +161,7 @@ fn tokenize(sql: &str) -> Result<Vec<Token>> {
         .map_err(|e| SqlError::Parse(e.to_string()))
 }
 
-fn is_trivia(token: &Token) -> bool {
+pub(crate) fn is_trivia(token: &Token) -> bool {
     matches!(token, Token::Whitespace(_))
 }
 
@@ -191,7 +191,7 @@ pub(crate) fn is_word(token: &Token, word: &str) -> bool {
 
 /// Parses exactly one statement (a trailing `;` is allowed).
 pub fn parse(sql: &str) -> Result<NyalaStatement> {
-    let mut tokens = tokenize(sql)?;
+    let mut tokens = crate::as_of::rewrite(tokenize(sql)?)?;
     number_placeholders(&mut tokens);
     // Drop trailing semicolons and trivia; reject several statements.
     while tokens

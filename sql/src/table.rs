@@ -35,6 +35,8 @@ pub struct NyalaTable {
     constraints: Constraints,
     /// Column defaults (`DEFAULT` in CREATE TABLE) as literals, by column name.
     defaults: HashMap<String, Expr>,
+    /// `AS OF`: the snapshot every scan of the table reads at.
+    as_of: Option<Timestamp>,
 }
 
 impl NyalaTable {
@@ -57,6 +59,15 @@ impl NyalaTable {
             table,
             constraints,
             defaults,
+            as_of: None,
+        }
+    }
+
+    /// The table as it was at `snapshot` (read-only).
+    pub fn pinned_at(self, snapshot: Timestamp) -> Self {
+        Self {
+            as_of: Some(snapshot),
+            ..self
         }
     }
 
@@ -85,7 +96,11 @@ impl NyalaTable {
             limit,
             batch_size: SCAN_BATCH_ROWS,
         };
-        NyalaScanExec::try_new(self.client.clone(), self.table.clone(), spec, pushed)
+        let scan = NyalaScanExec::try_new(self.client.clone(), self.table.clone(), spec, pushed)?;
+        Ok(match self.as_of {
+            Some(snapshot) => scan.pinned_at(snapshot),
+            None => scan,
+        })
     }
 
     pub(crate) fn column_names(&self) -> Vec<String> {

@@ -876,6 +876,7 @@ async fn writers_wait_while_the_server_is_over_its_memory_limit() {
             // Tablets never flush on their own threshold: only memory pressure flushes them.
             flush_threshold_bytes: Some(1 << 30),
             memory_limit_bytes: Some(limit),
+            ..DatabaseOptions::default()
         },
     )
     .await
@@ -943,4 +944,82 @@ async fn one_statement_reads_every_tablet_at_one_snapshot() {
     assert!(counter(scan_line(&later, "small"), "snapshot") > snapshot("small"));
     let got = text(&s, "SELECT count(*) FROM big b JOIN small s ON b.k = s.k").await;
     assert!(got.contains("| 101 "), "{got}");
+}
+
+/// `AS OF` reads the table as it was, before and after its rows were flushed and compacted
+/// and the database restarted; times beyond the history retention or in the future are
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_of_reads_past_versions_across_flushes_compactions_and_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = |s: Session| async move {
+        let batches = run(&s, "SELECT CAST(now() AS VARCHAR) AS t").await;
+        arrow::util::display::array_value_to_string(batches[0].column(0), 0).unwrap()
+    };
+    let at = |time: &str, query: &str| query.replace("{t}", &format!("t AS OF TIMESTAMP '{time}'"));
+    let count_sum = "SELECT count(*) AS n, sum(v) AS s FROM {t}";
+    let (first, second);
+    {
+        let (db, s) = open(dir.path()).await;
+        run(
+            &s,
+            "CREATE TABLE t (k BIGINT PRIMARY KEY, v BIGINT) DISTRIBUTE BY HASH (k) INTO 2 BUCKETS",
+        )
+        .await;
+        run(
+            &s,
+            "INSERT INTO t SELECT value, 1 FROM generate_series(1, 100) AS g(value)",
+        )
+        .await;
+        first = now(s.clone()).await;
+        run(&s, "UPDATE t SET v = 10 WHERE k <= 20").await;
+        run(&s, "DELETE FROM t WHERE k > 90").await;
+        second = now(s.clone()).await;
+        assert!(text(&s, &at(&first, count_sum))
+            .await
+            .contains("| 100 | 100 |"));
+        assert!(text(&s, &at(&second, count_sum))
+            .await
+            .contains("| 90 | 270 |"));
+        // Flushed: the MemRowSet's history becomes UNDO records.
+        db.shutdown().await.unwrap();
+    }
+    let (_db, s) = open(dir.path()).await;
+    assert!(text(&s, &at(&first, count_sum))
+        .await
+        .contains("| 100 | 100 |"));
+    assert!(text(&s, &at(&second, count_sum))
+        .await
+        .contains("| 90 | 270 |"));
+    // Updates of flushed rows: REDO records, which the maintenance thread compacts into the
+    // base data when they are many (here 50 of 90 rows).
+    run(&s, "UPDATE t SET v = 100 WHERE k <= 50").await;
+    let third = now(s.clone()).await;
+    let compactions = "SELECT min(compactions) FROM sys.partitions WHERE table_name = 't'";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while text(&s, compactions).await.contains("| 0 ") {
+        assert!(std::time::Instant::now() < deadline, "no compaction ran");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(text(&s, &at(&first, count_sum))
+        .await
+        .contains("| 100 | 100 |"));
+    assert!(text(&s, &at(&second, count_sum))
+        .await
+        .contains("| 90 | 270 |"));
+    assert!(text(&s, &at(&third, count_sum))
+        .await
+        .contains("| 90 | 5040 |"));
+    // A past version joined with the current one.
+    let changed = "SELECT count(*) FROM t AS OF TIMESTAMP '{second}' AS old JOIN t ON old.k = t.k \
+                   WHERE old.v <> t.v";
+    assert!(text(&s, &changed.replace("{second}", &second))
+        .await
+        .contains("| 50 "));
+    let e = error(&s, "SELECT * FROM t AS OF TIMESTAMP '2020-01-01 00:00:00'").await;
+    assert!(e.contains("older than the history retention"), "{e}");
+    let e = error(&s, "SELECT * FROM t AS OF now() + INTERVAL '1 hour'").await;
+    assert!(e.contains("in the future"), "{e}");
+    let e = error(&s, "SELECT * FROM nope AS OF now()").await;
+    assert!(e.contains("nope"), "{e}");
 }

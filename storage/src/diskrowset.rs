@@ -51,7 +51,7 @@ pub struct DiskRowSet {
     metadata: ArrowReaderMetadata,
 }
 
-fn load_metadata(file: &File) -> Result<ArrowReaderMetadata, StorageError> {
+pub(crate) fn load_metadata(file: &File) -> Result<ArrowReaderMetadata, StorageError> {
     // The offset index lets the decoder skip pages in which no row is selected.
     let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
     Ok(ArrowReaderMetadata::load(file, options)?)
@@ -442,45 +442,53 @@ impl DiskRowSet {
         num_columns: usize,
         ordinals: &[u32],
     ) -> Result<RecordBatch, StorageError> {
-        // Only the row groups holding the ordinals are read; the selection counts their rows.
-        let mut groups = Vec::new();
-        let mut selectors = Vec::new();
-        let mut group_start = 0u32;
-        let mut ordinals = ordinals.iter().copied().peekable();
-        for (g, group) in self.metadata.metadata().row_groups().iter().enumerate() {
-            let group_end = group_start + group.num_rows() as u32;
-            if ordinals.peek().is_some_and(|&o| o < group_end) {
-                groups.push(g);
-                // The first row of this group not yet covered by a selector.
-                let mut next = group_start;
-                while let Some(o) = ordinals.next_if(|&o| o < group_end) {
-                    if o > next {
-                        selectors.push(RowSelector::skip((o - next) as usize));
-                    }
-                    selectors.push(RowSelector::select(1));
-                    next = o + 1;
-                }
-                if group_end > next {
-                    selectors.push(RowSelector::skip((group_end - next) as usize));
-                }
-            }
-            group_start = group_end;
-        }
-        let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
-            File::open(&self.path)?,
-            self.metadata.clone(),
-        )
-        .with_row_groups(groups);
-        let mask = ProjectionMask::roots(builder.parquet_schema(), 0..num_columns);
-        let reader = builder
-            .with_projection(mask)
-            .with_row_selection(RowSelection::from(selectors))
-            .with_batch_size(8 * 1024)
-            .build()?;
-        let schema = arrow::array::RecordBatchReader::schema(&reader);
-        let batches = reader.collect::<Result<Vec<_>, _>>()?;
-        Ok(arrow::compute::concat_batches(&schema, &batches)?)
+        read_positions(&self.path, &self.metadata, num_columns, ordinals)
     }
+}
+
+/// Reads the first `num_columns` columns of the rows at `positions` (sorted, distinct) of a
+/// Parquet file. Only the row groups holding them are read.
+pub(crate) fn read_positions(
+    path: &Path,
+    metadata: &ArrowReaderMetadata,
+    num_columns: usize,
+    positions: &[u32],
+) -> Result<RecordBatch, StorageError> {
+    let mut groups = Vec::new();
+    let mut selectors = Vec::new();
+    let mut group_start = 0u32;
+    let mut positions = positions.iter().copied().peekable();
+    for (g, group) in metadata.metadata().row_groups().iter().enumerate() {
+        let group_end = group_start + group.num_rows() as u32;
+        if positions.peek().is_some_and(|&o| o < group_end) {
+            groups.push(g);
+            // The first row of this group not yet covered by a selector.
+            let mut next = group_start;
+            while let Some(o) = positions.next_if(|&o| o < group_end) {
+                if o > next {
+                    selectors.push(RowSelector::skip((o - next) as usize));
+                }
+                selectors.push(RowSelector::select(1));
+                next = o + 1;
+            }
+            if group_end > next {
+                selectors.push(RowSelector::skip((group_end - next) as usize));
+            }
+        }
+        group_start = group_end;
+    }
+    let builder =
+        ParquetRecordBatchReaderBuilder::new_with_metadata(File::open(path)?, metadata.clone())
+            .with_row_groups(groups);
+    let mask = ProjectionMask::roots(builder.parquet_schema(), 0..num_columns);
+    let reader = builder
+        .with_projection(mask)
+        .with_row_selection(RowSelection::from(selectors))
+        .with_batch_size(8 * 1024)
+        .build()?;
+    let schema = arrow::array::RecordBatchReader::schema(&reader);
+    let batches = reader.collect::<Result<Vec<_>, _>>()?;
+    Ok(arrow::compute::concat_batches(&schema, &batches)?)
 }
 
 /// A selection of `total` rows without the `skipped` (start, length) ranges (in any order,

@@ -25,6 +25,8 @@ pub enum StorageError {
     InvalidSchema(String),
     #[error("invalid predicate: {0}")]
     InvalidPredicate(String),
+    #[error("snapshot {snapshot} is older than the history retention allows (history before {oldest} is not kept)")]
+    SnapshotTooOld { snapshot: String, oldest: String },
     #[error("storage I/O error: {0}")]
     Io(#[from] std::io::Error),
     #[error("storage corrupted: {0}")]

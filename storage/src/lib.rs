@@ -6,9 +6,10 @@
 //! through [`Tablet::apply`], flushes when asked, and scans at a snapshot timestamp.
 
 mod bloom;
-mod deltastore;
+mod delta;
 mod diskrowset;
 mod error;
+mod history;
 mod key;
 mod memrowset;
 mod scan;
@@ -25,5 +26,5 @@ pub use scan::{
 pub use schema::{
     ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema, AUTO_INCREMENT_COLUMN,
 };
-pub use tablet::{FailPoint, Tablet, TabletOptions};
+pub use tablet::{FailPoint, MaintenanceKind, MaintenanceOp, Tablet, TabletOptions};
 pub use write::{TabletOp, Timestamp, WriteBatch, WriteKind};

@@ -7,7 +7,7 @@
 //! from the arena with `interleave` — batches in, batches out, in key order.
 //!
 //! The arena also holds the new row images of updates to rows already flushed to DiskRowSets
-//! (see `deltastore`), so one flush empties it.
+//! (see `delta`), so one flush empties it.
 
 use std::collections::BTreeMap;
 

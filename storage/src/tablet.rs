@@ -4,26 +4,32 @@
 //! validated completely before anything changes, so it applies entirely or not at all, and the
 //! outcome depends only on the tablet's state and the batch (replicas and replays agree).
 //!
-//! Flushing writes the MemRowSet's live rows as new DiskRowSets, rewrites rowsets that have
-//! deltas with those deltas applied, and then switches to the new set of files by replacing
-//! `metadata` atomically (temp file, fsync, rename, fsync directory). The metadata records
-//! `durable_index`, the last log entry whose effects the files contain; the WAL is replayed from
-//! there. Files the metadata does not name (left by a crash mid-flush) are deleted on open.
-//! Base data carries no history: a snapshot older than the last flush sees the flushed state.
+//! Flushing writes the MemRowSet's rows as new DiskRowSets (newest image as base data, older
+//! versions as UNDO records) and each rowset's DeltaMemStore as a REDO file, and then switches
+//! to the new set of files by replacing `metadata` atomically (temp file, fsync, rename, fsync
+//! directory). The metadata records `durable_index`, the last log entry whose effects the files
+//! contain; the WAL is replayed from there. Compactions ([`Tablet::maintenance_ops`]) rewrite
+//! files that hold the same rows and switch the same way. Files the metadata does not name (left
+//! by a crash mid-flush or mid-compaction) are deleted on open.
+//!
+//! History is kept for [`TabletOptions::history_max_age`]: a scan may read at any snapshot
+//! since then, and rewrites drop versions older than that.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow::array::{new_null_array, Array, ArrayRef, RecordBatch, StringArray, UInt32Array};
 use arrow::compute::{cast, interleave, take};
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 
-use crate::deltastore::DeltaMemStore;
+use crate::delta::{DeltaFile, DeltaMeta, Image, RowsetDeltas};
 use crate::diskrowset::DiskRowSet;
+use crate::history::{self, Chain, NewFiles};
 use crate::key::{encode_keys, format_key};
 use crate::memrowset::{visible, MemRowSet, RowArena, RowRef, Version};
 use crate::scan::{self, ScanIterator, ScanSpec, Source};
@@ -37,13 +43,19 @@ pub struct TabletOptions {
     pub flush_threshold_bytes: usize,
     /// Target size of one DiskRowSet.
     pub rowset_target_bytes: usize,
-    /// For crash tests: called at each step of a flush or schema change; `true` makes that step
-    /// fail as if the process had died there (what is on disk stays as it is).
+    /// How far back snapshot scans may read (Kudu's `tablet_history_max_age_sec`). Older
+    /// versions are dropped when their files are rewritten.
+    pub history_max_age: Duration,
+    /// Most bytes of rowsets one rowset compaction rewrites.
+    pub compaction_budget_bytes: u64,
+    /// For crash tests: called at each step of a flush, compaction or schema change; `true`
+    /// makes that step fail as if the process had died there (what is on disk stays as it is).
     pub fail_point: Option<FailPoint>,
 }
 
-/// See [`TabletOptions::fail_point`]. Steps: `rowset_written`, `metadata_staged` (the new
-/// metadata written but not yet renamed into place) and `metadata_switched`.
+/// See [`TabletOptions::fail_point`]. Steps: `rowset_written`, `delta_written`,
+/// `metadata_staged` (the new metadata written but not yet renamed into place) and
+/// `metadata_switched`.
 #[derive(Clone)]
 pub struct FailPoint(pub Arc<dyn Fn(&str) -> bool + Send + Sync>);
 
@@ -58,6 +70,8 @@ impl Default for TabletOptions {
         Self {
             flush_threshold_bytes: 64 << 20,
             rowset_target_bytes: 32 << 20,
+            history_max_age: Duration::from_secs(15 * 60),
+            compaction_budget_bytes: 128 << 20,
             fail_point: None,
         }
     }
@@ -67,11 +81,20 @@ impl Default for TabletOptions {
 struct Metadata {
     schema: Schema,
     rowsets: Vec<u64>,
+    /// The delta files of rowsets that have any, by rowset id.
+    #[serde(default)]
+    deltas: BTreeMap<u64, DeltaFiles>,
     next_rowset_id: u64,
     durable_index: u64,
     /// Above every auto_incrementing_id written so far.
     #[serde(default)]
     next_auto_id: i64,
+}
+
+#[derive(Serialize, Deserialize, Default)]
+struct DeltaFiles {
+    undo: Option<DeltaMeta>,
+    redo: Vec<DeltaMeta>,
 }
 
 const METADATA: &str = "metadata";
@@ -80,6 +103,8 @@ pub struct Tablet {
     dir: PathBuf,
     options: TabletOptions,
     state: RwLock<State>,
+    /// Compactions run since the tablet was opened.
+    compactions: std::sync::atomic::AtomicU64,
 }
 
 struct State {
@@ -89,7 +114,7 @@ struct State {
     mrs: MemRowSet,
     rowsets: Vec<Arc<DiskRowSet>>,
     /// Parallel to `rowsets`.
-    deltas: Vec<DeltaMemStore>,
+    deltas: Vec<RowsetDeltas>,
     next_rowset_id: u64,
     last_applied: u64,
     durable_index: u64,
@@ -100,12 +125,33 @@ struct State {
 enum Location {
     Absent,
     Mem(RowRef),
-    /// In rowset `rs` at `ordinal`; `image` is its newest delta image (None: the base row).
+    /// In rowset `rs` at `ordinal`, with its newest image (never [`Image::Absent`]).
     Disk {
         rs: usize,
         ordinal: u32,
-        image: Option<RowRef>,
+        image: Image,
     },
+}
+
+/// A background operation on a tablet's files, with the benefit it is expected to bring
+/// (comparable across operations and tablets; below 1 it is not worth its I/O).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MaintenanceOp {
+    pub kind: MaintenanceKind,
+    pub score: f64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum MaintenanceKind {
+    /// Merge a rowset's REDO files into one (minor delta compaction).
+    MergeRedo { rowset: u64 },
+    /// Rewrite a rowset with its REDO records applied to the base data (major delta
+    /// compaction); older versions become UNDO records, expired history is dropped.
+    ApplyRedo { rowset: u64 },
+    /// Drop a rowset's UNDO records older than the history retention.
+    TrimUndo { rowset: u64 },
+    /// Merge rowsets whose key ranges overlap into non-overlapping ones (rowset compaction).
+    MergeRowsets { rowsets: Vec<u64> },
 }
 
 impl Tablet {
@@ -118,6 +164,7 @@ impl Tablet {
         let meta = Metadata {
             schema: schema.clone(),
             rowsets: vec![],
+            deltas: BTreeMap::new(),
             next_rowset_id: 1,
             durable_index: 0,
             next_auto_id: 1,
@@ -126,6 +173,7 @@ impl Tablet {
         Ok(Tablet {
             dir: dir.to_path_buf(),
             options,
+            compactions: Default::default(),
             state: RwLock::new(State {
                 schema: Arc::new(schema),
                 arena: RowArena::default(),
@@ -141,25 +189,34 @@ impl Tablet {
     }
 
     pub fn open(dir: &Path, options: TabletOptions) -> Result<Tablet, StorageError> {
-        let meta = read_metadata(dir)?;
+        let mut meta = read_metadata(dir)?;
         let mut rowsets = Vec::new();
+        let mut deltas = Vec::new();
         let mut names = HashSet::new();
         for &id in &meta.rowsets {
             names.insert(DiskRowSet::file_name(id));
             rowsets.push(Arc::new(DiskRowSet::open(dir, id)?));
+            let files = meta.deltas.remove(&id).unwrap_or_default();
+            let mut open = |m: DeltaMeta| -> Result<Arc<DeltaFile>, StorageError> {
+                names.insert(DeltaFile::file_name(m.id));
+                Ok(Arc::new(DeltaFile::open(dir, m)?))
+            };
+            let undo = files.undo.map(&mut open).transpose()?;
+            let redo = files.redo.into_iter().map(open).collect::<Result<_, _>>()?;
+            deltas.push(RowsetDeltas::new(undo, redo)?);
         }
         for entry in std::fs::read_dir(dir)? {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().to_string();
             if name != METADATA && !names.contains(&name) {
-                tracing::info!(file = %entry.path().display(), "removing file left by an interrupted flush");
+                tracing::info!(file = %entry.path().display(), "removing file left by an interrupted flush or compaction");
                 std::fs::remove_file(entry.path())?;
             }
         }
-        let deltas = vec![DeltaMemStore::default(); rowsets.len()];
         Ok(Tablet {
             dir: dir.to_path_buf(),
             options,
+            compactions: Default::default(),
             state: RwLock::new(State {
                 schema: Arc::new(meta.schema),
                 arena: RowArena::default(),
@@ -172,6 +229,14 @@ impl Tablet {
                 next_auto_id: meta.next_auto_id.max(1),
             }),
         })
+    }
+
+    /// The ancient history mark: the oldest snapshot a scan may read at now.
+    pub fn ancient_history_mark(&self) -> Timestamp {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Timestamp::from_micros(now.saturating_sub(self.options.history_max_age).as_micros() as u64)
     }
 
     pub fn schema(&self) -> Arc<Schema> {
@@ -202,27 +267,49 @@ impl Tablet {
         state.mrs.len() + state.rowsets.iter().map(|r| r.num_rows()).sum::<usize>()
     }
 
-    /// Memory the DiskRowSets hold for key lookups (packed keys and bloom filters).
+    /// Memory the DiskRowSets hold for key lookups (packed keys and bloom filters, and the
+    /// index of the newest REDO record of each updated row).
     pub fn key_index_bytes(&self) -> usize {
-        self.state
-            .read()
+        let state = self.state.read();
+        state
             .rowsets
             .iter()
             .map(|r| r.key_index_bytes())
-            .sum()
+            .sum::<usize>()
+            + state.deltas.iter().map(|d| d.memory_bytes()).sum::<usize>()
     }
 
     pub fn rowset_count(&self) -> usize {
         self.state.read().rowsets.len()
     }
 
-    pub fn disk_bytes(&self) -> u64 {
+    pub fn rowset_ids(&self) -> Vec<u64> {
+        self.state.read().rowsets.iter().map(|r| r.id).collect()
+    }
+
+    /// Compactions run since the tablet was opened.
+    pub fn compactions(&self) -> u64 {
+        self.compactions.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// UNDO and REDO files of all rowsets.
+    pub fn delta_file_count(&self) -> usize {
         self.state
             .read()
-            .rowsets
+            .deltas
             .iter()
-            .map(|r| r.disk_bytes())
+            .map(|d| d.files().count())
             .sum()
+    }
+
+    pub fn disk_bytes(&self) -> u64 {
+        let state = self.state.read();
+        let deltas = state
+            .deltas
+            .iter()
+            .flat_map(|d| d.undo.iter().chain(&d.redo));
+        state.rowsets.iter().map(|r| r.disk_bytes()).sum::<u64>()
+            + deltas.map(|f| f.disk_bytes()).sum::<u64>()
     }
 
     /// Applies one write batch at `ts` as log entry `index`: all rows or none.
@@ -327,7 +414,7 @@ impl Tablet {
                 row: images.as_ref().map(|i| i[row]),
             };
             match location {
-                Location::Disk { rs, ordinal, .. } => state.deltas[rs].push(ordinal, version),
+                Location::Disk { rs, ordinal, .. } => state.deltas[rs].dms.push(ordinal, version),
                 Location::Mem(_) | Location::Absent => state.mrs.push(key, version),
             }
         }
@@ -428,54 +515,68 @@ impl Tablet {
     ) -> Result<RecordBatch, StorageError> {
         let table = state.schema.arrow_schema();
         let width = table.fields().len();
-        // Base rows of flushed rows without a delta image are read from their rowsets.
-        let mut base_reads: Vec<Vec<u32>> = vec![Vec::new(); state.rowsets.len()];
+        // Images on disk (base rows, REDO records) are read per file, sorted.
+        let mut reads: BTreeMap<(usize, Option<usize>), Vec<u32>> = BTreeMap::new();
         for l in locations {
-            if let Location::Disk {
-                rs,
-                ordinal,
-                image: None,
-            } = l
-            {
-                base_reads[*rs].push(*ordinal);
-            }
-        }
-        let mut base_batches: Vec<(usize, Vec<u32>, RecordBatch)> = Vec::new();
-        for (rs, mut ordinals) in base_reads.into_iter().enumerate() {
-            if ordinals.is_empty() {
-                continue;
-            }
-            ordinals.sort_unstable();
-            ordinals.dedup();
-            let batch = state.rowsets[rs].read_rows(width, &ordinals)?;
-            base_batches.push((rs, ordinals, batch));
-        }
-        // Sources for interleave: arena batches, then the base reads.
-        let arena_len = state.arena.len();
-        let mut indices = Vec::with_capacity(locations.len());
-        for l in locations {
-            indices.push(match l {
-                Location::Mem(r) | Location::Disk { image: Some(r), .. } => {
-                    (r.batch as usize, r.row as usize)
-                }
+            match l {
                 Location::Disk {
                     rs,
                     ordinal,
-                    image: None,
-                } => {
-                    let (pos, (_, ordinals, _)) = base_batches
-                        .iter()
-                        .enumerate()
-                        .find(|(_, (r, _, _))| r == rs)
-                        .ok_or_else(|| StorageError::Corruption("base row not read".into()))?;
-                    let row = ordinals
-                        .binary_search(ordinal)
-                        .map_err(|_| StorageError::Corruption("base row not read".into()))?;
-                    (arena_len + pos, row)
-                }
-                Location::Absent => {
-                    return Err(StorageError::Corruption("update of an absent row".into()))
-                }
+                    image: Image::Base,
+                } => reads.entry((*rs, None)).or_default().push(*ordinal),
+                Location::Disk {
+                    rs,
+                    image: Image::File { file, row },
+                    ..
+                } => reads.entry((*rs, Some(*file))).or_default().push(*row),
+                _ => {}
+            }
+        }
+        let arena_len = state.arena.len();
+        let mut read_batches = Vec::new();
+        let mut positions = HashMap::new();
+        for ((rs, file), mut rows) in reads {
+            rows.sort_unstable();
+            rows.dedup();
+            let batch = match file {
+                None => state.rowsets[rs].read_rows(width, &rows)?,
+                Some(f) => state.deltas[rs]
+                    .file(f)
+                    .ok_or_else(|| StorageError::Corruption("missing delta file".into()))?
+                    .read_images(&rows)?,
+            };
+            let source = arena_len + read_batches.len();
+            for (i, row) in rows.into_iter().enumerate() {
+                positions.insert((rs, file, row), (source, i));
+            }
+            read_batches.push(batch);
+        }
+        let missing = || StorageError::Corruption("row image not read".into());
+        let mut indices = Vec::with_capacity(locations.len());
+        for l in locations {
+            indices.push(match l {
+                Location::Mem(r)
+                | Location::Disk {
+                    image: Image::Mem(r),
+                    ..
+                } => (r.batch as usize, r.row as usize),
+                Location::Disk {
+                    rs,
+                    ordinal,
+                    image: Image::Base,
+                } => *positions.get(&(*rs, None, *ordinal)).ok_or_else(missing)?,
+                Location::Disk {
+                    rs,
+                    image: Image::File { file, row },
+                    ..
+                } => *positions
+                    .get(&(*rs, Some(*file), *row))
+                    .ok_or_else(missing)?,
+                Location::Absent
+                | Location::Disk {
+                    image: Image::Absent,
+                    ..
+                } => return Err(StorageError::Corruption("update of an absent row".into())),
             });
         }
         let mut columns = Vec::with_capacity(width);
@@ -487,13 +588,20 @@ impl Tablet {
             let mut sources: Vec<&dyn Array> = (0..arena_len as u32)
                 .map(|b| state.arena.batch(b).column(c).as_ref())
                 .collect();
-            sources.extend(base_batches.iter().map(|(_, _, b)| b.column(c).as_ref()));
+            sources.extend(read_batches.iter().map(|b| b.column(c).as_ref()));
             columns.push(interleave(&sources, &indices)?);
         }
         Ok(RecordBatch::try_new(table, columns)?)
     }
 
     pub fn scan(&self, spec: &ScanSpec) -> Result<ScanIterator, StorageError> {
+        let ancient = self.ancient_history_mark();
+        if spec.snapshot < ancient {
+            return Err(StorageError::SnapshotTooOld {
+                snapshot: spec.snapshot.display(),
+                oldest: ancient.display(),
+            });
+        }
         let state = self.state.read();
         let schema = &state.schema;
         let (read_columns, output_len) = scan::read_columns(schema, spec)?;
@@ -504,7 +612,8 @@ impl Tablet {
         let batch_size = spec.batch_size.max(1);
         let mut sources = std::collections::VecDeque::new();
         for (rowset, deltas) in state.rowsets.iter().zip(&state.deltas) {
-            let (hidden, images) = deltas.view(spec.snapshot);
+            let (hidden, images) =
+                deltas.view(spec.snapshot, &table, &read_columns, &state.arena)?;
             sources.push_back(Source::Rowset(Box::new(rowset.reader(
                 schema,
                 &read_columns,
@@ -512,13 +621,7 @@ impl Tablet {
                 &spec.predicates,
                 batch_size,
             )?)));
-            for chunk in images.chunks(batch_size) {
-                sources.push_back(Source::Batch(state.arena.gather(
-                    &table,
-                    &read_columns,
-                    chunk,
-                )?));
-            }
+            sources.extend(images.into_iter().map(Source::Batch));
         }
         let mem_rows = state.mrs.visible_rows(spec.snapshot);
         for chunk in mem_rows.chunks(batch_size) {
@@ -553,14 +656,22 @@ impl Tablet {
         let mut sources = std::collections::VecDeque::new();
         let mut in_memory = Vec::new();
         for key in keys {
-            match state.locate_at(&key, spec.snapshot) {
-                Some(Found::Memory(row)) => in_memory.push(row),
-                Some(Found::Disk { rs, ordinal }) => {
-                    let row = state.rowsets[rs].read_rows(width, &[ordinal])?;
-                    sources.push_back(Source::Batch(row.project(&read_columns)?));
+            let Some((rs, ordinal, image)) = state.locate_at(&key, spec.snapshot)? else {
+                continue;
+            };
+            let row = match image {
+                Image::Mem(row) => {
+                    in_memory.push(row);
+                    continue;
                 }
-                None => {}
-            }
+                Image::File { file, row } => state.deltas[rs]
+                    .file(file)
+                    .ok_or_else(|| StorageError::Corruption("missing delta file".into()))?
+                    .read_images(&[row])?,
+                _ => state.rowsets[rs].read_rows(width, &[ordinal])?,
+            };
+            let row = RecordBatch::try_new(table.clone(), row.columns().to_vec())?;
+            sources.push_back(Source::Batch(row.project(&read_columns)?));
         }
         if !in_memory.is_empty() {
             sources.push_back(Source::Batch(state.arena.gather(
@@ -592,15 +703,100 @@ impl Tablet {
         write_metadata(&self.dir, meta, &|step| self.fail(step))
     }
 
-    /// Writes in-memory rows and deltas to new DiskRowSets and switches to them atomically.
+    /// Writes in-memory rows and deltas to new files and switches to them atomically.
     pub fn flush(&self) -> Result<(), StorageError> {
         self.flush_locked(&mut self.state.write())
     }
 
-    /// Changes the schema as log entry `index`: flushes, rewrites every rowset with the new
-    /// columns (values found by column id; an added column takes its DEFAULT or NULL), then
-    /// switches to the new schema and files with one metadata write. A crash before that write
-    /// leaves the old schema and files, and replaying the log applies the change again.
+    /// Runs `f` to write new files, then switches to the rowsets it returns (replacing the
+    /// rowsets at `replaced`, sorted indexes) with one metadata write, and removes the files
+    /// that are no longer named. A failure before the switch removes the new files.
+    fn switch<F>(
+        &self,
+        state: &mut State,
+        schema: &Schema,
+        durable_index: u64,
+        replaced: &[usize],
+        f: F,
+    ) -> Result<(), StorageError>
+    where
+        F: FnOnce(
+            &State,
+            &mut NewFiles,
+        ) -> Result<(Vec<Arc<DiskRowSet>>, Vec<RowsetDeltas>), StorageError>,
+    {
+        let fail = |step: &str| self.fail(step);
+        let mut files = NewFiles {
+            dir: &self.dir,
+            next_id: state.next_rowset_id,
+            paths: Vec::new(),
+            fail: &fail,
+        };
+        let result = f(state, &mut files);
+        // The ids handed out stay used: the metadata on disk may name them even after a failure.
+        state.next_rowset_id = files.next_id;
+        let (rowsets, deltas) = match result {
+            Ok(new) => new,
+            Err(e) => {
+                files.remove_all();
+                return Err(e);
+            }
+        };
+        let mut old_files: Vec<PathBuf> = Vec::new();
+        let named: HashSet<&Path> = rowsets
+            .iter()
+            .map(|r| r.path())
+            .chain(deltas.iter().flat_map(|d| d.files().map(|f| f.path())))
+            .collect();
+        for &i in replaced {
+            old_files.push(state.rowsets[i].path().to_path_buf());
+        }
+        for d in &state.deltas {
+            old_files.extend(d.files().map(|f| f.path().to_path_buf()));
+        }
+        old_files.retain(|p| !named.contains(p.as_path()));
+        self.write_metadata(&Metadata {
+            schema: schema.clone(),
+            rowsets: rowsets.iter().map(|r| r.id).collect(),
+            deltas: rowsets
+                .iter()
+                .zip(&deltas)
+                .filter(|(_, d)| d.undo.is_some() || !d.redo.is_empty())
+                .map(|(r, d)| {
+                    let undo = d.undo.as_ref().map(|f| f.meta.clone());
+                    let redo = d.redo.iter().map(|f| f.meta.clone()).collect();
+                    (r.id, DeltaFiles { undo, redo })
+                })
+                .collect(),
+            next_rowset_id: state.next_rowset_id,
+            durable_index,
+            next_auto_id: state.next_auto_id,
+        })?;
+        // The new state is durable; the replaced files are garbage now (open scans keep their
+        // file handles or have read what they need).
+        for path in old_files {
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(file = %path.display(), error = %e, "could not remove a replaced file");
+            }
+        }
+        state.schema = Arc::new(schema.clone());
+        state.rowsets = rowsets;
+        state.deltas = deltas;
+        state.durable_index = durable_index;
+        state.last_applied = state.last_applied.max(durable_index);
+        Ok(())
+    }
+
+    /// Rows per rowset for a rewrite of rowsets that take `bytes` on disk for `rows` rows.
+    fn rows_per_rowset(&self, bytes: u64, rows: usize) -> usize {
+        let per_row = (bytes as usize / rows.max(1)).max(1);
+        (self.options.rowset_target_bytes / per_row).max(1024)
+    }
+
+    /// Changes the schema as log entry `index`: flushes, rewrites every rowset and its history
+    /// with the new columns (values found by column id; an added column takes its DEFAULT or
+    /// NULL), then switches to the new schema and files with one metadata write. A crash before
+    /// that write leaves the old schema and files, and replaying the log applies the change again.
     pub fn alter_schema(&self, index: u64, schema: &Schema) -> Result<(), StorageError> {
         let mut state = self.state.write();
         let old = state.schema.clone();
@@ -625,216 +821,271 @@ impl Tablet {
             }
         }
         self.flush_locked(&mut state)?;
-        let table = schema.arrow_schema();
-        let mut new = NewRowsets::starting_at(state.next_rowset_id);
-        let result = (|| -> Result<(), StorageError> {
-            for rowset in &state.rowsets {
-                let n = rowset.num_rows();
-                let base =
-                    rowset.read_rows(old.columns().len(), &(0..n as u32).collect::<Vec<_>>())?;
-                let columns = schema
-                    .columns()
+        let ancient = self.ancient_history_mark();
+        let table = nullable(&schema.arrow_schema());
+        let all: Vec<usize> = (0..state.rowsets.len()).collect();
+        self.switch(&mut state, schema, index, &all, |state, files| {
+            let mut rowsets = Vec::new();
+            let mut deltas = Vec::new();
+            for (rowset, history) in state.rowsets.iter().zip(&state.deltas) {
+                let mut images = Vec::new();
+                let chains =
+                    history::rowset_chains(rowset, history, old.columns().len(), &mut images)?;
+                let images = images
                     .iter()
-                    .zip(&sources)
-                    .map(|(column, source)| match source {
-                        Some(o) => Ok(base.column(*o).clone()),
-                        None => default_column(column, n),
+                    .map(|batch| {
+                        let columns = schema
+                            .columns()
+                            .iter()
+                            .zip(&sources)
+                            .map(|(column, source)| match source {
+                                Some(o) => Ok(batch.column(*o).clone()),
+                                None => default_column(column, batch.num_rows()),
+                            })
+                            .collect::<Result<Vec<_>, StorageError>>()?;
+                        Ok(RecordBatch::try_new(table.clone(), columns)?)
                     })
                     .collect::<Result<Vec<_>, StorageError>>()?;
-                let batch = RecordBatch::try_new(table.clone(), columns)?;
-                let keys = (0..n as u32).map(|o| rowset.key(o).to_vec()).collect();
-                new.write(self, schema, &[batch], keys)?;
+                let refs: Vec<&RecordBatch> = images.iter().collect();
+                let rows = rowset.num_rows().max(1);
+                for new in history::write_chains(files, schema, &refs, chains, ancient, rows)? {
+                    rowsets.push(new.rowset);
+                    deltas.push(new.deltas);
+                }
             }
-            Ok(())
-        })();
-        let (created, next_id) = new.finish(&mut state, result)?;
-        // From here the new files may be named by the metadata on disk: they stay.
-        self.write_metadata(&Metadata {
-            schema: schema.clone(),
-            rowsets: created.iter().map(|r| r.id).collect(),
-            next_rowset_id: next_id,
-            durable_index: index,
-            next_auto_id: state.next_auto_id,
-        })?;
-        for rowset in &state.rowsets {
-            if let Err(e) = std::fs::remove_file(rowset.path()) {
-                tracing::warn!(file = %rowset.path().display(), error = %e, "could not remove rewritten rowset");
-            }
-        }
-        state.schema = Arc::new(schema.clone());
-        state.deltas = vec![DeltaMemStore::default(); created.len()];
-        state.rowsets = created;
-        state.next_rowset_id = next_id;
-        state.last_applied = state.last_applied.max(index);
-        state.durable_index = index;
-        Ok(())
+            Ok((rowsets, deltas))
+        })
     }
 
     fn flush_locked(&self, state: &mut State) -> Result<(), StorageError> {
-        if state.mrs.is_empty() && state.deltas.iter().all(DeltaMemStore::is_empty) {
-            if state.durable_index != state.last_applied {
-                let meta = Metadata {
-                    schema: (*state.schema).clone(),
-                    rowsets: state.rowsets.iter().map(|r| r.id).collect(),
-                    next_rowset_id: state.next_rowset_id,
-                    durable_index: state.last_applied,
-                    next_auto_id: state.next_auto_id,
-                };
-                self.write_metadata(&meta)?;
-                state.durable_index = state.last_applied;
+        let schema = state.schema.clone();
+        let durable = state.last_applied;
+        if state.mrs.is_empty() && state.deltas.iter().all(|d| d.dms.is_empty()) {
+            if state.durable_index != durable {
+                self.switch(state, &schema, durable, &[], |state, _| {
+                    Ok((state.rowsets.clone(), state.deltas.clone()))
+                })?;
             }
             return Ok(());
         }
-        let table = state.schema.arrow_schema();
-        let all: Vec<usize> = (0..table.fields().len()).collect();
-        let mut new = NewRowsets::starting_at(state.next_rowset_id);
-        let mut kept: Vec<Arc<DiskRowSet>> = Vec::new();
-        let mut replaced: Vec<Arc<DiskRowSet>> = Vec::new();
-        let latest = Timestamp(u64::MAX);
-        let result = (|| -> Result<(), StorageError> {
-            // Rowsets with deltas: rewritten with their deltas applied.
-            for (rowset, deltas) in state.rowsets.iter().zip(&state.deltas) {
-                if deltas.is_empty() {
-                    kept.push(rowset.clone());
-                    continue;
-                }
-                let (hidden, _) = deltas.view(latest);
-                let hidden: HashSet<u32> = hidden.into_iter().collect();
-                let mut keys: Vec<(Vec<u8>, Option<RowRef>, u32)> = Vec::new();
-                for ordinal in 0..rowset.num_rows() as u32 {
-                    if !hidden.contains(&ordinal) {
-                        keys.push((rowset.key(ordinal).to_vec(), None, ordinal));
-                    } else if let Some(Version { row: Some(r), .. }) = deltas.latest(ordinal) {
-                        keys.push((rowset.key(ordinal).to_vec(), Some(*r), ordinal));
-                    }
-                }
-                let base = rowset.read_rows(
-                    all.len(),
-                    &(0..rowset.num_rows() as u32).collect::<Vec<_>>(),
-                )?;
-                let arena_len = state.arena.len();
-                let indices: Vec<(usize, usize)> = keys
-                    .iter()
-                    .map(|(_, image, ordinal)| match image {
-                        Some(r) => (r.batch as usize, r.row as usize),
-                        None => (arena_len, *ordinal as usize),
-                    })
-                    .collect();
-                let mut columns = Vec::new();
-                for c in 0..all.len() {
-                    let mut sources: Vec<&dyn Array> = (0..arena_len as u32)
-                        .map(|b| state.arena.batch(b).column(c).as_ref())
-                        .collect();
-                    sources.push(base.column(c).as_ref());
-                    columns.push(interleave(&sources, &indices)?);
-                }
-                replaced.push(rowset.clone());
-                if keys.is_empty() {
-                    continue;
-                }
-                let batch = RecordBatch::try_new(table.clone(), columns)?;
-                new.write(
-                    self,
-                    &state.schema,
-                    &[batch],
-                    keys.into_iter().map(|k| k.0).collect(),
-                )?;
-            }
-            // MemRowSet: live rows in key order, rolled at the target rowset size.
-            let live: Vec<(Vec<u8>, RowRef)> = state
-                .mrs
-                .index
-                .iter()
-                .filter_map(|(k, v)| v.last().and_then(|v| v.row).map(|r| (k.clone(), r)))
+        let ancient = self.ancient_history_mark();
+        self.switch(state, &schema, durable, &[], |state, files| {
+            let sources: Vec<&RecordBatch> = (0..state.arena.len() as u32)
+                .map(|b| state.arena.batch(b))
                 .collect();
-            if !live.is_empty() {
-                let row_bytes = (state.arena.bytes() / live.len().max(1)).max(1);
-                let rows_per_rowset = (self.options.rowset_target_bytes / row_bytes).max(1024);
-                for chunk in live.chunks(rows_per_rowset) {
-                    let refs: Vec<RowRef> = chunk.iter().map(|(_, r)| *r).collect();
-                    let mut batches = Vec::new();
-                    for part in refs.chunks(64 * 1024) {
-                        batches.push(state.arena.gather(&table, &all, part)?);
-                    }
-                    let keys = chunk.iter().map(|(k, _)| k.clone()).collect();
-                    new.write(self, &state.schema, &batches, keys)?;
+            let mut rowsets = state.rowsets.clone();
+            let mut deltas = Vec::with_capacity(state.deltas.len());
+            // Each DeltaMemStore becomes a REDO file of its rowset.
+            for d in &state.deltas {
+                let mut d = d.without_dms();
+                let records = state.deltas[deltas.len()].dms.records();
+                if !records.is_empty() {
+                    d.add_redo(files.delta(&schema, &sources, &records)?)?;
                 }
+                deltas.push(d);
             }
-            Ok(())
-        })();
-        let (created, next_id) = new.finish(state, result)?;
-        let mut rowsets = kept;
-        rowsets.extend(created);
-        let meta = Metadata {
-            schema: (*state.schema).clone(),
-            rowsets: rowsets.iter().map(|r| r.id).collect(),
-            next_rowset_id: next_id,
-            durable_index: state.last_applied,
-            next_auto_id: state.next_auto_id,
-        };
-        self.write_metadata(&meta)?;
-        // The new state is durable; the replaced files are garbage now (open scans keep their
-        // file handles).
-        for rowset in replaced {
-            if let Err(e) = std::fs::remove_file(rowset.path()) {
-                tracing::warn!(file = %rowset.path().display(), error = %e, "could not remove replaced rowset");
+            // The MemRowSet: every key's versions, in key order, rolled at the target size.
+            let chains = state.mrs.index.iter().map(|(key, versions)| Chain {
+                key: key.clone(),
+                versions: versions
+                    .iter()
+                    .map(|v| (v.ts, v.row.map(|r| (r.batch as usize, r.row as usize))))
+                    .collect(),
+            });
+            let rows = state.mrs.len();
+            let rows_per_rowset = self.rows_per_rowset(state.arena.bytes() as u64, rows);
+            for new in
+                history::write_chains(files, &schema, &sources, chains, ancient, rows_per_rowset)?
+            {
+                rowsets.push(new.rowset);
+                deltas.push(new.deltas);
             }
-        }
-        state.deltas = vec![DeltaMemStore::default(); rowsets.len()];
-        state.rowsets = rowsets;
-        state.next_rowset_id = next_id;
-        state.durable_index = state.last_applied;
+            Ok((rowsets, deltas))
+        })?;
         state.mrs.clear();
         state.arena.clear();
         Ok(())
     }
-}
 
-/// The rowsets a flush or schema change writes: ids handed out in order, files removed if the
-/// operation fails before its metadata is written.
-struct NewRowsets {
-    next_id: u64,
-    created: Vec<Arc<DiskRowSet>>,
-}
-
-impl NewRowsets {
-    fn starting_at(next_id: u64) -> Self {
-        Self {
-            next_id,
-            created: Vec::new(),
-        }
-    }
-
-    fn write(
-        &mut self,
-        tablet: &Tablet,
-        schema: &Schema,
-        batches: &[RecordBatch],
-        keys: Vec<Vec<u8>>,
-    ) -> Result<(), StorageError> {
-        let rowset = DiskRowSet::write(&tablet.dir, self.next_id, schema, batches, keys)?;
-        self.created.push(Arc::new(rowset));
-        self.next_id += 1;
-        tablet.fail("rowset_written")
-    }
-
-    /// Ends the writing: the ids handed out stay used in `state` (the metadata on disk may name
-    /// them even after a failure); if `written` failed, the new files are removed. Returns the
-    /// new rowsets and the next free id.
-    fn finish(
-        self,
-        state: &mut State,
-        written: Result<(), StorageError>,
-    ) -> Result<(Vec<Arc<DiskRowSet>>, u64), StorageError> {
-        state.next_rowset_id = self.next_id;
-        if let Err(e) = written {
-            for rowset in &self.created {
-                let _ = std::fs::remove_file(rowset.path());
+    /// The background operations worth doing on this tablet's files now, best first.
+    pub fn maintenance_ops(&self) -> Vec<MaintenanceOp> {
+        let state = self.state.read();
+        let ancient = self.ancient_history_mark();
+        let mut ops = Vec::new();
+        for (rowset, d) in state.rowsets.iter().zip(&state.deltas) {
+            let id = rowset.id;
+            // Major delta compaction pays when many rows have REDO records: each costs a scan
+            // an extra image read and a skipped base row.
+            let updated = d.redo_records() as f64 / rowset.num_rows().max(1) as f64;
+            if updated >= 0.05 {
+                ops.push(MaintenanceOp {
+                    kind: MaintenanceKind::ApplyRedo { rowset: id },
+                    score: 1.0 + updated * 10.0,
+                });
+            } else if d.redo.len() >= 2 {
+                ops.push(MaintenanceOp {
+                    kind: MaintenanceKind::MergeRedo { rowset: id },
+                    score: (d.redo.len() - 1) as f64,
+                });
             }
-            return Err(e);
+            if let Some(undo) = d.undo.as_ref().filter(|u| u.meta.max_ts <= ancient) {
+                ops.push(MaintenanceOp {
+                    kind: MaintenanceKind::TrimUndo { rowset: id },
+                    score: 1.0 + undo.disk_bytes() as f64 / rowset.disk_bytes().max(1) as f64,
+                });
+            }
         }
-        Ok((self.created, self.next_id))
+        if let Some(rowsets) =
+            overlapping_rowsets(&state.rowsets, self.options.compaction_budget_bytes)
+        {
+            ops.push(MaintenanceOp {
+                score: (rowsets.len() - 1) as f64,
+                kind: MaintenanceKind::MergeRowsets { rowsets },
+            });
+        }
+        ops.sort_by(|a, b| b.score.total_cmp(&a.score));
+        ops
     }
+
+    /// Runs one maintenance operation (see [`MaintenanceKind`]). Rowsets with changes still
+    /// in memory are flushed first. An operation whose rowsets are gone already does nothing.
+    pub fn compact(&self, kind: &MaintenanceKind) -> Result<(), StorageError> {
+        let mut state = self.state.write();
+        let ids: Vec<u64> = match kind {
+            MaintenanceKind::MergeRedo { rowset }
+            | MaintenanceKind::ApplyRedo { rowset }
+            | MaintenanceKind::TrimUndo { rowset } => vec![*rowset],
+            MaintenanceKind::MergeRowsets { rowsets } => rowsets.clone(),
+        };
+        let mut indexes = Vec::new();
+        for id in &ids {
+            match state.rowsets.iter().position(|r| r.id == *id) {
+                Some(i) => indexes.push(i),
+                None => return Ok(()),
+            }
+        }
+        indexes.sort_unstable();
+        if indexes.iter().any(|&i| !state.deltas[i].dms.is_empty()) {
+            self.flush_locked(&mut state)?;
+        }
+        let ancient = self.ancient_history_mark();
+        let schema = state.schema.clone();
+        let durable = state.durable_index;
+        let width = schema.columns().len();
+        let rewrite = matches!(
+            kind,
+            MaintenanceKind::ApplyRedo { .. } | MaintenanceKind::MergeRowsets { .. }
+        );
+        let replaced: &[usize] = if rewrite { &indexes } else { &[] };
+        self.compactions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.switch(&mut state, &schema, durable, replaced, |state, files| {
+            // Other rowsets keep their in-memory changes; these have none.
+            let mut rowsets = state.rowsets.clone();
+            let mut deltas = state.deltas.clone();
+            let all: Vec<usize> = (0..width).collect();
+            match kind {
+                MaintenanceKind::MergeRedo { .. } => {
+                    let d = &mut deltas[indexes[0]];
+                    let mut images = Vec::new();
+                    let mut records = Vec::new();
+                    for file in &d.redo {
+                        let read = file.read(&all)?;
+                        for (row, (&ordinal, &ts)) in read.ordinals.iter().zip(&read.ts).enumerate()
+                        {
+                            let image = (!read.deleted.value(row)).then_some((images.len(), row));
+                            records.push(crate::delta::Record {
+                                ordinal,
+                                ts: Timestamp(ts),
+                                image,
+                            });
+                        }
+                        images.push(read.images);
+                    }
+                    // Files are in time order and each is sorted: a stable sort by ordinal keeps
+                    // every ordinal's records in time order.
+                    records.sort_by_key(|r| r.ordinal);
+                    let refs: Vec<&RecordBatch> = images.iter().collect();
+                    let merged = files.delta(&schema, &refs, &records)?;
+                    *d = RowsetDeltas::new(d.undo.clone(), vec![merged])?;
+                }
+                MaintenanceKind::TrimUndo { .. } => {
+                    let d = &mut deltas[indexes[0]];
+                    *d = RowsetDeltas::new(None, d.redo.clone())?;
+                }
+                MaintenanceKind::ApplyRedo { .. } | MaintenanceKind::MergeRowsets { .. } => {
+                    let mut images = Vec::new();
+                    let mut parts = Vec::new();
+                    let (mut bytes, mut rows) = (0, 0);
+                    for &i in &indexes {
+                        let rowset = &state.rowsets[i];
+                        parts.push(history::rowset_chains(
+                            rowset,
+                            &deltas[i],
+                            width,
+                            &mut images,
+                        )?);
+                        bytes += rowset.disk_bytes();
+                        rows += rowset.num_rows();
+                    }
+                    let chains = history::merge_chains(parts, ancient);
+                    let refs: Vec<&RecordBatch> = images.iter().collect();
+                    let per_rowset = self.rows_per_rowset(bytes, rows);
+                    for &i in indexes.iter().rev() {
+                        rowsets.remove(i);
+                        deltas.remove(i);
+                    }
+                    for new in
+                        history::write_chains(files, &schema, &refs, chains, ancient, per_rowset)?
+                    {
+                        rowsets.push(new.rowset);
+                        deltas.push(new.deltas);
+                    }
+                }
+            }
+            Ok((rowsets, deltas))
+        })
+    }
+}
+
+/// The rowsets to merge so that key lookups consult fewer rowsets: those whose key ranges
+/// cover the key covered by most rowsets, smallest first within `budget` bytes; None if fewer
+/// than two.
+fn overlapping_rowsets(rowsets: &[Arc<DiskRowSet>], budget: u64) -> Option<Vec<u64>> {
+    let bounds = |r: &DiskRowSet| (r.key(0).to_vec(), r.key(r.num_rows() as u32 - 1).to_vec());
+    let ranges: Vec<(Vec<u8>, Vec<u8>)> = rowsets.iter().map(|r| bounds(r)).collect();
+    // The deepest point is the start of some range.
+    let mut best: Vec<usize> = Vec::new();
+    for (start, _) in &ranges {
+        let covering: Vec<usize> = (0..ranges.len())
+            .filter(|&j| ranges[j].0 <= *start && *start <= ranges[j].1)
+            .collect();
+        if covering.len() > best.len() {
+            best = covering;
+        }
+    }
+    best.sort_by_key(|&i| rowsets[i].disk_bytes());
+    let mut total = 0;
+    let chosen: Vec<u64> = best
+        .into_iter()
+        .take_while(|&i| {
+            total += rowsets[i].disk_bytes();
+            total <= budget
+        })
+        .map(|i| rowsets[i].id)
+        .collect();
+    (chosen.len() >= 2).then_some(chosen)
+}
+
+/// `schema` with every field nullable (for batches of row images that include deletions).
+fn nullable(schema: &arrow::datatypes::SchemaRef) -> arrow::datatypes::SchemaRef {
+    Arc::new(arrow::datatypes::Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+    ))
 }
 
 /// `n` copies of `column`'s DEFAULT, or NULLs without one.
@@ -854,37 +1105,34 @@ fn default_column(column: &crate::ColumnSchema, n: usize) -> Result<ArrayRef, St
     Ok(take(&one, &UInt32Array::from(vec![0u32; n]), None)?)
 }
 
-/// Where the version of a key visible at a snapshot is.
-enum Found {
-    Memory(RowRef),
-    Disk { rs: usize, ordinal: u32 },
-}
-
 impl State {
-    /// The row with `key` visible at `snapshot`, if any (as a scan at `snapshot` sees it).
-    fn locate_at(&self, key: &[u8], snapshot: Timestamp) -> Option<Found> {
+    /// The row with `key` visible at `snapshot`, if any (as a scan at `snapshot` sees it):
+    /// in memory (`rs` is unused), or in rowset `rs` at `ordinal`.
+    fn locate_at(
+        &self,
+        key: &[u8],
+        snapshot: Timestamp,
+    ) -> Result<Option<(usize, u32, Image)>, StorageError> {
         if let Some(v) = self
             .mrs
             .index
             .get(key)
             .and_then(|versions| visible(versions, snapshot))
         {
-            return v.row.map(Found::Memory);
+            return Ok(v.row.map(|r| (0, 0, Image::Mem(r))));
         }
+        // A key deleted from one rowset and inserted again lives in another: at most one of
+        // them has it live at any time.
         let hash = crate::diskrowset::hash_bytes(key);
         for (rs, rowset) in self.rowsets.iter().enumerate() {
             if let Some(ordinal) = rowset.find(key, hash) {
-                return match self.deltas[rs]
-                    .by_ordinal
-                    .get(&ordinal)
-                    .and_then(|versions| visible(versions, snapshot))
-                {
-                    Some(v) => v.row.map(Found::Memory),
-                    None => Some(Found::Disk { rs, ordinal }),
-                };
+                match self.deltas[rs].at(ordinal, snapshot)? {
+                    Image::Absent => continue,
+                    image => return Ok(Some((rs, ordinal, image))),
+                }
             }
         }
-        None
+        Ok(None)
     }
 
     fn locate(&self, key: &[u8]) -> Location {
@@ -897,19 +1145,10 @@ impl State {
         let hash = crate::diskrowset::hash_bytes(key);
         for (rs, rowset) in self.rowsets.iter().enumerate() {
             if let Some(ordinal) = rowset.find(key, hash) {
-                return match self.deltas[rs].latest(ordinal) {
-                    None => Location::Disk {
-                        rs,
-                        ordinal,
-                        image: None,
-                    },
-                    Some(Version { row: Some(r), .. }) => Location::Disk {
-                        rs,
-                        ordinal,
-                        image: Some(*r),
-                    },
-                    Some(Version { row: None, .. }) => Location::Absent,
-                };
+                match self.deltas[rs].latest(ordinal) {
+                    Image::Absent => continue,
+                    image => return Location::Disk { rs, ordinal, image },
+                }
             }
         }
         Location::Absent

@@ -13,6 +13,26 @@ use crate::StorageError;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Timestamp(pub u64);
 
+impl Timestamp {
+    /// HybridTime layout: physical microseconds since the Unix epoch above 12 logical bits.
+    pub const LOGICAL_BITS: u32 = 12;
+
+    pub fn from_micros(micros: u64) -> Self {
+        Timestamp(micros << Self::LOGICAL_BITS)
+    }
+
+    pub fn micros(self) -> u64 {
+        self.0 >> Self::LOGICAL_BITS
+    }
+
+    /// The wall time of the timestamp, for messages.
+    pub fn display(self) -> String {
+        arrow::temporal_conversions::timestamp_us_to_datetime(self.micros() as i64)
+            .map(|t| format!("{} UTC", t.format("%Y-%m-%d %H:%M:%S%.6f")))
+            .unwrap_or_else(|| format!("hybrid time {}", self.0))
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Hash, Serialize, Deserialize)]
 pub enum WriteKind {
     /// New rows; an existing key is an error.

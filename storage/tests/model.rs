@@ -1,6 +1,7 @@
 //! Randomised model-based test of a tablet: random INSERT/UPSERT/UPDATE/DELETE batches (some of
 //! which must be rejected), scans with predicates, snapshot scans, flushes and reopen, all checked
-//! against a BTreeMap. `NYALA_MODEL_ITERS` sets the number of steps (default 400).
+//! against a BTreeMap. `NYALA_MODEL_ITERS` sets the number of steps (default 400),
+//! `NYALA_MODEL_SEED` the random seed (default 42).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,8 +9,8 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::Int64Type;
 use nyala_storage::{
-    ColumnPredicate, ColumnSchema, ColumnType, FailPoint, PredicateOp, Scalar, ScanSpec, Schema,
-    Tablet, TabletOptions, Timestamp, WriteBatch, WriteKind,
+    ColumnPredicate, ColumnSchema, ColumnType, FailPoint, MaintenanceKind, PredicateOp, Scalar,
+    ScanSpec, Schema, Tablet, TabletOptions, Timestamp, WriteBatch, WriteKind,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -107,14 +108,21 @@ fn random_operations_match_a_model() {
     let options = TabletOptions {
         flush_threshold_bytes: 1 << 20,
         rowset_target_bytes: 4 << 10,
-        fail_point: None,
+        ..TabletOptions::default()
     };
     let mut tablet = Tablet::create(dir.path(), schema.clone(), options.clone()).unwrap();
-    let mut rng = StdRng::seed_from_u64(42);
+    let seed = std::env::var("NYALA_MODEL_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(42);
+    let mut rng = StdRng::seed_from_u64(seed);
     let mut model = Model::new();
     let mut index = 0u64;
-    let mut ts = 0u64;
-    let mut snapshots: Vec<(Timestamp, Model)> = Vec::new();
+    // Hybrid times from now on: well within the history retention.
+    let mut ts = now().0;
+    // (snapshot, the log index of its write, the rows then)
+    let mut snapshots: Vec<(Timestamp, u64, Model)> = Vec::new();
+    let mut compactions = 0;
     for _ in 0..iterations {
         index += 1;
         ts += 1;
@@ -135,7 +143,7 @@ fn random_operations_match_a_model() {
         distinct.sort_unstable();
         distinct.dedup();
         let unique = distinct.len() == keys.len();
-        let op = rng.random_range(0..9);
+        let op = rng.random_range(0..10);
         let mut ignored_count = None;
         let before = model.clone();
         let (kind, batch, expect_ok) = match op {
@@ -192,15 +200,26 @@ fn random_operations_match_a_model() {
             }
             6 => {
                 tablet.flush().unwrap();
-                snapshots.clear(); // history before a flush is not kept
                 continue;
+            }
+            8 => {
+                // One of the compactions the tablet proposes; history must survive it.
+                let ops = tablet.maintenance_ops();
+                if !ops.is_empty() {
+                    let op = &ops[rng.random_range(0..ops.len())];
+                    tablet.compact(&op.kind).unwrap();
+                    compactions += 1;
+                }
+                (WriteKind::Upsert, rows(&schema, &[]), true)
             }
             _ => {
                 drop(tablet);
                 tablet = Tablet::open(dir.path(), options.clone()).unwrap();
-                // Not flushed: the WAL would replay these; here the model forgets them too.
+                // Not flushed: the WAL would replay these; here the model forgets them too,
+                // and snapshots after the last flush are no longer what the tablet holds.
                 model = scan(&tablet, Timestamp(u64::MAX), None);
-                snapshots.clear();
+                let durable = tablet.durable_index();
+                snapshots.retain(|(_, i, _)| *i <= durable);
                 continue;
             }
         };
@@ -262,8 +281,8 @@ fn random_operations_match_a_model() {
             expected,
             "keys {low_op:?} and {high_op:?}"
         );
-        snapshots.push((Timestamp(ts), model.clone()));
-        if let Some((old_ts, old_model)) = snapshots.get(rng.random_range(0..snapshots.len())) {
+        snapshots.push((Timestamp(ts), index, model.clone()));
+        if let Some((old_ts, _, old_model)) = snapshots.get(rng.random_range(0..snapshots.len())) {
             assert_eq!(
                 &scan(&tablet, *old_ts, None),
                 old_model,
@@ -285,6 +304,15 @@ fn random_operations_match_a_model() {
             );
         }
     }
+    assert!(iterations < 100 || compactions > 0, "no compaction ran");
+}
+
+fn now() -> Timestamp {
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    Timestamp::from_micros(micros)
 }
 
 #[test]
@@ -316,19 +344,25 @@ fn files_of_an_interrupted_flush_are_ignored_and_removed() {
     assert!(!dir.path().join("rowset-0000000099.parquet").exists());
 }
 
-/// Crash tests: a flush or a schema change fails at the n-th time it reaches a step (a rowset
-/// file written, the new metadata staged, the metadata switched), the tablet is dropped as a
-/// crash would leave it, and the reopened tablet must hold either the state before the
-/// operation or the state after it, with no stray files, and keep working.
+/// Crash tests: a flush, a schema change or a compaction fails at the n-th time it reaches a
+/// step (a rowset or delta file written, the new metadata staged, the metadata switched), the
+/// tablet is dropped as a crash would leave it, and the reopened tablet must hold either the
+/// state before the operation or the state after it, with no stray files, and keep working.
 #[test]
-fn a_crash_at_any_step_of_a_flush_or_schema_change_leaves_the_old_or_the_new_state() {
+fn a_crash_at_any_step_of_a_flush_compaction_or_schema_change_leaves_the_old_or_the_new_state() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let schema = schema();
     let entry = |k: i64| (k, Some(format!("s{}", k % 3)), k * 10);
     let durable: Model = (0..3000).map(|k| (k, (entry(k).1, entry(k).2))).collect();
-    for step in ["rowset_written", "metadata_staged", "metadata_switched"] {
+    for step in [
+        "rowset_written",
+        "delta_written",
+        "metadata_staged",
+        "metadata_switched",
+    ] {
         for nth in 1..=3 {
-            for alter in [false, true] {
+            for operation in ["flush", "alter", "compact"] {
+                let alter = operation == "alter";
                 let dir = tempfile::tempdir().unwrap();
                 let armed = Arc::new(AtomicBool::new(false));
                 let hits = Arc::new(AtomicUsize::new(0));
@@ -341,6 +375,7 @@ fn a_crash_at_any_step_of_a_flush_or_schema_change_leaves_the_old_or_the_new_sta
                             && s == step
                             && h.fetch_add(1, Ordering::SeqCst) + 1 == nth
                     }))),
+                    ..TabletOptions::default()
                 };
                 let tablet = Tablet::create(dir.path(), schema.clone(), options).unwrap();
                 let write = |index: u64, kind, entries: Vec<(i64, Option<String>, i64)>| {
@@ -365,8 +400,14 @@ fn a_crash_at_any_step_of_a_flush_or_schema_change_leaves_the_old_or_the_new_sta
                 after.get_mut(&2500).unwrap().1 = -1;
                 after.remove(&7);
                 after.extend((5000..5100).map(|k| (k, (entry(k).1, entry(k).2))));
+                if operation == "compact" {
+                    tablet.flush().unwrap();
+                }
                 armed.store(true, Ordering::SeqCst);
-                let result = if alter {
+                let result = if operation == "compact" {
+                    let rowsets = tablet.rowset_ids();
+                    tablet.compact(&MaintenanceKind::MergeRowsets { rowsets })
+                } else if alter {
                     let mut added = schema
                         .with_column_added(ColumnSchema {
                             default: Some("7".into()),
@@ -379,11 +420,11 @@ fn a_crash_at_any_step_of_a_flush_or_schema_change_leaves_the_old_or_the_new_sta
                     tablet.flush()
                 };
                 let failed = hits.load(Ordering::SeqCst) >= nth;
-                assert_eq!(result.is_err(), failed, "{step} #{nth} alter={alter}");
+                assert_eq!(result.is_err(), failed, "{step} #{nth} {operation}");
                 drop(tablet);
                 let tablet = Tablet::open(dir.path(), TabletOptions::default()).unwrap();
                 let got = scan(&tablet, Timestamp(u64::MAX), None);
-                let what = format!("{step} #{nth} alter={alter}");
+                let what = format!("{step} #{nth} {operation}");
                 if !failed || step == "metadata_switched" {
                     assert_eq!(got, after, "{what}: the new state");
                 } else if got != after {
@@ -392,9 +433,10 @@ fn a_crash_at_any_step_of_a_flush_or_schema_change_leaves_the_old_or_the_new_sta
                 if got == durable {
                     assert_eq!(tablet.schema().columns().len(), 3, "{what}");
                 }
-                // Only the metadata and the rowsets it names are left.
+                // Only the metadata and the files it names are left.
                 let files = std::fs::read_dir(dir.path()).unwrap().count();
-                assert_eq!(files, tablet.rowset_count() + 1, "{what}: stray files");
+                let named = tablet.rowset_count() + tablet.delta_file_count();
+                assert_eq!(files, named + 1, "{what}: stray files");
                 // The tablet keeps working: new rows, a flush (new rowset ids) and a reopen.
                 if tablet.schema().columns().len() == 3 {
                     let rows = rows(&schema, &[entry(9000)]);
@@ -412,4 +454,101 @@ fn a_crash_at_any_step_of_a_flush_or_schema_change_leaves_the_old_or_the_new_sta
             }
         }
     }
+}
+
+/// History older than the retention is refused to scans and dropped by rewrites: rows deleted
+/// before it disappear from the files, and UNDO records before it go.
+#[test]
+fn history_beyond_the_retention_is_refused_and_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = schema();
+    let options = TabletOptions {
+        history_max_age: std::time::Duration::from_secs(3600),
+        ..TabletOptions::default()
+    };
+    let tablet = Tablet::create(dir.path(), schema.clone(), options).unwrap();
+    let hours_ago = |h: f64| Timestamp(now().0 - Timestamp::from_micros((h * 3.6e9) as u64).0);
+    let write = |index, ts, kind, entries: Vec<(i64, Option<String>, i64)>| {
+        let batch = rows(&schema, &entries);
+        let rows = match kind {
+            WriteKind::Delete => batch.project(&[1]).unwrap(),
+            _ => batch,
+        };
+        tablet.apply(index, ts, &WriteBatch { kind, rows }).unwrap();
+    };
+    // Two hours ago: 100 rows, 10 of them deleted. Half an hour ago: 20 rows changed.
+    write(
+        1,
+        hours_ago(2.0),
+        WriteKind::Insert,
+        (0..100).map(|k| (k, None, k)).collect(),
+    );
+    write(
+        2,
+        hours_ago(1.9),
+        WriteKind::Delete,
+        (0..10).map(|k| (k, None, k)).collect(),
+    );
+    write(
+        3,
+        hours_ago(0.5),
+        WriteKind::Upsert,
+        (10..30).map(|k| (k, None, -k)).collect(),
+    );
+    tablet.flush().unwrap();
+    assert_eq!(
+        tablet.estimated_rows(),
+        90,
+        "rows deleted before the retention are gone"
+    );
+    let then = scan(&tablet, hours_ago(0.75), None);
+    assert_eq!(then.len(), 90);
+    assert_eq!(then[&10], (None, 10), "the version before the upsert");
+    assert_eq!(scan(&tablet, now(), None)[&10], (None, -10));
+    let too_old = tablet.scan(&ScanSpec {
+        projection: None,
+        predicates: vec![],
+        snapshot: hours_ago(1.5),
+        limit: None,
+        batch_size: 100,
+    });
+    let message = too_old
+        .err()
+        .expect("a scan beyond the retention fails")
+        .to_string();
+    assert!(
+        message.contains("older than the history retention"),
+        "{message}"
+    );
+    // Updates now go to REDO files; compactions merge them into the base data and keep
+    // the history within the retention.
+    write(
+        4,
+        now(),
+        WriteKind::Upsert,
+        (30..40).map(|k| (k, None, 0)).collect(),
+    );
+    tablet.flush().unwrap();
+    write(
+        5,
+        now(),
+        WriteKind::Upsert,
+        (40..50).map(|k| (k, None, 0)).collect(),
+    );
+    tablet.flush().unwrap();
+    let before = tablet.delta_file_count();
+    let ops = tablet.maintenance_ops();
+    assert!(
+        matches!(
+            ops.first().map(|o| &o.kind),
+            Some(MaintenanceKind::ApplyRedo { .. })
+        ),
+        "{ops:?}"
+    );
+    let expected_then = scan(&tablet, hours_ago(0.75), None);
+    let expected_now = scan(&tablet, now(), None);
+    tablet.compact(&ops[0].kind).unwrap();
+    assert!(tablet.delta_file_count() < before);
+    assert_eq!(scan(&tablet, hours_ago(0.75), None), expected_then);
+    assert_eq!(scan(&tablet, now(), None), expected_now);
 }
