@@ -18,8 +18,8 @@ use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArra
 use arrow::datatypes::Int64Type;
 use clap::Parser;
 use nyala_storage::{
-    ColumnPredicate, ColumnSchema, ColumnType, PredicateOp, Scalar, ScanSpec, Schema, Tablet,
-    TabletOptions, Timestamp, WriteBatch, WriteKind,
+    ColumnPredicate, ColumnSchema, ColumnType, MaintenanceKind, PredicateOp, Scalar, ScanSpec,
+    Schema, Tablet, TabletOptions, Timestamp, WriteBatch, WriteKind,
 };
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::{ArrowWriter, ProjectionMask};
@@ -154,7 +154,16 @@ fn main() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let mut keys: Vec<i64> = (0..args.rows as i64).collect();
     keys.shuffle(&mut rng);
-    let mut clock = Clock { ts: 0, index: 0 };
+    // Hybrid times from now: the history stays within the retention, so flushes write UNDO
+    // records as they would in a server.
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_micros() as u64;
+    let mut clock = Clock {
+        ts: Timestamp::from_micros(micros).0,
+        index: 0,
+    };
 
     // Inserts, flushing whenever the MemRowSet is full.
     let mut latencies = Vec::with_capacity(args.rows / BATCH + 1);
@@ -206,12 +215,16 @@ fn main() {
         writer.close().expect("close");
     }
     let tablet_bytes = tablet.disk_bytes();
+    let history_bytes = delta_file_bytes(&dir.path().join("tablet"));
     let parquet_bytes = std::fs::metadata(&parquet_path).expect("stat").len();
     println!(
-        "bytes on disk per row: tablet {:.2} (incl. the encoded key column), parquet {:.2}, ratio {:.2}",
+        "bytes on disk per row: tablet {:.2} (base data with the encoded key column {:.2}, \
+         UNDO history {:.2}), parquet {:.2}; base/parquet {:.2}x",
         tablet_bytes as f64 / args.rows as f64,
+        (tablet_bytes - history_bytes) as f64 / args.rows as f64,
+        history_bytes as f64 / args.rows as f64,
         parquet_bytes as f64 / args.rows as f64,
-        tablet_bytes as f64 / parquet_bytes as f64
+        (tablet_bytes - history_bytes) as f64 / parquet_bytes as f64
     );
 
     println!(
@@ -289,33 +302,51 @@ fn main() {
     );
 
     // Point lookups through the scan path (an equality predicate on the key).
+    let lookups = |rng: &mut rand::rngs::StdRng| {
+        let start = Instant::now();
+        for _ in 0..args.lookups {
+            let k = rng.random_range(0..args.rows as i64);
+            let spec = ScanSpec {
+                projection: Some(vec![0, 1, 2]),
+                predicates: vec![ColumnPredicate {
+                    column: 0,
+                    op: PredicateOp::Eq(Scalar(Arc::new(Int64Array::from(vec![k])))),
+                }],
+                snapshot: now,
+                limit: None,
+                batch_size: 1024,
+            };
+            let found: usize = tablet
+                .scan(&spec)
+                .expect("scan")
+                .map(|b| b.expect("batch").num_rows())
+                .sum();
+            assert_eq!(found, 1, "key {k}");
+        }
+        let lookup_time = start.elapsed();
+        println!(
+            "point lookups by primary key (warm, {} rowsets): {:.0} per second, {:.0} µs each",
+            tablet.rowset_count(),
+            args.lookups as f64 / lookup_time.as_secs_f64(),
+            lookup_time.as_secs_f64() * 1e6 / args.lookups as f64
+        );
+    };
+    lookups(&mut rng);
+
+    // Rowset compaction: every flush of shuffled keys covers the whole key range, so every
+    // rowset overlaps every other; merging them leaves rowsets with disjoint key ranges.
     let start = Instant::now();
-    for _ in 0..args.lookups {
-        let k = rng.random_range(0..args.rows as i64);
-        let spec = ScanSpec {
-            projection: Some(vec![0, 1, 2]),
-            predicates: vec![ColumnPredicate {
-                column: 0,
-                op: PredicateOp::Eq(Scalar(Arc::new(Int64Array::from(vec![k])))),
-            }],
-            snapshot: now,
-            limit: None,
-            batch_size: 1024,
-        };
-        let found: usize = tablet
-            .scan(&spec)
-            .expect("scan")
-            .map(|b| b.expect("batch").num_rows())
-            .sum();
-        assert_eq!(found, 1, "key {k}");
-    }
-    let lookup_time = start.elapsed();
+    let rowsets_before = tablet.rowset_count();
+    let merges = run_maintenance(&tablet, |k| {
+        matches!(k, MaintenanceKind::MergeRowsets { .. })
+    });
     println!(
-        "point lookups by primary key (warm, {} rowsets): {:.0} per second, {:.0} µs each",
-        tablet_rowsets(&tablet),
-        args.lookups as f64 / lookup_time.as_secs_f64(),
-        lookup_time.as_secs_f64() * 1e6 / args.lookups as f64
+        "rowset compaction: {merges} merges in {:.2} s, {rowsets_before} -> {} rowsets",
+        start.elapsed().as_secs_f64(),
+        tablet.rowset_count()
     );
+    lookups(&mut rng);
+    report("full scan of INT64 v after rowset compaction", 1, 1, now);
 
     // Update 10 % of the rows, then scan with the deltas in memory and after they are merged.
     let mut updated: Vec<i64> = (0..args.rows as i64).filter(|k| k % 10 == 3).collect();
@@ -341,15 +372,49 @@ fn main() {
         1,
         now,
     );
+    let start = Instant::now();
     tablet.flush().expect("flush");
-    let compacted = report("after the deltas are merged (flush): scan of v", 1, 1, now);
     println!(
-        "scan of v vs fresh: with deltas {:.2}x, merged {:.2}x",
+        "flush of the updates as REDO files: {:.2} s",
+        start.elapsed().as_secs_f64()
+    );
+    let in_files = report("after updating 10 %, REDO files: scan of v", 1, 1, now);
+    let start = Instant::now();
+    let applied = run_maintenance(&tablet, |k| matches!(k, MaintenanceKind::ApplyRedo { .. }));
+    println!(
+        "major delta compaction of {applied} rowsets: {:.2} s",
+        start.elapsed().as_secs_f64()
+    );
+    let compacted = report("after major delta compaction: scan of v", 1, 1, now);
+    println!(
+        "scan of v vs fresh: deltas in memory {:.2}x, in REDO files {:.2}x, compacted {:.2}x",
         with_deltas.as_secs_f64() / fresh.as_secs_f64(),
+        in_files.as_secs_f64() / fresh.as_secs_f64(),
         compacted.as_secs_f64() / fresh.as_secs_f64()
     );
 }
 
-fn tablet_rowsets(tablet: &Tablet) -> usize {
-    tablet.rowset_count()
+/// Runs the tablet's proposed operations of the kinds `wanted` while any is worth it; returns
+/// how many ran.
+fn run_maintenance(tablet: &Tablet, wanted: impl Fn(&MaintenanceKind) -> bool) -> usize {
+    let mut ran = 0;
+    while let Some(op) = tablet
+        .maintenance_ops()
+        .into_iter()
+        .find(|op| op.score >= 1.0 && wanted(&op.kind))
+    {
+        tablet.compact(&op.kind).expect("compaction");
+        ran += 1;
+    }
+    ran
+}
+
+/// Bytes of the UNDO and REDO files in a tablet directory.
+fn delta_file_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .expect("tablet dir")
+        .map(|e| e.expect("entry"))
+        .filter(|e| e.file_name().to_string_lossy().starts_with("delta-"))
+        .map(|e| e.metadata().expect("stat").len())
+        .sum()
 }
