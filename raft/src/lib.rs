@@ -9,8 +9,9 @@
 //! - [`log`](crate::log): segment files with checksums, the hard-state file, truncation.
 //! - [`node`](crate::node): the ready loop, in one place.
 //!
-//! Today every group has one voter (the embedded single node); messages to peers go through the
-//! [`Transport`] seam, which the cluster issue fills with tonic RPC.
+//! A group has one voter (the embedded single node, which elects itself at once) or several
+//! (one per server holding a replica): messages to peers go out through a [`Transport`], and
+//! messages from them come in through [`RaftNode::step`].
 
 use std::path::PathBuf;
 
@@ -18,6 +19,7 @@ mod log;
 mod node;
 
 pub use node::{RaftNode, Transport};
+pub use raft::eraftpb::Message;
 
 /// The replicated state machine a Raft group drives.
 pub trait StateMachine: Send + 'static {
@@ -35,20 +37,37 @@ pub trait StateMachine: Send + 'static {
 pub struct RaftConfig {
     pub node_id: u64,
     pub log_dir: PathBuf,
+    /// The voters of a new group (used only when the log is created); empty: this node alone.
+    pub voters: Vec<u64>,
     /// Size at which the log rolls to a new segment file.
     pub segment_bytes: u64,
     /// fsync appends and state changes (turn off only in tests that simulate nothing durable).
     pub sync: bool,
+    /// The Raft clock: heartbeats go out every `heartbeat_ticks` ticks, and a follower that
+    /// hears nothing for a random time between `election_ticks` and twice that campaigns.
+    pub tick: std::time::Duration,
+    pub heartbeat_ticks: usize,
+    pub election_ticks: usize,
 }
 
 impl RaftConfig {
+    /// A single-voter group, or the member `node_id` of a new group of `voters` (500 ms
+    /// heartbeats, elections after 1.5 to 3 s of silence).
     pub fn new(node_id: u64, log_dir: impl Into<PathBuf>) -> Self {
         Self {
             node_id,
             log_dir: log_dir.into(),
+            voters: Vec::new(),
             segment_bytes: 64 << 20,
             sync: true,
+            tick: std::time::Duration::from_millis(100),
+            heartbeat_ticks: 5,
+            election_ticks: 15,
         }
+    }
+
+    pub fn with_voters(self, voters: Vec<u64>) -> Self {
+        Self { voters, ..self }
     }
 }
 

@@ -25,9 +25,9 @@ use tokio::sync::oneshot;
 use crate::log::DurableLog;
 use crate::{RaftConfig, RaftError, StateMachine};
 
-const TICK: Duration = Duration::from_millis(100);
-
-/// Delivers Raft messages to peers. Single-voter groups send none.
+/// Delivers Raft messages to peers (each message names its destination in `to`). It must not
+/// block: delivery is asynchronous and may lose messages, which Raft retries. Single-voter groups
+/// send none.
 pub trait Transport: Send + 'static {
     fn send(&self, messages: Vec<Message>);
 }
@@ -53,6 +53,7 @@ enum Request<SM: StateMachine> {
         command: Vec<u8>,
         reply: Reply<SM::Output>,
     },
+    Step(Message),
     Run(Box<dyn FnOnce(&mut SM) + Send>),
     Stop,
 }
@@ -62,6 +63,9 @@ pub struct RaftNode<SM: StateMachine> {
     requests: mpsc::Sender<Request<SM>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     last_applied: Arc<AtomicU64>,
+    /// The leader this node knows of (0: none), as of its last ready.
+    leader: Arc<AtomicU64>,
+    id: u64,
 }
 
 impl<SM: StateMachine> RaftNode<SM> {
@@ -69,12 +73,24 @@ impl<SM: StateMachine> RaftNode<SM> {
     /// entries after `sm.durable_index()` into `sm`, and becomes leader. Returns when the node
     /// accepts proposals.
     pub fn open(config: RaftConfig, sm: SM) -> Result<Self, RaftError> {
-        let mut log = DurableLog::open(
-            &config.log_dir,
-            &[config.node_id],
-            config.segment_bytes,
-            config.sync,
-        )?;
+        Self::open_with_transport(config, sm, Box::new(NoPeers))
+    }
+
+    /// Opens (or creates, with `config.voters`) the log and replays committed entries after
+    /// `sm.durable_index()` into `sm`. A group of one voter becomes leader before this returns;
+    /// in a larger group the node joins as a follower, sends through `transport`, and takes
+    /// messages from [`Self::step`]; elections follow.
+    pub fn open_with_transport(
+        config: RaftConfig,
+        sm: SM,
+        transport: Box<dyn Transport>,
+    ) -> Result<Self, RaftError> {
+        let voters = match config.voters.is_empty() {
+            true => vec![config.node_id],
+            false => config.voters.clone(),
+        };
+        let mut log =
+            DurableLog::open(&config.log_dir, &voters, config.segment_bytes, config.sync)?;
         let durable = sm.durable_index();
         if durable < log.truncated_index() {
             return Err(RaftError::Corruption(format!(
@@ -95,42 +111,73 @@ impl<SM: StateMachine> RaftNode<SM> {
         }
         let raft_config = Config {
             id: config.node_id,
-            election_tick: 10,
-            heartbeat_tick: 3,
+            election_tick: config.election_ticks,
+            heartbeat_tick: config.heartbeat_ticks,
             applied: durable,
             max_size_per_msg: 1 << 20,
             max_inflight_msgs: 256,
+            // A leader that cannot reach a quorum steps down; candidates first ask whether they
+            // could win, so a node cut off and back does not disrupt a working leader.
+            check_quorum: true,
+            pre_vote: true,
             ..Default::default()
         };
         raft_config.validate()?;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let raw = RawNode::new(&raft_config, log.storage().clone(), &logger)?;
         let last_applied = Arc::new(AtomicU64::new(durable));
+        let leader = Arc::new(AtomicU64::new(0));
+        let single = raw.raft.prs().conf().voters().ids().len() == 1;
         let mut worker = Worker {
             raw,
             log,
             sm,
-            transport: Box::new(NoPeers),
+            transport,
             pending: HashMap::new(),
             last_applied: last_applied.clone(),
+            leader: leader.clone(),
+            tick: config.tick,
         };
-        worker.raw.campaign()?;
-        // Replay and election: run readies until this node leads and has applied its log.
-        while worker.raw.raft.state != StateRole::Leader || worker.raw.has_ready() {
-            if !worker.raw.has_ready() {
-                worker.raw.tick();
+        if single {
+            worker.raw.campaign()?;
+            // Replay and election: run readies until this node leads and has applied its log.
+            while worker.raw.raft.state != StateRole::Leader || worker.raw.has_ready() {
+                if !worker.raw.has_ready() {
+                    worker.raw.tick();
+                }
+                worker.on_ready()?;
             }
-            worker.on_ready()?;
+        } else {
+            // Replay what is known to be committed.
+            while worker.raw.has_ready() {
+                worker.on_ready()?;
+            }
         }
         let (requests, inbox) = mpsc::channel();
         let thread = std::thread::Builder::new()
-            .name("raft".into())
+            .name(format!("raft-{}", config.node_id))
             .spawn(move || worker.run(inbox))?;
         Ok(Self {
             requests,
             thread: Mutex::new(Some(thread)),
             last_applied,
+            leader,
+            id: config.node_id,
         })
+    }
+
+    /// Hands the node a message from a peer (ignored once the node is stopped).
+    pub fn step(&self, message: Message) {
+        let _ = self.requests.send(Request::Step(message));
+    }
+
+    /// The leader this node knows of, if any.
+    pub fn leader(&self) -> Option<u64> {
+        Some(self.leader.load(Ordering::Acquire)).filter(|&l| l != 0)
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.leader() == Some(self.id)
     }
 
     /// Proposes `command`. It is enqueued before this returns; the future resolves with the state
@@ -196,6 +243,8 @@ struct Worker<SM: StateMachine> {
     /// Proposals waiting for their entry to apply: index → (term, reply).
     pending: HashMap<u64, (u64, Reply<SM::Output>)>,
     last_applied: Arc<AtomicU64>,
+    leader: Arc<AtomicU64>,
+    tick: Duration,
 }
 
 impl<SM: StateMachine> Worker<SM> {
@@ -203,7 +252,7 @@ impl<SM: StateMachine> Worker<SM> {
         let mut last_tick = Instant::now();
         loop {
             let mut requests = Vec::new();
-            match inbox.recv_timeout(TICK.saturating_sub(last_tick.elapsed())) {
+            match inbox.recv_timeout(self.tick.saturating_sub(last_tick.elapsed())) {
                 Ok(request) => requests.push(request),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
@@ -212,11 +261,18 @@ impl<SM: StateMachine> Worker<SM> {
             for request in requests {
                 match request {
                     Request::Propose { command, reply } => self.propose(command, reply),
+                    Request::Step(message) => {
+                        // Messages from unknown or stale peers are errors raft-rs reports and
+                        // ignores; nothing to do about them here.
+                        if let Err(e) = self.raw.step(message) {
+                            tracing::debug!(error = %e, "raft message ignored");
+                        }
+                    }
                     Request::Run(f) => f(&mut self.sm),
                     Request::Stop => return,
                 }
             }
-            if last_tick.elapsed() >= TICK {
+            if last_tick.elapsed() >= self.tick {
                 self.raw.tick();
                 last_tick = Instant::now();
             }
@@ -249,10 +305,16 @@ impl<SM: StateMachine> Worker<SM> {
 
     /// The ready loop body: persist → send → apply → advance → apply.
     fn on_ready(&mut self) -> Result<(), RaftError> {
+        self.track_leader();
         if !self.raw.has_ready() {
             return Ok(());
         }
         let mut ready = self.raw.ready();
+        if !ready.snapshot().is_empty() {
+            return Err(RaftError::Corruption(
+                "the leader sent a snapshot: this replica fell behind the leader's log and needs a tablet copy".into(),
+            ));
+        }
         self.transport.send(ready.take_messages());
         self.apply(ready.take_committed_entries());
         self.log.append(ready.entries())?;
@@ -268,7 +330,21 @@ impl<SM: StateMachine> Worker<SM> {
         self.transport.send(light.take_messages());
         self.apply(light.take_committed_entries());
         self.raw.advance_apply();
+        self.track_leader();
         Ok(())
+    }
+
+    /// Publishes who leads; a node that stopped leading fails its waiting proposals (their
+    /// entries may still commit under the new leader, or be replaced: the outcome is unknown).
+    fn track_leader(&mut self) {
+        let leader = self.raw.raft.leader_id;
+        self.leader.store(leader, Ordering::Release);
+        if self.raw.raft.state != StateRole::Leader && !self.pending.is_empty() {
+            let hint = (leader != 0).then_some(leader);
+            for (_, (_, reply)) in self.pending.drain() {
+                let _ = reply.send(Err(RaftError::NotLeader { leader_hint: hint }));
+            }
+        }
     }
 
     fn apply(&mut self, entries: Vec<Entry>) {
@@ -289,12 +365,19 @@ impl<SM: StateMachine> Worker<SM> {
         }
     }
 
-    /// Drops the log prefix the state machine has made durable in its own files.
+    /// Drops the log prefix the state machine has made durable in its own files. A leader
+    /// keeps what a follower still needs (copying a tablet to a follower that fell behind the
+    /// log comes with the cluster's re-replication).
     fn truncate_log(&mut self) -> Result<(), RaftError> {
-        let durable = self
+        let mut durable = self
             .sm
             .durable_index()
             .min(self.last_applied.load(Ordering::Acquire));
+        if self.raw.raft.state == StateRole::Leader {
+            for (_, progress) in self.raw.raft.prs().iter() {
+                durable = durable.min(progress.matched);
+            }
+        }
         self.log.truncate_prefix(durable)
     }
 }

@@ -244,3 +244,201 @@ async fn randomised_against_a_model() {
     }
     assert_eq!(items(node.as_ref().unwrap()), model);
 }
+
+mod cluster {
+    //! Groups of three in-process nodes over a network that loses, delays (so reorders) and
+    //! duplicates messages: a leader is elected, proposals commit on every node in one order,
+    //! and killing the leader (then restarting it from its log) loses no acknowledged command.
+
+    use std::collections::HashMap;
+    use std::path::Path;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use nyala_raft::{Message, RaftConfig, RaftNode, Transport};
+    use parking_lot::Mutex;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::Recorder;
+
+    type Node = Arc<RaftNode<Recorder>>;
+
+    struct Network {
+        nodes: Mutex<HashMap<u64, Node>>,
+        /// (delivery time, message)
+        queue: Mutex<Vec<(Instant, Message)>>,
+        rng: Mutex<StdRng>,
+        loss: f64,
+        stop: AtomicBool,
+    }
+
+    impl Network {
+        fn start(loss: f64, seed: u64) -> Arc<Network> {
+            let net = Arc::new(Network {
+                nodes: Mutex::new(HashMap::new()),
+                queue: Mutex::new(Vec::new()),
+                rng: Mutex::new(StdRng::seed_from_u64(seed)),
+                loss,
+                stop: AtomicBool::new(false),
+            });
+            let n = net.clone();
+            std::thread::spawn(move || {
+                while !n.stop.load(Ordering::Acquire) {
+                    let now = Instant::now();
+                    let due: Vec<Message> = {
+                        let mut queue = n.queue.lock();
+                        let (due, later) = queue.drain(..).partition(|(at, _)| *at <= now);
+                        *queue = later;
+                        due.into_iter().map(|(_, m)| m).collect()
+                    };
+                    for message in due {
+                        let to = n.nodes.lock().get(&message.to).cloned();
+                        if let Some(node) = to {
+                            node.step(message);
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            });
+            net
+        }
+
+        fn send(&self, messages: Vec<Message>) {
+            let mut rng = self.rng.lock();
+            let mut queue = self.queue.lock();
+            for message in messages {
+                if rng.random_bool(self.loss) {
+                    continue;
+                }
+                let copies = if rng.random_bool(0.05) { 2 } else { 1 };
+                for _ in 0..copies {
+                    let delay = Duration::from_millis(rng.random_range(0..15));
+                    queue.push((Instant::now() + delay, message.clone()));
+                }
+            }
+        }
+    }
+
+    struct Link(Arc<Network>);
+
+    impl Transport for Link {
+        fn send(&self, messages: Vec<Message>) {
+            self.0.send(messages);
+        }
+    }
+
+    fn open(net: &Arc<Network>, dir: &Path, id: u64) -> Node {
+        let mut config = RaftConfig::new(id, dir.join("wal")).with_voters(vec![1, 2, 3]);
+        config.tick = Duration::from_millis(20);
+        config.segment_bytes = 512;
+        let node = Arc::new(
+            RaftNode::open_with_transport(config, Recorder::open(dir), Box::new(Link(net.clone())))
+                .unwrap(),
+        );
+        net.nodes.lock().insert(id, node.clone());
+        node
+    }
+
+    /// Proposes `value` at whichever node leads; true if acknowledged.
+    async fn propose(net: &Arc<Network>, value: u64) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            assert!(Instant::now() < deadline, "no leader for 20 s");
+            let leader = net.nodes.lock().values().find(|n| n.is_leader()).cloned();
+            let Some(leader) = leader else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            };
+            let proposal = leader.propose(value.to_le_bytes().to_vec());
+            return matches!(
+                tokio::time::timeout(Duration::from_secs(5), proposal).await,
+                Ok(Ok(_))
+            );
+        }
+    }
+
+    fn items(node: &Node) -> Vec<u64> {
+        node.with_state_machine(|sm| sm.items.clone()).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lossy_reordering_network_and_a_killed_leader_lose_no_acknowledged_command() {
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let net = Network::start(0.1, 7);
+        for id in 1..=3 {
+            open(&net, dirs[id as usize - 1].path(), id);
+        }
+        let mut acknowledged = Vec::new();
+        let mut value = 0u64;
+        for round in 0..3 {
+            for _ in 0..40 {
+                value += 1;
+                if propose(&net, value).await {
+                    acknowledged.push(value);
+                }
+            }
+            // Some state machines flush, so their logs are truncated.
+            let any = net.nodes.lock().values().next().cloned().unwrap();
+            any.with_state_machine(|sm| sm.flush()).unwrap();
+            // Kill the leader, keep writing, then bring it back from its log.
+            let leader = loop {
+                if let Some(l) = net.nodes.lock().values().find(|n| n.is_leader()) {
+                    break l.clone();
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            let id = (1..=3).find(|i| net.nodes.lock()[i].is_leader()).unwrap();
+            net.nodes.lock().remove(&id);
+            leader.shutdown();
+            drop(leader);
+            let killed_at = Instant::now();
+            value += 1;
+            let first_after = propose(&net, value).await;
+            if first_after {
+                acknowledged.push(value);
+            }
+            eprintln!(
+                "round {round}: leader {id} killed; next write {} after {:?}",
+                if first_after {
+                    "acknowledged"
+                } else {
+                    "failed"
+                },
+                killed_at.elapsed()
+            );
+            for _ in 0..20 {
+                value += 1;
+                if propose(&net, value).await {
+                    acknowledged.push(value);
+                }
+            }
+            open(&net, dirs[id as usize - 1].path(), id);
+        }
+        assert!(
+            acknowledged.len() > 100,
+            "{} acknowledged",
+            acknowledged.len()
+        );
+        // Every node ends with the same commands, in the same order, each acknowledged one once.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let nodes: Vec<Node> = (1..=3).map(|i| net.nodes.lock()[&i].clone()).collect();
+        let applied = loop {
+            let all: Vec<Vec<u64>> = nodes.iter().map(items).collect();
+            if all.iter().all(|a| *a == all[0]) && all[0].contains(acknowledged.last().unwrap()) {
+                break all[0].clone();
+            }
+            assert!(Instant::now() < deadline, "nodes did not converge");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let mut seen = applied.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), applied.len(), "a command applied twice");
+        for v in &acknowledged {
+            assert!(applied.contains(v), "acknowledged {v} lost");
+        }
+        net.stop.store(true, Ordering::Release);
+    }
+}

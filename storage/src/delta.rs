@@ -36,6 +36,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use serde::{Deserialize, Serialize};
 
+use crate::checksum::ChecksumWriter;
 use crate::diskrowset::{load_metadata, read_positions};
 use crate::memrowset::{visible, RowArena, RowRef, Version};
 use crate::{Schema, StorageError, Timestamp};
@@ -51,6 +52,9 @@ pub struct DeltaMeta {
     pub records: u64,
     pub min_ts: Timestamp,
     pub max_ts: Timestamp,
+    /// CRC32 of the file.
+    #[serde(default)]
+    pub checksum: Option<u32>,
 }
 
 /// One version record to write: `image` is (source batch, row), or None for "absent".
@@ -107,7 +111,7 @@ impl DeltaFile {
         let arrow_schema = table.arrow_schema();
         let schema = file_schema(&arrow_schema);
         let path = dir.join(Self::file_name(id));
-        let file = File::create(&path)?;
+        let file = ChecksumWriter::create(&path)?;
         // Ordinals ascend and timestamps cluster: delta encoding stores them in a few bits.
         let mut props = WriterProperties::builder()
             .set_compression(Compression::LZ4_RAW)
@@ -119,7 +123,7 @@ impl DeltaFile {
                 .set_column_encoding(ColumnPath::from(name), Encoding::DELTA_BINARY_PACKED);
         }
         let props = props.build();
-        let mut writer = ArrowWriter::try_new(&file, schema.clone(), Some(props))?;
+        let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
         // Deletions take their (NULL) image from one extra all-NULL row.
         let nulls: Vec<ArrayRef> = arrow_schema
             .fields()
@@ -149,9 +153,9 @@ impl DeltaFile {
             )));
             writer.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
         }
-        writer.close()?;
-        file.sync_all()?;
+        let checksum = writer.into_inner()?.finish()?;
         let meta = DeltaMeta {
+            checksum: Some(checksum),
             id,
             records: records.len() as u64,
             min_ts: records.iter().map(|r| r.ts).min().unwrap_or(Timestamp(0)),
@@ -160,8 +164,12 @@ impl DeltaFile {
         Self::open(dir, meta)
     }
 
+    /// Opens the delta file `meta` describes, checking its checksum.
     pub fn open(dir: &Path, meta: DeltaMeta) -> Result<DeltaFile, StorageError> {
         let path = dir.join(Self::file_name(meta.id));
+        if let Some(expected) = meta.checksum {
+            crate::checksum::verify(&path, expected)?;
+        }
         let file = File::open(&path)?;
         let bytes = file.metadata()?.len();
         let metadata = load_metadata(&file)?;

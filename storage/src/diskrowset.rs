@@ -31,6 +31,7 @@ use std::os::unix::fs::FileExt;
 
 pub(crate) use crate::bloom::hash_bytes;
 use crate::bloom::SplitBlockFilter;
+use crate::checksum::ChecksumWriter;
 use crate::scan::{predicate_mask, ColumnPredicate, PredicateOp, Scalar};
 use crate::{ColumnCompression, ColumnEncoding, ColumnType, Schema, StorageError};
 
@@ -49,6 +50,8 @@ pub struct DiskRowSet {
     bytes: u64,
     /// The file's footer and page index, read once.
     metadata: ArrowReaderMetadata,
+    /// CRC32 of the file (None for files written before checksums were recorded).
+    pub checksum: Option<u32>,
 }
 
 pub(crate) fn load_metadata(file: &File) -> Result<ArrowReaderMetadata, StorageError> {
@@ -159,7 +162,7 @@ impl DiskRowSet {
         keys: Vec<Vec<u8>>,
     ) -> Result<DiskRowSet, StorageError> {
         let path = dir.join(Self::file_name(id));
-        let file = File::create(&path)?;
+        let file = ChecksumWriter::create(&path)?;
         let mut props = WriterProperties::builder()
             .set_compression(Compression::LZ4_RAW)
             .set_dictionary_enabled(true)
@@ -195,7 +198,7 @@ impl DiskRowSet {
             .set_column_dictionary_enabled(ColumnPath::from(KEY_COLUMN), false)
             .build();
         let schema = file_schema(&table.arrow_schema());
-        let mut writer = ArrowWriter::try_new(&file, schema.clone(), Some(props))?;
+        let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
         let mut offset = 0;
         for batch in batches {
             let n = batch.num_rows();
@@ -207,22 +210,27 @@ impl DiskRowSet {
             columns.push(key_array);
             writer.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
         }
-        writer.close()?;
-        file.sync_all()?;
+        let checksum = writer.into_inner()?.finish()?;
+        let file = File::open(&path)?;
         let bytes = file.metadata()?.len();
-        let metadata = load_metadata(&File::open(&path)?)?;
+        let metadata = load_metadata(&file)?;
         Ok(DiskRowSet {
             id,
             path,
             keys: KeyIndex::new(keys.iter().map(Vec::as_slice))?,
             bytes,
             metadata,
+            checksum: Some(checksum),
         })
     }
 
-    /// Opens rowset `id` in `dir`, loading its key column.
-    pub fn open(dir: &Path, id: u64) -> Result<DiskRowSet, StorageError> {
+    /// Opens rowset `id` in `dir`, checking it against `checksum` (when the metadata has
+    /// one) and loading its key column.
+    pub fn open(dir: &Path, id: u64, checksum: Option<u32>) -> Result<DiskRowSet, StorageError> {
         let path = dir.join(Self::file_name(id));
+        if let Some(expected) = checksum {
+            crate::checksum::verify(&path, expected)?;
+        }
         let file = File::open(&path)?;
         let bytes = file.metadata()?.len();
         let metadata = load_metadata(&file)?;
@@ -262,6 +270,7 @@ impl DiskRowSet {
             keys,
             bytes,
             metadata,
+            checksum,
         })
     }
 

@@ -6,6 +6,7 @@
 //! through [`Tablet::apply`], flushes when asked, and scans at a snapshot timestamp.
 
 mod bloom;
+mod checksum;
 mod delta;
 mod diskrowset;
 mod error;

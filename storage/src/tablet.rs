@@ -24,7 +24,9 @@ use std::time::Duration;
 
 use arrow::array::{new_null_array, Array, ArrayRef, RecordBatch, StringArray, UInt32Array};
 use arrow::compute::{cast, interleave, take};
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockUpgradableReadGuard, RwLockWriteGuard};
+
+type Upgradable<'a> = RwLockUpgradableReadGuard<'a, State>;
 use serde::{Deserialize, Serialize};
 
 use crate::delta::{DeltaFile, DeltaMeta, Image, RowsetDeltas};
@@ -84,6 +86,9 @@ struct Metadata {
     /// The delta files of rowsets that have any, by rowset id.
     #[serde(default)]
     deltas: BTreeMap<u64, DeltaFiles>,
+    /// CRC32 of each rowset's file, by rowset id.
+    #[serde(default)]
+    checksums: BTreeMap<u64, u32>,
     next_rowset_id: u64,
     durable_index: u64,
     /// Above every auto_incrementing_id written so far.
@@ -165,6 +170,7 @@ impl Tablet {
             schema: schema.clone(),
             rowsets: vec![],
             deltas: BTreeMap::new(),
+            checksums: BTreeMap::new(),
             next_rowset_id: 1,
             durable_index: 0,
             next_auto_id: 1,
@@ -195,7 +201,8 @@ impl Tablet {
         let mut names = HashSet::new();
         for &id in &meta.rowsets {
             names.insert(DiskRowSet::file_name(id));
-            rowsets.push(Arc::new(DiskRowSet::open(dir, id)?));
+            let checksum = meta.checksums.get(&id).copied();
+            rowsets.push(Arc::new(DiskRowSet::open(dir, id, checksum)?));
             let files = meta.deltas.remove(&id).unwrap_or_default();
             let mut open = |m: DeltaMeta| -> Result<Arc<DeltaFile>, StorageError> {
                 names.insert(DeltaFile::file_name(m.id));
@@ -705,20 +712,23 @@ impl Tablet {
 
     /// Writes in-memory rows and deltas to new files and switches to them atomically.
     pub fn flush(&self) -> Result<(), StorageError> {
-        self.flush_locked(&mut self.state.write())
+        self.flush_guarded(self.state.upgradable_read()).map(drop)
     }
 
     /// Runs `f` to write new files, then switches to the rowsets it returns (replacing the
     /// rowsets at `replaced`, sorted indexes) with one metadata write, and removes the files
     /// that are no longer named. A failure before the switch removes the new files.
-    fn switch<F>(
-        &self,
-        state: &mut State,
+    ///
+    /// The files are written under `guard`, an upgradable read lock: scans go on meanwhile,
+    /// writes wait. The lock is upgraded for the switch and returned.
+    fn switch<'a, F>(
+        &'a self,
+        guard: Upgradable<'a>,
         schema: &Schema,
         durable_index: u64,
         replaced: &[usize],
         f: F,
-    ) -> Result<(), StorageError>
+    ) -> Result<RwLockWriteGuard<'a, State>, StorageError>
     where
         F: FnOnce(
             &State,
@@ -728,11 +738,12 @@ impl Tablet {
         let fail = |step: &str| self.fail(step);
         let mut files = NewFiles {
             dir: &self.dir,
-            next_id: state.next_rowset_id,
+            next_id: guard.next_rowset_id,
             paths: Vec::new(),
             fail: &fail,
         };
-        let result = f(state, &mut files);
+        let result = f(&guard, &mut files);
+        let mut state = RwLockUpgradableReadGuard::upgrade(guard);
         // The ids handed out stay used: the metadata on disk may name them even after a failure.
         state.next_rowset_id = files.next_id;
         let (rowsets, deltas) = match result {
@@ -758,6 +769,10 @@ impl Tablet {
         self.write_metadata(&Metadata {
             schema: schema.clone(),
             rowsets: rowsets.iter().map(|r| r.id).collect(),
+            checksums: rowsets
+                .iter()
+                .filter_map(|r| Some((r.id, r.checksum?)))
+                .collect(),
             deltas: rowsets
                 .iter()
                 .zip(&deltas)
@@ -784,7 +799,7 @@ impl Tablet {
         state.deltas = deltas;
         state.durable_index = durable_index;
         state.last_applied = state.last_applied.max(durable_index);
-        Ok(())
+        Ok(state)
     }
 
     /// Rows per rowset for a rewrite of rowsets that take `bytes` on disk for `rows` rows.
@@ -798,8 +813,8 @@ impl Tablet {
     /// NULL), then switches to the new schema and files with one metadata write. A crash before
     /// that write leaves the old schema and files, and replaying the log applies the change again.
     pub fn alter_schema(&self, index: u64, schema: &Schema) -> Result<(), StorageError> {
-        let mut state = self.state.write();
-        let old = state.schema.clone();
+        let guard = self.state.upgradable_read();
+        let old = guard.schema.clone();
         let sources = schema.sources_in(&old);
         let key_ids = |s: &Schema| -> Vec<u32> {
             let ids = s.ids();
@@ -820,11 +835,11 @@ impl Tablet {
                 }
             }
         }
-        self.flush_locked(&mut state)?;
+        let guard = RwLockWriteGuard::downgrade_to_upgradable(self.flush_guarded(guard)?);
         let ancient = self.ancient_history_mark();
         let table = nullable(&schema.arrow_schema());
-        let all: Vec<usize> = (0..state.rowsets.len()).collect();
-        self.switch(&mut state, schema, index, &all, |state, files| {
+        let all: Vec<usize> = (0..guard.rowsets.len()).collect();
+        self.switch(guard, schema, index, &all, |state, files| {
             let mut rowsets = Vec::new();
             let mut deltas = Vec::new();
             for (rowset, history) in state.rowsets.iter().zip(&state.deltas) {
@@ -855,21 +870,26 @@ impl Tablet {
             }
             Ok((rowsets, deltas))
         })
+        .map(drop)
     }
 
-    fn flush_locked(&self, state: &mut State) -> Result<(), StorageError> {
-        let schema = state.schema.clone();
-        let durable = state.last_applied;
-        if state.mrs.is_empty() && state.deltas.iter().all(|d| d.dms.is_empty()) {
-            if state.durable_index != durable {
-                self.switch(state, &schema, durable, &[], |state, _| {
-                    Ok((state.rowsets.clone(), state.deltas.clone()))
-                })?;
+    /// Flushes under `guard`; returns the lock, upgraded.
+    fn flush_guarded<'a>(
+        &'a self,
+        guard: Upgradable<'a>,
+    ) -> Result<RwLockWriteGuard<'a, State>, StorageError> {
+        let schema = guard.schema.clone();
+        let durable = guard.last_applied;
+        if guard.mrs.is_empty() && guard.deltas.iter().all(|d| d.dms.is_empty()) {
+            if guard.durable_index == durable {
+                return Ok(RwLockUpgradableReadGuard::upgrade(guard));
             }
-            return Ok(());
+            return self.switch(guard, &schema, durable, &[], |state, _| {
+                Ok((state.rowsets.clone(), state.deltas.clone()))
+            });
         }
         let ancient = self.ancient_history_mark();
-        self.switch(state, &schema, durable, &[], |state, files| {
+        let mut state = self.switch(guard, &schema, durable, &[], |state, files| {
             let sources: Vec<&RecordBatch> = (0..state.arena.len() as u32)
                 .map(|b| state.arena.batch(b))
                 .collect();
@@ -904,7 +924,7 @@ impl Tablet {
         })?;
         state.mrs.clear();
         state.arena.clear();
-        Ok(())
+        Ok(state)
     }
 
     /// The background operations worth doing on this tablet's files now, best first.
@@ -950,7 +970,7 @@ impl Tablet {
     /// Runs one maintenance operation (see [`MaintenanceKind`]). Rowsets with changes still
     /// in memory are flushed first. An operation whose rowsets are gone already does nothing.
     pub fn compact(&self, kind: &MaintenanceKind) -> Result<(), StorageError> {
-        let mut state = self.state.write();
+        let mut state = self.state.upgradable_read();
         let ids: Vec<u64> = match kind {
             MaintenanceKind::MergeRedo { rowset }
             | MaintenanceKind::ApplyRedo { rowset }
@@ -966,7 +986,7 @@ impl Tablet {
         }
         indexes.sort_unstable();
         if indexes.iter().any(|&i| !state.deltas[i].dms.is_empty()) {
-            self.flush_locked(&mut state)?;
+            state = RwLockWriteGuard::downgrade_to_upgradable(self.flush_guarded(state)?);
         }
         let ancient = self.ancient_history_mark();
         let schema = state.schema.clone();
@@ -979,7 +999,7 @@ impl Tablet {
         let replaced: &[usize] = if rewrite { &indexes } else { &[] };
         self.compactions
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.switch(&mut state, &schema, durable, replaced, |state, files| {
+        self.switch(state, &schema, durable, replaced, |state, files| {
             // Other rowsets keep their in-memory changes; these have none.
             let mut rowsets = state.rowsets.clone();
             let mut deltas = state.deltas.clone();
@@ -1045,6 +1065,7 @@ impl Tablet {
             }
             Ok((rowsets, deltas))
         })
+        .map(drop)
     }
 }
 

@@ -552,3 +552,39 @@ fn history_beyond_the_retention_is_refused_and_dropped() {
     assert_eq!(scan(&tablet, hours_ago(0.75), None), expected_then);
     assert_eq!(scan(&tablet, now(), None), expected_now);
 }
+
+/// A damaged rowset or delta file is reported when the tablet opens, naming the file, instead
+/// of being read.
+#[test]
+fn damaged_files_are_reported_on_open() {
+    let schema = schema();
+    for prefix in ["rowset-", "delta-"] {
+        let dir = tempfile::tempdir().unwrap();
+        let tablet = Tablet::create(dir.path(), schema.clone(), TabletOptions::default()).unwrap();
+        let entries: Vec<_> = (0..1000).map(|k| (k, Some(format!("s{k}")), k)).collect();
+        let batch = WriteBatch {
+            kind: WriteKind::Insert,
+            rows: rows(&schema, &entries),
+        };
+        tablet.apply(1, now(), &batch).unwrap();
+        tablet.flush().unwrap();
+        drop(tablet);
+        let path = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+            .unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x40;
+        std::fs::write(&path, bytes).unwrap();
+        let error = Tablet::open(dir.path(), TabletOptions::default())
+            .err()
+            .expect("a damaged file is found")
+            .to_string();
+        assert!(
+            error.contains("damaged") && error.contains(prefix),
+            "{prefix}: {error}"
+        );
+    }
+}
