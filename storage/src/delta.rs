@@ -462,35 +462,35 @@ impl RowsetDeltas {
             _ => {}
         }
         // An older version: search the files' records of this ordinal.
-        let mut picks = BTreeMap::new();
+        let mut picks = Vec::new();
         self.pick_from_files(snapshot, &mut picks, Some(ordinal))?;
-        Ok(picks.remove(&ordinal).unwrap_or(Image::Base))
+        Ok(picks.last().map_or(Image::Base, |p| p.1))
     }
 
-    /// Adds to `picks` the state at `snapshot` of every ordinal (or just `only`) that the
-    /// delta files change from the base image.
+    /// Appends to `picks` the state at `snapshot` of every ordinal (or just `only`) that the
+    /// delta files change from the base image, oldest source first (see [`newest_per_ordinal`]).
     fn pick_from_files(
         &self,
         snapshot: Timestamp,
-        picks: &mut BTreeMap<u32, Image>,
+        picks: &mut Vec<(u32, Image)>,
         only: Option<u32>,
     ) -> Result<(), StorageError> {
         let wanted = |o: u32| only.is_none_or(|w| w == o);
+        let image = |deleted: bool, file: usize, row: usize| match deleted {
+            true => Image::Absent,
+            false => Image::File {
+                file,
+                row: row as u32,
+            },
+        };
         if let Some(undo) = self.undo.as_ref().filter(|u| snapshot < u.meta.max_ts) {
             let records = undo.read(&[])?;
+            let mut last = None;
             for (row, (&ordinal, &ts)) in records.ordinals.iter().zip(&records.ts).enumerate() {
                 // The oldest record after the snapshot holds the image the snapshot sees.
-                if ts > snapshot.0 && wanted(ordinal) {
-                    picks
-                        .entry(ordinal)
-                        .or_insert(if records.deleted.value(row) {
-                            Image::Absent
-                        } else {
-                            Image::File {
-                                file: UNDO,
-                                row: row as u32,
-                            }
-                        });
+                if ts > snapshot.0 && wanted(ordinal) && last != Some(ordinal) {
+                    picks.push((ordinal, image(records.deleted.value(row), UNDO, row)));
+                    last = Some(ordinal);
                 }
             }
         }
@@ -501,17 +501,7 @@ impl RowsetDeltas {
             let records = redo.read(&[])?;
             for (row, (&ordinal, &ts)) in records.ordinals.iter().zip(&records.ts).enumerate() {
                 if ts <= snapshot.0 && wanted(ordinal) {
-                    picks.insert(
-                        ordinal,
-                        if records.deleted.value(row) {
-                            Image::Absent
-                        } else {
-                            Image::File {
-                                file,
-                                row: row as u32,
-                            }
-                        },
-                    );
+                    picks.push((ordinal, image(records.deleted.value(row), file, row)));
                 }
             }
         }
@@ -527,18 +517,19 @@ impl RowsetDeltas {
         columns: &[usize],
         arena: &RowArena,
     ) -> Result<(Vec<u32>, Vec<RecordBatch>), StorageError> {
-        let mut picks = BTreeMap::new();
+        let mut picks = Vec::new();
         self.pick_from_files(snapshot, &mut picks, None)?;
         for (&ordinal, versions) in &self.dms.by_ordinal {
             if let Some(v) = visible(versions, snapshot) {
-                picks.insert(ordinal, v.row.map_or(Image::Absent, Image::Mem));
+                picks.push((ordinal, v.row.map_or(Image::Absent, Image::Mem)));
             }
         }
-        let hidden: Vec<u32> = picks.keys().copied().collect();
+        let picks = newest_per_ordinal(picks);
+        let hidden: Vec<u32> = picks.iter().map(|p| p.0).collect();
         let mut batches = Vec::new();
         let mem: Vec<RowRef> = picks
-            .values()
-            .filter_map(|p| match p {
+            .iter()
+            .filter_map(|(_, p)| match p {
                 Image::Mem(r) => Some(*r),
                 _ => None,
             })
@@ -550,8 +541,8 @@ impl RowsetDeltas {
         let files = std::iter::once(UNDO).chain(0..self.redo.len());
         for file in files {
             let rows: Vec<u32> = picks
-                .values()
-                .filter_map(|p| match p {
+                .iter()
+                .filter_map(|(_, p)| match p {
                     Image::File { file: f, row } if *f == file => Some(*row),
                     _ => None,
                 })
@@ -585,4 +576,18 @@ impl RowsetDeltas {
             self.redo.get(file)
         }
     }
+}
+
+/// The last pick of each ordinal (later picks come from newer sources), sorted by ordinal.
+fn newest_per_ordinal(mut picks: Vec<(u32, Image)>) -> Vec<(u32, Image)> {
+    // Stable: picks of one ordinal keep their order.
+    picks.sort_by_key(|p| p.0);
+    let mut out: Vec<(u32, Image)> = Vec::with_capacity(picks.len());
+    for pick in picks {
+        match out.last_mut() {
+            Some(last) if last.0 == pick.0 => *last = pick,
+            _ => out.push(pick),
+        }
+    }
+    out
 }
