@@ -13,6 +13,7 @@ mod error;
 mod history;
 mod key;
 mod memrowset;
+mod rowset_tree;
 mod scan;
 mod schema;
 mod tablet;

@@ -34,6 +34,7 @@ use crate::diskrowset::DiskRowSet;
 use crate::history::{self, Chain, NewFiles};
 use crate::key::{encode_keys, format_key};
 use crate::memrowset::{visible, MemRowSet, RowArena, RowRef, Version};
+use crate::rowset_tree::RowSetTree;
 use crate::scan::{self, ScanIterator, ScanSpec, Source};
 use crate::ColumnType;
 use crate::{Schema, StorageError, Timestamp, WriteBatch, WriteKind};
@@ -120,6 +121,8 @@ struct State {
     rowsets: Vec<Arc<DiskRowSet>>,
     /// Parallel to `rowsets`.
     deltas: Vec<RowsetDeltas>,
+    /// The key ranges of `rowsets`, for lookups.
+    tree: RowSetTree,
     next_rowset_id: u64,
     last_applied: u64,
     durable_index: u64,
@@ -186,6 +189,7 @@ impl Tablet {
                 mrs: MemRowSet::default(),
                 rowsets: vec![],
                 deltas: vec![],
+                tree: RowSetTree::default(),
                 next_rowset_id: 1,
                 last_applied: 0,
                 durable_index: 0,
@@ -228,6 +232,7 @@ impl Tablet {
                 schema: Arc::new(meta.schema),
                 arena: RowArena::default(),
                 mrs: MemRowSet::default(),
+                tree: key_ranges(&rowsets),
                 rowsets,
                 deltas,
                 next_rowset_id: meta.next_rowset_id,
@@ -795,6 +800,7 @@ impl Tablet {
             }
         }
         state.schema = Arc::new(schema.clone());
+        state.tree = key_ranges(&rowsets);
         state.rowsets = rowsets;
         state.deltas = deltas;
         state.durable_index = durable_index;
@@ -955,9 +961,11 @@ impl Tablet {
                 });
             }
         }
-        if let Some(rowsets) =
-            overlapping_rowsets(&state.rowsets, self.options.compaction_budget_bytes)
-        {
+        if let Some(rowsets) = overlapping_rowsets(
+            &state.rowsets,
+            &state.tree,
+            self.options.compaction_budget_bytes,
+        ) {
             ops.push(MaintenanceOp {
                 score: (rowsets.len() - 1) as f64,
                 kind: MaintenanceKind::MergeRowsets { rowsets },
@@ -1072,15 +1080,15 @@ impl Tablet {
 /// The rowsets to merge so that key lookups consult fewer rowsets: those whose key ranges
 /// cover the key covered by most rowsets, smallest first within `budget` bytes; None if fewer
 /// than two.
-fn overlapping_rowsets(rowsets: &[Arc<DiskRowSet>], budget: u64) -> Option<Vec<u64>> {
-    let bounds = |r: &DiskRowSet| (r.key(0).to_vec(), r.key(r.num_rows() as u32 - 1).to_vec());
-    let ranges: Vec<(Vec<u8>, Vec<u8>)> = rowsets.iter().map(|r| bounds(r)).collect();
-    // The deepest point is the start of some range.
+fn overlapping_rowsets(
+    rowsets: &[Arc<DiskRowSet>],
+    tree: &RowSetTree,
+    budget: u64,
+) -> Option<Vec<u64>> {
+    // The deepest point is the first key of some rowset.
     let mut best: Vec<usize> = Vec::new();
-    for (start, _) in &ranges {
-        let covering: Vec<usize> = (0..ranges.len())
-            .filter(|&j| ranges[j].0 <= *start && *start <= ranges[j].1)
-            .collect();
+    for r in rowsets.iter().filter(|r| r.num_rows() > 0) {
+        let covering = tree.covering(r.key(0));
         if covering.len() > best.len() {
             best = covering;
         }
@@ -1096,6 +1104,14 @@ fn overlapping_rowsets(rowsets: &[Arc<DiskRowSet>], budget: u64) -> Option<Vec<u
         .map(|i| rowsets[i].id)
         .collect();
     (chosen.len() >= 2).then_some(chosen)
+}
+
+/// The interval tree of the rowsets' key ranges.
+fn key_ranges(rowsets: &[Arc<DiskRowSet>]) -> RowSetTree {
+    RowSetTree::new(rowsets.iter().map(|r| match r.num_rows() {
+        0 => (vec![u8::MAX], Vec::new()), // covers nothing
+        n => (r.key(0).to_vec(), r.key(n as u32 - 1).to_vec()),
+    }))
 }
 
 /// `schema` with every field nullable (for batches of row images that include deletions).
@@ -1145,8 +1161,8 @@ impl State {
         // A key deleted from one rowset and inserted again lives in another: at most one of
         // them has it live at any time.
         let hash = crate::diskrowset::hash_bytes(key);
-        for (rs, rowset) in self.rowsets.iter().enumerate() {
-            if let Some(ordinal) = rowset.find(key, hash) {
+        for rs in self.tree.covering(key) {
+            if let Some(ordinal) = self.rowsets[rs].find(key, hash) {
                 match self.deltas[rs].at(ordinal, snapshot)? {
                     Image::Absent => continue,
                     image => return Ok(Some((rs, ordinal, image))),
@@ -1164,8 +1180,8 @@ impl State {
             };
         }
         let hash = crate::diskrowset::hash_bytes(key);
-        for (rs, rowset) in self.rowsets.iter().enumerate() {
-            if let Some(ordinal) = rowset.find(key, hash) {
+        for rs in self.tree.covering(key) {
+            if let Some(ordinal) = self.rowsets[rs].find(key, hash) {
                 match self.deltas[rs].latest(ordinal) {
                     Image::Absent => continue,
                     image => return Location::Disk { rs, ordinal, image },
