@@ -66,6 +66,7 @@ impl Client {
             options,
             memory_limit,
             clock.clone(),
+            None,
         )?;
         let master = Master::open(&data_dir.join("master"), clock, tserver.clone())?;
         Ok(Self {

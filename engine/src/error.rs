@@ -20,6 +20,9 @@ pub enum EngineError {
     /// The server cannot take the request now (memory over its limit); retrying later may work.
     #[error("{0}")]
     Busy(String),
+    /// Another server could not be reached.
+    #[error("server unavailable: {0}")]
+    Unavailable(String),
     #[error("{0}")]
     Storage(#[from] StorageError),
     #[error("replication: {0}")]

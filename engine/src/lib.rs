@@ -18,6 +18,7 @@ pub mod error;
 pub mod master;
 pub mod partition;
 pub mod replica;
+pub mod rpc;
 pub mod tserver;
 
 pub use client::{Client, TableHandle, TabletStats, WriteError};

@@ -65,7 +65,13 @@ impl Master {
     pub fn open(dir: &Path, clock: Arc<HybridClock>, tserver: Arc<TabletServer>) -> Result<Self> {
         let catalog_dir = dir.join("catalog");
         let catalog = if catalog_dir.join("data").exists() {
-            TabletReplica::open(&catalog_dir, "sys.catalog", TabletOptions::default(), clock)?
+            TabletReplica::open(
+                &catalog_dir,
+                "sys.catalog",
+                TabletOptions::default(),
+                clock,
+                None,
+            )?
         } else {
             if catalog_dir.exists() {
                 // Left by a crash during the very first start: nothing in it was acknowledged.
@@ -77,6 +83,7 @@ impl Master {
                 catalog_schema()?,
                 TabletOptions::default(),
                 clock,
+                None,
             )?
         };
         let master = Self {

@@ -28,6 +28,47 @@ use crate::{EngineError, Result};
 /// Raft node id of the only voter of a single-replica tablet.
 const LOCAL_NODE_ID: u64 = 1;
 
+/// The replicas of a replicated tablet: the voters (tablet server ids, which are also their Raft
+/// node ids) and where each server listens. Kept in `peers.json` in the replica's directory; a
+/// replica without it is a single-voter tablet of the embedded node.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Peers {
+    pub voters: Vec<u64>,
+    pub addresses: std::collections::BTreeMap<u64, String>,
+}
+
+const PEERS_FILE: &str = "peers.json";
+
+impl Peers {
+    fn read(dir: &Path) -> Result<Option<Peers>> {
+        match std::fs::read(dir.join(PEERS_FILE)) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+                EngineError::CatalogCorrupted(format!("{}: {e}", dir.join(PEERS_FILE).display()))
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn write(&self, dir: &Path) -> Result<()> {
+        let json =
+            serde_json::to_vec(self).map_err(|e| EngineError::CatalogCorrupted(e.to_string()))?;
+        let tmp = dir.join("peers.json.tmp");
+        std::fs::write(&tmp, json)?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, dir.join(PEERS_FILE))?;
+        Ok(())
+    }
+}
+
+/// How a replica reaches the other replicas of its tablet.
+pub struct Replication {
+    /// This server's id (its Raft node id in every group).
+    pub server_id: u64,
+    pub peers: Peers,
+    pub transport: Box<dyn nyala_raft::Transport>,
+}
+
 /// Timestamps of writes proposed but not yet applied.
 type Inflight = Arc<Mutex<BTreeSet<u64>>>;
 
@@ -134,31 +175,49 @@ impl std::fmt::Debug for TabletReplica {
 }
 
 impl TabletReplica {
-    /// Creates a new, empty tablet replica in `dir`.
+    /// Creates a new, empty tablet replica in `dir`: a single-voter tablet, or with
+    /// `replication` one replica of a tablet replicated among its peers.
     pub fn create(
         dir: &Path,
         id: &str,
         schema: Schema,
         options: TabletOptions,
         clock: Arc<HybridClock>,
+        replication: Option<Replication>,
     ) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
+        if let Some(r) = &replication {
+            r.peers.write(dir)?;
+        }
         let tablet = Tablet::create(&dir.join("data"), schema, options)?;
-        Self::start(dir, id, tablet, clock)
+        Self::start(dir, id, tablet, clock, replication)
+    }
+
+    /// The peers of the replica in `dir`, if it is replicated.
+    pub fn peers(dir: &Path) -> Result<Option<Peers>> {
+        Peers::read(dir)
     }
 
     /// Opens an existing replica, replaying its log past what the tablet has on disk.
+    /// `replication` must be given for a replicated tablet (see [`Self::peers`]).
     pub fn open(
         dir: &Path,
         id: &str,
         options: TabletOptions,
         clock: Arc<HybridClock>,
+        replication: Option<Replication>,
     ) -> Result<Self> {
         let tablet = Tablet::open(&dir.join("data"), options)?;
-        Self::start(dir, id, tablet, clock)
+        Self::start(dir, id, tablet, clock, replication)
     }
 
-    fn start(dir: &Path, id: &str, tablet: Tablet, clock: Arc<HybridClock>) -> Result<Self> {
+    fn start(
+        dir: &Path,
+        id: &str,
+        tablet: Tablet,
+        clock: Arc<HybridClock>,
+        replication: Option<Replication>,
+    ) -> Result<Self> {
         let tablet = Arc::new(tablet);
         let inflight = Inflight::default();
         let sm = TabletStateMachine {
@@ -166,7 +225,14 @@ impl TabletReplica {
             inflight: inflight.clone(),
             clock: clock.clone(),
         };
-        let raft = RaftNode::open(RaftConfig::new(LOCAL_NODE_ID, dir.join("wal")), sm)?;
+        let raft = match replication {
+            None => RaftNode::open(RaftConfig::new(LOCAL_NODE_ID, dir.join("wal")), sm)?,
+            Some(r) => RaftNode::open_with_transport(
+                RaftConfig::new(r.server_id, dir.join("wal")).with_voters(r.peers.voters),
+                sm,
+                r.transport,
+            )?,
+        };
         Ok(Self {
             next_auto_id: Mutex::new(0),
             id: id.to_string(),
@@ -252,6 +318,21 @@ impl TabletReplica {
                 Err(e.into())
             }
         }
+    }
+
+    /// Hands the replica a Raft message from a peer.
+    pub fn step(&self, message: nyala_raft::Message) {
+        self.raft.step(message);
+    }
+
+    /// The server id of the replica's leader, if known.
+    pub fn leader(&self) -> Option<u64> {
+        self.raft.leader()
+    }
+
+    /// The index of the last log entry applied here.
+    pub fn last_applied(&self) -> u64 {
+        self.raft.last_applied()
     }
 
     /// The newest timestamp at which a read sees every applied write and nothing can change.

@@ -17,7 +17,8 @@ use nyala_storage::{Schema, TabletOptions};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::clock::HybridClock;
-use crate::replica::TabletReplica;
+use crate::replica::{Peers, Replication, TabletReplica};
+use crate::rpc::{RaftRouter, ReplicaStatus, ServerStatus};
 use crate::{EngineError, Result};
 
 const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(200);
@@ -27,6 +28,10 @@ const ADMISSION_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_MEMORY_LIMIT: usize = 2 << 30;
 
 pub struct TabletServer {
+    /// This server's id, which is also its Raft node id in replicated tablets.
+    server_id: u64,
+    /// How replicas reach their peers (None for the embedded single node).
+    router: Option<Arc<RaftRouter>>,
     tablets_dir: PathBuf,
     options: TabletOptions,
     clock: Arc<HybridClock>,
@@ -40,14 +45,17 @@ pub struct TabletServer {
 
 impl TabletServer {
     /// Opens every tablet replica found under `dir` and starts the maintenance thread.
+    /// Replicated tablets need `router`, through which their replicas reach their peers.
     pub fn open(
         dir: &Path,
         options: TabletOptions,
         memory_limit: usize,
         clock: Arc<HybridClock>,
+        router: Option<Arc<RaftRouter>>,
     ) -> Result<Arc<Self>> {
         let tablets_dir = dir.join("tablets");
         std::fs::create_dir_all(&tablets_dir)?;
+        let server_id = server_id(dir)?;
         let mut replicas = HashMap::new();
         for entry in std::fs::read_dir(&tablets_dir)? {
             let entry = entry?;
@@ -57,11 +65,35 @@ impl TabletServer {
             if id.starts_with('.') || !entry.file_type()?.is_dir() {
                 continue;
             }
-            let replica = TabletReplica::open(&entry.path(), &id, options.clone(), clock.clone())?;
+            let replication = match TabletReplica::peers(&entry.path())? {
+                None => None,
+                Some(peers) => {
+                    let router = router.as_ref().ok_or_else(|| {
+                        EngineError::Unsupported(format!(
+                            "tablet {id} is replicated; open this data directory with `nyala tserver`"
+                        ))
+                    })?;
+                    router.learn(&peers.addresses);
+                    Some(Replication {
+                        server_id,
+                        peers,
+                        transport: router.transport(&id),
+                    })
+                }
+            };
+            let replica = TabletReplica::open(
+                &entry.path(),
+                &id,
+                options.clone(),
+                clock.clone(),
+                replication,
+            )?;
             tracing::debug!(tablet = %id, "opened tablet replica");
             replicas.insert(id, Arc::new(replica));
         }
         let server = Arc::new(Self {
+            server_id,
+            router,
             tablets_dir,
             options,
             clock,
@@ -196,9 +228,82 @@ impl TabletServer {
             schema.clone(),
             self.options.clone(),
             self.clock.clone(),
+            None,
         )?);
         replicas.insert(id.to_string(), replica.clone());
         Ok(replica)
+    }
+
+    /// Creates this server's replica of a tablet replicated among `peers` (which must include
+    /// this server); creating one that exists is a no-op.
+    pub fn create_replicated_tablet(
+        &self,
+        id: &str,
+        schema: &Schema,
+        peers: Peers,
+    ) -> Result<Arc<TabletReplica>> {
+        let router = self.router.as_ref().ok_or_else(|| {
+            EngineError::Unsupported("this server does not replicate tablets".into())
+        })?;
+        if !peers.voters.contains(&self.server_id) {
+            return Err(EngineError::InvalidTable(format!(
+                "tablet {id}: server {} is not among its replicas {:?}",
+                self.server_id, peers.voters
+            )));
+        }
+        let mut replicas = self.replicas.write();
+        if let Some(existing) = replicas.get(id) {
+            return Ok(existing.clone());
+        }
+        let dir = self.tablets_dir.join(id);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        router.learn(&peers.addresses);
+        let replication = Replication {
+            server_id: self.server_id,
+            peers,
+            transport: router.transport(id),
+        };
+        let replica = Arc::new(TabletReplica::create(
+            &dir,
+            id,
+            schema.clone(),
+            self.options.clone(),
+            self.clock.clone(),
+            Some(replication),
+        )?);
+        replicas.insert(id.to_string(), replica.clone());
+        Ok(replica)
+    }
+
+    pub fn server_id(&self) -> u64 {
+        self.server_id
+    }
+
+    /// Where server `id` listens, if this server knows.
+    pub fn address_of(&self, id: u64) -> Option<String> {
+        self.router.as_ref()?.address(id)
+    }
+
+    /// Every replica on this server: its leader, how far it has applied, its size.
+    pub fn status(&self) -> ServerStatus {
+        let mut replicas: Vec<ReplicaStatus> = self
+            .replicas
+            .read()
+            .iter()
+            .map(|(id, r)| ReplicaStatus {
+                tablet_id: id.clone(),
+                leader: r.leader().unwrap_or(0),
+                last_applied: r.last_applied(),
+                estimated_rows: r.tablet().estimated_rows() as u64,
+            })
+            .collect();
+        replicas.sort_by(|a, b| a.tablet_id.cmp(&b.tablet_id));
+        ServerStatus {
+            server_id: self.server_id,
+            replicas,
+        }
     }
 
     /// Stops a tablet replica and deletes its data.
@@ -245,5 +350,26 @@ impl TabletServer {
 impl Drop for TabletServer {
     fn drop(&mut self) {
         self.stopping.store(true, Ordering::Release);
+    }
+}
+
+/// The id of the server whose data directory is `dir`: chosen at random when it is first used,
+/// then kept in `dir/server_id`.
+fn server_id(dir: &Path) -> Result<u64> {
+    let path = dir.join("server_id");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse().map_err(|_| {
+            EngineError::CatalogCorrupted(format!("{} does not hold a server id", path.display()))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // Non-zero (Raft reserves 0) and below 2^53 (exact in JSON numbers).
+            let id = (uuid::Uuid::new_v4().as_u128() as u64 & ((1 << 53) - 1)).max(1);
+            let tmp = dir.join("server_id.tmp");
+            std::fs::write(&tmp, id.to_string())?;
+            std::fs::File::open(&tmp)?.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            Ok(id)
+        }
+        Err(e) => Err(e.into()),
     }
 }

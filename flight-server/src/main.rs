@@ -1,5 +1,6 @@
 //! The `nyala` binary: `serve` runs an embedded single node with Flight SQL; `sql` runs
-//! statements against a server (`--connect`) or an embedded database (`--data-dir`).
+//! statements against a server (`--connect`) or an embedded database (`--data-dir`); `tserver`
+//! runs a tablet server of a cluster, whose replicas replicate with Raft over internal RPC.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -53,6 +54,19 @@ enum Command {
         /// How far back (seconds) `AS OF` reads may go; older versions are dropped.
         #[arg(long, default_value_t = 900)]
         history_max_age_secs: u64,
+    },
+    /// Run a tablet server of a cluster: it hosts tablet replicas, replicated with Raft among
+    /// tablet servers over internal RPC (tonic).
+    Tserver {
+        #[arg(long, default_value = "./nyala-tserver")]
+        data_dir: PathBuf,
+        /// Where the internal RPC listens (port 0: any free port; the line printed at start
+        /// says which).
+        #[arg(long, default_value = "127.0.0.1:7050")]
+        rpc_addr: SocketAddr,
+        /// Unflushed data (MiB) all tablets together may hold; writers wait above it.
+        #[arg(long, default_value_t = 2048)]
+        memory_limit_mb: usize,
     },
     /// Run SQL: a script with -c/-f, or an interactive shell.
     Sql {
@@ -116,6 +130,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             serve(data_dir, listen, advertise, credentials, options).await
         }
+        Command::Tserver {
+            data_dir,
+            rpc_addr,
+            memory_limit_mb,
+        } => tserver(data_dir, rpc_addr, memory_limit_mb << 20).await,
         Command::Sql {
             connect,
             data_dir,
@@ -166,6 +185,57 @@ async fn shell(
     }
 }
 
+async fn tserver(
+    data_dir: PathBuf,
+    rpc_addr: SocketAddr,
+    memory_limit: usize,
+) -> anyhow::Result<()> {
+    use nyala_engine::clock::HybridClock;
+    use nyala_engine::rpc::{InternalService, RaftRouter};
+    use nyala_engine::tserver::TabletServer;
+    let router = RaftRouter::new(tokio::runtime::Handle::current());
+    let dir = data_dir.clone();
+    let server = tokio::task::spawn_blocking(move || {
+        std::fs::create_dir_all(&dir)?;
+        TabletServer::open(
+            &dir,
+            nyala_engine::storage::TabletOptions::default(),
+            memory_limit,
+            Arc::new(HybridClock::new()),
+            Some(router),
+        )
+    })
+    .await?
+    .with_context(|| format!("cannot open the tablet server in {}", data_dir.display()))?;
+    let listener = tokio::net::TcpListener::bind(rpc_addr)
+        .await
+        .with_context(|| format!("cannot listen on {rpc_addr}"))?;
+    let addr = listener.local_addr()?;
+    println!(
+        "Nyala tablet server {} listening on {addr} (data: {})",
+        server.server_id(),
+        data_dir.display()
+    );
+    tonic::transport::Server::builder()
+        .add_service(InternalService::new(server.clone()))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown_signal(),
+        )
+        .await?;
+    tokio::task::spawn_blocking(move || server.shutdown()).await??;
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    }
+}
+
 async fn serve(
     data_dir: PathBuf,
     listen: SocketAddr,
@@ -194,15 +264,7 @@ async fn serve(
         )),
         credentials,
     };
-    let shutdown = async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-        }
-    };
-    nyala_flight::serve(db.clone(), listener, options, shutdown).await?;
+    nyala_flight::serve(db.clone(), listener, options, shutdown_signal()).await?;
     db.shutdown().await?;
     Ok(())
 }

@@ -86,3 +86,15 @@ pub enum RaftError {
     #[error("log encoding: {0}")]
     Encoding(#[from] protobuf::ProtobufError),
 }
+
+/// A Raft message as bytes, for a transport between processes.
+pub fn encode_message(message: &Message) -> Result<Vec<u8>, RaftError> {
+    use protobuf::Message as _;
+    Ok(message.write_to_bytes()?)
+}
+
+/// The message [`encode_message`] encoded.
+pub fn decode_message(bytes: &[u8]) -> Result<Message, RaftError> {
+    use protobuf::Message as _;
+    Ok(Message::parse_from_bytes(bytes)?)
+}

@@ -904,3 +904,247 @@ async fn tablet_endpoints_read_one_snapshot() {
         .await
         .contains("| 1500 "));
 }
+
+mod cluster {
+    //! Tablet servers as separate processes (`nyala tserver`), replicating a tablet with Raft
+    //! over internal RPC: the leader is killed with SIGKILL while clients write, writes resume
+    //! on a new leader, the killed server comes back from its log, and every replica ends with
+    //! every acknowledged row exactly once.
+
+    use std::io::{BufRead, BufReader};
+    use std::path::Path;
+    use std::process::{Child, Command, Stdio};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use arrow::array::{Array, Int64Array, RecordBatch, StringArray};
+    use nyala_engine::rpc::{request, CreateReplica, Peer, RpcClient, Scan, StatusRequest, Write};
+    use nyala_engine::storage::{ColumnSchema, ColumnType, Schema, WriteBatch, WriteKind};
+
+    use super::nyala_bin;
+
+    struct TabletServerProcess {
+        child: Child,
+        id: u64,
+        addr: String,
+    }
+
+    impl TabletServerProcess {
+        fn start(dir: &Path, addr: &str) -> Self {
+            let mut child = Command::new(nyala_bin())
+                .args(["tserver", "--rpc-addr", addr, "--data-dir"])
+                .arg(dir)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start nyala tserver");
+            let mut line = String::new();
+            BufReader::new(child.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            // "Nyala tablet server <id> listening on <addr> (data: ...)"
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let id = words
+                .get(3)
+                .and_then(|w| w.parse().ok())
+                .unwrap_or_else(|| panic!("no server id in {line:?}"));
+            Self {
+                child,
+                id,
+                addr: words[6].to_string(),
+            }
+        }
+
+        fn kill(&mut self) {
+            self.child.kill().unwrap();
+            self.child.wait().unwrap();
+        }
+    }
+
+    impl Drop for TabletServerProcess {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    fn free_port() -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    }
+
+    fn schema() -> Schema {
+        Schema::new(
+            vec![
+                ColumnSchema::new("k", ColumnType::Int64, false),
+                ColumnSchema::new("v", ColumnType::String, true),
+            ],
+            vec![0],
+        )
+        .unwrap()
+    }
+
+    /// The leader of `tablet` as the reachable servers report it.
+    async fn leader(addrs: &[String], tablet: &str) -> Option<String> {
+        for addr in addrs {
+            let Ok(mut client) = RpcClient::connect(addr).await else {
+                continue;
+            };
+            let Ok(response) = client.call(request::Kind::Status(StatusRequest {})).await else {
+                continue;
+            };
+            let status = response.status?;
+            let replica = status.replicas.iter().find(|r| r.tablet_id == tablet)?;
+            if replica.leader == status.server_id {
+                return Some(addr.clone());
+            }
+        }
+        None
+    }
+
+    /// Writes keys `keys` to whichever server leads, until acknowledged; the time it took.
+    async fn write(addrs: &[String], tablet: &str, keys: std::ops::Range<i64>) -> Duration {
+        let started = Instant::now();
+        let rows = RecordBatch::try_new(
+            schema().arrow_schema(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(keys.clone())),
+                Arc::new(StringArray::from_iter_values(
+                    keys.clone().map(|k| format!("v{k}")),
+                )),
+            ],
+        )
+        .unwrap();
+        let batch = WriteBatch {
+            kind: WriteKind::Upsert,
+            rows,
+        }
+        .encode();
+        loop {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "no write for 60 s"
+            );
+            let Some(addr) = leader(addrs, tablet).await else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            };
+            let Ok(mut client) = RpcClient::connect(&addr).await else {
+                continue;
+            };
+            let response = client
+                .call(request::Kind::Write(Write {
+                    tablet_id: tablet.into(),
+                    batch: batch.clone(),
+                }))
+                .await;
+            match response {
+                Ok(r) if r.error.is_empty() => return started.elapsed(),
+                Ok(r) if r.not_leader => {}
+                Ok(r) => panic!("write failed: {}", r.error),
+                Err(_) => {}
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn scan_keys(addr: &str, tablet: &str) -> Vec<i64> {
+        let mut client = RpcClient::connect(addr).await.unwrap();
+        let response = client
+            .call(request::Kind::Scan(Scan {
+                tablet_id: tablet.into(),
+            }))
+            .await
+            .unwrap();
+        assert!(response.error.is_empty(), "{}", response.error);
+        let reader =
+            arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(response.ipc), None)
+                .unwrap();
+        let mut keys = Vec::new();
+        for batch in reader {
+            let batch = batch.unwrap();
+            let column = batch.column(0);
+            let k = column.as_any().downcast_ref::<Int64Array>().unwrap();
+            keys.extend(k.iter().flatten());
+        }
+        keys.sort_unstable();
+        keys
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replicated_tablet_survives_killing_its_leader() {
+        let rounds: usize = std::env::var("NYALA_FAILOVER_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2);
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let addrs: Vec<String> = (0..3).map(|_| free_port()).collect();
+        let mut servers: Vec<TabletServerProcess> = (0..3)
+            .map(|i| TabletServerProcess::start(dirs[i].path(), &addrs[i]))
+            .collect();
+        let tablet = "t1";
+        let peers: Vec<Peer> = servers
+            .iter()
+            .map(|s| Peer {
+                server_id: s.id,
+                address: s.addr.clone(),
+            })
+            .collect();
+        for server in &servers {
+            let mut client = RpcClient::connect(&server.addr).await.unwrap();
+            let response = client
+                .call(request::Kind::CreateReplica(CreateReplica {
+                    tablet_id: tablet.into(),
+                    schema_json: serde_json::to_string(&schema()).unwrap(),
+                    peers: peers.clone(),
+                }))
+                .await
+                .unwrap();
+            assert!(response.error.is_empty(), "{}", response.error);
+        }
+        let mut next = 0i64;
+        let mut failovers = Vec::new();
+        for round in 0..rounds {
+            for _ in 0..10 {
+                write(&addrs, tablet, next..next + 100).await;
+                next += 100;
+            }
+            let leader = leader(&addrs, tablet).await.expect("a leader");
+            let victim = servers.iter().position(|s| s.addr == leader).unwrap();
+            servers[victim].kill();
+            let took = write(&addrs, tablet, next..next + 100).await;
+            next += 100;
+            eprintln!("round {round}: leader killed, next write acknowledged after {took:?}");
+            failovers.push(took);
+            for _ in 0..5 {
+                write(&addrs, tablet, next..next + 100).await;
+                next += 100;
+            }
+            servers[victim] = TabletServerProcess::start(dirs[victim].path(), &addrs[victim]);
+        }
+        failovers.sort();
+        eprintln!(
+            "leader kill to first acknowledged write: median {:?} of {}",
+            failovers[failovers.len() / 2],
+            failovers.len()
+        );
+        // Every replica, the restarted ones too, ends with every acknowledged row, once.
+        let expected: Vec<i64> = (0..next).collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for addr in &addrs {
+            loop {
+                let keys = scan_keys(addr, tablet).await;
+                if keys == expected {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{addr} has {} of {} rows",
+                    keys.len(),
+                    expected.len()
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}

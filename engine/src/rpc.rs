@@ -1,0 +1,481 @@
+//! Internal RPC between Nyala servers (tonic gRPC, prost messages; decision 5).
+//!
+//! One gRPC method, `/nyala.Internal/Call`, carries a request envelope whose variants are the
+//! operations a tablet server offers: Raft messages (batched per destination server), creating a
+//! replica of a replicated tablet, writes to a tablet's leader, scans and status. The messages are
+//! declared here with prost's derive macros, so no protoc is needed to build.
+//!
+//! [`RaftRouter`] is the Raft transport of every replica on a server: messages for the same
+//! destination server, from all its tablets, go out together in one RPC.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use nyala_raft::{Message, RaftError, Transport};
+use nyala_storage::{ScanSpec, Schema, Timestamp, WriteBatch};
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::mpsc;
+use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
+
+use crate::replica::Peers;
+use crate::tserver::TabletServer;
+use crate::{EngineError, Result};
+
+/// Most bytes of one RPC message (a write batch or a scan result).
+const MAX_MESSAGE_BYTES: usize = 256 << 20;
+const CALL_PATH: &str = "/nyala.Internal/Call";
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RpcRequest {
+    #[prost(oneof = "request::Kind", tags = "1, 2, 3, 4, 5")]
+    pub kind: Option<request::Kind>,
+}
+
+pub mod request {
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum Kind {
+        #[prost(message, tag = "1")]
+        Raft(super::RaftBatch),
+        #[prost(message, tag = "2")]
+        CreateReplica(super::CreateReplica),
+        #[prost(message, tag = "3")]
+        Write(super::Write),
+        #[prost(message, tag = "4")]
+        Scan(super::Scan),
+        #[prost(message, tag = "5")]
+        Status(super::StatusRequest),
+    }
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RpcResponse {
+    /// Empty on success.
+    #[prost(string, tag = "1")]
+    pub error: String,
+    /// The request went to a replica that does not lead its tablet.
+    #[prost(bool, tag = "2")]
+    pub not_leader: bool,
+    /// The leader the replica knows of (0: none) and its address.
+    #[prost(uint64, tag = "3")]
+    pub leader_hint: u64,
+    #[prost(string, tag = "4")]
+    pub leader_address: String,
+    /// Rows a write applied.
+    #[prost(uint64, tag = "5")]
+    pub rows: u64,
+    /// A scan's rows as an Arrow IPC stream.
+    #[prost(bytes = "vec", tag = "6")]
+    pub ipc: Vec<u8>,
+    #[prost(message, optional, tag = "7")]
+    pub status: Option<ServerStatus>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RaftBatch {
+    #[prost(message, repeated, tag = "1")]
+    pub messages: Vec<RaftEnvelope>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RaftEnvelope {
+    #[prost(string, tag = "1")]
+    pub tablet_id: String,
+    /// A raft-rs message, protobuf-encoded.
+    #[prost(bytes = "vec", tag = "2")]
+    pub message: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CreateReplica {
+    #[prost(string, tag = "1")]
+    pub tablet_id: String,
+    /// The table schema as JSON.
+    #[prost(string, tag = "2")]
+    pub schema_json: String,
+    /// The voters (server ids) and their addresses.
+    #[prost(message, repeated, tag = "3")]
+    pub peers: Vec<Peer>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Peer {
+    #[prost(uint64, tag = "1")]
+    pub server_id: u64,
+    #[prost(string, tag = "2")]
+    pub address: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Write {
+    #[prost(string, tag = "1")]
+    pub tablet_id: String,
+    /// A [`WriteBatch`], encoded.
+    #[prost(bytes = "vec", tag = "2")]
+    pub batch: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Scan {
+    #[prost(string, tag = "1")]
+    pub tablet_id: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StatusRequest {}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ServerStatus {
+    #[prost(uint64, tag = "1")]
+    pub server_id: u64,
+    #[prost(message, repeated, tag = "2")]
+    pub replicas: Vec<ReplicaStatus>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ReplicaStatus {
+    #[prost(string, tag = "1")]
+    pub tablet_id: String,
+    /// The leader's server id (0: unknown).
+    #[prost(uint64, tag = "2")]
+    pub leader: u64,
+    #[prost(uint64, tag = "3")]
+    pub last_applied: u64,
+    #[prost(uint64, tag = "4")]
+    pub estimated_rows: u64,
+}
+
+impl RpcResponse {
+    fn error(e: impl std::fmt::Display) -> Self {
+        Self {
+            error: e.to_string(),
+            ..Self::default()
+        }
+    }
+}
+
+/// A connection to another server's internal RPC.
+#[derive(Clone)]
+pub struct RpcClient {
+    grpc: tonic::client::Grpc<tonic::transport::Channel>,
+}
+
+impl RpcClient {
+    pub async fn connect(address: &str) -> Result<Self> {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| EngineError::Unsupported(format!("bad address {address}: {e}")))?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(30))
+            .connect()
+            .await
+            .map_err(|e| EngineError::Unavailable(format!("cannot reach {address}: {e}")))?;
+        Ok(Self {
+            grpc: tonic::client::Grpc::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        })
+    }
+
+    pub async fn call(&mut self, kind: request::Kind) -> Result<RpcResponse> {
+        let unavailable = |e: tonic::Status| EngineError::Unavailable(e.message().to_string());
+        self.grpc
+            .ready()
+            .await
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        let response = self
+            .grpc
+            .unary(
+                tonic::Request::new(RpcRequest { kind: Some(kind) }),
+                http::uri::PathAndQuery::from_static(CALL_PATH),
+                tonic_prost::ProstCodec::<RpcRequest, RpcResponse>::default(),
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(response.into_inner())
+    }
+}
+
+/// Sends the Raft messages of all replicas on this server to the other servers.
+pub struct RaftRouter {
+    addresses: Arc<RwLock<HashMap<u64, String>>>,
+    outboxes: Mutex<HashMap<u64, mpsc::UnboundedSender<RaftEnvelope>>>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl RaftRouter {
+    pub fn new(runtime: tokio::runtime::Handle) -> Arc<Self> {
+        Arc::new(Self {
+            addresses: Arc::default(),
+            outboxes: Mutex::default(),
+            runtime,
+        })
+    }
+
+    /// Records where servers listen.
+    pub fn learn(&self, addresses: &BTreeMap<u64, String>) {
+        let mut known = self.addresses.write();
+        for (id, address) in addresses {
+            known.insert(*id, address.clone());
+        }
+    }
+
+    pub fn address(&self, server_id: u64) -> Option<String> {
+        self.addresses.read().get(&server_id).cloned()
+    }
+
+    /// The transport of the replica of `tablet_id` on this server.
+    pub fn transport(self: &Arc<Self>, tablet_id: &str) -> Box<dyn Transport> {
+        Box::new(ReplicaTransport {
+            tablet_id: tablet_id.to_string(),
+            router: self.clone(),
+        })
+    }
+
+    fn send(&self, tablet_id: &str, messages: Vec<Message>) {
+        for message in messages {
+            let to = message.to;
+            let encoded = match nyala_raft::encode_message(&message) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot encode a raft message");
+                    continue;
+                }
+            };
+            let envelope = RaftEnvelope {
+                tablet_id: tablet_id.to_string(),
+                message: encoded,
+            };
+            let _ = self.outbox(to).send(envelope);
+        }
+    }
+
+    /// The queue of messages to server `to`, drained by a task that sends everything queued in
+    /// one RPC. Messages that cannot be delivered are dropped: Raft sends them again.
+    fn outbox(&self, to: u64) -> mpsc::UnboundedSender<RaftEnvelope> {
+        let mut outboxes = self.outboxes.lock();
+        if let Some(tx) = outboxes.get(&to) {
+            return tx.clone();
+        }
+        let (tx, mut rx) = mpsc::unbounded_channel::<RaftEnvelope>();
+        let addresses = self.addresses.clone();
+        self.runtime.spawn(async move {
+            let mut client: Option<RpcClient> = None;
+            while let Some(first) = rx.recv().await {
+                let mut messages = vec![first];
+                while messages.len() < 4096 {
+                    match rx.try_recv() {
+                        Ok(m) => messages.push(m),
+                        Err(_) => break,
+                    }
+                }
+                let Some(address) = addresses.read().get(&to).cloned() else {
+                    continue;
+                };
+                if client.is_none() {
+                    client = RpcClient::connect(&address).await.ok();
+                }
+                let Some(c) = client.as_mut() else {
+                    // Unreachable: wait a little before trying the next batch.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                };
+                let sent = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    c.call(request::Kind::Raft(RaftBatch { messages })),
+                )
+                .await;
+                if !matches!(sent, Ok(Ok(_))) {
+                    client = None;
+                }
+            }
+        });
+        outboxes.insert(to, tx.clone());
+        tx
+    }
+}
+
+struct ReplicaTransport {
+    tablet_id: String,
+    router: Arc<RaftRouter>,
+}
+
+impl Transport for ReplicaTransport {
+    fn send(&self, messages: Vec<Message>) {
+        self.router.send(&self.tablet_id, messages);
+    }
+}
+
+/// The internal RPC service of a tablet server.
+#[derive(Clone)]
+pub struct InternalService {
+    server: Arc<TabletServer>,
+}
+
+impl InternalService {
+    pub fn new(server: Arc<TabletServer>) -> Self {
+        Self { server }
+    }
+
+    async fn handle(server: Arc<TabletServer>, request: RpcRequest) -> RpcResponse {
+        let Some(kind) = request.kind else {
+            return RpcResponse::error("empty request");
+        };
+        match kind {
+            request::Kind::Raft(batch) => {
+                for envelope in batch.messages {
+                    let Ok(replica) = server.replica(&envelope.tablet_id) else {
+                        continue;
+                    };
+                    match nyala_raft::decode_message(&envelope.message) {
+                        Ok(message) => replica.step(message),
+                        Err(e) => return RpcResponse::error(e),
+                    }
+                }
+                RpcResponse::default()
+            }
+            request::Kind::CreateReplica(create) => {
+                let schema: Schema = match serde_json::from_str(&create.schema_json) {
+                    Ok(schema) => schema,
+                    Err(e) => return RpcResponse::error(format!("bad schema: {e}")),
+                };
+                let peers = Peers {
+                    voters: create.peers.iter().map(|p| p.server_id).collect(),
+                    addresses: create
+                        .peers
+                        .iter()
+                        .map(|p| (p.server_id, p.address.clone()))
+                        .collect(),
+                };
+                let id = create.tablet_id.clone();
+                let created = tokio::task::spawn_blocking(move || {
+                    server.create_replicated_tablet(&id, &schema, peers)
+                })
+                .await;
+                match created {
+                    Ok(Ok(_)) => RpcResponse::default(),
+                    Ok(Err(e)) => RpcResponse::error(e),
+                    Err(e) => RpcResponse::error(e),
+                }
+            }
+            request::Kind::Write(write) => {
+                let result = async {
+                    let replica = server.replica(&write.tablet_id)?;
+                    let batch = WriteBatch::decode(&write.batch)?;
+                    server.admit_write().await?;
+                    replica.write(&batch).await
+                }
+                .await;
+                match result {
+                    Ok(rows) => RpcResponse {
+                        rows: rows as u64,
+                        ..RpcResponse::default()
+                    },
+                    Err(EngineError::Raft(RaftError::NotLeader { leader_hint })) => {
+                        let hint = leader_hint.unwrap_or(0);
+                        RpcResponse {
+                            error: "not the leader".into(),
+                            not_leader: true,
+                            leader_hint: hint,
+                            leader_address: server.address_of(hint).unwrap_or_default(),
+                            ..RpcResponse::default()
+                        }
+                    }
+                    Err(e) => RpcResponse::error(e),
+                }
+            }
+            request::Kind::Scan(scan) => {
+                let result = tokio::task::spawn_blocking(move || -> Result<Vec<u8>> {
+                    let replica = server.replica(&scan.tablet_id)?;
+                    let spec = ScanSpec {
+                        projection: None,
+                        predicates: vec![],
+                        snapshot: Timestamp(0),
+                        limit: None,
+                        batch_size: 8192,
+                    };
+                    let schema = replica.schema().arrow_schema();
+                    let batches = replica
+                        .scan(spec, None)?
+                        .collect::<std::result::Result<Vec<RecordBatch>, _>>()?;
+                    let mut out = Vec::new();
+                    let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut out, &schema)?;
+                    for batch in &batches {
+                        writer.write(batch)?;
+                    }
+                    writer.finish()?;
+                    drop(writer);
+                    Ok(out)
+                })
+                .await;
+                match result {
+                    Ok(Ok(ipc)) => RpcResponse {
+                        ipc,
+                        ..RpcResponse::default()
+                    },
+                    Ok(Err(e)) => RpcResponse::error(e),
+                    Err(e) => RpcResponse::error(e),
+                }
+            }
+            request::Kind::Status(_) => RpcResponse {
+                status: Some(server.status()),
+                ..RpcResponse::default()
+            },
+        }
+    }
+}
+
+impl tonic::server::NamedService for InternalService {
+    const NAME: &'static str = "nyala.Internal";
+}
+
+struct CallSvc(Arc<TabletServer>);
+
+impl tonic::server::UnaryService<RpcRequest> for CallSvc {
+    type Response = RpcResponse;
+    type Future = BoxFuture<tonic::Response<RpcResponse>, tonic::Status>;
+
+    fn call(&mut self, request: tonic::Request<RpcRequest>) -> Self::Future {
+        let server = self.0.clone();
+        Box::pin(async move {
+            Ok(tonic::Response::new(
+                InternalService::handle(server, request.into_inner()).await,
+            ))
+        })
+    }
+}
+
+impl<B> Service<http::Request<B>> for InternalService
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::result::Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let server = self.server.clone();
+        if request.uri().path() != CALL_PATH {
+            return Box::pin(async move {
+                Ok(tonic::Status::unimplemented("unknown method").into_http())
+            });
+        }
+        Box::pin(async move {
+            let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
+                RpcResponse,
+                RpcRequest,
+            >::default())
+            .apply_max_message_size_config(Some(MAX_MESSAGE_BYTES), Some(MAX_MESSAGE_BYTES));
+            Ok(grpc.unary(CallSvc(server), request).await)
+        })
+    }
+}
