@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use arrow::array::RecordBatch;
 use nyala_raft::{Message, RaftError, Transport};
-use nyala_storage::{ScanSpec, Schema, Timestamp, WriteBatch};
+use nyala_storage::{ScanIterator, ScanSpec, Schema, WriteBatch};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::mpsc;
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
@@ -30,7 +30,7 @@ const CALL_PATH: &str = "/nyala.Internal/Call";
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct RpcRequest {
-    #[prost(oneof = "request::Kind", tags = "1, 2, 3, 4, 5")]
+    #[prost(oneof = "request::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
     pub kind: Option<request::Kind>,
 }
 
@@ -44,9 +44,17 @@ pub mod request {
         #[prost(message, tag = "3")]
         Write(super::Write),
         #[prost(message, tag = "4")]
-        Scan(super::Scan),
+        ScanOpen(super::ScanOpen),
         #[prost(message, tag = "5")]
         Status(super::StatusRequest),
+        #[prost(message, tag = "6")]
+        ScanNext(super::ScanNext),
+        #[prost(message, tag = "7")]
+        SafeSnapshot(super::TabletRef),
+        #[prost(message, tag = "8")]
+        DeleteReplica(super::TabletRef),
+        #[prost(message, tag = "9")]
+        AlterSchema(super::AlterSchema),
     }
 }
 
@@ -71,6 +79,14 @@ pub struct RpcResponse {
     pub ipc: Vec<u8>,
     #[prost(message, optional, tag = "7")]
     pub status: Option<ServerStatus>,
+    /// The open scanner to ask for the next rows, and whether the scan is done.
+    #[prost(uint64, tag = "8")]
+    pub scanner_id: u64,
+    #[prost(bool, tag = "9")]
+    pub done: bool,
+    /// A tablet's safe snapshot.
+    #[prost(uint64, tag = "10")]
+    pub snapshot: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -117,10 +133,34 @@ pub struct Write {
     pub batch: Vec<u8>,
 }
 
+/// Opens a scanner on a tablet's replica: the first rows come with the answer.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Scan {
+pub struct ScanOpen {
     #[prost(string, tag = "1")]
     pub tablet_id: String,
+    /// A [`ScanSpec`], encoded; its snapshot 0 means the replica's safe snapshot.
+    #[prost(bytes = "vec", tag = "2")]
+    pub spec: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ScanNext {
+    #[prost(uint64, tag = "1")]
+    pub scanner_id: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TabletRef {
+    #[prost(string, tag = "1")]
+    pub tablet_id: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AlterSchema {
+    #[prost(string, tag = "1")]
+    pub tablet_id: String,
+    #[prost(string, tag = "2")]
+    pub schema_json: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -153,6 +193,99 @@ impl RpcResponse {
             error: e.to_string(),
             ..Self::default()
         }
+    }
+
+    /// The answer to a request that failed with `e`: a replica that does not lead names the
+    /// leader it knows of.
+    fn from_error(e: &EngineError, server: &TabletServer) -> Self {
+        match e {
+            EngineError::Raft(RaftError::NotLeader { leader_hint }) => {
+                let hint = leader_hint.unwrap_or(0);
+                Self {
+                    error: "not the leader".into(),
+                    not_leader: true,
+                    leader_hint: hint,
+                    leader_address: server.address_of(hint).unwrap_or_default(),
+                    ..Self::default()
+                }
+            }
+            e => Self::error(e),
+        }
+    }
+}
+
+/// A spawned task's result as an answer.
+fn flatten(
+    result: std::result::Result<Result<RpcResponse>, tokio::task::JoinError>,
+) -> RpcResponse {
+    match result {
+        Ok(Ok(response)) => response,
+        Ok(Err(e)) => RpcResponse::error(e),
+        Err(e) => RpcResponse::error(e),
+    }
+}
+
+/// Rows per scanner answer, about.
+const SCAN_CHUNK_BYTES: usize = 8 << 20;
+/// A scanner nobody asked for rows this long is dropped.
+const SCANNER_IDLE: Duration = Duration::from_secs(120);
+
+/// Open scans of a server, by scanner id.
+#[derive(Default)]
+struct Scanners {
+    open: Mutex<HashMap<u64, (ScanIterator, std::time::Instant)>>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl Scanners {
+    fn open(&self, iter: ScanIterator) -> u64 {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        let mut open = self.open.lock();
+        open.retain(|_, (_, used)| used.elapsed() < SCANNER_IDLE);
+        open.insert(id, (iter, std::time::Instant::now()));
+        id
+    }
+
+    /// The next rows of scanner `id` (about [`SCAN_CHUNK_BYTES`] as one Arrow IPC stream);
+    /// the scanner closes when it has no more.
+    fn next_rows(&self, id: u64) -> Result<RpcResponse> {
+        let (mut iter, _) = self.open.lock().remove(&id).ok_or_else(|| {
+            EngineError::Unsupported(format!("scanner {id} does not exist (expired?)"))
+        })?;
+        let mut batches: Vec<RecordBatch> = Vec::new();
+        let mut bytes = 0;
+        let mut done = false;
+        while bytes < SCAN_CHUNK_BYTES {
+            let Some(batch) = iter.next() else {
+                done = true;
+                break;
+            };
+            let batch = batch?;
+            bytes += batch.get_array_memory_size();
+            batches.push(batch);
+        }
+        let mut ipc = Vec::new();
+        if let Some(first) = batches.first() {
+            let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut ipc, &first.schema())?;
+            for batch in &batches {
+                writer.write(batch)?;
+            }
+            writer.finish()?;
+        }
+        if !done {
+            self.open
+                .lock()
+                .insert(id, (iter, std::time::Instant::now()));
+        }
+        Ok(RpcResponse {
+            scanner_id: id,
+            done,
+            ipc,
+            ..RpcResponse::default()
+        })
     }
 }
 
@@ -194,6 +327,41 @@ impl RpcClient {
             .await
             .map_err(unavailable)?;
         Ok(response.into_inner())
+    }
+}
+
+impl RpcClient {
+    /// Scans tablet `tablet_id` on this server with `spec` through a scanner: every batch.
+    pub async fn scan(&mut self, tablet_id: &str, spec: &ScanSpec) -> Result<Vec<RecordBatch>> {
+        let mut response = self
+            .call(request::Kind::ScanOpen(ScanOpen {
+                tablet_id: tablet_id.into(),
+                spec: spec.encode()?,
+            }))
+            .await?;
+        let mut batches = Vec::new();
+        loop {
+            if !response.error.is_empty() {
+                return Err(EngineError::Unavailable(response.error));
+            }
+            if !response.ipc.is_empty() {
+                let reader = arrow::ipc::reader::StreamReader::try_new(
+                    std::io::Cursor::new(std::mem::take(&mut response.ipc)),
+                    None,
+                )?;
+                for batch in reader {
+                    batches.push(batch?);
+                }
+            }
+            if response.done {
+                return Ok(batches);
+            }
+            response = self
+                .call(request::Kind::ScanNext(ScanNext {
+                    scanner_id: response.scanner_id,
+                }))
+                .await?;
+        }
     }
 }
 
@@ -311,14 +479,22 @@ impl Transport for ReplicaTransport {
 #[derive(Clone)]
 pub struct InternalService {
     server: Arc<TabletServer>,
+    scanners: Arc<Scanners>,
 }
 
 impl InternalService {
     pub fn new(server: Arc<TabletServer>) -> Self {
-        Self { server }
+        Self {
+            server,
+            scanners: Arc::default(),
+        }
     }
 
-    async fn handle(server: Arc<TabletServer>, request: RpcRequest) -> RpcResponse {
+    async fn handle(
+        server: Arc<TabletServer>,
+        scanners: Arc<Scanners>,
+        request: RpcRequest,
+    ) -> RpcResponse {
         let Some(kind) = request.kind else {
             return RpcResponse::error("empty request");
         };
@@ -372,50 +548,53 @@ impl InternalService {
                         rows: rows as u64,
                         ..RpcResponse::default()
                     },
-                    Err(EngineError::Raft(RaftError::NotLeader { leader_hint })) => {
-                        let hint = leader_hint.unwrap_or(0);
-                        RpcResponse {
-                            error: "not the leader".into(),
-                            not_leader: true,
-                            leader_hint: hint,
-                            leader_address: server.address_of(hint).unwrap_or_default(),
-                            ..RpcResponse::default()
-                        }
-                    }
-                    Err(e) => RpcResponse::error(e),
+                    Err(e) => RpcResponse::from_error(&e, &server),
                 }
             }
-            request::Kind::Scan(scan) => {
-                let result = tokio::task::spawn_blocking(move || -> Result<Vec<u8>> {
-                    let replica = server.replica(&scan.tablet_id)?;
-                    let spec = ScanSpec {
-                        projection: None,
-                        predicates: vec![],
-                        snapshot: Timestamp(0),
-                        limit: None,
-                        batch_size: 8192,
-                    };
-                    let schema = replica.schema().arrow_schema();
-                    let batches = replica
-                        .scan(spec, None)?
-                        .collect::<std::result::Result<Vec<RecordBatch>, _>>()?;
-                    let mut out = Vec::new();
-                    let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut out, &schema)?;
-                    for batch in &batches {
-                        writer.write(batch)?;
-                    }
-                    writer.finish()?;
-                    drop(writer);
-                    Ok(out)
+            request::Kind::ScanOpen(open) => {
+                let scanners = scanners.clone();
+                let opened = tokio::task::spawn_blocking(move || -> Result<RpcResponse> {
+                    let replica = server.replica(&open.tablet_id)?;
+                    let spec = ScanSpec::decode(&open.spec)?;
+                    let snapshot = (spec.snapshot.0 != 0).then_some(spec.snapshot);
+                    let iter = replica.scan(spec, snapshot)?;
+                    scanners.next_rows(scanners.open(iter))
                 })
                 .await;
+                flatten(opened)
+            }
+            request::Kind::ScanNext(next) => {
+                let scanners = scanners.clone();
+                flatten(
+                    tokio::task::spawn_blocking(move || scanners.next_rows(next.scanner_id)).await,
+                )
+            }
+            request::Kind::SafeSnapshot(tablet) => match server.replica(&tablet.tablet_id) {
+                Ok(replica) => RpcResponse {
+                    snapshot: replica.safe_snapshot().0,
+                    ..RpcResponse::default()
+                },
+                Err(e) => RpcResponse::error(e),
+            },
+            request::Kind::DeleteReplica(tablet) => {
+                let deleted =
+                    tokio::task::spawn_blocking(move || server.delete_tablet(&tablet.tablet_id))
+                        .await;
+                flatten(deleted.map(|r| r.map(|()| RpcResponse::default())))
+            }
+            request::Kind::AlterSchema(alter) => {
+                let result = async {
+                    let schema: Schema = serde_json::from_str(&alter.schema_json)
+                        .map_err(|e| EngineError::InvalidTable(format!("bad schema: {e}")))?;
+                    server
+                        .replica(&alter.tablet_id)?
+                        .alter_schema(&schema)
+                        .await
+                }
+                .await;
                 match result {
-                    Ok(Ok(ipc)) => RpcResponse {
-                        ipc,
-                        ..RpcResponse::default()
-                    },
-                    Ok(Err(e)) => RpcResponse::error(e),
-                    Err(e) => RpcResponse::error(e),
+                    Ok(()) => RpcResponse::default(),
+                    Err(e) => RpcResponse::from_error(&e, &server),
                 }
             }
             request::Kind::Status(_) => RpcResponse {
@@ -430,17 +609,18 @@ impl tonic::server::NamedService for InternalService {
     const NAME: &'static str = "nyala.Internal";
 }
 
-struct CallSvc(Arc<TabletServer>);
+struct CallSvc(InternalService);
 
 impl tonic::server::UnaryService<RpcRequest> for CallSvc {
     type Response = RpcResponse;
     type Future = BoxFuture<tonic::Response<RpcResponse>, tonic::Status>;
 
     fn call(&mut self, request: tonic::Request<RpcRequest>) -> Self::Future {
-        let server = self.0.clone();
+        let service = self.0.clone();
         Box::pin(async move {
             Ok(tonic::Response::new(
-                InternalService::handle(server, request.into_inner()).await,
+                InternalService::handle(service.server, service.scanners, request.into_inner())
+                    .await,
             ))
         })
     }
@@ -463,7 +643,7 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let server = self.server.clone();
+        let service = self.clone();
         if request.uri().path() != CALL_PATH {
             return Box::pin(async move {
                 Ok(tonic::Status::unimplemented("unknown method").into_http())
@@ -475,7 +655,7 @@ where
                 RpcRequest,
             >::default())
             .apply_max_message_size_config(Some(MAX_MESSAGE_BYTES), Some(MAX_MESSAGE_BYTES));
-            Ok(grpc.unary(CallSvc(server), request).await)
+            Ok(grpc.unary(CallSvc(service), request).await)
         })
     }
 }

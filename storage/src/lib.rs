@@ -17,6 +17,7 @@ mod rowset_tree;
 mod scan;
 mod schema;
 mod tablet;
+mod wire;
 mod write;
 
 pub use bloom::{FilterStats, JoinFilter, BLOOM_WARMUP_ROWS};

@@ -918,8 +918,10 @@ mod cluster {
     use std::time::{Duration, Instant};
 
     use arrow::array::{Array, Int64Array, RecordBatch, StringArray};
-    use nyala_engine::rpc::{request, CreateReplica, Peer, RpcClient, Scan, StatusRequest, Write};
-    use nyala_engine::storage::{ColumnSchema, ColumnType, Schema, WriteBatch, WriteKind};
+    use nyala_engine::rpc::{request, CreateReplica, Peer, RpcClient, StatusRequest, Write};
+    use nyala_engine::storage::{
+        ColumnSchema, ColumnType, ScanSpec, Schema, Timestamp, WriteBatch, WriteKind,
+    };
 
     use super::nyala_bin;
 
@@ -1050,21 +1052,20 @@ mod cluster {
 
     async fn scan_keys(addr: &str, tablet: &str) -> Vec<i64> {
         let mut client = RpcClient::connect(addr).await.unwrap();
-        let response = client
-            .call(request::Kind::Scan(Scan {
-                tablet_id: tablet.into(),
-            }))
-            .await
-            .unwrap();
-        assert!(response.error.is_empty(), "{}", response.error);
-        let reader =
-            arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(response.ipc), None)
-                .unwrap();
+        let spec = ScanSpec {
+            projection: Some(vec![0]),
+            predicates: vec![],
+            snapshot: Timestamp(0),
+            limit: None,
+            batch_size: 1000,
+        };
         let mut keys = Vec::new();
-        for batch in reader {
-            let batch = batch.unwrap();
-            let column = batch.column(0);
-            let k = column.as_any().downcast_ref::<Int64Array>().unwrap();
+        for batch in client.scan(tablet, &spec).await.unwrap() {
+            let k = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
             keys.extend(k.iter().flatten());
         }
         keys.sort_unstable();
