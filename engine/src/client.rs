@@ -15,6 +15,7 @@ use nyala_storage::{
 };
 
 use crate::clock::HybridClock;
+use crate::host::{Cluster, TabletHost};
 use crate::master::{ColumnChange, Master, TableInfo};
 use crate::partition::{PartitionSchema, RangeSpec};
 use crate::tserver::TabletServer;
@@ -40,7 +41,7 @@ pub struct Client {
 
 struct Inner {
     master: Master,
-    tserver: Arc<TabletServer>,
+    host: TabletHost,
 }
 
 impl std::fmt::Debug for Client {
@@ -68,9 +69,21 @@ impl Client {
             clock.clone(),
             None,
         )?;
-        let master = Master::open(&data_dir.join("master"), clock, tserver.clone())?;
+        let host = TabletHost::Local(tserver);
+        let master = Master::open(&data_dir.join("master"), clock, host.clone())?;
         Ok(Self {
-            inner: Arc::new(Inner { master, tserver }),
+            inner: Arc::new(Inner { master, host }),
+        })
+    }
+
+    /// Opens the master of a cluster in `data_dir` (its catalog), whose tablets live on the
+    /// tablet servers `cluster` knows from their heartbeats.
+    pub fn open_cluster(data_dir: &Path, cluster: Arc<Cluster>) -> Result<Self> {
+        let clock = Arc::new(HybridClock::new());
+        let host = TabletHost::Cluster(cluster);
+        let master = Master::open(&data_dir.join("master"), clock, host.clone())?;
+        Ok(Self {
+            inner: Arc::new(Inner { master, host }),
         })
     }
 
@@ -80,10 +93,11 @@ impl Client {
         schema: Schema,
         partition: PartitionSchema,
         if_not_exists: bool,
+        replicas: usize,
     ) -> Result<bool> {
         self.inner
             .master
-            .create_table(name, schema, partition, if_not_exists)
+            .create_table(name, schema, partition, if_not_exists, replicas)
             .await
     }
 
@@ -131,20 +145,13 @@ impl Client {
             .split(&table.schema, rows)
             .map_err(|error| WriteError { applied: 0, error })?;
         let writes = parts.into_iter().map(|(tablet, rows)| async move {
-            let replica = self
-                .inner
-                .tserver
-                .replica(&table.tablets[tablet])
-                .map_err(|error| WriteError { applied: 0, error })?;
+            let tablet = &table.tablets[tablet];
             let mut applied = 0;
             for chunk in chunks(&rows) {
-                self.inner
-                    .tserver
-                    .admit_write()
-                    .await
-                    .map_err(|error| WriteError { applied, error })?;
-                applied += replica
-                    .write(&WriteBatch { kind, rows: chunk })
+                applied += self
+                    .inner
+                    .host
+                    .write(tablet, &WriteBatch { kind, rows: chunk })
                     .await
                     .map_err(|error| WriteError { applied, error })?;
             }
@@ -178,7 +185,7 @@ impl Client {
         let tablet = table.tablets.get(tablet).ok_or_else(|| {
             EngineError::TabletNotFound(format!("tablet {tablet} of table {}", table.name))
         })?;
-        self.inner.tserver.replica(tablet)?.scan(spec, snapshot)
+        self.inner.host.scan(tablet, spec, snapshot)
     }
 
     /// About how many rows tablet number `tablet` holds (all tablets: None), for planning.
@@ -189,8 +196,8 @@ impl Client {
         };
         tablets
             .iter()
-            .filter_map(|t| self.inner.tserver.replica(t).ok())
-            .map(|r| r.tablet().estimated_rows())
+            .filter_map(|t| self.inner.host.stats(t).ok())
+            .map(|s| s.estimated_rows)
             .sum()
     }
 
@@ -199,7 +206,7 @@ impl Client {
     pub fn safe_snapshot(&self, table: &TableInfo) -> Result<Timestamp> {
         let mut snapshot = Timestamp(u64::MAX);
         for t in &table.tablets {
-            snapshot = snapshot.min(self.inner.tserver.replica(t)?.safe_snapshot());
+            snapshot = snapshot.min(self.inner.host.safe_snapshot(t)?);
         }
         Ok(snapshot)
     }
@@ -210,31 +217,29 @@ impl Client {
             .tablets
             .iter()
             .map(|t| {
-                let replica = self.inner.tserver.replica(t)?;
-                let tablet = replica.tablet();
-                Ok(TabletStats {
-                    id: t.clone(),
-                    estimated_rows: tablet.estimated_rows(),
-                    disk_bytes: tablet.disk_bytes(),
-                    memory_bytes: tablet.memory_bytes(),
-                    rowsets: tablet.rowset_count(),
-                    delta_files: tablet.delta_file_count(),
-                    compactions: tablet.compactions(),
-                })
+                let mut stats = self.inner.host.stats(t)?;
+                // The catalog knows where every replica was placed.
+                if let Some(servers) = table.placement.get(t) {
+                    stats.replicas = servers.len();
+                }
+                Ok(stats)
             })
             .collect()
     }
 
     /// Flushes every tablet and the catalog, then stops them.
     pub fn shutdown(&self) -> Result<()> {
-        let tablets = self.inner.tserver.shutdown();
+        let tablets = match &self.inner.host {
+            TabletHost::Local(tserver) => tserver.shutdown(),
+            TabletHost::Cluster(_) => Ok(()),
+        };
         let catalog = self.inner.master.shutdown();
         tablets.and(catalog)
     }
 }
 
 /// What [`Client::tablet_stats`] reports of one tablet.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct TabletStats {
     pub id: String,
     /// Rows in memory and on disk, counting deleted and updated rows too.
@@ -248,6 +253,9 @@ pub struct TabletStats {
     pub delta_files: usize,
     /// Compactions run since the server started.
     pub compactions: u64,
+    /// Where its leader is ("local" in the embedded node).
+    pub leader: String,
+    pub replicas: usize,
 }
 
 /// Splits a batch into slices of at most [`MAX_WRITE_BYTES`] of Arrow memory (zero-copy).

@@ -20,6 +20,9 @@ pub enum EngineError {
     /// The server cannot take the request now (memory over its limit); retrying later may work.
     #[error("{0}")]
     Busy(String),
+    /// Another server refused the request, saying why.
+    #[error("{0}")]
+    Remote(String),
     /// Another server could not be reached.
     #[error("server unavailable: {0}")]
     Unavailable(String),

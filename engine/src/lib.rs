@@ -15,6 +15,7 @@
 pub mod client;
 pub mod clock;
 pub mod error;
+pub mod host;
 pub mod master;
 pub mod partition;
 pub mod replica;

@@ -18,9 +18,9 @@ use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::HybridClock;
+use crate::host::TabletHost;
 use crate::partition::{PartitionSchema, RangeSpec};
 use crate::replica::TabletReplica;
-use crate::tserver::TabletServer;
 use crate::{EngineError, Result};
 
 pub type TableId = String;
@@ -34,6 +34,13 @@ pub struct TableInfo {
     pub partition: PartitionSchema,
     /// Tablet ids, in the partitioning's tablet order (see [`PartitionSchema`]).
     pub tablets: Vec<String>,
+    /// Replicas of each tablet (0: the host's default).
+    #[serde(default)]
+    pub replicas: usize,
+    /// The tablet servers holding each tablet's replicas, in a cluster (empty in the embedded
+    /// node).
+    #[serde(default)]
+    pub placement: BTreeMap<String, Vec<u64>>,
 }
 
 /// One change of `ALTER TABLE ... ADD | DROP | RENAME COLUMN`.
@@ -46,7 +53,7 @@ pub enum ColumnChange {
 
 pub struct Master {
     catalog: TabletReplica,
-    tserver: Arc<TabletServer>,
+    host: TabletHost,
     tables: RwLock<BTreeMap<String, Arc<TableInfo>>>,
     ddl: tokio::sync::Mutex<()>,
 }
@@ -62,7 +69,7 @@ fn catalog_schema() -> Result<Schema> {
 impl Master {
     /// Opens the catalog in `dir` (creating it on first start), loads every table, and reconciles
     /// the local tablet server with it.
-    pub fn open(dir: &Path, clock: Arc<HybridClock>, tserver: Arc<TabletServer>) -> Result<Self> {
+    pub fn open(dir: &Path, clock: Arc<HybridClock>, host: TabletHost) -> Result<Self> {
         let catalog_dir = dir.join("catalog");
         let catalog = if catalog_dir.join("data").exists() {
             TabletReplica::open(
@@ -88,7 +95,7 @@ impl Master {
         };
         let master = Self {
             catalog,
-            tserver,
+            host,
             tables: RwLock::new(BTreeMap::new()),
             ddl: tokio::sync::Mutex::new(()),
         };
@@ -128,23 +135,27 @@ impl Master {
     /// Deletes tablets no table owns (a crash during CREATE or DROP TABLE) and recreates tablets
     /// a table owns but the server lacks.
     fn reconcile_tablets(&self) -> Result<()> {
+        // In a cluster, tablet servers own their replicas (re-replication is the cluster's).
+        let TabletHost::Local(tserver) = &self.host else {
+            return Ok(());
+        };
         let tables = self.tables.read().clone();
         let owned: HashSet<&str> = tables
             .values()
             .flat_map(|t| t.tablets.iter().map(String::as_str))
             .collect();
-        for id in self.tserver.tablet_ids() {
+        for id in tserver.tablet_ids() {
             if !owned.contains(id.as_str()) {
                 tracing::warn!(tablet = %id, "deleting orphan tablet");
-                self.tserver.delete_tablet(&id)?;
+                tserver.delete_tablet(&id)?;
             }
         }
         for table in tables.values() {
             for id in &table.tablets {
-                match self.tserver.replica(id) {
+                match tserver.replica(id) {
                     Err(_) => {
                         tracing::error!(table = %table.name, tablet = %id, "tablet missing; recreating it empty");
-                        self.tserver.create_tablet(id, &table.schema)?;
+                        tserver.create_tablet(id, &table.schema)?;
                     }
                     // A schema change committed to the catalog that a crash kept from this
                     // tablet: finish it.
@@ -169,12 +180,14 @@ impl Master {
     }
 
     /// Creates a table and its tablets. Returns `Ok(false)` if it exists and `if_not_exists`.
+    /// `replicas`: replicas of each tablet (0: the default).
     pub async fn create_table(
         &self,
         name: &str,
         schema: Schema,
         partition: PartitionSchema,
         if_not_exists: bool,
+        replicas: usize,
     ) -> Result<bool> {
         let _ddl = self.ddl.lock().await;
         if self.table(name).is_some() {
@@ -193,6 +206,8 @@ impl Master {
             name: name.to_string(),
             schema,
             partition,
+            replicas,
+            placement: BTreeMap::new(),
         };
         self.create_tablets_and_commit(&info.tablets, info.clone())
             .await?;
@@ -201,17 +216,35 @@ impl Master {
 
     /// Creates `tablets` (with the table's schema), then commits `info` to the catalog; if
     /// either fails, the new tablets are deleted and nothing changes.
-    async fn create_tablets_and_commit(&self, tablets: &[String], info: TableInfo) -> Result<()> {
-        let created = tablets
-            .iter()
-            .try_for_each(|t| self.tserver.create_tablet(t, &info.schema).map(drop));
+    async fn create_tablets_and_commit(
+        &self,
+        tablets: &[String],
+        mut info: TableInfo,
+    ) -> Result<()> {
+        let mut created = Ok(());
+        for t in tablets {
+            match self
+                .host
+                .create_tablet(t, &info.schema, info.replicas)
+                .await
+            {
+                Ok(servers) if servers.is_empty() => {}
+                Ok(servers) => {
+                    info.placement.insert(t.clone(), servers);
+                }
+                Err(e) => {
+                    created = Err(e);
+                    break;
+                }
+            }
+        }
         let committed = match created {
             Ok(()) => self.write_catalog(WriteKind::Upsert, &info).await,
             Err(e) => Err(e),
         };
         if let Err(e) = committed {
             for tablet in tablets {
-                let _ = self.tserver.delete_tablet(tablet);
+                let _ = self.delete_tablet(&info, tablet).await;
             }
             return Err(e);
         }
@@ -219,6 +252,12 @@ impl Master {
             .write()
             .insert(info.name.clone(), Arc::new(info));
         Ok(())
+    }
+
+    /// Deletes tablet `id` of table `info` wherever its replicas are.
+    async fn delete_tablet(&self, info: &TableInfo, id: &str) -> Result<()> {
+        let servers = info.placement.get(id).cloned().unwrap_or_default();
+        self.host.delete_tablet(id, &servers).await
     }
 
     /// The table called `name`, or a TableNotFound error.
@@ -240,7 +279,7 @@ impl Master {
         self.write_catalog(WriteKind::Delete, &info).await?;
         self.tables.write().remove(name);
         for tablet in &info.tablets {
-            if let Err(e) = self.tserver.delete_tablet(tablet) {
+            if let Err(e) = self.delete_tablet(&info, tablet).await {
                 // The catalog no longer owns it: the next start deletes it.
                 tracing::warn!(tablet = %tablet, error = %e, "could not delete tablet of dropped table");
             }
@@ -297,10 +336,7 @@ impl Master {
             .write()
             .insert(name.to_string(), Arc::new(altered.clone()));
         for tablet in &altered.tablets {
-            self.tserver
-                .replica(tablet)?
-                .alter_schema(&altered.schema)
-                .await?;
+            self.host.alter_schema(tablet, &altered.schema).await?;
         }
         Ok(())
     }
@@ -346,7 +382,7 @@ impl Master {
             .write()
             .insert(name.to_string(), Arc::new(dropped));
         for tablet in &removed {
-            if let Err(e) = self.tserver.delete_tablet(tablet) {
+            if let Err(e) = self.delete_tablet(&info, tablet).await {
                 tracing::warn!(tablet = %tablet, error = %e, "could not delete tablet of dropped range");
             }
         }

@@ -20,6 +20,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::mpsc;
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 
+use crate::host::Cluster;
 use crate::replica::Peers;
 use crate::tserver::TabletServer;
 use crate::{EngineError, Result};
@@ -30,7 +31,7 @@ const CALL_PATH: &str = "/nyala.Internal/Call";
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct RpcRequest {
-    #[prost(oneof = "request::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
+    #[prost(oneof = "request::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
     pub kind: Option<request::Kind>,
 }
 
@@ -55,6 +56,9 @@ pub mod request {
         DeleteReplica(super::TabletRef),
         #[prost(message, tag = "9")]
         AlterSchema(super::AlterSchema),
+        /// To a master: a tablet server's address and the state of its replicas.
+        #[prost(message, tag = "10")]
+        Heartbeat(super::Heartbeat),
     }
 }
 
@@ -165,6 +169,15 @@ pub struct AlterSchema {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct StatusRequest {}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Heartbeat {
+    /// Where the tablet server's internal RPC listens.
+    #[prost(string, tag = "1")]
+    pub address: String,
+    #[prost(message, optional, tag = "2")]
+    pub status: Option<ServerStatus>,
+}
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ServerStatus {
@@ -475,30 +488,52 @@ impl Transport for ReplicaTransport {
     }
 }
 
-/// The internal RPC service of a tablet server.
+/// The internal RPC service: of a tablet server (its replicas) or of a master (heartbeats).
 #[derive(Clone)]
 pub struct InternalService {
-    server: Arc<TabletServer>,
+    server: Option<Arc<TabletServer>>,
+    cluster: Option<Arc<Cluster>>,
     scanners: Arc<Scanners>,
 }
 
 impl InternalService {
+    /// The service of a tablet server.
     pub fn new(server: Arc<TabletServer>) -> Self {
         Self {
-            server,
+            server: Some(server),
+            cluster: None,
             scanners: Arc::default(),
         }
     }
 
-    async fn handle(
-        server: Arc<TabletServer>,
-        scanners: Arc<Scanners>,
-        request: RpcRequest,
-    ) -> RpcResponse {
+    /// The service of a master, which tablet servers send heartbeats to.
+    pub fn master(cluster: Arc<Cluster>) -> Self {
+        Self {
+            server: None,
+            cluster: Some(cluster),
+            scanners: Arc::default(),
+        }
+    }
+
+    async fn handle(self, request: RpcRequest) -> RpcResponse {
         let Some(kind) = request.kind else {
             return RpcResponse::error("empty request");
         };
+        if let request::Kind::Heartbeat(heartbeat) = kind {
+            return match (&self.cluster, heartbeat.status) {
+                (Some(cluster), Some(status)) => {
+                    cluster.heartbeat(heartbeat.address, status);
+                    RpcResponse::default()
+                }
+                _ => RpcResponse::error("this server is not a master"),
+            };
+        }
+        let Some(server) = self.server else {
+            return RpcResponse::error("this server is not a tablet server");
+        };
+        let scanners = self.scanners;
         match kind {
+            request::Kind::Heartbeat(_) => unreachable!("answered above"),
             request::Kind::Raft(batch) => {
                 for envelope in batch.messages {
                     let Ok(replica) = server.replica(&envelope.tablet_id) else {
@@ -619,8 +654,7 @@ impl tonic::server::UnaryService<RpcRequest> for CallSvc {
         let service = self.0.clone();
         Box::pin(async move {
             Ok(tonic::Response::new(
-                InternalService::handle(service.server, service.scanners, request.into_inner())
-                    .await,
+                service.handle(request.into_inner()).await,
             ))
         })
     }
@@ -657,5 +691,34 @@ where
             .apply_max_message_size_config(Some(MAX_MESSAGE_BYTES), Some(MAX_MESSAGE_BYTES));
             Ok(grpc.unary(CallSvc(service), request).await)
         })
+    }
+}
+
+/// Sends `server`'s heartbeat (its status, and that it listens at `address`) to the first
+/// reachable of `masters` every 500 ms, until the process ends.
+pub async fn heartbeat_loop(server: Arc<TabletServer>, address: String, masters: Vec<String>) {
+    let mut clients: HashMap<String, RpcClient> = HashMap::new();
+    loop {
+        for master in &masters {
+            if !clients.contains_key(master) {
+                match RpcClient::connect(master).await {
+                    Ok(client) => {
+                        clients.insert(master.clone(), client);
+                    }
+                    Err(_) => continue,
+                }
+            }
+            let Some(client) = clients.get_mut(master) else {
+                continue;
+            };
+            let heartbeat = request::Kind::Heartbeat(Heartbeat {
+                address: address.clone(),
+                status: Some(server.status()),
+            });
+            if client.call(heartbeat).await.is_err() {
+                clients.remove(master);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

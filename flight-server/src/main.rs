@@ -67,6 +67,25 @@ enum Command {
         /// Unflushed data (MiB) all tablets together may hold; writers wait above it.
         #[arg(long, default_value_t = 2048)]
         memory_limit_mb: usize,
+        /// The masters' internal RPC addresses (comma-separated), to send heartbeats to.
+        #[arg(long, value_delimiter = ',')]
+        masters: Vec<String>,
+    },
+    /// Run the master of a cluster: the catalog, placement of tablet replicas on the tablet
+    /// servers that send it heartbeats, and Flight SQL for clients.
+    Master {
+        #[arg(long, default_value = "./nyala-master")]
+        data_dir: PathBuf,
+        /// Where the internal RPC (heartbeats from tablet servers) listens.
+        #[arg(long, default_value = "127.0.0.1:7051")]
+        rpc_addr: SocketAddr,
+        /// Where Flight SQL listens.
+        #[arg(long, default_value = "127.0.0.1:50051")]
+        flight_addr: SocketAddr,
+        /// Replicas of each tablet when CREATE TABLE does not say (fewer if fewer tablet
+        /// servers are alive).
+        #[arg(long, default_value_t = 3)]
+        default_replicas: usize,
     },
     /// Run SQL: a script with -c/-f, or an interactive shell.
     Sql {
@@ -134,7 +153,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             data_dir,
             rpc_addr,
             memory_limit_mb,
-        } => tserver(data_dir, rpc_addr, memory_limit_mb << 20).await,
+            masters,
+        } => tserver(data_dir, rpc_addr, memory_limit_mb << 20, masters).await,
+        Command::Master {
+            data_dir,
+            rpc_addr,
+            flight_addr,
+            default_replicas,
+        } => master(data_dir, rpc_addr, flight_addr, default_replicas).await,
         Command::Sql {
             connect,
             data_dir,
@@ -185,10 +211,53 @@ async fn shell(
     }
 }
 
+async fn master(
+    data_dir: PathBuf,
+    rpc_addr: SocketAddr,
+    flight_addr: SocketAddr,
+    default_replicas: usize,
+) -> anyhow::Result<()> {
+    use nyala_engine::host::Cluster;
+    use nyala_engine::rpc::InternalService;
+    let cluster = Cluster::new(default_replicas, tokio::runtime::Handle::current());
+    let rpc = tokio::net::TcpListener::bind(rpc_addr)
+        .await
+        .with_context(|| format!("cannot listen on {rpc_addr}"))?;
+    let rpc_addr = rpc.local_addr()?;
+    let heartbeats = tonic::transport::Server::builder()
+        .add_service(InternalService::master(cluster.clone()))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(rpc),
+            shutdown_signal(),
+        );
+    let heartbeats = tokio::spawn(heartbeats);
+    std::fs::create_dir_all(&data_dir)?;
+    let db = Database::open_cluster(&data_dir, cluster)
+        .await
+        .with_context(|| format!("cannot open the master in {}", data_dir.display()))?;
+    let listener = tokio::net::TcpListener::bind(flight_addr)
+        .await
+        .with_context(|| format!("cannot listen on {flight_addr}"))?;
+    let addr = listener.local_addr()?;
+    println!(
+        "Nyala master listening on grpc://{addr} (internal RPC {rpc_addr}, data: {})",
+        data_dir.display()
+    );
+    let options = ServerOptions {
+        location: Some(format!("grpc+tcp://{addr}")),
+        credentials: None,
+    };
+    nyala_flight::serve(db.clone(), listener, options, shutdown_signal()).await?;
+    db.shutdown().await?;
+    heartbeats.abort();
+    Ok(())
+}
+
 async fn tserver(
     data_dir: PathBuf,
     rpc_addr: SocketAddr,
     memory_limit: usize,
+    masters: Vec<String>,
 ) -> anyhow::Result<()> {
     use nyala_engine::clock::HybridClock;
     use nyala_engine::rpc::{InternalService, RaftRouter};
@@ -216,6 +285,13 @@ async fn tserver(
         server.server_id(),
         data_dir.display()
     );
+    if !masters.is_empty() {
+        tokio::spawn(nyala_engine::rpc::heartbeat_loop(
+            server.clone(),
+            addr.to_string(),
+            masters,
+        ));
+    }
     tonic::transport::Server::builder()
         .add_service(InternalService::new(server.clone()))
         .serve_with_incoming_shutdown(

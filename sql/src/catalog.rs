@@ -102,7 +102,6 @@ pub fn partitions(client: &Client, tables: &[TableHandle]) -> Result<RecordBatch
             stats.push(stat);
         }
     }
-    let n = stats.len();
     let count = |f: &dyn Fn(&TabletStats) -> u64| -> ArrayRef {
         Arc::new(UInt64Array::from_iter_values(stats.iter().map(f)))
     };
@@ -117,9 +116,13 @@ pub fn partitions(client: &Client, tables: &[TableHandle]) -> Result<RecordBatch
                 stats.iter().map(|s| s.id.as_str()),
             )),
         ),
-        // One node: its single replica is the leader.
-        ("leader", Arc::new(StringArray::from(vec!["local"; n]))),
-        ("replicas", Arc::new(UInt64Array::from(vec![1u64; n]))),
+        (
+            "leader",
+            Arc::new(StringArray::from_iter_values(
+                stats.iter().map(|s| s.leader.as_str()),
+            )),
+        ),
+        ("replicas", count(&|s| s.replicas as u64)),
         ("estimated_rows", count(&|s| s.estimated_rows as u64)),
         ("disk_bytes", count(&|s| s.disk_bytes)),
         ("memory_bytes", count(&|s| s.memory_bytes as u64)),

@@ -114,6 +114,19 @@ impl Database {
         Ok(Arc::new(Database { client }))
     }
 
+    /// Opens the master of a cluster: its catalog in `data_dir`, its tablets on the tablet
+    /// servers `cluster` hears from.
+    pub async fn open_cluster(
+        data_dir: &Path,
+        cluster: Arc<nyala_engine::host::Cluster>,
+    ) -> Result<Arc<Database>> {
+        let dir = data_dir.to_path_buf();
+        let client = tokio::task::spawn_blocking(move || Client::open_cluster(&dir, cluster))
+            .await
+            .map_err(|e| SqlError::Invalid(format!("opening the database failed: {e}")))??;
+        Ok(Arc::new(Database { client }))
+    }
+
     /// A new SQL session over this database.
     pub fn session(self: &Arc<Self>) -> Session {
         let config = SessionConfig::new()
@@ -394,7 +407,13 @@ impl PlannedStatement {
 /// Creates the table of `spec`; false if it existed and IF NOT EXISTS was given.
 async fn create_table(client: &Client, spec: CreateTableSpec) -> Result<bool> {
     Ok(client
-        .create_table(&spec.name, spec.schema, spec.partition, spec.if_not_exists)
+        .create_table(
+            &spec.name,
+            spec.schema,
+            spec.partition,
+            spec.if_not_exists,
+            spec.replicas,
+        )
         .await?)
 }
 
@@ -835,6 +854,7 @@ impl Session {
             &ctas.partition,
         )?;
         spec.if_not_exists = ctas.if_not_exists;
+        spec.replicas = ctas.replicas;
         Ok(Action::CreateTableAs {
             insert: format!("INSERT INTO \"{}\" {query}", ctas.name.replace('"', "\"\"")),
             spec,

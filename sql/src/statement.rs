@@ -84,6 +84,8 @@ pub struct ColumnAlteration {
 pub struct CreateTableAsSpec {
     pub name: String,
     pub if_not_exists: bool,
+    /// `WITH (replicas = n)`; 0: the default.
+    pub replicas: usize,
     pub key: Vec<String>,
     pub partition: PartitionSpec,
     pub query: Box<Statement>,
@@ -93,6 +95,8 @@ pub struct CreateTableAsSpec {
 pub struct CreateTableSpec {
     pub name: String,
     pub if_not_exists: bool,
+    /// `WITH (replicas = n)`; 0: the default.
+    pub replicas: usize,
     pub schema: Schema,
     pub partition: PartitionSchema,
 }
@@ -149,6 +153,7 @@ impl CreateTableSpec {
         Ok(CreateTableSpec {
             name: name.to_string(),
             if_not_exists: false,
+            replicas: 0,
             partition: partition.resolve(&schema)?,
             schema,
         })
@@ -274,11 +279,15 @@ pub fn parse(sql: &str) -> Result<NyalaStatement> {
         return Ok(alter);
     }
     if is_word(words[0], "CREATE") && words.len() > 1 && is_word(words[1], "TABLE") {
-        take_replicas(&mut tokens)?;
+        let replicas = take_replicas(&mut tokens)?;
         if let Some(at) = query_start(&tokens) {
-            return create_table_as(tokens, at).map(NyalaStatement::CreateTableAs);
+            let mut spec = create_table_as(tokens, at)?;
+            spec.replicas = replicas;
+            return Ok(NyalaStatement::CreateTableAs(spec));
         }
-        return create_table(tokens).map(NyalaStatement::CreateTable);
+        let mut spec = create_table(tokens)?;
+        spec.replicas = replicas;
+        return Ok(NyalaStatement::CreateTable(spec));
     }
     let attributes = match is_word(words[0], "ALTER") {
         true => take_storage_attributes(&mut tokens, 0)?,
@@ -445,12 +454,9 @@ pub(crate) fn object_name(name: &ObjectName) -> Result<String> {
     Ok(normalize_ident(table))
 }
 
-/// Replicas per tablet on this deployment: one node, one replica.
-const REPLICAS_AVAILABLE: u64 = 1;
-
-/// Removes a top-level `WITH (replicas = n)` from a CREATE TABLE and checks that this
-/// deployment can place `n` replicas of every tablet.
-fn take_replicas(tokens: &mut Vec<Token>) -> Result<()> {
+/// Removes a top-level `WITH (replicas = n)` from a CREATE TABLE; returns n (0 without it).
+/// Whether the deployment can place n replicas is the engine's to say.
+fn take_replicas(tokens: &mut Vec<Token>) -> Result<usize> {
     let mut depth = 0i32;
     let mut start = None;
     for (i, token) in tokens.iter().enumerate() {
@@ -469,7 +475,7 @@ fn take_replicas(tokens: &mut Vec<Token>) -> Result<()> {
         }
     }
     let Some(start) = start else {
-        return Ok(());
+        return Ok(0);
     };
     let open = start
         + 1
@@ -486,18 +492,13 @@ fn take_replicas(tokens: &mut Vec<Token>) -> Result<()> {
         .iter()
         .filter(|t| !is_trivia(t))
         .collect();
+    let mut replicas = 0;
     for option in options.split(|t| **t == Token::Comma) {
         match option {
             [name, Token::Eq, Token::Number(n, _)] if is_word(name, "replicas") => {
-                let n: u64 = n.parse().map_err(|_| {
-                    SqlError::Invalid(format!("replicas must be a whole number, got {n}"))
+                replicas = n.parse().ok().filter(|&n: &usize| n >= 1).ok_or_else(|| {
+                    SqlError::Invalid(format!("replicas must be a whole number from 1, got {n}"))
                 })?;
-                if n == 0 || n > REPLICAS_AVAILABLE {
-                    return Err(SqlError::Invalid(format!(
-                        "replicas = {n}: this deployment has {REPLICAS_AVAILABLE} tablet server, \
-                         so each tablet can have exactly {REPLICAS_AVAILABLE} replica"
-                    )));
-                }
             }
             other => {
                 let text: Vec<String> = other.iter().map(|t| t.to_string()).collect();
@@ -509,7 +510,7 @@ fn take_replicas(tokens: &mut Vec<Token>) -> Result<()> {
         }
     }
     tokens.drain(start..=close);
-    Ok(())
+    Ok(replicas)
 }
 
 /// The position of the `AS` that starts the query of a CREATE TABLE ... AS SELECT, if any.
@@ -601,6 +602,7 @@ fn create_table_as(tokens: Vec<Token>, at: usize) -> Result<CreateTableAsSpec> {
     Ok(CreateTableAsSpec {
         name,
         if_not_exists,
+        replicas: 0,
         key,
         partition,
         query: Box::new(query),
@@ -650,6 +652,7 @@ fn create_table(tokens: Vec<Token>) -> Result<CreateTableSpec> {
     Ok(CreateTableSpec {
         name,
         if_not_exists,
+        replicas: 0,
         schema,
         partition,
     })

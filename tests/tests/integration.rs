@@ -970,6 +970,236 @@ mod cluster {
         }
     }
 
+    /// A `nyala master` process (catalog + Flight SQL); killed on drop.
+    struct MasterProcess {
+        child: Child,
+    }
+
+    impl MasterProcess {
+        fn start(dir: &Path, rpc: &str, flight: &str) -> Self {
+            let mut child = Command::new(nyala_bin())
+                .args([
+                    "master",
+                    "--rpc-addr",
+                    rpc,
+                    "--flight-addr",
+                    flight,
+                    "--data-dir",
+                ])
+                .arg(dir)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start nyala master");
+            let mut line = String::new();
+            BufReader::new(child.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            assert!(line.contains("listening"), "{line}");
+            Self { child }
+        }
+    }
+
+    impl Drop for MasterProcess {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    fn start_tserver(dir: &Path, addr: &str, master: &str) -> TabletServerProcess {
+        let mut child = Command::new(nyala_bin())
+            .args([
+                "tserver",
+                "--rpc-addr",
+                addr,
+                "--masters",
+                master,
+                "--data-dir",
+            ])
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start nyala tserver");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        TabletServerProcess {
+            child,
+            id: words[3].parse().unwrap(),
+            addr: words[6].to_string(),
+        }
+    }
+
+    async fn sql(flight: &str, statement: &str) -> Result<Vec<RecordBatch>, String> {
+        let channel = tonic::transport::Channel::from_shared(flight.to_string())
+            .unwrap()
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut client = arrow_flight::sql::client::FlightSqlServiceClient::new(channel);
+        if statement.starts_with("SELECT") || statement.starts_with("SHOW") {
+            super::query(&mut client, statement).await
+        } else {
+            client
+                .execute_update(statement.to_string(), None)
+                .await
+                .map(|_| vec![])
+                .map_err(|e| e.to_string())
+        }
+    }
+
+    fn column_i64(batches: &[RecordBatch], c: usize) -> Vec<i64> {
+        batches
+            .iter()
+            .flat_map(|b| {
+                let a =
+                    arrow::compute::cast(b.column(c), &arrow::datatypes::DataType::Int64).unwrap();
+                a.as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap()
+                    .iter()
+                    .flatten()
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// SQL over Flight against a master and three tablet servers: a table with three replicas
+    /// per tablet takes writes from two clients while the leader of one of its tablets is
+    /// killed; every acknowledged row is there exactly once, also after the whole cluster
+    /// restarts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sql_on_a_cluster_survives_killing_a_leader_and_a_full_restart() {
+        let master_dir = tempfile::tempdir().unwrap();
+        let (rpc, flight) = (free_port(), free_port());
+        let mut master = Some(MasterProcess::start(master_dir.path(), &rpc, &flight));
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let addrs: Vec<String> = (0..3).map(|_| free_port()).collect();
+        let mut servers: Vec<TabletServerProcess> = (0..3)
+            .map(|i| start_tserver(dirs[i].path(), &addrs[i], &rpc))
+            .collect();
+        let flight_url = format!("http://{flight}");
+        // The servers register with their first heartbeat.
+        let create = "CREATE TABLE events (id BIGINT PRIMARY KEY, writer BIGINT) \
+                      DISTRIBUTE BY HASH (id) INTO 3 BUCKETS WITH (replicas = 3)";
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while let Err(e) = sql(&flight_url, create).await {
+            assert!(Instant::now() < deadline, "{e}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let replicas = sql(
+            &flight_url,
+            "SELECT replicas FROM sys.partitions WHERE table_name = 'events'",
+        )
+        .await
+        .unwrap();
+        assert_eq!(column_i64(&replicas, 0), vec![3, 3, 3]);
+        // Two writers insert rows 10 at a time and record what was acknowledged.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers: Vec<_> = (0..2i64)
+            .map(|w| {
+                let (url, stop) = (flight_url.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut acknowledged = Vec::new();
+                    let mut next = 0i64;
+                    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                        let ids: Vec<i64> = (0..10).map(|i| (next * 10 + i) * 2 + w).collect();
+                        let values: Vec<String> =
+                            ids.iter().map(|id| format!("({id}, {w})")).collect();
+                        let insert = format!("INSERT INTO events VALUES {}", values.join(", "));
+                        if sql(&url, &insert).await.is_ok() {
+                            acknowledged.extend(ids);
+                        }
+                        next += 1;
+                    }
+                    acknowledged
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let leader_of_tablet_0 =
+            "SELECT leader FROM sys.partitions WHERE table_name = 'events' AND tablet = 0";
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let victim = loop {
+            let leaders = sql(&flight_url, leader_of_tablet_0).await.unwrap();
+            let leader =
+                arrow::util::display::array_value_to_string(leaders[0].column(0), 0).unwrap();
+            if let Some(victim) = servers.iter().position(|s| s.addr == leader) {
+                break victim;
+            }
+            assert!(Instant::now() < deadline, "no leader reported: {leader:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        servers[victim].kill();
+        let killed = Instant::now();
+        let count = |url: String| async move {
+            column_i64(&sql(&url, "SELECT count(*) FROM events").await.unwrap(), 0)[0]
+        };
+        let before = count(flight_url.clone()).await;
+        while count(flight_url.clone()).await <= before {
+            assert!(
+                killed.elapsed() < Duration::from_secs(30),
+                "writes did not resume"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        eprintln!(
+            "leader killed; writes resumed within {:?}",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        let mut acknowledged = Vec::new();
+        for writer in writers {
+            acknowledged.extend(writer.await.unwrap());
+        }
+        let ids = |url: String| async move {
+            let mut ids = column_i64(&sql(&url, "SELECT id FROM events").await.unwrap(), 0);
+            ids.sort_unstable();
+            ids
+        };
+        let stored = ids(flight_url.clone()).await;
+        let mut distinct = stored.clone();
+        distinct.dedup();
+        assert_eq!(distinct.len(), stored.len(), "a row stored twice");
+        for id in &acknowledged {
+            assert!(
+                stored.binary_search(id).is_ok(),
+                "acknowledged row {id} lost"
+            );
+        }
+        // Restart everything: the catalog and every row come back.
+        servers[victim] = start_tserver(dirs[victim].path(), &addrs[victim], &rpc);
+        drop(master.take());
+        for server in &mut servers {
+            server.kill();
+        }
+        let _master = MasterProcess::start(master_dir.path(), &rpc, &flight);
+        let _servers: Vec<TabletServerProcess> = (0..3)
+            .map(|i| start_tserver(dirs[i].path(), &addrs[i], &rpc))
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match sql(&flight_url, "SELECT id FROM events").await {
+                Ok(batches) => {
+                    let mut after = column_i64(&batches, 0);
+                    after.sort_unstable();
+                    if after == stored {
+                        break;
+                    }
+                }
+                Err(_) if Instant::now() < deadline => {}
+                Err(e) => panic!("after restart: {e}"),
+            }
+            assert!(Instant::now() < deadline, "rows differ after the restart");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
     fn free_port() -> String {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().to_string()
