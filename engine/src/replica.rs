@@ -346,8 +346,28 @@ impl TabletReplica {
     }
 
     /// Scans the tablet; a `spec.snapshot` of `None` means the current safe snapshot.
+    ///
+    /// A snapshot chosen elsewhere (another server's clock, in a cluster) may be ahead of this
+    /// replica: the clock first moves past it, so no later write lands below it, and the scan
+    /// waits for writes still in flight below it.
     pub fn scan(&self, mut spec: ScanSpec, snapshot: Option<Timestamp>) -> Result<ScanIterator> {
-        spec.snapshot = snapshot.unwrap_or_else(|| self.safe_snapshot());
+        spec.snapshot = match snapshot {
+            None => self.safe_snapshot(),
+            Some(s) => {
+                self.clock.observe(s);
+                let started = std::time::Instant::now();
+                while self.safe_snapshot() < s {
+                    if started.elapsed() > std::time::Duration::from_secs(10) {
+                        return Err(EngineError::Busy(format!(
+                            "tablet {}: writes below snapshot {} are still being applied",
+                            self.id, s.0
+                        )));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                s
+            }
+        };
         Ok(self.tablet.scan(&spec)?)
     }
 
