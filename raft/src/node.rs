@@ -25,6 +25,10 @@ use tokio::sync::oneshot;
 use crate::log::DurableLog;
 use crate::{RaftConfig, RaftError, StateMachine};
 
+/// Entries a follower keeps beyond what its state machine made durable, for peers that lag
+/// behind should it become leader (until tablet copy lets a peer catch up from a snapshot).
+const FOLLOWER_LOG_RETENTION: u64 = 1000;
+
 /// Delivers Raft messages to peers (each message names its destination in `to`). It must not
 /// block: delivery is asynchronous and may lose messages, which Raft retries. Single-voter groups
 /// send none.
@@ -377,6 +381,9 @@ impl<SM: StateMachine> Worker<SM> {
             for (_, progress) in self.raw.raft.prs().iter() {
                 durable = durable.min(progress.matched);
             }
+        } else if self.raw.raft.prs().conf().voters().ids().len() > 1 {
+            // A follower may lead next, and then a lagging peer needs the entries it kept.
+            durable = durable.min(self.log.last_index().saturating_sub(FOLLOWER_LOG_RETENTION));
         }
         self.log.truncate_prefix(durable)
     }
