@@ -1200,6 +1200,114 @@ mod cluster {
         }
     }
 
+    /// Writers insert rows through the master while tablet servers (and sometimes the master)
+    /// are killed with SIGKILL and restarted at random, one process down at a time; at the end
+    /// every acknowledged row is stored exactly once. `NYALA_FAULT_ROUNDS` sets the number of
+    /// kills (default 4; the long run in the README uses 50).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn random_process_kills_lose_no_acknowledged_row() {
+        let rounds: usize = std::env::var("NYALA_FAULT_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(4);
+        let master_dir = tempfile::tempdir().unwrap();
+        let (rpc, flight) = (free_port(), free_port());
+        let mut master = MasterProcess::start(master_dir.path(), &rpc, &flight);
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let addrs: Vec<String> = (0..3).map(|_| free_port()).collect();
+        let mut servers: Vec<TabletServerProcess> = (0..3)
+            .map(|i| start_tserver(dirs[i].path(), &addrs[i], &rpc))
+            .collect();
+        let url = format!("http://{flight}");
+        let create = "CREATE TABLE facts (id BIGINT PRIMARY KEY, w BIGINT) \
+                      DISTRIBUTE BY HASH (id) INTO 3 BUCKETS WITH (replicas = 3)";
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while let Err(e) = sql(&url, create).await {
+            assert!(Instant::now() < deadline, "{e}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers: Vec<_> = (0..2i64)
+            .map(|w| {
+                let (url, stop) = (url.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut acknowledged = Vec::new();
+                    let mut next = 0i64;
+                    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                        let ids: Vec<i64> = (0..5).map(|i| (next * 5 + i) * 2 + w).collect();
+                        let values: Vec<String> =
+                            ids.iter().map(|id| format!("({id}, {w})")).collect();
+                        let insert = format!("INSERT INTO facts VALUES {}", values.join(", "));
+                        match sql(&url, &insert).await {
+                            Ok(_) => acknowledged.extend(ids),
+                            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                        }
+                        next += 1;
+                    }
+                    acknowledged
+                })
+            })
+            .collect();
+        // A small deterministic generator: which process, how long it stays down.
+        let mut state = 0x2545F4914F6CDD1Du64;
+        let mut random = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        for round in 0..rounds {
+            tokio::time::sleep(Duration::from_millis(500 + random(1500))).await;
+            let victim = random(4) as usize;
+            let down = Duration::from_millis(200 + random(2000));
+            if victim == 3 {
+                drop(master);
+                tokio::time::sleep(down).await;
+                master = MasterProcess::start(master_dir.path(), &rpc, &flight);
+            } else {
+                servers[victim].kill();
+                tokio::time::sleep(down).await;
+                servers[victim] = start_tserver(dirs[victim].path(), &addrs[victim], &rpc);
+            }
+            eprintln!("fault round {round}: killed {victim} for {down:?}");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        let mut acknowledged = Vec::new();
+        for writer in writers {
+            acknowledged.extend(writer.await.unwrap());
+        }
+        assert!(!acknowledged.is_empty());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let stored = loop {
+            match sql(&url, "SELECT id FROM facts").await {
+                Ok(batches) => {
+                    let mut ids = column_i64(&batches, 0);
+                    ids.sort_unstable();
+                    break ids;
+                }
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "{e}");
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            }
+        };
+        let mut distinct = stored.clone();
+        distinct.dedup();
+        assert_eq!(distinct.len(), stored.len(), "a row stored twice");
+        for id in &acknowledged {
+            assert!(
+                stored.binary_search(id).is_ok(),
+                "acknowledged row {id} lost"
+            );
+        }
+        eprintln!(
+            "{} rows acknowledged, {} stored, after {rounds} kills",
+            acknowledged.len(),
+            stored.len()
+        );
+    }
+
     fn free_port() -> String {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().to_string()
