@@ -70,18 +70,23 @@ impl Client {
             None,
         )?;
         let host = TabletHost::Local(tserver);
-        let master = Master::open(&data_dir.join("master"), clock, host.clone())?;
+        let master = Master::open(&data_dir.join("master"), clock, host.clone(), None)?;
         Ok(Self {
             inner: Arc::new(Inner { master, host }),
         })
     }
 
-    /// Opens the master of a cluster in `data_dir` (its catalog), whose tablets live on the
-    /// tablet servers `cluster` knows from their heartbeats.
-    pub fn open_cluster(data_dir: &Path, cluster: Arc<Cluster>) -> Result<Self> {
+    /// Opens the master of a cluster in `data_dir` (its catalog, replicated among the masters
+    /// with `replication`), whose tablets live on the tablet servers `cluster` knows from their
+    /// heartbeats.
+    pub fn open_cluster(
+        data_dir: &Path,
+        cluster: Arc<Cluster>,
+        replication: Option<crate::replica::Replication>,
+    ) -> Result<Self> {
         let clock = Arc::new(HybridClock::new());
         let host = TabletHost::Cluster(cluster);
-        let master = Master::open(&data_dir.join("master"), clock, host.clone())?;
+        let master = Master::open(&data_dir.join("master"), clock, host.clone(), replication)?;
         Ok(Self {
             inner: Arc::new(Inner { master, host }),
         })
@@ -225,6 +230,11 @@ impl Client {
                 Ok(stats)
             })
             .collect()
+    }
+
+    /// The catalog's replica.
+    pub fn catalog(&self) -> Arc<crate::replica::TabletReplica> {
+        self.inner.master.catalog().clone()
     }
 
     /// Flushes every tablet and the catalog, then stops them.

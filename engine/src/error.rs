@@ -20,6 +20,9 @@ pub enum EngineError {
     /// The server cannot take the request now (memory over its limit); retrying later may work.
     #[error("{0}")]
     Busy(String),
+    /// DDL sent to a master that does not lead the replicated catalog.
+    #[error("this master does not lead the catalog{}; run DDL through the leading master", leader.as_ref().map(|l| format!(" (it is {l})")).unwrap_or_default())]
+    NotLeaderMaster { leader: Option<String> },
     /// Another server refused the request, saying why.
     #[error("{0}")]
     Remote(String),

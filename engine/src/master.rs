@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::clock::HybridClock;
 use crate::host::TabletHost;
 use crate::partition::{PartitionSchema, RangeSpec};
+use crate::replica::Replication;
 use crate::replica::TabletReplica;
 use crate::{EngineError, Result};
 
@@ -52,11 +53,19 @@ pub enum ColumnChange {
 }
 
 pub struct Master {
-    catalog: TabletReplica,
+    catalog: Arc<TabletReplica>,
+    /// The catalog entry `tables` reflects; a replicated catalog whose followers applied more
+    /// is loaded again.
+    loaded: std::sync::atomic::AtomicU64,
+    /// Where the masters of a replicated catalog listen, by Raft node id.
+    masters: BTreeMap<u64, String>,
     host: TabletHost,
     tables: RwLock<BTreeMap<String, Arc<TableInfo>>>,
     ddl: tokio::sync::Mutex<()>,
 }
+
+/// The tablet id of the catalog.
+pub const CATALOG_TABLET: &str = "sys.catalog";
 
 fn catalog_schema() -> Result<Schema> {
     let column = |name: &str| ColumnSchema::new(name, ColumnType::String, false);
@@ -68,16 +77,26 @@ fn catalog_schema() -> Result<Schema> {
 
 impl Master {
     /// Opens the catalog in `dir` (creating it on first start), loads every table, and reconciles
-    /// the local tablet server with it.
-    pub fn open(dir: &Path, clock: Arc<HybridClock>, host: TabletHost) -> Result<Self> {
+    /// the local tablet server with it. With `replication`, the catalog is replicated by Raft
+    /// among the masters: DDL runs on the master that leads it, and the others follow.
+    pub fn open(
+        dir: &Path,
+        clock: Arc<HybridClock>,
+        host: TabletHost,
+        replication: Option<Replication>,
+    ) -> Result<Self> {
         let catalog_dir = dir.join("catalog");
+        let masters = replication
+            .as_ref()
+            .map(|r| r.peers.addresses.clone())
+            .unwrap_or_default();
         let catalog = if catalog_dir.join("data").exists() {
             TabletReplica::open(
                 &catalog_dir,
-                "sys.catalog",
+                CATALOG_TABLET,
                 TabletOptions::default(),
                 clock,
-                None,
+                replication,
             )?
         } else {
             if catalog_dir.exists() {
@@ -86,15 +105,17 @@ impl Master {
             }
             TabletReplica::create(
                 &catalog_dir,
-                "sys.catalog",
+                CATALOG_TABLET,
                 catalog_schema()?,
                 TabletOptions::default(),
                 clock,
-                None,
+                replication,
             )?
         };
         let master = Self {
-            catalog,
+            catalog: Arc::new(catalog),
+            loaded: Default::default(),
+            masters,
             host,
             tables: RwLock::new(BTreeMap::new()),
             ddl: tokio::sync::Mutex::new(()),
@@ -104,7 +125,24 @@ impl Master {
         Ok(master)
     }
 
+    /// The catalog's replica (for the Raft messages of a replicated catalog).
+    pub fn catalog(&self) -> &Arc<TabletReplica> {
+        &self.catalog
+    }
+
+    /// Loads the catalog again if its replica applied entries since the last load (a follower
+    /// of a replicated catalog learns DDL this way).
+    fn refresh(&self) {
+        let applied = self.catalog.last_applied();
+        if applied > self.loaded.load(std::sync::atomic::Ordering::Acquire) {
+            if let Err(e) = self.load() {
+                tracing::error!(error = %e, "cannot reload the catalog");
+            }
+        }
+    }
+
     fn load(&self) -> Result<()> {
+        let applied = self.catalog.last_applied();
         let spec = ScanSpec {
             projection: Some(vec![2]),
             predicates: vec![],
@@ -129,6 +167,8 @@ impl Master {
             }
         }
         *self.tables.write() = tables;
+        self.loaded
+            .store(applied, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -171,11 +211,13 @@ impl Master {
     }
 
     pub fn table(&self, name: &str) -> Option<Arc<TableInfo>> {
+        self.refresh();
         self.tables.read().get(name).cloned()
     }
 
     /// All tables, sorted by name.
     pub fn tables(&self) -> Vec<Arc<TableInfo>> {
+        self.refresh();
         self.tables.read().values().cloned().collect()
     }
 
@@ -401,8 +443,25 @@ impl Master {
                 Arc::new(StringArray::from(vec![json])),
             ],
         )?;
-        self.catalog.write(&WriteBatch { kind, rows }).await?;
-        Ok(())
+        match self.catalog.write(&WriteBatch { kind, rows }).await {
+            Ok(_) => {
+                // Our own change is in `tables` already.
+                self.loaded.fetch_max(
+                    self.catalog.last_applied(),
+                    std::sync::atomic::Ordering::AcqRel,
+                );
+                Ok(())
+            }
+            Err(EngineError::Raft(nyala_raft::RaftError::NotLeader { leader_hint })) => {
+                Err(EngineError::NotLeaderMaster {
+                    leader: leader_hint.map(|l| match self.masters.get(&l) {
+                        Some(address) => format!("the master at {address}"),
+                        None => format!("master {l}"),
+                    }),
+                })
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Flushes and stops the catalog tablet.

@@ -21,7 +21,8 @@ use tokio::sync::mpsc;
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 
 use crate::host::Cluster;
-use crate::replica::Peers;
+use crate::master::CATALOG_TABLET;
+use crate::replica::{Peers, TabletReplica};
 use crate::tserver::TabletServer;
 use crate::{EngineError, Result};
 
@@ -493,6 +494,8 @@ impl Transport for ReplicaTransport {
 pub struct InternalService {
     server: Option<Arc<TabletServer>>,
     cluster: Option<Arc<Cluster>>,
+    /// A master's replica of the replicated catalog.
+    catalog: Option<Arc<TabletReplica>>,
     scanners: Arc<Scanners>,
 }
 
@@ -502,15 +505,18 @@ impl InternalService {
         Self {
             server: Some(server),
             cluster: None,
+            catalog: None,
             scanners: Arc::default(),
         }
     }
 
-    /// The service of a master, which tablet servers send heartbeats to.
-    pub fn master(cluster: Arc<Cluster>) -> Self {
+    /// The service of a master, which tablet servers send heartbeats to (and, with several
+    /// masters, the others the Raft messages of the catalog).
+    pub fn master(cluster: Arc<Cluster>, catalog: Option<Arc<TabletReplica>>) -> Self {
         Self {
             server: None,
             cluster: Some(cluster),
+            catalog,
             scanners: Arc::default(),
         }
     }
@@ -528,23 +534,30 @@ impl InternalService {
                 _ => RpcResponse::error("this server is not a master"),
             };
         }
+        if let request::Kind::Raft(batch) = kind {
+            for envelope in batch.messages {
+                let replica = match (&self.catalog, &self.server) {
+                    (Some(catalog), _) if envelope.tablet_id == CATALOG_TABLET => catalog.clone(),
+                    (_, Some(server)) => match server.replica(&envelope.tablet_id) {
+                        Ok(replica) => replica,
+                        Err(_) => continue,
+                    },
+                    _ => continue,
+                };
+                match nyala_raft::decode_message(&envelope.message) {
+                    Ok(message) => replica.step(message),
+                    Err(e) => return RpcResponse::error(e),
+                }
+            }
+            return RpcResponse::default();
+        }
         let Some(server) = self.server else {
             return RpcResponse::error("this server is not a tablet server");
         };
         let scanners = self.scanners;
         match kind {
-            request::Kind::Heartbeat(_) => unreachable!("answered above"),
-            request::Kind::Raft(batch) => {
-                for envelope in batch.messages {
-                    let Ok(replica) = server.replica(&envelope.tablet_id) else {
-                        continue;
-                    };
-                    match nyala_raft::decode_message(&envelope.message) {
-                        Ok(message) => replica.step(message),
-                        Err(e) => return RpcResponse::error(e),
-                    }
-                }
-                RpcResponse::default()
+            request::Kind::Heartbeat(_) | request::Kind::Raft(_) => {
+                unreachable!("answered above")
             }
             request::Kind::CreateReplica(create) => {
                 let schema: Schema = match serde_json::from_str(&create.schema_json) {

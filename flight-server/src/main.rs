@@ -86,6 +86,10 @@ enum Command {
         /// servers are alive).
         #[arg(long, default_value_t = 3)]
         default_replicas: usize,
+        /// All masters' internal RPC addresses, this one's included (comma-separated, the same
+        /// list on every master): the catalog is replicated among them. Empty: one master.
+        #[arg(long, value_delimiter = ',')]
+        masters: Vec<String>,
     },
     /// Run SQL: a script with -c/-f, or an interactive shell.
     Sql {
@@ -160,7 +164,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             rpc_addr,
             flight_addr,
             default_replicas,
-        } => master(data_dir, rpc_addr, flight_addr, default_replicas).await,
+            masters,
+        } => master(data_dir, rpc_addr, flight_addr, default_replicas, masters).await,
         Command::Sql {
             connect,
             data_dir,
@@ -216,25 +221,52 @@ async fn master(
     rpc_addr: SocketAddr,
     flight_addr: SocketAddr,
     default_replicas: usize,
+    masters: Vec<String>,
 ) -> anyhow::Result<()> {
     use nyala_engine::host::Cluster;
-    use nyala_engine::rpc::InternalService;
+    use nyala_engine::master::CATALOG_TABLET;
+    use nyala_engine::replica::{Peers, Replication};
+    use nyala_engine::rpc::{InternalService, RaftRouter};
     let cluster = Cluster::new(default_replicas, tokio::runtime::Handle::current());
     let rpc = tokio::net::TcpListener::bind(rpc_addr)
         .await
         .with_context(|| format!("cannot listen on {rpc_addr}"))?;
     let rpc_addr = rpc.local_addr()?;
+    // Masters are Raft nodes 1, 2, 3, ... in the order of --masters.
+    let replication = if masters.is_empty() {
+        None
+    } else {
+        let me = masters
+            .iter()
+            .position(|m| *m == rpc_addr.to_string())
+            .with_context(|| format!("--masters must list this master's --rpc-addr {rpc_addr}"))?;
+        let addresses: std::collections::BTreeMap<u64, String> = masters
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (i as u64 + 1, m.clone()))
+            .collect();
+        let router = RaftRouter::new(tokio::runtime::Handle::current());
+        router.learn(&addresses);
+        Some(Replication {
+            server_id: me as u64 + 1,
+            peers: Peers {
+                voters: addresses.keys().copied().collect(),
+                addresses,
+            },
+            transport: router.transport(CATALOG_TABLET),
+        })
+    };
+    std::fs::create_dir_all(&data_dir)?;
+    let db = Database::open_cluster(&data_dir, cluster.clone(), replication)
+        .await
+        .with_context(|| format!("cannot open the master in {}", data_dir.display()))?;
     let heartbeats = tonic::transport::Server::builder()
-        .add_service(InternalService::master(cluster.clone()))
+        .add_service(InternalService::master(cluster, Some(db.catalog_replica())))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(rpc),
             shutdown_signal(),
         );
     let heartbeats = tokio::spawn(heartbeats);
-    std::fs::create_dir_all(&data_dir)?;
-    let db = Database::open_cluster(&data_dir, cluster)
-        .await
-        .with_context(|| format!("cannot open the master in {}", data_dir.display()))?;
     let listener = tokio::net::TcpListener::bind(flight_addr)
         .await
         .with_context(|| format!("cannot listen on {flight_addr}"))?;

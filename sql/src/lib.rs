@@ -119,11 +119,13 @@ impl Database {
     pub async fn open_cluster(
         data_dir: &Path,
         cluster: Arc<nyala_engine::host::Cluster>,
+        replication: Option<nyala_engine::replica::Replication>,
     ) -> Result<Arc<Database>> {
         let dir = data_dir.to_path_buf();
-        let client = tokio::task::spawn_blocking(move || Client::open_cluster(&dir, cluster))
-            .await
-            .map_err(|e| SqlError::Invalid(format!("opening the database failed: {e}")))??;
+        let client =
+            tokio::task::spawn_blocking(move || Client::open_cluster(&dir, cluster, replication))
+                .await
+                .map_err(|e| SqlError::Invalid(format!("opening the database failed: {e}")))??;
         Ok(Arc::new(Database { client }))
     }
 
@@ -187,6 +189,11 @@ impl Database {
                 .map(|&i| table.schema.columns()[i].name.clone())
                 .collect(),
         )
+    }
+
+    /// The replica of the catalog (a master's, in a cluster).
+    pub fn catalog_replica(&self) -> Arc<nyala_engine::replica::TabletReplica> {
+        self.client.catalog()
     }
 
     /// Flushes and stops every tablet; the database must not be used afterwards.

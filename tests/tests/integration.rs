@@ -977,6 +977,10 @@ mod cluster {
 
     impl MasterProcess {
         fn start(dir: &Path, rpc: &str, flight: &str) -> Self {
+            Self::start_with(dir, rpc, flight, &[])
+        }
+
+        fn start_with(dir: &Path, rpc: &str, flight: &str, args: &[&str]) -> Self {
             let mut child = Command::new(nyala_bin())
                 .args([
                     "master",
@@ -987,6 +991,7 @@ mod cluster {
                     "--data-dir",
                 ])
                 .arg(dir)
+                .args(args)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
                 .spawn()
@@ -1306,6 +1311,90 @@ mod cluster {
             acknowledged.len(),
             stored.len()
         );
+    }
+
+    /// Three masters replicate the catalog: DDL runs on the one that leads it (the others say
+    /// which one does), every master serves queries and writes, and when the leading master is
+    /// killed another takes over DDL while new clients keep working.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn three_masters_survive_losing_the_leader() {
+        let master_dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let rpcs: Vec<String> = (0..3).map(|_| free_port()).collect();
+        let flights: Vec<String> = (0..3).map(|_| free_port()).collect();
+        let list = rpcs.join(",");
+        let mut masters: Vec<Option<MasterProcess>> = (0..3)
+            .map(|i| {
+                Some(MasterProcess::start_with(
+                    master_dirs[i].path(),
+                    &rpcs[i],
+                    &flights[i],
+                    &["--masters", &list],
+                ))
+            })
+            .collect();
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let _servers: Vec<TabletServerProcess> = (0..3)
+            .map(|i| start_tserver(dirs[i].path(), &free_port(), &list))
+            .collect();
+        let urls: Vec<String> = flights.iter().map(|f| format!("http://{f}")).collect();
+        // DDL succeeds on the leading master; the others name it.
+        let ddl = |statement: String, alive: Vec<usize>| {
+            let urls = urls.clone();
+            async move {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    for &i in &alive {
+                        match sql(&urls[i], &statement).await {
+                            Ok(_) => return i,
+                            Err(e) => assert!(
+                                e.contains("does not lead the catalog")
+                                    || e.contains("replicas")
+                                    || e.contains("transport")
+                                    || e.contains("unavailable")
+                                    || e.contains("no reachable leader"),
+                                "{e}"
+                            ),
+                        }
+                    }
+                    assert!(Instant::now() < deadline, "no master took {statement}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        let leader = ddl(
+            "CREATE TABLE m (k BIGINT PRIMARY KEY) DISTRIBUTE BY HASH (k) INTO 2 BUCKETS WITH (replicas = 3)".into(),
+            vec![0, 1, 2],
+        )
+        .await;
+        // Every master sees the table (followers learn it from the catalog's log) and writes.
+        for (i, url) in urls.iter().enumerate() {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while let Err(e) = sql(url, &format!("INSERT INTO m VALUES ({i})")).await {
+                assert!(Instant::now() < deadline, "master {i}: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        drop(masters[leader].take());
+        let alive: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+        let new_leader = ddl(
+            "CREATE TABLE n (k BIGINT PRIMARY KEY)".into(),
+            alive.clone(),
+        )
+        .await;
+        assert_ne!(new_leader, leader);
+        for &i in &alive {
+            sql(&urls[i], &format!("INSERT INTO m VALUES ({})", 10 + i))
+                .await
+                .unwrap();
+        }
+        let rows = sql(&urls[alive[0]], "SELECT k FROM m ORDER BY k")
+            .await
+            .unwrap();
+        let mut expected: Vec<i64> = (0..3).collect();
+        expected.extend(alive.iter().map(|&i| 10 + i as i64));
+        assert_eq!(column_i64(&rows, 0), expected);
+        let tables = sql(&urls[alive[1]], "SHOW TABLES").await.unwrap();
+        assert_eq!(tables.iter().map(|b| b.num_rows()).sum::<usize>(), 2);
     }
 
     fn free_port() -> String {
