@@ -18,7 +18,7 @@ use std::path::PathBuf;
 mod log;
 mod node;
 
-pub use node::{RaftNode, Transport};
+pub use node::{Checkpoint, GroupState, RaftNode, Transport};
 pub use raft::eraftpb::Message;
 
 /// The replicated state machine a Raft group drives.
@@ -31,6 +31,34 @@ pub trait StateMachine: Send + 'static {
     /// Applies a committed command. Must be deterministic: it may depend only on the state and
     /// the command. Called on the Raft thread, in log order, once per entry per process lifetime.
     fn apply(&mut self, index: u64, command: &[u8]) -> Self::Output;
+    /// Called after a membership change applied: the new voters and learners, and the
+    /// change's context (what its proposer attached, e.g. a new member's address).
+    fn membership_changed(&mut self, _voters: &[u64], _learners: &[u64], _context: &[u8]) {}
+}
+
+/// A change of a group's membership: one at a time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MembershipChange {
+    /// A new non-voting member that receives the log.
+    AddLearner(u64),
+    /// A learner (or new node) becomes a voter.
+    AddVoter(u64),
+    Remove(u64),
+}
+
+/// Creates the empty log of a replica copied from another at entry `index` of term `term`,
+/// in a group of `voters` and `learners` (see [`RaftNode::open_with_transport`] to open it).
+pub fn create_log_at(
+    log_dir: &std::path::Path,
+    index: u64,
+    term: u64,
+    voters: Vec<u64>,
+    learners: Vec<u64>,
+) -> Result<(), RaftError> {
+    let mut conf = raft::eraftpb::ConfState::default();
+    conf.set_voters(voters);
+    conf.set_learners(learners);
+    log::DurableLog::create_at(log_dir, index, term, conf, true)
 }
 
 #[derive(Debug, Clone)]
@@ -81,6 +109,8 @@ pub enum RaftError {
     NotLeader { leader_hint: Option<u64> },
     #[error("the replica is stopped")]
     Stopped,
+    #[error("{0}")]
+    Busy(String),
     #[error("raft: {0}")]
     Raft(#[from] raft::Error),
     #[error("log encoding: {0}")]

@@ -285,6 +285,47 @@ impl DurableLog {
         self.set_hard_state(hs)
     }
 
+    /// Records a new membership (applied from a configuration change entry).
+    pub fn set_conf_state(&mut self, conf_state: ConfState) -> Result<(), RaftError> {
+        self.mem.wl().set_conf_state(conf_state.clone());
+        self.state.conf_state = conf_state;
+        self.write_state()
+    }
+
+    pub fn conf_state(&self) -> &ConfState {
+        &self.state.conf_state
+    }
+
+    /// Creates the log of a replica whose state machine was copied from another replica at
+    /// entry `index` of term `term`: empty, starting after `index`, with membership `conf`.
+    pub fn create_at(
+        dir: &Path,
+        index: u64,
+        term: u64,
+        conf: ConfState,
+        sync: bool,
+    ) -> Result<(), RaftError> {
+        std::fs::create_dir_all(dir)?;
+        let mut state = PersistentState {
+            conf_state: conf,
+            truncated_index: index,
+            truncated_term: term,
+            ..PersistentState::default()
+        };
+        state.hard_state.term = term;
+        state.hard_state.commit = index;
+        let log = Self {
+            dir: dir.to_path_buf(),
+            segment_bytes: 0,
+            sync,
+            mem: MemStorage::new(),
+            state,
+            segments: Vec::new(),
+            active: None,
+        };
+        log.write_state()
+    }
+
     pub fn hard_state(&self) -> &HardState {
         &self.state.hard_state
     }

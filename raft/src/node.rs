@@ -17,13 +17,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use raft::eraftpb::{Entry, EntryType, Message};
+use protobuf::Message as _;
+use raft::eraftpb::{ConfChange, ConfChangeType, Entry, EntryType, Message};
 use raft::storage::MemStorage;
 use raft::{Config, RawNode, StateRole};
 use tokio::sync::oneshot;
 
 use crate::log::DurableLog;
-use crate::{RaftConfig, RaftError, StateMachine};
+use crate::{MembershipChange, RaftConfig, RaftError, StateMachine};
 
 /// Entries a follower keeps beyond what its state machine made durable, for peers that lag
 /// behind should it become leader (until tablet copy lets a peer catch up from a snapshot).
@@ -57,9 +58,39 @@ enum Request<SM: StateMachine> {
         command: Vec<u8>,
         reply: Reply<SM::Output>,
     },
+    ChangeMembership {
+        change: MembershipChange,
+        context: Vec<u8>,
+        reply: Reply<()>,
+    },
     Step(Message),
     Run(Box<dyn FnOnce(&mut SM) + Send>),
+    Checkpoint(CheckpointFn<SM>),
     Stop,
+}
+
+type CheckpointFn<SM> = Box<dyn FnOnce(&mut SM, &dyn Fn(u64) -> Checkpoint) + Send>;
+
+/// What a copy of the state machine's files taken on the Raft thread corresponds to.
+#[derive(Clone, Debug)]
+pub struct Checkpoint {
+    /// The entry the state machine's files are durable up to, and its term.
+    pub index: u64,
+    pub term: u64,
+    pub voters: Vec<u64>,
+    pub learners: Vec<u64>,
+}
+
+/// A group as one node sees it, as of its last ready.
+#[derive(Clone, Debug, Default)]
+pub struct GroupState {
+    pub leader: u64,
+    pub term: u64,
+    pub commit: u64,
+    pub voters: Vec<u64>,
+    pub learners: Vec<u64>,
+    /// On the leader: how far each member's log matches its own.
+    pub matched: Vec<(u64, u64)>,
 }
 
 /// Handle to a Raft group's thread. Dropping it stops the thread.
@@ -69,6 +100,7 @@ pub struct RaftNode<SM: StateMachine> {
     last_applied: Arc<AtomicU64>,
     /// The leader this node knows of (0: none), as of its last ready.
     leader: Arc<AtomicU64>,
+    state: Arc<Mutex<GroupState>>,
     id: u64,
 }
 
@@ -131,7 +163,9 @@ impl<SM: StateMachine> RaftNode<SM> {
         let raw = RawNode::new(&raft_config, log.storage().clone(), &logger)?;
         let last_applied = Arc::new(AtomicU64::new(durable));
         let leader = Arc::new(AtomicU64::new(0));
-        let single = raw.raft.prs().conf().voters().ids().len() == 1;
+        let state = Arc::new(Mutex::new(GroupState::default()));
+        let single = raw.raft.prs().conf().voters().ids().len() == 1
+            && raw.raft.prs().conf().learners().is_empty();
         let mut worker = Worker {
             raw,
             log,
@@ -140,7 +174,9 @@ impl<SM: StateMachine> RaftNode<SM> {
             pending: HashMap::new(),
             last_applied: last_applied.clone(),
             leader: leader.clone(),
+            state: state.clone(),
             tick: config.tick,
+            pending_change: None,
         };
         if single {
             worker.raw.campaign()?;
@@ -166,8 +202,55 @@ impl<SM: StateMachine> RaftNode<SM> {
             thread: Mutex::new(Some(thread)),
             last_applied,
             leader,
+            state,
             id: config.node_id,
         })
+    }
+
+    /// Proposes one membership change (on the leader); resolves once it is applied. `context`
+    /// travels with it to every member's [`StateMachine::membership_changed`].
+    pub fn change_membership(
+        &self,
+        change: MembershipChange,
+        context: Vec<u8>,
+    ) -> impl Future<Output = Result<(), RaftError>> + Send + 'static {
+        let (reply, applied) = oneshot::channel();
+        let sent = self
+            .requests
+            .send(Request::ChangeMembership {
+                change,
+                context,
+                reply,
+            })
+            .is_ok();
+        async move {
+            if !sent {
+                return Err(RaftError::Stopped);
+            }
+            applied.await.unwrap_or(Err(RaftError::Stopped))
+        }
+    }
+
+    /// The group as this node sees it.
+    pub fn group_state(&self) -> GroupState {
+        self.state.lock().clone()
+    }
+
+    /// Runs `f` on the Raft thread between applies (say, a flush, then a copy of the files).
+    /// `f` gets a function that describes the log at an index: the term of that entry and the
+    /// membership, which a copy of the state machine durable up to that entry goes with.
+    pub fn checkpoint<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut SM, &dyn Fn(u64) -> Checkpoint) -> R + Send + 'static,
+    ) -> Result<R, RaftError> {
+        let (tx, rx) = mpsc::channel();
+        let run: CheckpointFn<SM> = Box::new(move |sm, describe| {
+            let _ = tx.send(f(sm, describe));
+        });
+        self.requests
+            .send(Request::Checkpoint(run))
+            .map_err(|_| RaftError::Stopped)?;
+        rx.recv().map_err(|_| RaftError::Stopped)
     }
 
     /// Hands the node a message from a peer (ignored once the node is stopped).
@@ -248,7 +331,10 @@ struct Worker<SM: StateMachine> {
     pending: HashMap<u64, (u64, Reply<SM::Output>)>,
     last_applied: Arc<AtomicU64>,
     leader: Arc<AtomicU64>,
+    state: Arc<Mutex<GroupState>>,
     tick: Duration,
+    /// The membership change in flight: its entry index and who waits for it.
+    pending_change: Option<(u64, Reply<()>)>,
 }
 
 impl<SM: StateMachine> Worker<SM> {
@@ -265,6 +351,22 @@ impl<SM: StateMachine> Worker<SM> {
             for request in requests {
                 match request {
                     Request::Propose { command, reply } => self.propose(command, reply),
+                    Request::ChangeMembership {
+                        change,
+                        context,
+                        reply,
+                    } => self.propose_change(change, context, reply),
+                    Request::Checkpoint(f) => {
+                        let conf = self.log.conf_state().clone();
+                        let raw = &self.raw;
+                        let describe = |index: u64| Checkpoint {
+                            index,
+                            term: raw.raft.raft_log.term(index).unwrap_or(0),
+                            voters: conf.voters.clone(),
+                            learners: conf.learners.clone(),
+                        };
+                        f(&mut self.sm, &describe);
+                    }
                     Request::Step(message) => {
                         // Messages from unknown or stale peers are errors raft-rs reports and
                         // ignores; nothing to do about them here.
@@ -307,6 +409,66 @@ impl<SM: StateMachine> Worker<SM> {
         }
     }
 
+    fn propose_change(&mut self, change: MembershipChange, context: Vec<u8>, reply: Reply<()>) {
+        if self.raw.raft.state != StateRole::Leader {
+            let leader = self.raw.raft.leader_id;
+            let _ = reply.send(Err(RaftError::NotLeader {
+                leader_hint: (leader != 0).then_some(leader),
+            }));
+            return;
+        }
+        if self.pending_change.is_some() {
+            let _ = reply.send(Err(RaftError::Busy(
+                "another membership change is in progress".into(),
+            )));
+            return;
+        }
+        let mut cc = ConfChange::default();
+        let (kind, node) = match change {
+            MembershipChange::AddLearner(n) => (ConfChangeType::AddLearnerNode, n),
+            MembershipChange::AddVoter(n) => (ConfChangeType::AddNode, n),
+            MembershipChange::Remove(n) => (ConfChangeType::RemoveNode, n),
+        };
+        cc.set_change_type(kind);
+        cc.node_id = node;
+        cc.context = context.into();
+        match self.raw.propose_conf_change(vec![], cc) {
+            Ok(()) => {
+                let index = self.raw.raft.raft_log.last_index();
+                self.pending_change = Some((index, reply));
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e.into()));
+            }
+        }
+    }
+
+    /// Applies a committed membership change entry.
+    fn apply_change(&mut self, entry: &Entry) -> Result<(), RaftError> {
+        let cc = ConfChange::parse_from_bytes(entry.get_data())?;
+        let conf = match self.raw.apply_conf_change(&cc) {
+            Ok(conf) => conf,
+            // Replayed after a restart: the membership on disk has it already.
+            Err(e) => {
+                tracing::debug!(error = %e, "membership change already applied");
+                self.log.conf_state().clone()
+            }
+        };
+        self.log.set_conf_state(conf.clone())?;
+        self.sm
+            .membership_changed(&conf.voters, &conf.learners, &cc.context);
+        // Whoever waits for the change sees the new membership.
+        self.track_leader();
+        if let Some((index, _)) = &self.pending_change {
+            if *index == entry.index {
+                if let Some((_, reply)) = self.pending_change.take() {
+                    let _ = reply.send(Ok(()));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The ready loop body: persist → send → apply → advance → apply.
     fn on_ready(&mut self) -> Result<(), RaftError> {
         self.track_leader();
@@ -320,7 +482,7 @@ impl<SM: StateMachine> Worker<SM> {
             ));
         }
         self.transport.send(ready.take_messages());
-        self.apply(ready.take_committed_entries());
+        self.apply(ready.take_committed_entries())?;
         self.log.append(ready.entries())?;
         if let Some(hs) = ready.hs() {
             self.log.set_hard_state(hs.clone())?;
@@ -332,7 +494,7 @@ impl<SM: StateMachine> Worker<SM> {
             self.log.set_commit(commit)?;
         }
         self.transport.send(light.take_messages());
-        self.apply(light.take_committed_entries());
+        self.apply(light.take_committed_entries())?;
         self.raw.advance_apply();
         self.track_leader();
         Ok(())
@@ -343,6 +505,32 @@ impl<SM: StateMachine> Worker<SM> {
     fn track_leader(&mut self) {
         let leader = self.raw.raft.leader_id;
         self.leader.store(leader, Ordering::Release);
+        {
+            let conf = self.log.conf_state();
+            let mut state = self.state.lock();
+            state.leader = leader;
+            state.term = self.raw.raft.term;
+            state.commit = self.raw.raft.raft_log.committed;
+            state.voters = conf.voters.clone();
+            state.learners = conf.learners.clone();
+            state.matched = match self.raw.raft.state {
+                StateRole::Leader => self
+                    .raw
+                    .raft
+                    .prs()
+                    .iter()
+                    .map(|(id, p)| (*id, p.matched))
+                    .collect(),
+                _ => Vec::new(),
+            };
+        }
+        if self.raw.raft.state != StateRole::Leader {
+            if let Some((_, reply)) = self.pending_change.take() {
+                let _ = reply.send(Err(RaftError::NotLeader {
+                    leader_hint: (leader != 0).then_some(leader),
+                }));
+            }
+        }
         if self.raw.raft.state != StateRole::Leader && !self.pending.is_empty() {
             let hint = (leader != 0).then_some(leader);
             for (_, (_, reply)) in self.pending.drain() {
@@ -351,10 +539,14 @@ impl<SM: StateMachine> Worker<SM> {
         }
     }
 
-    fn apply(&mut self, entries: Vec<Entry>) {
+    fn apply(&mut self, entries: Vec<Entry>) -> Result<(), RaftError> {
         for entry in entries {
             let index = entry.index;
-            if entry.get_entry_type() == EntryType::EntryNormal && !entry.get_data().is_empty() {
+            if entry.get_entry_type() == EntryType::EntryConfChange {
+                self.apply_change(&entry)?;
+            } else if entry.get_entry_type() == EntryType::EntryNormal
+                && !entry.get_data().is_empty()
+            {
                 let output = self.sm.apply(index, entry.get_data());
                 if let Some((term, reply)) = self.pending.remove(&index) {
                     let result = if term == entry.term {
@@ -367,6 +559,7 @@ impl<SM: StateMachine> Worker<SM> {
             }
             self.last_applied.store(index, Ordering::Release);
         }
+        Ok(())
     }
 
     /// Drops the log prefix the state machine has made durable in its own files. A leader

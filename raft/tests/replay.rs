@@ -441,4 +441,87 @@ mod cluster {
         }
         net.stop.store(true, Ordering::Release);
     }
+
+    /// A replica is replaced: a new node starts from a copy of a member's state machine (files
+    /// and the log position they correspond to), joins as a learner, catches up from the log,
+    /// becomes a voter, and the old member is removed. One change at a time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_member_is_replaced_by_a_copy_that_learns_then_votes() {
+        use nyala_raft::MembershipChange;
+        let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+        let net = Network::start(0.0, 11);
+        for id in 1..=3 {
+            open(&net, dirs[id as usize - 1].path(), id);
+        }
+        for v in 1..=50 {
+            assert!(propose(&net, v).await);
+        }
+        let leader = net
+            .nodes
+            .lock()
+            .values()
+            .find(|n| n.is_leader())
+            .cloned()
+            .unwrap();
+        // The copy: the leader's state machine, flushed, and the log position it is at.
+        let target = dirs[3].path().to_path_buf();
+        let copied = leader
+            .checkpoint(move |sm, describe| {
+                sm.flush();
+                std::fs::copy(&sm.file, target.join("sm")).unwrap();
+                describe(sm.durable)
+            })
+            .unwrap();
+        nyala_raft::create_log_at(
+            &dirs[3].path().join("wal"),
+            copied.index,
+            copied.term,
+            copied.voters.clone(),
+            vec![4],
+        )
+        .unwrap();
+        let new = open(&net, dirs[3].path(), 4);
+        leader
+            .change_membership(MembershipChange::AddLearner(4), vec![])
+            .await
+            .unwrap();
+        for v in 51..=60 {
+            assert!(propose(&net, v).await);
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while items(&new).len() < 60 {
+            assert!(Instant::now() < deadline, "the learner did not catch up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        leader
+            .change_membership(MembershipChange::AddVoter(4), vec![])
+            .await
+            .unwrap();
+        let old = if leader.group_state().leader == 3 {
+            2
+        } else {
+            3
+        };
+        leader
+            .change_membership(MembershipChange::Remove(old), vec![])
+            .await
+            .unwrap();
+        let removed = net.nodes.lock().remove(&old).unwrap();
+        removed.shutdown();
+        assert_eq!(leader.group_state().voters.len(), 3);
+        for v in 61..=70 {
+            assert!(propose(&net, v).await);
+        }
+        let members: Vec<Node> = net.nodes.lock().values().cloned().collect();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let all: Vec<Vec<u64>> = members.iter().map(items).collect();
+            if all.iter().all(|a| *a == (1..=70).collect::<Vec<_>>()) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "members differ: {all:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        net.stop.store(true, Ordering::Release);
+    }
 }
