@@ -232,6 +232,25 @@ impl Client {
             .collect()
     }
 
+    /// Starts re-replication in the background (a cluster's master): replicas on tablet
+    /// servers silent for longer than `unavailable` are re-created elsewhere.
+    pub fn start_repairs(&self, unavailable: std::time::Duration) {
+        let TabletHost::Cluster(cluster) = &self.inner.host else {
+            return;
+        };
+        let cluster = cluster.clone();
+        let inner = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                let Some(inner) = inner.upgrade() else { return };
+                if let Err(e) = inner.master.repair_once(&cluster, unavailable).await {
+                    tracing::warn!(error = %e, "re-replication failed; retrying");
+                }
+            }
+        });
+    }
+
     /// The catalog's replica.
     pub fn catalog(&self) -> Arc<crate::replica::TabletReplica> {
         self.inner.master.catalog().clone()

@@ -242,7 +242,28 @@ impl Cluster {
             .collect()
     }
 
-    fn address(&self, server: u64) -> Result<String> {
+    /// How long ago server `id` was last heard from (None: never).
+    pub fn silent_for(&self, id: u64) -> Option<Duration> {
+        self.servers.read().get(&id).map(|s| s.last_seen.elapsed())
+    }
+
+    /// The leader of `tablet` as heartbeats last reported it.
+    pub fn leader_of(&self, tablet: &str) -> Option<u64> {
+        self.leaders.read().get(tablet).copied()
+    }
+
+    /// What server `id` last reported of its replica of `tablet`.
+    pub fn replica_status(&self, id: u64, tablet: &str) -> Option<crate::rpc::ReplicaStatus> {
+        let servers = self.servers.read();
+        let status = &servers.get(&id)?.status;
+        status
+            .replicas
+            .iter()
+            .find(|r| r.tablet_id == tablet)
+            .cloned()
+    }
+
+    pub(crate) fn address(&self, server: u64) -> Result<String> {
         self.servers
             .read()
             .get(&server)
@@ -261,7 +282,11 @@ impl Cluster {
         Ok(client)
     }
 
-    async fn call_server(&self, server: u64, kind: request::Kind) -> Result<RpcResponse> {
+    pub(crate) async fn call_server(
+        &self,
+        server: u64,
+        kind: request::Kind,
+    ) -> Result<RpcResponse> {
         let address = self.address(server)?;
         let result = self.client(&address).await?.call(kind).await;
         if result.is_err() {
@@ -277,7 +302,7 @@ impl Cluster {
 
     /// Sends the request `make` builds to the leader of `tablet`, following NotLeader hints and
     /// retrying while a leader is elected; an error after [`LEADER_DEADLINE`].
-    async fn call_leader(
+    pub(crate) async fn call_leader(
         &self,
         tablet: &str,
         make: impl Fn() -> request::Kind,
@@ -380,6 +405,7 @@ impl Cluster {
                 stats.replicas += 1;
                 if Some(server.status.server_id) == leader {
                     stats.estimated_rows = r.estimated_rows as usize;
+                    stats.disk_bytes = r.disk_bytes;
                 }
             }
         }

@@ -18,11 +18,13 @@ use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::HybridClock;
-use crate::host::TabletHost;
+use crate::host::{Cluster, TabletHost};
 use crate::partition::{PartitionSchema, RangeSpec};
 use crate::replica::Replication;
 use crate::replica::TabletReplica;
+use crate::rpc::{request, ChangeMembership, CopyTablet, Peer};
 use crate::{EngineError, Result};
+use std::time::Duration;
 
 pub type TableId = String;
 
@@ -293,6 +295,152 @@ impl Master {
         self.tables
             .write()
             .insert(info.name.clone(), Arc::new(info));
+        Ok(())
+    }
+
+    /// Re-replication, one tablet at a time (on the master that leads the catalog): a tablet
+    /// with a replica on a server silent for longer than `unavailable` gets a new replica on a
+    /// live server that has none: copied from the leader, added as a learner, promoted to voter
+    /// once it has caught up, and then the silent member is removed and the catalog updated.
+    /// Returns whether a tablet was repaired.
+    pub async fn repair_once(&self, cluster: &Cluster, unavailable: Duration) -> Result<bool> {
+        if self.catalog.group_state().leader != self.catalog.node_id() {
+            return Ok(false);
+        }
+        for table in self.tables() {
+            for (tablet, servers) in &table.placement {
+                let Some(&dead) = servers
+                    .iter()
+                    .find(|s| cluster.silent_for(**s).is_none_or(|t| t > unavailable))
+                else {
+                    continue;
+                };
+                let Some(leader) = cluster
+                    .leader_of(tablet)
+                    .filter(|l| servers.contains(l) && *l != dead)
+                else {
+                    continue;
+                };
+                let mut candidates: Vec<(u64, String, usize)> = cluster
+                    .live_servers()
+                    .into_iter()
+                    .filter(|(id, _, _)| !servers.contains(id))
+                    .collect();
+                candidates.sort_by_key(|(id, _, held)| (*held, *id));
+                let Some((target, target_address, _)) = candidates.into_iter().next() else {
+                    tracing::warn!(%tablet, "no live server to re-replicate to");
+                    continue;
+                };
+                tracing::info!(%tablet, dead, target, "re-replicating");
+                self.replace_replica(
+                    cluster,
+                    &table,
+                    tablet,
+                    servers,
+                    leader,
+                    dead,
+                    target,
+                    target_address,
+                )
+                .await?;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn replace_replica(
+        &self,
+        cluster: &Cluster,
+        table: &TableInfo,
+        tablet: &str,
+        servers: &[u64],
+        leader: u64,
+        dead: u64,
+        target: u64,
+        target_address: String,
+    ) -> Result<()> {
+        let ok = |r: crate::rpc::RpcResponse| {
+            if r.error.is_empty() {
+                Ok(())
+            } else {
+                Err(EngineError::Remote(r.error))
+            }
+        };
+        let mut peers: Vec<Peer> = Vec::new();
+        for &s in servers.iter().filter(|&&s| s != dead) {
+            peers.push(Peer {
+                server_id: s,
+                address: cluster.address(s)?,
+            });
+        }
+        peers.push(Peer {
+            server_id: target,
+            address: target_address.clone(),
+        });
+        ok(cluster
+            .call_server(
+                target,
+                request::Kind::CopyTablet(CopyTablet {
+                    tablet_id: tablet.into(),
+                    source: cluster.address(leader)?,
+                    peers,
+                }),
+            )
+            .await?)?;
+        let change = |change: &str, server: u64, address: String| {
+            let change = ChangeMembership {
+                tablet_id: tablet.into(),
+                change: change.into(),
+                server_id: server,
+                address,
+            };
+            async move {
+                cluster
+                    .call_leader(tablet, || request::Kind::ChangeMembership(change.clone()))
+                    .await
+                    .map(drop)
+            }
+        };
+        change("add_learner", target, target_address.clone()).await?;
+        // Promote once the learner has applied what the leader had committed.
+        let started = std::time::Instant::now();
+        loop {
+            let committed = cluster
+                .leader_of(tablet)
+                .and_then(|l| cluster.replica_status(l, tablet))
+                .map(|r| r.commit);
+            let applied = cluster
+                .replica_status(target, tablet)
+                .map(|r| r.last_applied);
+            if let (Some(c), Some(a)) = (committed, applied) {
+                if a >= c {
+                    break;
+                }
+            }
+            if started.elapsed() > Duration::from_secs(600) {
+                return Err(EngineError::Unavailable(format!(
+                    "the new replica of tablet {tablet} did not catch up"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        change("add_voter", target, target_address).await?;
+        change("remove", dead, String::new()).await?;
+        let _ddl = self.ddl.lock().await;
+        let Some(current) = self.table(&table.name) else {
+            return Ok(());
+        };
+        let mut updated = (*current).clone();
+        if let Some(placed) = updated.placement.get_mut(tablet) {
+            placed.retain(|&s| s != dead);
+            placed.push(target);
+        }
+        self.write_catalog(WriteKind::Upsert, &updated).await?;
+        self.tables
+            .write()
+            .insert(updated.name.clone(), Arc::new(updated));
         Ok(())
     }
 

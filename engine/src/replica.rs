@@ -67,6 +67,8 @@ pub struct Replication {
     pub server_id: u64,
     pub peers: Peers,
     pub transport: Box<dyn nyala_raft::Transport>,
+    /// Tells the server where a newly added member listens.
+    pub learn: Option<Arc<dyn Fn(u64, String) + Send + Sync>>,
 }
 
 /// Timestamps of writes proposed but not yet applied.
@@ -133,6 +135,10 @@ pub struct TabletStateMachine {
     tablet: Arc<Tablet>,
     inflight: Inflight,
     clock: Arc<HybridClock>,
+    /// The replica's directory (its `peers.json`) and how to tell its server where new members
+    /// listen; for replicated tablets.
+    dir: PathBuf,
+    learn: Option<Arc<dyn Fn(u64, String) + Send + Sync>>,
 }
 
 impl StateMachine for TabletStateMachine {
@@ -153,6 +159,37 @@ impl StateMachine for TabletStateMachine {
         lock(&self.inflight).remove(&logged.ts.0);
         result
     }
+
+    /// A membership change carries `<server id>=<address>` of the member it adds.
+    fn membership_changed(&mut self, voters: &[u64], learners: &[u64], context: &[u8]) {
+        let mut peers = Peers::read(&self.dir).ok().flatten().unwrap_or_default();
+        if let Some((id, address)) = std::str::from_utf8(context)
+            .ok()
+            .and_then(|c| c.split_once('='))
+            .and_then(|(id, a)| Some((id.parse::<u64>().ok()?, a.to_string())))
+        {
+            if let Some(learn) = &self.learn {
+                learn(id, address.clone());
+            }
+            peers.addresses.insert(id, address);
+        }
+        peers.voters = voters.iter().chain(learners).copied().collect();
+        if let Err(e) = peers.write(&self.dir) {
+            tracing::error!(dir = %self.dir.display(), error = %e, "cannot record the tablet's members");
+        }
+    }
+}
+
+/// A replica's files as of one log entry, to create a new replica from (tablet copy).
+#[derive(Debug, Clone)]
+pub struct TabletCopy {
+    /// The entry the files are durable up to, and its term.
+    pub index: u64,
+    pub term: u64,
+    pub voters: Vec<u64>,
+    pub learners: Vec<u64>,
+    /// The tablet's data files: (name, contents).
+    pub files: Vec<(String, Vec<u8>)>,
 }
 
 pub struct TabletReplica {
@@ -224,6 +261,8 @@ impl TabletReplica {
             tablet: tablet.clone(),
             inflight: inflight.clone(),
             clock: clock.clone(),
+            dir: dir.to_path_buf(),
+            learn: replication.as_ref().and_then(|r| r.learn.clone()),
         };
         let raft = match replication {
             None => RaftNode::open(RaftConfig::new(LOCAL_NODE_ID, dir.join("wal")), sm)?,
@@ -369,6 +408,89 @@ impl TabletReplica {
             }
         };
         Ok(self.tablet.scan(&spec)?)
+    }
+
+    /// The replica's files after a flush, and the log entry they are durable up to: what a new
+    /// replica starts from.
+    pub fn copy(&self) -> Result<TabletCopy> {
+        let data = self.dir.join("data");
+        self.raft
+            .checkpoint(move |sm, describe| -> Result<TabletCopy> {
+                sm.tablet.flush()?;
+                let at = describe(sm.tablet.durable_index());
+                let mut files = Vec::new();
+                for entry in std::fs::read_dir(&data)? {
+                    let entry = entry?;
+                    let name = entry.file_name().to_string_lossy().to_string();
+                    files.push((name, std::fs::read(entry.path())?));
+                }
+                Ok(TabletCopy {
+                    index: at.index,
+                    term: at.term,
+                    voters: at.voters,
+                    learners: at.learners,
+                    files,
+                })
+            })?
+    }
+
+    /// Creates replica `id` in `dir` from `copy` (made on another replica), as a learner of
+    /// its group, and opens it.
+    pub fn install(
+        dir: &Path,
+        id: &str,
+        copy: TabletCopy,
+        options: TabletOptions,
+        clock: Arc<HybridClock>,
+        replication: Replication,
+    ) -> Result<Self> {
+        let data = dir.join("data");
+        std::fs::create_dir_all(&data)?;
+        for (name, bytes) in &copy.files {
+            if name.contains('/') || name.starts_with('.') {
+                return Err(EngineError::CatalogCorrupted(format!(
+                    "bad file name {name}"
+                )));
+            }
+            std::fs::write(data.join(name), bytes)?;
+        }
+        let mut learners = copy.learners.clone();
+        if !learners.contains(&replication.server_id) {
+            learners.push(replication.server_id);
+        }
+        nyala_raft::create_log_at(
+            &dir.join("wal"),
+            copy.index,
+            copy.term,
+            copy.voters,
+            learners,
+        )?;
+        replication.peers.write(dir)?;
+        let tablet = Tablet::open(&data, options)?;
+        Self::start(dir, id, tablet, clock, Some(replication))
+    }
+
+    /// Proposes one membership change of the tablet's group (on its leader); `member_address`
+    /// tells every member where an added server listens.
+    pub async fn change_membership(
+        &self,
+        change: nyala_raft::MembershipChange,
+        member_address: Option<(u64, String)>,
+    ) -> Result<()> {
+        let context = member_address
+            .map(|(id, a)| format!("{id}={a}").into_bytes())
+            .unwrap_or_default();
+        Ok(self.raft.change_membership(change, context).await?)
+    }
+
+    /// The tablet's group as this replica sees it.
+    pub fn group_state(&self) -> nyala_raft::GroupState {
+        self.raft.group_state()
+    }
+
+    /// This replica's Raft node id.
+    pub fn node_id(&self) -> u64 {
+        self.raft.id()
     }
 
     /// Flushes in-memory data to disk. Runs on the Raft thread between applies, so the flushed

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
-use nyala_raft::{Message, RaftError, Transport};
+use nyala_raft::{MembershipChange, Message, RaftError, Transport};
 use nyala_storage::{ScanIterator, ScanSpec, Schema, WriteBatch};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::mpsc;
@@ -22,7 +22,7 @@ use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 
 use crate::host::Cluster;
 use crate::master::CATALOG_TABLET;
-use crate::replica::{Peers, TabletReplica};
+use crate::replica::{Peers, TabletCopy, TabletReplica};
 use crate::tserver::TabletServer;
 use crate::{EngineError, Result};
 
@@ -32,7 +32,10 @@ const CALL_PATH: &str = "/nyala.Internal/Call";
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct RpcRequest {
-    #[prost(oneof = "request::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
+    #[prost(
+        oneof = "request::Kind",
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13"
+    )]
     pub kind: Option<request::Kind>,
 }
 
@@ -60,6 +63,15 @@ pub mod request {
         /// To a master: a tablet server's address and the state of its replicas.
         #[prost(message, tag = "10")]
         Heartbeat(super::Heartbeat),
+        /// To a tablet's leader: its files and log position, for a new replica.
+        #[prost(message, tag = "11")]
+        FetchTablet(super::TabletRef),
+        /// To a server: create a replica of a tablet by copying it from `source`.
+        #[prost(message, tag = "12")]
+        CopyTablet(super::CopyTablet),
+        /// To a tablet's leader: one membership change.
+        #[prost(message, tag = "13")]
+        ChangeMembership(super::ChangeMembership),
     }
 }
 
@@ -92,6 +104,55 @@ pub struct RpcResponse {
     /// A tablet's safe snapshot.
     #[prost(uint64, tag = "10")]
     pub snapshot: u64,
+    #[prost(message, optional, tag = "11")]
+    pub copy: Option<TabletFiles>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TabletFiles {
+    #[prost(uint64, tag = "1")]
+    pub index: u64,
+    #[prost(uint64, tag = "2")]
+    pub term: u64,
+    #[prost(uint64, repeated, tag = "3")]
+    pub voters: Vec<u64>,
+    #[prost(uint64, repeated, tag = "4")]
+    pub learners: Vec<u64>,
+    #[prost(message, repeated, tag = "5")]
+    pub files: Vec<TabletFile>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TabletFile {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(bytes = "vec", tag = "2")]
+    pub contents: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CopyTablet {
+    #[prost(string, tag = "1")]
+    pub tablet_id: String,
+    /// The server to copy from (the tablet's leader).
+    #[prost(string, tag = "2")]
+    pub source: String,
+    /// Every member's address, the new one's included.
+    #[prost(message, repeated, tag = "3")]
+    pub peers: Vec<Peer>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ChangeMembership {
+    #[prost(string, tag = "1")]
+    pub tablet_id: String,
+    /// "add_learner", "add_voter" or "remove".
+    #[prost(string, tag = "2")]
+    pub change: String,
+    #[prost(uint64, tag = "3")]
+    pub server_id: u64,
+    #[prost(string, tag = "4")]
+    pub address: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -199,6 +260,15 @@ pub struct ReplicaStatus {
     pub last_applied: u64,
     #[prost(uint64, tag = "4")]
     pub estimated_rows: u64,
+    /// The group's members as this replica knows them, and its commit index.
+    #[prost(uint64, repeated, tag = "5")]
+    pub voters: Vec<u64>,
+    #[prost(uint64, repeated, tag = "6")]
+    pub learners: Vec<u64>,
+    #[prost(uint64, tag = "7")]
+    pub commit: u64,
+    #[prost(uint64, tag = "8")]
+    pub disk_bytes: u64,
 }
 
 impl RpcResponse {
@@ -405,6 +475,14 @@ impl RaftRouter {
 
     pub fn address(&self, server_id: u64) -> Option<String> {
         self.addresses.read().get(&server_id).cloned()
+    }
+
+    /// A function that records where a server listens.
+    pub fn learner(self: &Arc<Self>) -> Arc<dyn Fn(u64, String) + Send + Sync> {
+        let router = self.clone();
+        Arc::new(move |id, address| {
+            router.learn(&BTreeMap::from([(id, address)]));
+        })
     }
 
     /// The transport of the replica of `tablet_id` on this server.
@@ -638,6 +716,102 @@ impl InternalService {
                         .replica(&alter.tablet_id)?
                         .alter_schema(&schema)
                         .await
+                }
+                .await;
+                match result {
+                    Ok(()) => RpcResponse::default(),
+                    Err(e) => RpcResponse::from_error(&e, &server),
+                }
+            }
+            request::Kind::FetchTablet(tablet) => {
+                let copied = tokio::task::spawn_blocking(move || -> Result<RpcResponse> {
+                    let replica = server.replica(&tablet.tablet_id)?;
+                    if !replica.group_state().leader.eq(&server.server_id()) {
+                        return Err(EngineError::Raft(RaftError::NotLeader {
+                            leader_hint: replica.leader(),
+                        }));
+                    }
+                    let copy = replica.copy()?;
+                    Ok(RpcResponse {
+                        copy: Some(TabletFiles {
+                            index: copy.index,
+                            term: copy.term,
+                            voters: copy.voters,
+                            learners: copy.learners,
+                            files: copy
+                                .files
+                                .into_iter()
+                                .map(|(name, contents)| TabletFile { name, contents })
+                                .collect(),
+                        }),
+                        ..RpcResponse::default()
+                    })
+                })
+                .await;
+                flatten(copied)
+            }
+            request::Kind::CopyTablet(copy) => {
+                let result = async {
+                    let mut source = RpcClient::connect(&copy.source).await?;
+                    let fetched = source
+                        .call(request::Kind::FetchTablet(TabletRef {
+                            tablet_id: copy.tablet_id.clone(),
+                        }))
+                        .await?;
+                    let files = fetched
+                        .copy
+                        .ok_or_else(|| EngineError::Remote(fetched.error.clone()))?;
+                    let peers = Peers {
+                        voters: files.voters.clone(),
+                        addresses: copy
+                            .peers
+                            .iter()
+                            .map(|p| (p.server_id, p.address.clone()))
+                            .collect(),
+                    };
+                    let tablet_copy = TabletCopy {
+                        index: files.index,
+                        term: files.term,
+                        voters: files.voters,
+                        learners: files.learners,
+                        files: files
+                            .files
+                            .into_iter()
+                            .map(|f| (f.name, f.contents))
+                            .collect(),
+                    };
+                    let id = copy.tablet_id.clone();
+                    tokio::task::spawn_blocking(move || {
+                        server.install_replica(&id, tablet_copy, peers)
+                    })
+                    .await
+                    .map_err(|e| EngineError::Unavailable(e.to_string()))?
+                }
+                .await;
+                match result {
+                    Ok(()) => RpcResponse::default(),
+                    Err(e) => RpcResponse::error(e),
+                }
+            }
+            request::Kind::ChangeMembership(change) => {
+                let result = async {
+                    let replica = server.replica(&change.tablet_id)?;
+                    let kind = match change.change.as_str() {
+                        "add_learner" => MembershipChange::AddLearner(change.server_id),
+                        "add_voter" => MembershipChange::AddVoter(change.server_id),
+                        "remove" => MembershipChange::Remove(change.server_id),
+                        other => {
+                            return Err(EngineError::Unsupported(format!(
+                                "membership change '{other}'"
+                            )))
+                        }
+                    };
+                    let address = (!change.address.is_empty())
+                        .then(|| (change.server_id, change.address.clone()));
+                    if let Some((id, a)) = &address {
+                        server.learn_address(*id, a.clone());
+                    }
+                    replica.change_membership(kind, address).await
                 }
                 .await;
                 match result {

@@ -17,7 +17,7 @@ use nyala_storage::{Schema, TabletOptions};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::clock::HybridClock;
-use crate::replica::{Peers, Replication, TabletReplica};
+use crate::replica::{Peers, Replication, TabletCopy, TabletReplica};
 use crate::rpc::{RaftRouter, ReplicaStatus, ServerStatus};
 use crate::{EngineError, Result};
 
@@ -78,6 +78,7 @@ impl TabletServer {
                         server_id,
                         peers,
                         transport: router.transport(&id),
+                        learn: Some(router.learner()),
                     })
                 }
             };
@@ -264,6 +265,7 @@ impl TabletServer {
             server_id: self.server_id,
             peers,
             transport: router.transport(id),
+            learn: Some(router.learner()),
         };
         let replica = Arc::new(TabletReplica::create(
             &dir,
@@ -277,8 +279,53 @@ impl TabletServer {
         Ok(replica)
     }
 
+    /// Creates this server's replica of tablet `id` from `copy` (taken on another replica of
+    /// the group `peers` describes); it joins the group as a learner.
+    pub fn install_replica(&self, id: &str, copy: TabletCopy, peers: Peers) -> Result<()> {
+        let router = self.router.as_ref().ok_or_else(|| {
+            EngineError::Unsupported("this server does not replicate tablets".into())
+        })?;
+        let mut replicas = self.replicas.write();
+        if replicas.contains_key(id) {
+            return Err(EngineError::InvalidTable(format!(
+                "tablet {id} already has a replica on this server"
+            )));
+        }
+        let dir = self.tablets_dir.join(id);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        router.learn(&peers.addresses);
+        let replication = Replication {
+            server_id: self.server_id,
+            peers,
+            transport: router.transport(id),
+            learn: Some(router.learner()),
+        };
+        let replica = TabletReplica::install(
+            &dir,
+            id,
+            copy,
+            self.options.clone(),
+            self.clock.clone(),
+            replication,
+        )
+        .inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&dir);
+        })?;
+        replicas.insert(id.to_string(), Arc::new(replica));
+        Ok(())
+    }
+
     pub fn server_id(&self) -> u64 {
         self.server_id
+    }
+
+    /// Records where server `id` listens.
+    pub fn learn_address(&self, id: u64, address: String) {
+        if let Some(router) = &self.router {
+            router.learn(&std::collections::BTreeMap::from([(id, address)]));
+        }
     }
 
     /// Where server `id` listens, if this server knows.
@@ -292,11 +339,18 @@ impl TabletServer {
             .replicas
             .read()
             .iter()
-            .map(|(id, r)| ReplicaStatus {
-                tablet_id: id.clone(),
-                leader: r.leader().unwrap_or(0),
-                last_applied: r.last_applied(),
-                estimated_rows: r.tablet().estimated_rows() as u64,
+            .map(|(id, r)| {
+                let group = r.group_state();
+                ReplicaStatus {
+                    tablet_id: id.clone(),
+                    leader: r.leader().unwrap_or(0),
+                    last_applied: r.last_applied(),
+                    estimated_rows: r.tablet().estimated_rows() as u64,
+                    voters: group.voters,
+                    learners: group.learners,
+                    commit: group.commit,
+                    disk_bytes: r.tablet().disk_bytes(),
+                }
             })
             .collect();
         replicas.sort_by(|a, b| a.tablet_id.cmp(&b.tablet_id));

@@ -90,6 +90,10 @@ enum Command {
         /// list on every master): the catalog is replicated among them. Empty: one master.
         #[arg(long, value_delimiter = ',')]
         masters: Vec<String>,
+        /// A tablet server silent for this long loses its replicas: they are re-created on
+        /// other servers.
+        #[arg(long, default_value_t = 300)]
+        follower_unavailable_secs: u64,
     },
     /// Run SQL: a script with -c/-f, or an interactive shell.
     Sql {
@@ -165,7 +169,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             flight_addr,
             default_replicas,
             masters,
-        } => master(data_dir, rpc_addr, flight_addr, default_replicas, masters).await,
+            follower_unavailable_secs,
+        } => {
+            master(
+                data_dir,
+                rpc_addr,
+                flight_addr,
+                default_replicas,
+                masters,
+                std::time::Duration::from_secs(follower_unavailable_secs),
+            )
+            .await
+        }
         Command::Sql {
             connect,
             data_dir,
@@ -222,6 +237,7 @@ async fn master(
     flight_addr: SocketAddr,
     default_replicas: usize,
     masters: Vec<String>,
+    unavailable: std::time::Duration,
 ) -> anyhow::Result<()> {
     use nyala_engine::host::Cluster;
     use nyala_engine::master::CATALOG_TABLET;
@@ -254,6 +270,7 @@ async fn master(
                 addresses,
             },
             transport: router.transport(CATALOG_TABLET),
+            learn: None,
         })
     };
     std::fs::create_dir_all(&data_dir)?;
@@ -267,6 +284,7 @@ async fn master(
             shutdown_signal(),
         );
     let heartbeats = tokio::spawn(heartbeats);
+    db.start_repairs(unavailable);
     let listener = tokio::net::TcpListener::bind(flight_addr)
         .await
         .with_context(|| format!("cannot listen on {flight_addr}"))?;

@@ -258,6 +258,11 @@ impl<SM: StateMachine> RaftNode<SM> {
         let _ = self.requests.send(Request::Step(message));
     }
 
+    /// This node's id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// The leader this node knows of, if any.
     pub fn leader(&self) -> Option<u64> {
         Some(self.leader.load(Ordering::Acquire)).filter(|&l| l != 0)

@@ -191,6 +191,11 @@ impl Database {
         )
     }
 
+    /// Starts re-replication (a cluster's master; see [`Client::start_repairs`]).
+    pub fn start_repairs(&self, unavailable: std::time::Duration) {
+        self.client.start_repairs(unavailable);
+    }
+
     /// The replica of the catalog (a master's, in a cluster).
     pub fn catalog_replica(&self) -> Arc<nyala_engine::replica::TabletReplica> {
         self.client.catalog()
