@@ -214,25 +214,21 @@ impl TabletServer {
 
     /// Creates an empty tablet replica; creating one that exists is a no-op.
     pub fn create_tablet(&self, id: &str, schema: &Schema) -> Result<Arc<TabletReplica>> {
-        let mut replicas = self.replicas.write();
-        if let Some(existing) = replicas.get(id) {
-            return Ok(existing.clone());
-        }
-        let dir = self.tablets_dir.join(id);
-        // A directory left by a crash half-way through an earlier creation holds nothing acknowledged.
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir)?;
-        }
-        let replica = Arc::new(TabletReplica::create(
-            &dir,
-            id,
-            schema.clone(),
-            self.options.clone(),
-            self.clock.clone(),
-            None,
-        )?);
-        replicas.insert(id.to_string(), replica.clone());
-        Ok(replica)
+        self.create(id, schema, None)
+    }
+
+    /// How this server's replica of tablet `id` reaches its `peers`.
+    fn replication(&self, id: &str, peers: Peers) -> Result<Replication> {
+        let router = self.router.as_ref().ok_or_else(|| {
+            EngineError::Unsupported("this server does not replicate tablets".into())
+        })?;
+        router.learn(&peers.addresses);
+        Ok(Replication {
+            server_id: self.server_id,
+            peers,
+            transport: router.transport(id),
+            learn: Some(router.learner()),
+        })
     }
 
     /// Creates this server's replica of a tablet replicated among `peers` (which must include
@@ -243,37 +239,38 @@ impl TabletServer {
         schema: &Schema,
         peers: Peers,
     ) -> Result<Arc<TabletReplica>> {
-        let router = self.router.as_ref().ok_or_else(|| {
-            EngineError::Unsupported("this server does not replicate tablets".into())
-        })?;
         if !peers.voters.contains(&self.server_id) {
             return Err(EngineError::InvalidTable(format!(
                 "tablet {id}: server {} is not among its replicas {:?}",
                 self.server_id, peers.voters
             )));
         }
+        self.create(id, schema, Some(peers))
+    }
+
+    fn create(
+        &self,
+        id: &str,
+        schema: &Schema,
+        peers: Option<Peers>,
+    ) -> Result<Arc<TabletReplica>> {
         let mut replicas = self.replicas.write();
         if let Some(existing) = replicas.get(id) {
             return Ok(existing.clone());
         }
         let dir = self.tablets_dir.join(id);
+        // A directory left by a crash half-way through an earlier creation holds nothing acknowledged.
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
         }
-        router.learn(&peers.addresses);
-        let replication = Replication {
-            server_id: self.server_id,
-            peers,
-            transport: router.transport(id),
-            learn: Some(router.learner()),
-        };
+        let replication = peers.map(|p| self.replication(id, p)).transpose()?;
         let replica = Arc::new(TabletReplica::create(
             &dir,
             id,
             schema.clone(),
             self.options.clone(),
             self.clock.clone(),
-            Some(replication),
+            replication,
         )?);
         replicas.insert(id.to_string(), replica.clone());
         Ok(replica)
@@ -282,9 +279,6 @@ impl TabletServer {
     /// Creates this server's replica of tablet `id` from `copy` (taken on another replica of
     /// the group `peers` describes); it joins the group as a learner.
     pub fn install_replica(&self, id: &str, copy: TabletCopy, peers: Peers) -> Result<()> {
-        let router = self.router.as_ref().ok_or_else(|| {
-            EngineError::Unsupported("this server does not replicate tablets".into())
-        })?;
         let mut replicas = self.replicas.write();
         if replicas.contains_key(id) {
             return Err(EngineError::InvalidTable(format!(
@@ -295,13 +289,7 @@ impl TabletServer {
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
         }
-        router.learn(&peers.addresses);
-        let replication = Replication {
-            server_id: self.server_id,
-            peers,
-            transport: router.transport(id),
-            learn: Some(router.learner()),
-        };
+        let replication = self.replication(id, peers)?;
         let replica = TabletReplica::install(
             &dir,
             id,

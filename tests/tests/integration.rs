@@ -31,6 +31,24 @@ fn nyala_bin() -> PathBuf {
     exe.parent().unwrap().parent().unwrap().join("nyala")
 }
 
+/// Starts `nyala <args> --data-dir <data_dir>`; returns the process and the first line it
+/// prints (where it listens).
+fn spawn_nyala(args: &[&str], data_dir: &Path) -> (Child, String) {
+    let mut child = Command::new(nyala_bin())
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start nyala (build it with: cargo build -p nyala-flight --bin nyala)");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (child, line)
+}
+
 /// A `nyala serve` child process; killed with SIGKILL on drop.
 struct Server {
     child: Child,
@@ -43,18 +61,9 @@ impl Server {
     }
 
     fn start_with(data_dir: &Path, args: &[&str]) -> Server {
-        let mut child = Command::new(nyala_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start nyala serve (build it with: cargo build -p nyala-flight --bin nyala)");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let mut all = vec!["serve", "--listen", "127.0.0.1:0"];
+        all.extend(args);
+        let (child, line) = spawn_nyala(&all, data_dir);
         let addr = line
             .split_whitespace()
             .find(|w| w.starts_with("grpc://"))
@@ -911,9 +920,8 @@ mod cluster {
     //! on a new leader, the killed server comes back from its log, and every replica ends with
     //! every acknowledged row exactly once.
 
-    use std::io::{BufRead, BufReader};
     use std::path::Path;
-    use std::process::{Child, Command, Stdio};
+    use std::process::Child;
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
@@ -923,7 +931,7 @@ mod cluster {
         ColumnSchema, ColumnType, ScanSpec, Schema, Timestamp, WriteBatch, WriteKind,
     };
 
-    use super::nyala_bin;
+    use super::spawn_nyala;
 
     struct TabletServerProcess {
         child: Child,
@@ -933,17 +941,13 @@ mod cluster {
 
     impl TabletServerProcess {
         fn start(dir: &Path, addr: &str) -> Self {
-            let mut child = Command::new(nyala_bin())
-                .args(["tserver", "--rpc-addr", addr, "--data-dir"])
-                .arg(dir)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("start nyala tserver");
-            let mut line = String::new();
-            BufReader::new(child.stdout.take().unwrap())
-                .read_line(&mut line)
-                .unwrap();
+            Self::start_with(dir, addr, &[])
+        }
+
+        fn start_with(dir: &Path, addr: &str, args: &[&str]) -> Self {
+            let mut all = vec!["tserver", "--rpc-addr", addr];
+            all.extend(args);
+            let (child, line) = spawn_nyala(&all, dir);
             // "Nyala tablet server <id> listening on <addr> (data: ...)"
             let words: Vec<&str> = line.split_whitespace().collect();
             let id = words
@@ -981,25 +985,9 @@ mod cluster {
         }
 
         fn start_with(dir: &Path, rpc: &str, flight: &str, args: &[&str]) -> Self {
-            let mut child = Command::new(nyala_bin())
-                .args([
-                    "master",
-                    "--rpc-addr",
-                    rpc,
-                    "--flight-addr",
-                    flight,
-                    "--data-dir",
-                ])
-                .arg(dir)
-                .args(args)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("start nyala master");
-            let mut line = String::new();
-            BufReader::new(child.stdout.take().unwrap())
-                .read_line(&mut line)
-                .unwrap();
+            let mut all = vec!["master", "--rpc-addr", rpc, "--flight-addr", flight];
+            all.extend(args);
+            let (child, line) = spawn_nyala(&all, dir);
             assert!(line.contains("listening"), "{line}");
             Self { child }
         }
@@ -1012,31 +1000,8 @@ mod cluster {
         }
     }
 
-    fn start_tserver(dir: &Path, addr: &str, master: &str) -> TabletServerProcess {
-        let mut child = Command::new(nyala_bin())
-            .args([
-                "tserver",
-                "--rpc-addr",
-                addr,
-                "--masters",
-                master,
-                "--data-dir",
-            ])
-            .arg(dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start nyala tserver");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let words: Vec<&str> = line.split_whitespace().collect();
-        TabletServerProcess {
-            child,
-            id: words[3].parse().unwrap(),
-            addr: words[6].to_string(),
-        }
+    fn start_tserver(dir: &Path, addr: &str, masters: &str) -> TabletServerProcess {
+        TabletServerProcess::start_with(dir, addr, &["--masters", masters])
     }
 
     async fn sql(flight: &str, statement: &str) -> Result<Vec<RecordBatch>, String> {
@@ -1091,11 +1056,7 @@ mod cluster {
         // The servers register with their first heartbeat.
         let create = "CREATE TABLE events (id BIGINT PRIMARY KEY, writer BIGINT) \
                       DISTRIBUTE BY HASH (id) INTO 3 BUCKETS WITH (replicas = 3)";
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while let Err(e) = sql(&flight_url, create).await {
-            assert!(Instant::now() < deadline, "{e}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        ddl_when_ready(&flight_url, create).await;
         let replicas = sql(
             &flight_url,
             "SELECT replicas FROM sys.partitions WHERE table_name = 'events'",
@@ -1103,28 +1064,7 @@ mod cluster {
         .await
         .unwrap();
         assert_eq!(column_i64(&replicas, 0), vec![3, 3, 3]);
-        // Two writers insert rows 10 at a time and record what was acknowledged.
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let writers: Vec<_> = (0..2i64)
-            .map(|w| {
-                let (url, stop) = (flight_url.clone(), stop.clone());
-                tokio::spawn(async move {
-                    let mut acknowledged = Vec::new();
-                    let mut next = 0i64;
-                    while !stop.load(std::sync::atomic::Ordering::Acquire) {
-                        let ids: Vec<i64> = (0..10).map(|i| (next * 10 + i) * 2 + w).collect();
-                        let values: Vec<String> =
-                            ids.iter().map(|id| format!("({id}, {w})")).collect();
-                        let insert = format!("INSERT INTO events VALUES {}", values.join(", "));
-                        if sql(&url, &insert).await.is_ok() {
-                            acknowledged.extend(ids);
-                        }
-                        next += 1;
-                    }
-                    acknowledged
-                })
-            })
-            .collect();
+        let writers = Writers::start(&flight_url, "events", 10);
         tokio::time::sleep(Duration::from_secs(2)).await;
         let leader_of_tablet_0 =
             "SELECT leader FROM sys.partitions WHERE table_name = 'events' AND tablet = 0";
@@ -1157,26 +1097,8 @@ mod cluster {
             killed.elapsed()
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
-        stop.store(true, std::sync::atomic::Ordering::Release);
-        let mut acknowledged = Vec::new();
-        for writer in writers {
-            acknowledged.extend(writer.await.unwrap());
-        }
-        let ids = |url: String| async move {
-            let mut ids = column_i64(&sql(&url, "SELECT id FROM events").await.unwrap(), 0);
-            ids.sort_unstable();
-            ids
-        };
-        let stored = ids(flight_url.clone()).await;
-        let mut distinct = stored.clone();
-        distinct.dedup();
-        assert_eq!(distinct.len(), stored.len(), "a row stored twice");
-        for id in &acknowledged {
-            assert!(
-                stored.binary_search(id).is_ok(),
-                "acknowledged row {id} lost"
-            );
-        }
+        let acknowledged = writers.finish().await;
+        let stored = stored_exactly_once(&flight_url, "events", &acknowledged).await;
         // Restart everything: the catalog and every row come back.
         servers[victim] = start_tserver(dirs[victim].path(), &addrs[victim], &rpc);
         drop(master.take());
@@ -1211,10 +1133,7 @@ mod cluster {
     /// kills (default 4; the long run in the README uses 50).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn random_process_kills_lose_no_acknowledged_row() {
-        let rounds: usize = std::env::var("NYALA_FAULT_ROUNDS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(4);
+        let rounds: usize = env_or("NYALA_FAULT_ROUNDS", 4);
         let master_dir = tempfile::tempdir().unwrap();
         let (rpc, flight) = (free_port(), free_port());
         let mut master = MasterProcess::start(master_dir.path(), &rpc, &flight);
@@ -1226,33 +1145,8 @@ mod cluster {
         let url = format!("http://{flight}");
         let create = "CREATE TABLE facts (id BIGINT PRIMARY KEY, w BIGINT) \
                       DISTRIBUTE BY HASH (id) INTO 3 BUCKETS WITH (replicas = 3)";
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while let Err(e) = sql(&url, create).await {
-            assert!(Instant::now() < deadline, "{e}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let writers: Vec<_> = (0..2i64)
-            .map(|w| {
-                let (url, stop) = (url.clone(), stop.clone());
-                tokio::spawn(async move {
-                    let mut acknowledged = Vec::new();
-                    let mut next = 0i64;
-                    while !stop.load(std::sync::atomic::Ordering::Acquire) {
-                        let ids: Vec<i64> = (0..5).map(|i| (next * 5 + i) * 2 + w).collect();
-                        let values: Vec<String> =
-                            ids.iter().map(|id| format!("({id}, {w})")).collect();
-                        let insert = format!("INSERT INTO facts VALUES {}", values.join(", "));
-                        match sql(&url, &insert).await {
-                            Ok(_) => acknowledged.extend(ids),
-                            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-                        }
-                        next += 1;
-                    }
-                    acknowledged
-                })
-            })
-            .collect();
+        ddl_when_ready(&url, create).await;
+        let writers = Writers::start(&url, "facts", 5);
         // A small deterministic generator: which process, how long it stays down.
         let mut state = 0x2545F4914F6CDD1Du64;
         let mut random = move |n: u64| {
@@ -1277,35 +1171,9 @@ mod cluster {
             eprintln!("fault round {round}: killed {victim} for {down:?}");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-        stop.store(true, std::sync::atomic::Ordering::Release);
-        let mut acknowledged = Vec::new();
-        for writer in writers {
-            acknowledged.extend(writer.await.unwrap());
-        }
+        let acknowledged = writers.finish().await;
         assert!(!acknowledged.is_empty());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let stored = loop {
-            match sql(&url, "SELECT id FROM facts").await {
-                Ok(batches) => {
-                    let mut ids = column_i64(&batches, 0);
-                    ids.sort_unstable();
-                    break ids;
-                }
-                Err(e) => {
-                    assert!(Instant::now() < deadline, "{e}");
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                }
-            }
-        };
-        let mut distinct = stored.clone();
-        distinct.dedup();
-        assert_eq!(distinct.len(), stored.len(), "a row stored twice");
-        for id in &acknowledged {
-            assert!(
-                stored.binary_search(id).is_ok(),
-                "acknowledged row {id} lost"
-            );
-        }
+        let stored = stored_exactly_once(&url, "facts", &acknowledged).await;
         eprintln!(
             "{} rows acknowledged, {} stored, after {rounds} kills",
             acknowledged.len(),
@@ -1427,10 +1295,7 @@ mod cluster {
     /// loaded first (default 20 000; about 1.5 M make a 100 MB tablet).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dead_servers_replicas_are_recreated_elsewhere() {
-        let rows: u64 = std::env::var("NYALA_REREPLICATION_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(20_000);
+        let rows: u64 = env_or("NYALA_REREPLICATION_ROWS", 20_000);
         let master_dir = tempfile::tempdir().unwrap();
         let (rpc, flight) = (free_port(), free_port());
         let _master = MasterProcess::start_with(
@@ -1446,11 +1311,7 @@ mod cluster {
             .collect();
         let url = format!("http://{flight}");
         let create = "CREATE TABLE r (k BIGINT PRIMARY KEY, v STRING) WITH (replicas = 3)";
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while let Err(e) = sql(&url, create).await {
-            assert!(Instant::now() < deadline, "{e}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        ddl_when_ready(&url, create).await;
         let insert = format!(
             "INSERT INTO r SELECT value, 'a value of some length, row ' || value \
              FROM generate_series(1, {rows}) AS g(value)"
@@ -1516,6 +1377,99 @@ mod cluster {
             .unwrap();
         let count = sql(&url, "SELECT count(*) FROM r").await.unwrap();
         assert_eq!(column_i64(&count, 0), vec![rows as i64 + 1]);
+    }
+
+    /// Runs DDL once the master can place it (the tablet servers register with their first
+    /// heartbeat).
+    async fn ddl_when_ready(url: &str, statement: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while let Err(e) = sql(url, statement).await {
+            assert!(Instant::now() < deadline, "{e}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Two clients inserting `(id, writer)` rows, `batch` per statement, each remembering the
+    /// ids acknowledged.
+    struct Writers {
+        stop: Arc<std::sync::atomic::AtomicBool>,
+        tasks: Vec<tokio::task::JoinHandle<Vec<i64>>>,
+    }
+
+    impl Writers {
+        fn start(url: &str, table: &str, batch: i64) -> Self {
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let tasks = (0..2i64)
+                .map(|w| {
+                    let (url, table, stop) = (url.to_string(), table.to_string(), stop.clone());
+                    tokio::spawn(async move {
+                        let mut acknowledged = Vec::new();
+                        let mut next = 0i64;
+                        while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                            let ids: Vec<i64> =
+                                (0..batch).map(|i| (next * batch + i) * 2 + w).collect();
+                            let values: Vec<String> =
+                                ids.iter().map(|id| format!("({id}, {w})")).collect();
+                            let insert =
+                                format!("INSERT INTO {table} VALUES {}", values.join(", "));
+                            match sql(&url, &insert).await {
+                                Ok(_) => acknowledged.extend(ids),
+                                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                            }
+                            next += 1;
+                        }
+                        acknowledged
+                    })
+                })
+                .collect();
+            Self { stop, tasks }
+        }
+
+        /// Stops the writers; every id acknowledged.
+        async fn finish(self) -> Vec<i64> {
+            self.stop.store(true, std::sync::atomic::Ordering::Release);
+            let mut acknowledged = Vec::new();
+            for task in self.tasks {
+                acknowledged.extend(task.await.unwrap());
+            }
+            acknowledged
+        }
+    }
+
+    /// The ids stored in `table` (sorted), checked: none twice, every acknowledged one there.
+    async fn stored_exactly_once(url: &str, table: &str, acknowledged: &[i64]) -> Vec<i64> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let stored = loop {
+            match sql(url, &format!("SELECT id FROM {table}")).await {
+                Ok(batches) => {
+                    let mut ids = column_i64(&batches, 0);
+                    ids.sort_unstable();
+                    break ids;
+                }
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "{e}");
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            }
+        };
+        let mut distinct = stored.clone();
+        distinct.dedup();
+        assert_eq!(distinct.len(), stored.len(), "a row stored twice");
+        for id in acknowledged {
+            assert!(
+                stored.binary_search(id).is_ok(),
+                "acknowledged row {id} lost"
+            );
+        }
+        stored
+    }
+
+    /// The number in environment variable `name`, or `default`.
+    fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
     }
 
     fn free_port() -> String {
@@ -1626,10 +1580,7 @@ mod cluster {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_replicated_tablet_survives_killing_its_leader() {
-        let rounds: usize = std::env::var("NYALA_FAILOVER_ROUNDS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2);
+        let rounds: usize = env_or("NYALA_FAILOVER_ROUNDS", 2);
         let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
         let addrs: Vec<String> = (0..3).map(|_| free_port()).collect();
         let mut servers: Vec<TabletServerProcess> = (0..3)
