@@ -18,6 +18,7 @@ use crate::clock::HybridClock;
 use crate::host::{Cluster, TabletHost};
 use crate::master::{ColumnChange, Master, TableInfo};
 use crate::partition::{PartitionSchema, RangeSpec};
+use crate::remote::{DdlOp, RemoteMaster};
 use crate::tserver::TabletServer;
 use crate::{EngineError, Result};
 
@@ -40,8 +41,14 @@ pub struct Client {
 }
 
 struct Inner {
-    master: Master,
+    master: MasterHandle,
     host: TabletHost,
+}
+
+/// The catalog: this process's master, or the masters of the cluster a coordinator belongs to.
+enum MasterHandle {
+    Local(Master),
+    Remote(Arc<RemoteMaster>),
 }
 
 impl std::fmt::Debug for Client {
@@ -72,7 +79,23 @@ impl Client {
         let host = TabletHost::Local(tserver);
         let master = Master::open(&data_dir.join("master"), clock, host.clone(), None)?;
         Ok(Self {
-            inner: Arc::new(Inner { master, host }),
+            inner: Arc::new(Inner {
+                master: MasterHandle::Local(master),
+                host,
+            }),
+        })
+    }
+
+    /// A coordinator of the cluster whose masters listen at `masters`: it reads the catalog
+    /// and the tablet servers from them, and sends DDL to the one that leads the catalog.
+    pub async fn connect_cluster(masters: Vec<String>) -> Result<Self> {
+        let cluster = Cluster::new(3, tokio::runtime::Handle::current());
+        let remote = RemoteMaster::connect(masters, cluster.clone()).await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                master: MasterHandle::Remote(remote),
+                host: TabletHost::Cluster(cluster),
+            }),
         })
     }
 
@@ -88,7 +111,10 @@ impl Client {
         let host = TabletHost::Cluster(cluster);
         let master = Master::open(&data_dir.join("master"), clock, host.clone(), replication)?;
         Ok(Self {
-            inner: Arc::new(Inner { master, host }),
+            inner: Arc::new(Inner {
+                master: MasterHandle::Local(master),
+                host,
+            }),
         })
     }
 
@@ -100,41 +126,102 @@ impl Client {
         if_not_exists: bool,
         replicas: usize,
     ) -> Result<bool> {
-        self.inner
-            .master
-            .create_table(name, schema, partition, if_not_exists, replicas)
-            .await
+        match &self.inner.master {
+            MasterHandle::Local(m) => {
+                m.create_table(name, schema, partition, if_not_exists, replicas)
+                    .await
+            }
+            MasterHandle::Remote(r) => {
+                r.ddl(DdlOp::CreateTable {
+                    name: name.into(),
+                    schema,
+                    partition,
+                    if_not_exists,
+                    replicas,
+                })
+                .await
+            }
+        }
     }
 
     pub async fn rename_table(&self, name: &str, new_name: &str) -> Result<()> {
-        self.inner.master.rename_table(name, new_name).await
+        match &self.inner.master {
+            MasterHandle::Local(m) => m.rename_table(name, new_name).await,
+            MasterHandle::Remote(r) => r
+                .ddl(DdlOp::RenameTable {
+                    name: name.into(),
+                    new_name: new_name.into(),
+                })
+                .await
+                .map(drop),
+        }
     }
 
     pub async fn alter_columns(&self, name: &str, changes: &[ColumnChange]) -> Result<()> {
-        self.inner.master.alter_columns(name, changes).await
+        match &self.inner.master {
+            MasterHandle::Local(m) => m.alter_columns(name, changes).await,
+            MasterHandle::Remote(r) => r
+                .ddl(DdlOp::AlterColumns {
+                    name: name.into(),
+                    changes: changes.to_vec(),
+                })
+                .await
+                .map(drop),
+        }
     }
 
     pub async fn add_range_partition(&self, name: &str, range: &RangeSpec) -> Result<()> {
-        self.inner.master.add_range_partition(name, range).await
+        match &self.inner.master {
+            MasterHandle::Local(m) => m.add_range_partition(name, range).await,
+            MasterHandle::Remote(r) => r
+                .ddl(DdlOp::AddRangePartition {
+                    name: name.into(),
+                    range: range.clone(),
+                })
+                .await
+                .map(drop),
+        }
     }
 
     pub async fn drop_range_partition(&self, name: &str, range: &RangeSpec) -> Result<()> {
-        self.inner.master.drop_range_partition(name, range).await
+        match &self.inner.master {
+            MasterHandle::Local(m) => m.drop_range_partition(name, range).await,
+            MasterHandle::Remote(r) => r
+                .ddl(DdlOp::DropRangePartition {
+                    name: name.into(),
+                    range: range.clone(),
+                })
+                .await
+                .map(drop),
+        }
     }
 
     pub async fn drop_table(&self, name: &str, if_exists: bool) -> Result<bool> {
-        self.inner.master.drop_table(name, if_exists).await
+        match &self.inner.master {
+            MasterHandle::Local(m) => m.drop_table(name, if_exists).await,
+            MasterHandle::Remote(r) => {
+                r.ddl(DdlOp::DropTable {
+                    name: name.into(),
+                    if_exists,
+                })
+                .await
+            }
+        }
     }
 
     pub fn table(&self, name: &str) -> Result<TableHandle> {
-        self.inner
-            .master
-            .table(name)
-            .ok_or_else(|| EngineError::TableNotFound(name.into()))
+        let table = match &self.inner.master {
+            MasterHandle::Local(m) => m.table(name),
+            MasterHandle::Remote(r) => r.table(name),
+        };
+        table.ok_or_else(|| EngineError::TableNotFound(name.into()))
     }
 
     pub fn tables(&self) -> Vec<TableHandle> {
-        self.inner.master.tables()
+        match &self.inner.master {
+            MasterHandle::Local(m) => m.tables(),
+            MasterHandle::Remote(r) => r.tables(),
+        }
     }
 
     /// Writes `rows` (see [`WriteBatch`] for the columns each kind needs) to `table`.
@@ -244,16 +331,22 @@ impl Client {
             loop {
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                 let Some(inner) = inner.upgrade() else { return };
-                if let Err(e) = inner.master.repair_once(&cluster, unavailable).await {
+                let MasterHandle::Local(master) = &inner.master else {
+                    return;
+                };
+                if let Err(e) = master.repair_once(&cluster, unavailable).await {
                     tracing::warn!(error = %e, "re-replication failed; retrying");
                 }
             }
         });
     }
 
-    /// The catalog's replica.
-    pub fn catalog(&self) -> Arc<crate::replica::TabletReplica> {
-        self.inner.master.catalog().clone()
+    /// The catalog's replica (None on a coordinator that is not a master).
+    pub fn catalog(&self) -> Option<Arc<crate::replica::TabletReplica>> {
+        match &self.inner.master {
+            MasterHandle::Local(m) => Some(m.catalog().clone()),
+            MasterHandle::Remote(_) => None,
+        }
     }
 
     /// Flushes every tablet and the catalog, then stops them.
@@ -262,7 +355,10 @@ impl Client {
             TabletHost::Local(tserver) => tserver.shutdown(),
             TabletHost::Cluster(_) => Ok(()),
         };
-        let catalog = self.inner.master.shutdown();
+        let catalog = match &self.inner.master {
+            MasterHandle::Local(m) => m.shutdown(),
+            MasterHandle::Remote(_) => Ok(()),
+        };
         tablets.and(catalog)
     }
 }

@@ -232,6 +232,19 @@ impl Cluster {
         );
     }
 
+    /// Every live server's address and last heartbeat (for coordinators that are not masters).
+    pub fn view(&self) -> Vec<crate::rpc::Heartbeat> {
+        self.servers
+            .read()
+            .values()
+            .filter(|s| s.last_seen.elapsed() < SERVER_TIMEOUT)
+            .map(|s| crate::rpc::Heartbeat {
+                address: s.address.clone(),
+                status: Some(s.status.clone()),
+            })
+            .collect()
+    }
+
     /// The servers heard from recently: (id, address, replicas held).
     pub fn live_servers(&self) -> Vec<(u64, String, usize)> {
         self.servers

@@ -18,6 +18,7 @@ pub mod error;
 pub mod host;
 pub mod master;
 pub mod partition;
+pub mod remote;
 pub mod replica;
 pub mod rpc;
 pub mod tserver;

@@ -47,7 +47,7 @@ pub struct TableInfo {
 }
 
 /// One change of `ALTER TABLE ... ADD | DROP | RENAME COLUMN`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ColumnChange {
     Add(ColumnSchema),
     Drop(String),

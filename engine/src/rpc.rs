@@ -20,8 +20,11 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::mpsc;
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 
+use crate::client::Client;
 use crate::host::Cluster;
+use crate::master::TableInfo;
 use crate::master::CATALOG_TABLET;
+use crate::remote::DdlOp;
 use crate::replica::{Peers, TabletCopy, TabletReplica};
 use crate::tserver::TabletServer;
 use crate::{EngineError, Result};
@@ -34,7 +37,7 @@ const CALL_PATH: &str = "/nyala.Internal/Call";
 pub struct RpcRequest {
     #[prost(
         oneof = "request::Kind",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15"
     )]
     pub kind: Option<request::Kind>,
 }
@@ -72,6 +75,12 @@ pub mod request {
         /// To a tablet's leader: one membership change.
         #[prost(message, tag = "13")]
         ChangeMembership(super::ChangeMembership),
+        /// To a master: the catalog and the tablet servers' last heartbeats.
+        #[prost(message, tag = "14")]
+        ClusterView(super::StatusRequest),
+        /// To a master: DDL (a [`crate::remote::DdlOp`] as JSON).
+        #[prost(message, tag = "15")]
+        Ddl(super::DdlRequest),
     }
 }
 
@@ -106,6 +115,17 @@ pub struct RpcResponse {
     pub snapshot: u64,
     #[prost(message, optional, tag = "11")]
     pub copy: Option<TabletFiles>,
+    /// Every table's definition (JSON).
+    #[prost(string, tag = "12")]
+    pub catalog_json: String,
+    #[prost(message, repeated, tag = "13")]
+    pub servers: Vec<Heartbeat>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DdlRequest {
+    #[prost(string, tag = "1")]
+    pub json: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -572,6 +592,8 @@ impl Transport for ReplicaTransport {
 pub struct InternalService {
     server: Option<Arc<TabletServer>>,
     cluster: Option<Arc<Cluster>>,
+    /// A master's client: its catalog and DDL.
+    client: Option<Client>,
     /// A master's replica of the replicated catalog.
     catalog: Option<Arc<TabletReplica>>,
     scanners: Arc<Scanners>,
@@ -583,6 +605,7 @@ impl InternalService {
         Self {
             server: Some(server),
             cluster: None,
+            client: None,
             catalog: None,
             scanners: Arc::default(),
         }
@@ -590,11 +613,12 @@ impl InternalService {
 
     /// The service of a master, which tablet servers send heartbeats to (and, with several
     /// masters, the others the Raft messages of the catalog).
-    pub fn master(cluster: Arc<Cluster>, catalog: Option<Arc<TabletReplica>>) -> Self {
+    pub fn master(cluster: Arc<Cluster>, client: Client) -> Self {
         Self {
             server: None,
             cluster: Some(cluster),
-            catalog,
+            catalog: client.catalog(),
+            client: Some(client),
             scanners: Arc::default(),
         }
     }
@@ -610,6 +634,36 @@ impl InternalService {
                     RpcResponse::default()
                 }
                 _ => RpcResponse::error("this server is not a master"),
+            };
+        }
+        if let request::Kind::ClusterView(_) = kind {
+            let (Some(cluster), Some(client)) = (&self.cluster, &self.client) else {
+                return RpcResponse::error("this server is not a master");
+            };
+            let tables: Vec<TableInfo> = client.tables().iter().map(|t| (**t).clone()).collect();
+            return match serde_json::to_string(&tables) {
+                Ok(catalog_json) => RpcResponse {
+                    catalog_json,
+                    servers: cluster.view(),
+                    ..RpcResponse::default()
+                },
+                Err(e) => RpcResponse::error(e),
+            };
+        }
+        if let request::Kind::Ddl(ddl) = kind {
+            let Some(client) = &self.client else {
+                return RpcResponse::error("this server is not a master");
+            };
+            return match run_ddl(client, &ddl.json).await {
+                Ok(done) => RpcResponse {
+                    rows: u64::from(done),
+                    ..RpcResponse::default()
+                },
+                Err(e @ EngineError::NotLeaderMaster { .. }) => RpcResponse {
+                    not_leader: true,
+                    ..RpcResponse::error(e)
+                },
+                Err(e) => RpcResponse::error(e),
             };
         }
         if let request::Kind::Raft(batch) = kind {
@@ -634,9 +688,10 @@ impl InternalService {
         };
         let scanners = self.scanners;
         match kind {
-            request::Kind::Heartbeat(_) | request::Kind::Raft(_) => {
-                unreachable!("answered above")
-            }
+            request::Kind::Heartbeat(_)
+            | request::Kind::Raft(_)
+            | request::Kind::ClusterView(_)
+            | request::Kind::Ddl(_) => unreachable!("answered above"),
             request::Kind::CreateReplica(create) => {
                 let schema: Schema = match serde_json::from_str(&create.schema_json) {
                     Ok(schema) => schema,
@@ -907,5 +962,39 @@ pub async fn heartbeat_loop(server: Arc<TabletServer>, address: String, masters:
             }
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Runs DDL that a coordinator sent (on this master, which must lead the catalog).
+async fn run_ddl(client: &Client, json: &str) -> Result<bool> {
+    let op: DdlOp = serde_json::from_str(json)
+        .map_err(|e| EngineError::InvalidTable(format!("bad DDL: {e}")))?;
+    match op {
+        DdlOp::CreateTable {
+            name,
+            schema,
+            partition,
+            if_not_exists,
+            replicas,
+        } => {
+            client
+                .create_table(&name, schema, partition, if_not_exists, replicas)
+                .await
+        }
+        DdlOp::DropTable { name, if_exists } => client.drop_table(&name, if_exists).await,
+        DdlOp::RenameTable { name, new_name } => {
+            client.rename_table(&name, &new_name).await.map(|()| true)
+        }
+        DdlOp::AlterColumns { name, changes } => {
+            client.alter_columns(&name, &changes).await.map(|()| true)
+        }
+        DdlOp::AddRangePartition { name, range } => client
+            .add_range_partition(&name, &range)
+            .await
+            .map(|()| true),
+        DdlOp::DropRangePartition { name, range } => client
+            .drop_range_partition(&name, &range)
+            .await
+            .map(|()| true),
     }
 }

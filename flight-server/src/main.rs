@@ -70,6 +70,9 @@ enum Command {
         /// The masters' internal RPC addresses (comma-separated), to send heartbeats to.
         #[arg(long, value_delimiter = ',')]
         masters: Vec<String>,
+        /// Also serve Flight SQL here, as a coordinator of the cluster (needs --masters).
+        #[arg(long, requires = "masters")]
+        flight_addr: Option<SocketAddr>,
     },
     /// Run the master of a cluster: the catalog, placement of tablet replicas on the tablet
     /// servers that send it heartbeats, and Flight SQL for clients.
@@ -162,7 +165,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             rpc_addr,
             memory_limit_mb,
             masters,
-        } => tserver(data_dir, rpc_addr, memory_limit_mb << 20, masters).await,
+            flight_addr,
+        } => {
+            tserver(
+                data_dir,
+                rpc_addr,
+                memory_limit_mb << 20,
+                masters,
+                flight_addr,
+            )
+            .await
+        }
         Command::Master {
             data_dir,
             rpc_addr,
@@ -278,7 +291,7 @@ async fn master(
         .await
         .with_context(|| format!("cannot open the master in {}", data_dir.display()))?;
     let heartbeats = tonic::transport::Server::builder()
-        .add_service(InternalService::master(cluster, Some(db.catalog_replica())))
+        .add_service(InternalService::master(cluster, db.client()))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(rpc),
             shutdown_signal(),
@@ -289,10 +302,10 @@ async fn master(
         .await
         .with_context(|| format!("cannot listen on {flight_addr}"))?;
     let addr = listener.local_addr()?;
-    println!(
+    announce(&format!(
         "Nyala master listening on grpc://{addr} (internal RPC {rpc_addr}, data: {})",
         data_dir.display()
-    );
+    ));
     let options = ServerOptions {
         location: Some(format!("grpc+tcp://{addr}")),
         credentials: None,
@@ -308,6 +321,7 @@ async fn tserver(
     rpc_addr: SocketAddr,
     memory_limit: usize,
     masters: Vec<String>,
+    flight_addr: Option<SocketAddr>,
 ) -> anyhow::Result<()> {
     use nyala_engine::clock::HybridClock;
     use nyala_engine::rpc::{InternalService, RaftRouter};
@@ -330,27 +344,68 @@ async fn tserver(
         .await
         .with_context(|| format!("cannot listen on {rpc_addr}"))?;
     let addr = listener.local_addr()?;
-    println!(
+    announce(&format!(
         "Nyala tablet server {} listening on {addr} (data: {})",
         server.server_id(),
         data_dir.display()
-    );
+    ));
     if !masters.is_empty() {
         tokio::spawn(nyala_engine::rpc::heartbeat_loop(
             server.clone(),
             addr.to_string(),
-            masters,
+            masters.clone(),
         ));
     }
-    tonic::transport::Server::builder()
+    let rpc = tonic::transport::Server::builder()
         .add_service(InternalService::new(server.clone()))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
             shutdown_signal(),
-        )
-        .await?;
+        );
+    match flight_addr {
+        None => rpc.await?,
+        Some(flight_addr) => {
+            let rpc = tokio::spawn(rpc);
+            coordinate(masters, flight_addr).await?;
+            rpc.abort();
+        }
+    }
     tokio::task::spawn_blocking(move || server.shutdown()).await??;
     Ok(())
+}
+
+/// Serves Flight SQL at `flight_addr` as a coordinator of the cluster whose masters are
+/// `masters`, until a shutdown signal.
+async fn coordinate(masters: Vec<String>, flight_addr: SocketAddr) -> anyhow::Result<()> {
+    // The masters may still be starting.
+    let started = std::time::Instant::now();
+    let db = loop {
+        match Database::connect_cluster(masters.clone()).await {
+            Ok(db) => break db,
+            Err(e) if started.elapsed() > std::time::Duration::from_secs(60) => {
+                return Err(e).context("cannot reach a master");
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+    };
+    let listener = tokio::net::TcpListener::bind(flight_addr)
+        .await
+        .with_context(|| format!("cannot listen on {flight_addr}"))?;
+    let addr = listener.local_addr()?;
+    announce(&format!("Nyala coordinator listening on grpc://{addr}"));
+    let options = ServerOptions {
+        location: Some(format!("grpc+tcp://{addr}")),
+        credentials: None,
+    };
+    nyala_flight::serve(db, listener, options, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Prints a status line (where a server listens) to stdout; a closed stdout is not an error.
+fn announce(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -376,10 +431,10 @@ async fn serve(
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
-    println!(
+    announce(&format!(
         "Nyala listening on grpc://{addr} (data: {})",
         data_dir.display()
-    );
+    ));
     let advertised = advertise.unwrap_or_else(|| addr.to_string());
     let options = ServerOptions {
         location: Some(format!(

@@ -196,9 +196,16 @@ impl Database {
         self.client.start_repairs(unavailable);
     }
 
-    /// The replica of the catalog (a master's, in a cluster).
-    pub fn catalog_replica(&self) -> Arc<nyala_engine::replica::TabletReplica> {
-        self.client.catalog()
+    /// The engine client under the SQL layer (a master hands it to its internal RPC).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// A coordinator of the cluster whose masters listen at `masters` (a tablet server serving
+    /// Flight SQL): catalog from the masters, DDL through the leading one.
+    pub async fn connect_cluster(masters: Vec<String>) -> Result<Arc<Database>> {
+        let client = Client::connect_cluster(masters).await?;
+        Ok(Arc::new(Database { client }))
     }
 
     /// Flushes and stops every tablet; the database must not be used afterwards.

@@ -1379,6 +1379,52 @@ mod cluster {
         assert_eq!(column_i64(&count, 0), vec![rows as i64 + 1]);
     }
 
+    /// A tablet server started with `--flight-addr` serves Flight SQL as a coordinator: DDL
+    /// goes to the master, reads and writes to the tablets' leaders, and what it does is what
+    /// the master's endpoint sees.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tablet_server_coordinates_sql() {
+        let master_dir = tempfile::tempdir().unwrap();
+        let (rpc, flight) = (free_port(), free_port());
+        let _master = MasterProcess::start(master_dir.path(), &rpc, &flight);
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let coordinator = free_port();
+        let _servers: Vec<TabletServerProcess> = (0..3)
+            .map(|i| match i {
+                0 => TabletServerProcess::start_with(
+                    dirs[i].path(),
+                    &free_port(),
+                    &["--masters", &rpc, "--flight-addr", &coordinator],
+                ),
+                _ => start_tserver(dirs[i].path(), &free_port(), &rpc),
+            })
+            .collect();
+        let via_tserver = format!("http://{coordinator}");
+        // The coordinator listens once it has reached the master.
+        let create = "CREATE TABLE c (k BIGINT PRIMARY KEY, v STRING) \
+                      DISTRIBUTE BY HASH (k) INTO 2 BUCKETS WITH (replicas = 3)";
+        ddl_when_ready(&via_tserver, create).await;
+        sql(
+            &via_tserver,
+            "INSERT INTO c SELECT value, 'x' FROM generate_series(1, 100) AS g(value)",
+        )
+        .await
+        .unwrap();
+        sql(&via_tserver, "ALTER TABLE c ADD COLUMN w BIGINT DEFAULT 7")
+            .await
+            .unwrap();
+        let query = "SELECT count(*), sum(w) FROM c";
+        let here = sql(&via_tserver, query).await.unwrap();
+        assert_eq!(column_i64(&here, 0), vec![100]);
+        assert_eq!(column_i64(&here, 1), vec![700]);
+        let there = sql(&format!("http://{flight}"), query).await.unwrap();
+        assert_eq!(column_i64(&there, 1), vec![700]);
+        let e = sql(&via_tserver, "CREATE TABLE c (k BIGINT PRIMARY KEY)")
+            .await
+            .unwrap_err();
+        assert!(e.contains("already exists"), "{e}");
+    }
+
     /// Runs DDL once the master can place it (the tablet servers register with their first
     /// heartbeat).
     async fn ddl_when_ready(url: &str, statement: &str) {
