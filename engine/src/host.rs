@@ -194,6 +194,9 @@ struct ServerEntry {
 /// The tablet servers of a cluster, as their heartbeats describe them.
 pub struct Cluster {
     servers: RwLock<BTreeMap<u64, ServerEntry>>,
+    /// Since when each tablet's leader has reported a member it does not hear from, by
+    /// (tablet, server).
+    inactive_since: RwLock<HashMap<(String, u64), Instant>>,
     /// The leader each tablet had when last asked, by tablet id.
     leaders: RwLock<HashMap<String, u64>>,
     clients: Mutex<HashMap<String, RpcClient>>,
@@ -206,6 +209,7 @@ impl Cluster {
     pub fn new(default_replicas: usize, runtime: tokio::runtime::Handle) -> Arc<Self> {
         Arc::new(Self {
             servers: RwLock::default(),
+            inactive_since: RwLock::default(),
             leaders: RwLock::default(),
             clients: Mutex::default(),
             default_replicas: default_replicas.max(1),
@@ -216,12 +220,22 @@ impl Cluster {
     /// Records a tablet server's heartbeat.
     pub fn heartbeat(&self, address: String, status: ServerStatus) {
         let mut leaders = self.leaders.write();
+        let mut inactive = self.inactive_since.write();
         for replica in &status.replicas {
             if replica.leader != 0 {
                 leaders.insert(replica.tablet_id.clone(), replica.leader);
             }
+            if replica.leader == status.server_id {
+                inactive
+                    .retain(|(t, s), _| *t != replica.tablet_id || replica.inactive.contains(s));
+                for &member in &replica.inactive {
+                    inactive
+                        .entry((replica.tablet_id.clone(), member))
+                        .or_insert_with(Instant::now);
+                }
+            }
         }
-        drop(leaders);
+        drop((leaders, inactive));
         self.servers.write().insert(
             status.server_id,
             ServerEntry {
@@ -258,6 +272,15 @@ impl Cluster {
     /// How long ago server `id` was last heard from (None: never).
     pub fn silent_for(&self, id: u64) -> Option<Duration> {
         self.servers.read().get(&id).map(|s| s.last_seen.elapsed())
+    }
+
+    /// How long the leader of `tablet` has not heard from its member `server` (None: it
+    /// does).
+    pub fn unreachable_for(&self, tablet: &str, server: u64) -> Option<Duration> {
+        self.inactive_since
+            .read()
+            .get(&(tablet.to_string(), server))
+            .map(Instant::elapsed)
     }
 
     /// The leader of `tablet` as heartbeats last reported it.

@@ -299,7 +299,8 @@ impl Master {
     }
 
     /// Re-replication, one tablet at a time (on the master that leads the catalog): a tablet
-    /// with a replica on a server silent for longer than `unavailable` gets a new replica on a
+    /// with a replica on a server silent for longer than `unavailable`, or that the tablet's
+    /// leader has not heard from for that long, gets a new replica on a
     /// live server that has none: copied from the leader, added as a learner, promoted to voter
     /// once it has caught up, and then the silent member is removed and the catalog updated.
     /// Returns whether a tablet was repaired.
@@ -309,10 +310,14 @@ impl Master {
         }
         for table in self.tables() {
             for (tablet, servers) in &table.placement {
-                let Some(&dead) = servers
-                    .iter()
-                    .find(|s| cluster.silent_for(**s).is_none_or(|t| t > unavailable))
-                else {
+                // A member whose server is silent, or whom the leader does not hear from.
+                let gone = |s: u64| {
+                    cluster.silent_for(s).is_none_or(|t| t > unavailable)
+                        || cluster
+                            .unreachable_for(tablet, s)
+                            .is_some_and(|t| t > unavailable)
+                };
+                let Some(&dead) = servers.iter().find(|s| gone(**s)) else {
                     continue;
                 };
                 let Some(leader) = cluster

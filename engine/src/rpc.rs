@@ -289,6 +289,9 @@ pub struct ReplicaStatus {
     pub commit: u64,
     #[prost(uint64, tag = "8")]
     pub disk_bytes: u64,
+    /// On the leader: members it has not heard from within an election timeout.
+    #[prost(uint64, repeated, tag = "9")]
+    pub inactive: Vec<u64>,
 }
 
 impl RpcResponse {

@@ -338,6 +338,7 @@ impl TabletServer {
                     learners: group.learners,
                     commit: group.commit,
                     disk_bytes: r.tablet().disk_bytes(),
+                    inactive: group.inactive,
                 }
             })
             .collect();

@@ -91,6 +91,8 @@ pub struct GroupState {
     pub learners: Vec<u64>,
     /// On the leader: how far each member's log matches its own.
     pub matched: Vec<(u64, u64)>,
+    /// On the leader: the members it has not heard from within the last election timeout.
+    pub inactive: Vec<u64>,
 }
 
 /// Handle to a Raft group's thread. Dropping it stops the thread.
@@ -177,6 +179,8 @@ impl<SM: StateMachine> RaftNode<SM> {
             state: state.clone(),
             tick: config.tick,
             pending_change: None,
+            failed_elections: 0,
+            campaigning: false,
         };
         if single {
             worker.raw.campaign()?;
@@ -340,6 +344,10 @@ struct Worker<SM: StateMachine> {
     tick: Duration,
     /// The membership change in flight: its entry index and who waits for it.
     pending_change: Option<(u64, Reply<()>)>,
+    /// Elections this node started since it last saw a leader, and whether it was campaigning
+    /// at the last ready (for back-off).
+    failed_elections: u32,
+    campaigning: bool,
 }
 
 impl<SM: StateMachine> Worker<SM> {
@@ -347,7 +355,8 @@ impl<SM: StateMachine> Worker<SM> {
         let mut last_tick = Instant::now();
         loop {
             let mut requests = Vec::new();
-            match inbox.recv_timeout(self.tick.saturating_sub(last_tick.elapsed())) {
+            let tick = self.current_tick();
+            match inbox.recv_timeout(tick.saturating_sub(last_tick.elapsed())) {
                 Ok(request) => requests.push(request),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
@@ -383,7 +392,7 @@ impl<SM: StateMachine> Worker<SM> {
                     Request::Stop => return,
                 }
             }
-            if last_tick.elapsed() >= self.tick {
+            if last_tick.elapsed() >= tick {
                 self.raw.tick();
                 last_tick = Instant::now();
             }
@@ -505,11 +514,30 @@ impl<SM: StateMachine> Worker<SM> {
         Ok(())
     }
 
+    /// The Raft clock: while elections keep failing (no leader emerges), this node's ticks slow
+    /// down exponentially (up to 8 times), so competing candidates stop colliding.
+    fn current_tick(&self) -> Duration {
+        if self.raw.raft.leader_id != 0 {
+            return self.tick;
+        }
+        self.tick * (1 << self.failed_elections.min(3))
+    }
+
     /// Publishes who leads; a node that stopped leading fails its waiting proposals (their
     /// entries may still commit under the new leader, or be replaced: the outcome is unknown).
     fn track_leader(&mut self) {
         let leader = self.raw.raft.leader_id;
         self.leader.store(leader, Ordering::Release);
+        let campaigning = matches!(
+            self.raw.raft.state,
+            StateRole::Candidate | StateRole::PreCandidate
+        );
+        if leader != 0 {
+            self.failed_elections = 0;
+        } else if campaigning && !self.campaigning {
+            self.failed_elections += 1;
+        }
+        self.campaigning = campaigning;
         {
             let conf = self.log.conf_state();
             let mut state = self.state.lock();
@@ -518,16 +546,24 @@ impl<SM: StateMachine> Worker<SM> {
             state.commit = self.raw.raft.raft_log.committed;
             state.voters = conf.voters.clone();
             state.learners = conf.learners.clone();
-            state.matched = match self.raw.raft.state {
-                StateRole::Leader => self
+            let leading = self.raw.raft.state == StateRole::Leader;
+            let me = self.raw.raft.id;
+            let progress: Vec<(u64, u64, bool)> = match leading {
+                true => self
                     .raw
                     .raft
                     .prs()
                     .iter()
-                    .map(|(id, p)| (*id, p.matched))
+                    .map(|(id, p)| (*id, p.matched, p.recent_active))
                     .collect(),
-                _ => Vec::new(),
+                false => Vec::new(),
             };
+            state.matched = progress.iter().map(|&(id, m, _)| (id, m)).collect();
+            state.inactive = progress
+                .iter()
+                .filter(|&&(id, _, active)| id != me && !active)
+                .map(|&(id, _, _)| id)
+                .collect();
         }
         if self.raw.raft.state != StateRole::Leader {
             if let Some((_, reply)) = self.pending_change.take() {
