@@ -219,6 +219,47 @@ impl Cluster {
 
     /// Records a tablet server's heartbeat.
     pub fn heartbeat(&self, address: String, status: ServerStatus) {
+        self.report(address, status, true, &[]);
+    }
+
+    /// Records a tablet server's report: its full status, or (`full` false) the replicas that
+    /// changed since its last report and those it no longer holds. Returns false if an
+    /// incremental report came from a server this master does not know: it must send a full
+    /// one.
+    pub fn report(
+        &self,
+        address: String,
+        status: ServerStatus,
+        full: bool,
+        removed: &[String],
+    ) -> bool {
+        let mut servers = self.servers.write();
+        let entry = match servers.get_mut(&status.server_id) {
+            Some(entry) if !full => entry,
+            None if !full => return false,
+            _ => servers.entry(status.server_id).or_insert(ServerEntry {
+                address: address.clone(),
+                last_seen: Instant::now(),
+                status: ServerStatus {
+                    server_id: status.server_id,
+                    replicas: vec![],
+                },
+            }),
+        };
+        if full {
+            entry.status.replicas.clear();
+        }
+        entry.address = address;
+        entry.last_seen = Instant::now();
+        entry.status.replicas.retain(|r| {
+            !removed.contains(&r.tablet_id)
+                && !status.replicas.iter().any(|n| n.tablet_id == r.tablet_id)
+        });
+        entry
+            .status
+            .replicas
+            .extend(status.replicas.iter().cloned());
+        drop(servers);
         let mut leaders = self.leaders.write();
         let mut inactive = self.inactive_since.write();
         for replica in &status.replicas {
@@ -235,15 +276,7 @@ impl Cluster {
                 }
             }
         }
-        drop((leaders, inactive));
-        self.servers.write().insert(
-            status.server_id,
-            ServerEntry {
-                address,
-                last_seen: Instant::now(),
-                status,
-            },
-        );
+        true
     }
 
     /// Every live server's address and last heartbeat (for coordinators that are not masters).
@@ -255,6 +288,8 @@ impl Cluster {
             .map(|s| crate::rpc::Heartbeat {
                 address: s.address.clone(),
                 status: Some(s.status.clone()),
+                full: true,
+                removed: vec![],
             })
             .collect()
     }
@@ -416,7 +451,10 @@ impl Cluster {
             }
             // Count it now, so the next tablet of the same table goes elsewhere.
             if let Some(entry) = self.servers.write().get_mut(server) {
-                entry.status.replicas.push(Default::default());
+                entry.status.replicas.push(crate::rpc::ReplicaStatus {
+                    tablet_id: id.into(),
+                    ..Default::default()
+                });
             }
         }
         Ok(live.into_iter().map(|(id, _, _)| id).collect())

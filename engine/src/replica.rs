@@ -180,16 +180,23 @@ impl StateMachine for TabletStateMachine {
     }
 }
 
-/// A replica's files as of one log entry, to create a new replica from (tablet copy).
+/// Where a copied tablet's files stand in its group's log: the entry they are durable up to,
+/// its term, and the membership then.
 #[derive(Debug, Clone)]
-pub struct TabletCopy {
-    /// The entry the files are durable up to, and its term.
+pub struct CopyPosition {
     pub index: u64,
     pub term: u64,
     pub voters: Vec<u64>,
     pub learners: Vec<u64>,
-    /// The tablet's data files: (name, contents).
-    pub files: Vec<(String, Vec<u8>)>,
+}
+
+/// A replica's files as of one log entry, opened, to create a new replica from (tablet copy).
+/// The open handles keep the files readable even if a compaction removes them meanwhile.
+#[derive(Debug)]
+pub struct TabletCopy {
+    pub position: CopyPosition,
+    /// The tablet's data files: (name, file, length).
+    pub files: Vec<(String, std::fs::File, u64)>,
 }
 
 pub struct TabletReplica {
@@ -422,38 +429,33 @@ impl TabletReplica {
                 for entry in std::fs::read_dir(&data)? {
                     let entry = entry?;
                     let name = entry.file_name().to_string_lossy().to_string();
-                    files.push((name, std::fs::read(entry.path())?));
+                    let file = std::fs::File::open(entry.path())?;
+                    let len = file.metadata()?.len();
+                    files.push((name, file, len));
                 }
                 Ok(TabletCopy {
-                    index: at.index,
-                    term: at.term,
-                    voters: at.voters,
-                    learners: at.learners,
+                    position: CopyPosition {
+                        index: at.index,
+                        term: at.term,
+                        voters: at.voters,
+                        learners: at.learners,
+                    },
                     files,
                 })
             })?
     }
 
-    /// Creates replica `id` in `dir` from `copy` (made on another replica), as a learner of
-    /// its group, and opens it.
+    /// Opens replica `id` in `dir`, whose `data` holds files copied from another replica at
+    /// `copy`, as a learner of its group.
     pub fn install(
         dir: &Path,
         id: &str,
-        copy: TabletCopy,
+        copy: CopyPosition,
         options: TabletOptions,
         clock: Arc<HybridClock>,
         replication: Replication,
     ) -> Result<Self> {
         let data = dir.join("data");
-        std::fs::create_dir_all(&data)?;
-        for (name, bytes) in &copy.files {
-            if name.contains('/') || name.starts_with('.') {
-                return Err(EngineError::CatalogCorrupted(format!(
-                    "bad file name {name}"
-                )));
-            }
-            std::fs::write(data.join(name), bytes)?;
-        }
         let mut learners = copy.learners.clone();
         if !learners.contains(&replication.server_id) {
             learners.push(replication.server_id);

@@ -25,7 +25,7 @@ use crate::host::Cluster;
 use crate::master::TableInfo;
 use crate::master::CATALOG_TABLET;
 use crate::remote::DdlOp;
-use crate::replica::{Peers, TabletCopy, TabletReplica};
+use crate::replica::{CopyPosition, Peers, TabletReplica};
 use crate::tserver::TabletServer;
 use crate::{EngineError, Result};
 
@@ -37,7 +37,7 @@ const CALL_PATH: &str = "/nyala.Internal/Call";
 pub struct RpcRequest {
     #[prost(
         oneof = "request::Kind",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16"
     )]
     pub kind: Option<request::Kind>,
 }
@@ -81,6 +81,9 @@ pub mod request {
         /// To a master: DDL (a [`crate::remote::DdlOp`] as JSON).
         #[prost(message, tag = "15")]
         Ddl(super::DdlRequest),
+        /// To a tablet's leader: the next bytes of a file of a tablet copy.
+        #[prost(message, tag = "16")]
+        FetchChunk(super::FetchChunk),
     }
 }
 
@@ -120,6 +123,23 @@ pub struct RpcResponse {
     pub catalog_json: String,
     #[prost(message, repeated, tag = "13")]
     pub servers: Vec<Heartbeat>,
+    /// Bytes of a file of a tablet copy.
+    #[prost(bytes = "vec", tag = "14")]
+    pub chunk: Vec<u8>,
+    /// A master that lacks a server's earlier reports asks for a full one.
+    #[prost(bool, tag = "15")]
+    pub need_full: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct FetchChunk {
+    /// The copy session FetchTablet opened (in `scanner_id`).
+    #[prost(uint64, tag = "1")]
+    pub session: u64,
+    #[prost(uint32, tag = "2")]
+    pub file: u32,
+    #[prost(uint64, tag = "3")]
+    pub offset: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -146,8 +166,8 @@ pub struct TabletFiles {
 pub struct TabletFile {
     #[prost(string, tag = "1")]
     pub name: String,
-    #[prost(bytes = "vec", tag = "2")]
-    pub contents: Vec<u8>,
+    #[prost(uint64, tag = "2")]
+    pub size: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -252,6 +272,8 @@ pub struct AlterSchema {
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct StatusRequest {}
 
+/// A tablet server's report: the first to a master is full, later ones hold only the replicas
+/// whose status changed and the ids of those removed.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Heartbeat {
     /// Where the tablet server's internal RPC listens.
@@ -259,6 +281,10 @@ pub struct Heartbeat {
     pub address: String,
     #[prost(message, optional, tag = "2")]
     pub status: Option<ServerStatus>,
+    #[prost(bool, tag = "3")]
+    pub full: bool,
+    #[prost(string, repeated, tag = "4")]
+    pub removed: Vec<String>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -336,6 +362,52 @@ fn flatten(
 const SCAN_CHUNK_BYTES: usize = 8 << 20;
 /// A scanner nobody asked for rows this long is dropped.
 const SCANNER_IDLE: Duration = Duration::from_secs(120);
+
+/// Bytes per FetchChunk answer.
+const COPY_CHUNK_BYTES: u64 = 8 << 20;
+
+/// The files of one tablet copy, held open, and when they were last read.
+type CopySession = (Arc<Vec<std::fs::File>>, std::time::Instant);
+
+/// Open tablet copies of a server, by session id.
+#[derive(Default)]
+struct CopySessions {
+    open: Mutex<HashMap<u64, CopySession>>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl CopySessions {
+    fn open(&self, files: Vec<std::fs::File>) -> u64 {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        let mut open = self.open.lock();
+        open.retain(|_, (_, used)| used.elapsed() < SCANNER_IDLE);
+        open.insert(id, (Arc::new(files), std::time::Instant::now()));
+        id
+    }
+
+    /// Up to [`COPY_CHUNK_BYTES`] of file `file` of session `id` from `offset`.
+    fn chunk(&self, id: u64, file: u32, offset: u64) -> Result<Vec<u8>> {
+        let files = {
+            let mut open = self.open.lock();
+            let (files, used) = open.get_mut(&id).ok_or_else(|| {
+                EngineError::Unsupported(format!("tablet copy {id} does not exist (expired?)"))
+            })?;
+            *used = std::time::Instant::now();
+            files.clone()
+        };
+        let file = files
+            .get(file as usize)
+            .ok_or_else(|| EngineError::Unsupported(format!("no file {file} in copy {id}")))?;
+        let len = file.metadata()?.len();
+        let n = COPY_CHUNK_BYTES.min(len.saturating_sub(offset)) as usize;
+        let mut buf = vec![0; n];
+        std::os::unix::fs::FileExt::read_exact_at(file, &mut buf, offset)?;
+        Ok(buf)
+    }
+}
 
 /// Open scans of a server, by scanner id.
 #[derive(Default)]
@@ -600,6 +672,7 @@ pub struct InternalService {
     /// A master's replica of the replicated catalog.
     catalog: Option<Arc<TabletReplica>>,
     scanners: Arc<Scanners>,
+    copies: Arc<CopySessions>,
 }
 
 impl InternalService {
@@ -611,6 +684,7 @@ impl InternalService {
             client: None,
             catalog: None,
             scanners: Arc::default(),
+            copies: Arc::default(),
         }
     }
 
@@ -623,6 +697,7 @@ impl InternalService {
             catalog: client.catalog(),
             client: Some(client),
             scanners: Arc::default(),
+            copies: Arc::default(),
         }
     }
 
@@ -632,10 +707,15 @@ impl InternalService {
         };
         if let request::Kind::Heartbeat(heartbeat) = kind {
             return match (&self.cluster, heartbeat.status) {
-                (Some(cluster), Some(status)) => {
-                    cluster.heartbeat(heartbeat.address, status);
-                    RpcResponse::default()
-                }
+                (Some(cluster), Some(status)) => RpcResponse {
+                    need_full: !cluster.report(
+                        heartbeat.address,
+                        status,
+                        heartbeat.full,
+                        &heartbeat.removed,
+                    ),
+                    ..RpcResponse::default()
+                },
                 _ => RpcResponse::error("this server is not a master"),
             };
         }
@@ -690,6 +770,7 @@ impl InternalService {
             return RpcResponse::error("this server is not a tablet server");
         };
         let scanners = self.scanners;
+        let copies = self.copies;
         match kind {
             request::Kind::Heartbeat(_)
             | request::Kind::Raft(_)
@@ -784,23 +865,30 @@ impl InternalService {
             request::Kind::FetchTablet(tablet) => {
                 let copied = tokio::task::spawn_blocking(move || -> Result<RpcResponse> {
                     let replica = server.replica(&tablet.tablet_id)?;
-                    if !replica.group_state().leader.eq(&server.server_id()) {
+                    if replica.leader() != Some(server.server_id()) {
                         return Err(EngineError::Raft(RaftError::NotLeader {
                             leader_hint: replica.leader(),
                         }));
                     }
                     let copy = replica.copy()?;
+                    let files = copy
+                        .files
+                        .iter()
+                        .map(|(name, _, size)| TabletFile {
+                            name: name.clone(),
+                            size: *size,
+                        })
+                        .collect();
+                    let session = copies.open(copy.files.into_iter().map(|f| f.1).collect());
+                    let at = copy.position;
                     Ok(RpcResponse {
+                        scanner_id: session,
                         copy: Some(TabletFiles {
-                            index: copy.index,
-                            term: copy.term,
-                            voters: copy.voters,
-                            learners: copy.learners,
-                            files: copy
-                                .files
-                                .into_iter()
-                                .map(|(name, contents)| TabletFile { name, contents })
-                                .collect(),
+                            index: at.index,
+                            term: at.term,
+                            voters: at.voters,
+                            learners: at.learners,
+                            files,
                         }),
                         ..RpcResponse::default()
                     })
@@ -808,49 +896,25 @@ impl InternalService {
                 .await;
                 flatten(copied)
             }
-            request::Kind::CopyTablet(copy) => {
-                let result = async {
-                    let mut source = RpcClient::connect(&copy.source).await?;
-                    let fetched = source
-                        .call(request::Kind::FetchTablet(TabletRef {
-                            tablet_id: copy.tablet_id.clone(),
-                        }))
-                        .await?;
-                    let files = fetched
-                        .copy
-                        .ok_or_else(|| EngineError::Remote(fetched.error.clone()))?;
-                    let peers = Peers {
-                        voters: files.voters.clone(),
-                        addresses: copy
-                            .peers
-                            .iter()
-                            .map(|p| (p.server_id, p.address.clone()))
-                            .collect(),
-                    };
-                    let tablet_copy = TabletCopy {
-                        index: files.index,
-                        term: files.term,
-                        voters: files.voters,
-                        learners: files.learners,
-                        files: files
-                            .files
-                            .into_iter()
-                            .map(|f| (f.name, f.contents))
-                            .collect(),
-                    };
-                    let id = copy.tablet_id.clone();
-                    tokio::task::spawn_blocking(move || {
-                        server.install_replica(&id, tablet_copy, peers)
-                    })
-                    .await
-                    .map_err(|e| EngineError::Unavailable(e.to_string()))?
-                }
+            request::Kind::FetchChunk(fetch) => {
+                let chunk = tokio::task::spawn_blocking(move || {
+                    copies
+                        .chunk(fetch.session, fetch.file, fetch.offset)
+                        .map(|chunk| RpcResponse {
+                            chunk,
+                            ..RpcResponse::default()
+                        })
+                })
                 .await;
-                match result {
-                    Ok(()) => RpcResponse::default(),
-                    Err(e) => RpcResponse::error(e),
-                }
+                flatten(chunk)
             }
+            request::Kind::CopyTablet(copy) => match receive_copy(&server, &copy).await {
+                Ok(()) => RpcResponse::default(),
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(server.staging_dir(&copy.tablet_id));
+                    RpcResponse::error(e)
+                }
+            },
             request::Kind::ChangeMembership(change) => {
                 let result = async {
                     let replica = server.replica(&change.tablet_id)?;
@@ -943,7 +1007,10 @@ where
 /// reachable of `masters` every 500 ms, until the process ends.
 pub async fn heartbeat_loop(server: Arc<TabletServer>, address: String, masters: Vec<String>) {
     let mut clients: HashMap<String, RpcClient> = HashMap::new();
+    // What each master was last told (None: it gets a full report next).
+    let mut told: HashMap<String, HashMap<String, ReplicaStatus>> = HashMap::new();
     loop {
+        let status = server.status();
         for master in &masters {
             if !clients.contains_key(master) {
                 match RpcClient::connect(master).await {
@@ -956,12 +1023,46 @@ pub async fn heartbeat_loop(server: Arc<TabletServer>, address: String, masters:
             let Some(client) = clients.get_mut(master) else {
                 continue;
             };
+            let last = told.get(master);
+            let changed: Vec<ReplicaStatus> = status
+                .replicas
+                .iter()
+                .filter(|r| last.is_none_or(|l| l.get(&r.tablet_id) != Some(*r)))
+                .cloned()
+                .collect();
+            let removed: Vec<String> = last
+                .map(|l| {
+                    l.keys()
+                        .filter(|id| !status.replicas.iter().any(|r| &r.tablet_id == *id))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
             let heartbeat = request::Kind::Heartbeat(Heartbeat {
                 address: address.clone(),
-                status: Some(server.status()),
+                status: Some(ServerStatus {
+                    server_id: status.server_id,
+                    replicas: changed,
+                }),
+                full: last.is_none(),
+                removed,
             });
-            if client.call(heartbeat).await.is_err() {
-                clients.remove(master);
+            match client.call(heartbeat).await {
+                Ok(answer) if answer.need_full => {
+                    told.remove(master);
+                }
+                Ok(_) => {
+                    let now = status
+                        .replicas
+                        .iter()
+                        .map(|r| (r.tablet_id.clone(), r.clone()))
+                        .collect();
+                    told.insert(master.clone(), now);
+                }
+                Err(_) => {
+                    clients.remove(master);
+                    told.remove(master);
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1000,4 +1101,66 @@ async fn run_ddl(client: &Client, json: &str) -> Result<bool> {
             .await
             .map(|()| true),
     }
+}
+
+/// Creates this server's replica of `copy.tablet_id` from its leader `copy.source`: the files,
+/// fetched chunk by chunk into a staging directory, then the replica, as a learner.
+async fn receive_copy(server: &Arc<TabletServer>, copy: &CopyTablet) -> Result<()> {
+    let mut source = RpcClient::connect(&copy.source).await?;
+    let fetched = source
+        .call(request::Kind::FetchTablet(TabletRef {
+            tablet_id: copy.tablet_id.clone(),
+        }))
+        .await?;
+    let files = fetched
+        .copy
+        .ok_or_else(|| EngineError::Remote(fetched.error.clone()))?;
+    let staging = server.staging_dir(&copy.tablet_id);
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)?;
+    }
+    std::fs::create_dir_all(&staging)?;
+    for (i, file) in files.files.iter().enumerate() {
+        if file.name.contains('/') || file.name.starts_with('.') {
+            return Err(EngineError::Remote(format!("bad file name {}", file.name)));
+        }
+        let mut out = std::fs::File::create(staging.join(&file.name))?;
+        let mut offset = 0;
+        while offset < file.size {
+            let answer = source
+                .call(request::Kind::FetchChunk(FetchChunk {
+                    session: fetched.scanner_id,
+                    file: i as u32,
+                    offset,
+                }))
+                .await?;
+            if !answer.error.is_empty() || answer.chunk.is_empty() {
+                return Err(EngineError::Remote(format!(
+                    "copying {}: {}",
+                    file.name, answer.error
+                )));
+            }
+            std::io::Write::write_all(&mut out, &answer.chunk)?;
+            offset += answer.chunk.len() as u64;
+        }
+        out.sync_all()?;
+    }
+    let peers = Peers {
+        voters: files.voters.clone(),
+        addresses: copy
+            .peers
+            .iter()
+            .map(|p| (p.server_id, p.address.clone()))
+            .collect(),
+    };
+    let position = CopyPosition {
+        index: files.index,
+        term: files.term,
+        voters: files.voters,
+        learners: files.learners,
+    };
+    let (server, id) = (server.clone(), copy.tablet_id.clone());
+    tokio::task::spawn_blocking(move || server.install_replica(&id, position, peers))
+        .await
+        .map_err(|e| EngineError::Unavailable(e.to_string()))?
 }

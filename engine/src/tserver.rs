@@ -17,7 +17,7 @@ use nyala_storage::{Schema, TabletOptions};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::clock::HybridClock;
-use crate::replica::{Peers, Replication, TabletCopy, TabletReplica};
+use crate::replica::{CopyPosition, Peers, Replication, TabletReplica};
 use crate::rpc::{RaftRouter, ReplicaStatus, ServerStatus};
 use crate::{EngineError, Result};
 
@@ -62,6 +62,11 @@ impl TabletServer {
             let Some(id) = entry.file_name().to_str().map(str::to_string) else {
                 continue;
             };
+            if id.starts_with(".copy-") {
+                // A tablet copy a crash interrupted.
+                std::fs::remove_dir_all(entry.path())?;
+                continue;
+            }
             if id.starts_with('.') || !entry.file_type()?.is_dir() {
                 continue;
             }
@@ -276,9 +281,16 @@ impl TabletServer {
         Ok(replica)
     }
 
-    /// Creates this server's replica of tablet `id` from `copy` (taken on another replica of
-    /// the group `peers` describes); it joins the group as a learner.
-    pub fn install_replica(&self, id: &str, copy: TabletCopy, peers: Peers) -> Result<()> {
+    /// Where the files of a tablet copy being received are put (a directory `open` skips,
+    /// and removes).
+    pub fn staging_dir(&self, id: &str) -> PathBuf {
+        self.tablets_dir.join(format!(".copy-{id}"))
+    }
+
+    /// Creates this server's replica of tablet `id` from the files copied into
+    /// [`Self::staging_dir`] (taken on another replica of the group `peers` describes, at
+    /// `copy`); it joins the group as a learner.
+    pub fn install_replica(&self, id: &str, copy: CopyPosition, peers: Peers) -> Result<()> {
         let mut replicas = self.replicas.write();
         if replicas.contains_key(id) {
             return Err(EngineError::InvalidTable(format!(
@@ -289,6 +301,8 @@ impl TabletServer {
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
         }
+        std::fs::create_dir_all(&dir)?;
+        std::fs::rename(self.staging_dir(id), dir.join("data"))?;
         let replication = self.replication(id, peers)?;
         let replica = TabletReplica::install(
             &dir,
