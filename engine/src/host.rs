@@ -323,6 +323,15 @@ impl Cluster {
         self.leaders.read().get(tablet).copied()
     }
 
+    /// Every replica server `id` last reported.
+    pub fn replicas_of(&self, id: u64) -> Vec<crate::rpc::ReplicaStatus> {
+        self.servers
+            .read()
+            .get(&id)
+            .map(|s| s.status.replicas.clone())
+            .unwrap_or_default()
+    }
+
     /// What server `id` last reported of its replica of `tablet`.
     pub fn replica_status(&self, id: u64, tablet: &str) -> Option<crate::rpc::ReplicaStatus> {
         let servers = self.servers.read();

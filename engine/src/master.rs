@@ -24,6 +24,7 @@ use crate::replica::Replication;
 use crate::replica::TabletReplica;
 use crate::rpc::{request, ChangeMembership, CopyTablet, Peer};
 use crate::{EngineError, Result};
+use std::collections::HashMap;
 use std::time::Duration;
 
 pub type TableId = String;
@@ -308,6 +309,7 @@ impl Master {
         if self.catalog.group_state().leader != self.catalog.node_id() {
             return Ok(false);
         }
+        self.delete_stale_replicas(cluster).await;
         for table in self.tables() {
             for (tablet, servers) in &table.placement {
                 // A member whose server is silent, or whom the leader does not hear from.
@@ -329,7 +331,9 @@ impl Master {
                 let mut candidates: Vec<(u64, String, usize)> = cluster
                     .live_servers()
                     .into_iter()
-                    .filter(|(id, _, _)| !servers.contains(id))
+                    .filter(|(id, _, _)| {
+                        !servers.contains(id) && cluster.replica_status(*id, tablet).is_none()
+                    })
                     .collect();
                 candidates.sort_by_key(|(id, _, held)| (*held, *id));
                 let Some((target, target_address, _)) = candidates.into_iter().next() else {
@@ -352,6 +356,53 @@ impl Master {
             }
         }
         Ok(false)
+    }
+
+    /// Deletes replicas that live servers hold but that belong to no table, or that their
+    /// tablet's group no longer counts as members (a server back after it was replaced, or a
+    /// copy whose re-replication failed).
+    async fn delete_stale_replicas(&self, cluster: &Cluster) {
+        // Holding the DDL lock: a table being created has replicas before the catalog has it.
+        let _ddl = self.ddl.lock().await;
+        let placement: HashMap<String, Vec<u64>> = self
+            .tables()
+            .iter()
+            .flat_map(|t| {
+                t.tablets
+                    .iter()
+                    .map(move |id| (id.clone(), t.placement.get(id).cloned().unwrap_or_default()))
+            })
+            .collect();
+        for (server, _, _) in cluster.live_servers() {
+            for replica in cluster.replicas_of(server) {
+                let tablet = &replica.tablet_id;
+                let stale = match placement.get(tablet) {
+                    None => true,
+                    Some(servers) if servers.contains(&server) => false,
+                    Some(_) => cluster
+                        .leader_of(tablet)
+                        .and_then(|l| cluster.replica_status(l, tablet))
+                        .is_some_and(|r| {
+                            !r.voters.contains(&server) && !r.learners.contains(&server)
+                        }),
+                };
+                if !stale {
+                    continue;
+                }
+                tracing::info!(%tablet, server, "deleting a stale replica");
+                let deleted = cluster
+                    .call_server(
+                        server,
+                        request::Kind::DeleteReplica(crate::rpc::TabletRef {
+                            tablet_id: tablet.clone(),
+                        }),
+                    )
+                    .await;
+                if let Err(e) = deleted {
+                    tracing::warn!(%tablet, server, error = %e, "cannot delete a stale replica");
+                }
+            }
+        }
     }
 
     #[allow(clippy::too_many_arguments)]

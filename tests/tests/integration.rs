@@ -1377,6 +1377,26 @@ mod cluster {
             .unwrap();
         let count = sql(&url, "SELECT count(*) FROM r").await.unwrap();
         assert_eq!(column_i64(&count, 0), vec![rows as i64 + 1]);
+        // The server replaced first comes back: its stale replica is deleted.
+        servers[victim] = start_tserver(dirs[victim].path(), &addrs[victim], &rpc);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut client = RpcClient::connect(&addrs[victim]).await.unwrap();
+            let status = client
+                .call(request::Kind::Status(StatusRequest {}))
+                .await
+                .unwrap()
+                .status
+                .unwrap();
+            if status.replicas.iter().all(|r| r.tablet_id != tablet) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the stale replica is still there"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// A tablet server started with `--flight-addr` serves Flight SQL as a coordinator: DDL
