@@ -351,6 +351,7 @@ fn main() {
     // Update 10 % of the rows, then scan with the deltas in memory and after they are merged.
     let mut updated: Vec<i64> = (0..args.rows as i64).filter(|k| k % 10 == 3).collect();
     updated.shuffle(&mut rng);
+    let start = Instant::now();
     for chunk in updated.chunks(BATCH) {
         let batch = WriteBatch {
             kind: WriteKind::Update,
@@ -366,6 +367,10 @@ fn main() {
         let (index, ts) = clock.next();
         tablet.apply(index, ts, &batch).expect("update");
     }
+    println!(
+        "update of 10 % of the rows (scattered, {BATCH} per batch): {:.0} rows/s",
+        updated.len() as f64 / start.elapsed().as_secs_f64()
+    );
     let with_deltas = report(
         "after updating 10 %, deltas in memory: scan of v",
         1,

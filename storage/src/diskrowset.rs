@@ -41,6 +41,9 @@ pub const KEY_COLUMN: &str = "__key";
 const ROW_GROUP_ROWS: usize = 64 * 1024;
 /// Most rows per data page.
 const PAGE_ROWS: usize = 4 * 1024;
+/// Largest dictionary page: a column whose values need more falls back to plain encoding for
+/// the rest of the row group, so a key lookup never decodes a large dictionary.
+const DICTIONARY_BYTES: usize = 64 * 1024;
 
 pub struct DiskRowSet {
     pub id: u64,
@@ -169,7 +172,8 @@ impl DiskRowSet {
             .set_statistics_enabled(EnabledStatistics::Page)
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
             // Small pages: a key lookup decodes one page per column, found by the offset index.
-            .set_data_page_row_count_limit(PAGE_ROWS);
+            .set_data_page_row_count_limit(PAGE_ROWS)
+            .set_dictionary_page_size_limit(DICTIONARY_BYTES);
         for column in table.columns() {
             let path = ColumnPath::from(column.name.as_str());
             let encoding = match column.encoding {
