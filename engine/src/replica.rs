@@ -490,6 +490,11 @@ impl TabletReplica {
         self.raft.group_state()
     }
 
+    /// Bytes of the replica's log on disk.
+    pub fn log_bytes(&self) -> u64 {
+        self.raft.log_bytes()
+    }
+
     /// This replica's Raft node id.
     pub fn node_id(&self) -> u64 {
         self.raft.id()

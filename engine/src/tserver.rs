@@ -1,6 +1,6 @@
 //! The tablet server: hosts tablet replicas under `<dir>/tablets/<tablet id>/` and runs their
-//! maintenance: flushing MemRowSets that grew past their threshold (which also lets the Raft log
-//! behind them be dropped) and, while the memory of all tablets together is above 60 % of the
+//! maintenance: flushing MemRowSets that grew past their threshold or whose log grew past 256 MB
+//! (a flush lets the Raft log behind it be dropped) and, while the memory of all tablets together is above 60 % of the
 //! server's limit, flushing the tablet holding the most. Writers wait while that memory is above
 //! the limit itself, so it stays bounded however many tablets are written. Then, each round, the
 //! compaction with the best score over all tablets runs (see
@@ -22,6 +22,8 @@ use crate::rpc::{RaftRouter, ReplicaStatus, ServerStatus};
 use crate::{EngineError, Result};
 
 const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(200);
+/// A replica whose log takes more than this on disk is flushed, so the log can be truncated.
+const LOG_RETENTION_BYTES: u64 = 256 << 20;
 /// How long a write waits for memory before it is refused.
 const ADMISSION_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default limit on the in-memory data (MemRowSets and deltas) of all tablets of a server.
@@ -144,7 +146,8 @@ impl TabletServer {
             if self.stopping.load(Ordering::Acquire) {
                 return;
             }
-            if replica.tablet().needs_flush() {
+            // A flush lets the log behind it go: flush on memory, or when the log grew long.
+            if replica.tablet().needs_flush() || replica.log_bytes() > LOG_RETENTION_BYTES {
                 flush(replica);
             }
         }

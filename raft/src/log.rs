@@ -96,6 +96,8 @@ pub struct DurableLog {
     mem: MemStorage,
     state: PersistentState,
     segments: Vec<Segment>,
+    /// Bytes of all segment files.
+    bytes: u64,
     /// The open newest segment and its size.
     active: Option<(File, u64)>,
 }
@@ -140,9 +142,16 @@ impl DurableLog {
             mem,
             state: state.clone(),
             segments: Vec::new(),
+            bytes: 0,
             active: None,
         };
         log.load_segments()?;
+        log.bytes = log
+            .segments
+            .iter()
+            .filter_map(|s| std::fs::metadata(&s.path).ok())
+            .map(|m| m.len())
+            .sum();
         {
             let mut core = log.mem.wl();
             core.set_hardstate(state.hard_state.clone());
@@ -230,6 +239,9 @@ impl DurableLog {
                 if seg.first_index < first {
                     break;
                 }
+                self.bytes = self
+                    .bytes
+                    .saturating_sub(std::fs::metadata(&seg.path).map_or(0, |m| m.len()));
                 std::fs::remove_file(&seg.path)?;
                 self.segments.pop();
             }
@@ -255,6 +267,7 @@ impl DurableLog {
             file.sync_data()?;
         }
         *size += buf.len() as u64;
+        self.bytes += buf.len() as u64;
         self.mem.wl().append(entries)?;
         Ok(())
     }
@@ -321,6 +334,7 @@ impl DurableLog {
             mem: MemStorage::new(),
             state,
             segments: Vec::new(),
+            bytes: 0,
             active: None,
         };
         log.write_state()
@@ -364,9 +378,17 @@ impl DurableLog {
         // A segment can go when the next one starts at or below index + 1.
         while self.segments.len() > 1 && self.segments[1].first_index <= index + 1 {
             let seg = self.segments.remove(0);
+            self.bytes = self
+                .bytes
+                .saturating_sub(std::fs::metadata(&seg.path).map_or(0, |m| m.len()));
             std::fs::remove_file(&seg.path)?;
         }
         Ok(())
+    }
+
+    /// Bytes the log's segment files take.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 
     /// Index of the newest entry removed by truncation.

@@ -103,6 +103,7 @@ pub struct RaftNode<SM: StateMachine> {
     /// The leader this node knows of (0: none), as of its last ready.
     leader: Arc<AtomicU64>,
     state: Arc<Mutex<GroupState>>,
+    log_bytes: Arc<AtomicU64>,
     id: u64,
 }
 
@@ -166,6 +167,7 @@ impl<SM: StateMachine> RaftNode<SM> {
         let last_applied = Arc::new(AtomicU64::new(durable));
         let leader = Arc::new(AtomicU64::new(0));
         let state = Arc::new(Mutex::new(GroupState::default()));
+        let log_bytes = Arc::new(AtomicU64::new(0));
         let single = raw.raft.prs().conf().voters().ids().len() == 1
             && raw.raft.prs().conf().learners().is_empty();
         let mut worker = Worker {
@@ -177,6 +179,7 @@ impl<SM: StateMachine> RaftNode<SM> {
             last_applied: last_applied.clone(),
             leader: leader.clone(),
             state: state.clone(),
+            log_bytes: log_bytes.clone(),
             tick: config.tick,
             pending_change: None,
             failed_elections: 0,
@@ -207,6 +210,7 @@ impl<SM: StateMachine> RaftNode<SM> {
             last_applied,
             leader,
             state,
+            log_bytes,
             id: config.node_id,
         })
     }
@@ -260,6 +264,11 @@ impl<SM: StateMachine> RaftNode<SM> {
     /// Hands the node a message from a peer (ignored once the node is stopped).
     pub fn step(&self, message: Message) {
         let _ = self.requests.send(Request::Step(message));
+    }
+
+    /// Bytes of this node's log on disk (what flushing the state machine lets go).
+    pub fn log_bytes(&self) -> u64 {
+        self.log_bytes.load(Ordering::Relaxed)
     }
 
     /// This node's id.
@@ -341,6 +350,7 @@ struct Worker<SM: StateMachine> {
     last_applied: Arc<AtomicU64>,
     leader: Arc<AtomicU64>,
     state: Arc<Mutex<GroupState>>,
+    log_bytes: Arc<AtomicU64>,
     tick: Duration,
     /// The membership change in flight: its entry index and who waits for it.
     pending_change: Option<(u64, Reply<()>)>,
@@ -498,6 +508,7 @@ impl<SM: StateMachine> Worker<SM> {
         self.transport.send(ready.take_messages());
         self.apply(ready.take_committed_entries())?;
         self.log.append(ready.entries())?;
+        self.log_bytes.store(self.log.bytes(), Ordering::Relaxed);
         if let Some(hs) = ready.hs() {
             self.log.set_hard_state(hs.clone())?;
         }
@@ -619,7 +630,9 @@ impl<SM: StateMachine> Worker<SM> {
             // A follower may lead next, and then a lagging peer needs the entries it kept.
             durable = durable.min(self.log.last_index().saturating_sub(FOLLOWER_LOG_RETENTION));
         }
-        self.log.truncate_prefix(durable)
+        self.log.truncate_prefix(durable)?;
+        self.log_bytes.store(self.log.bytes(), Ordering::Relaxed);
+        Ok(())
     }
 }
 

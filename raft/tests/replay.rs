@@ -199,10 +199,20 @@ async fn durable_prefix_of_the_log_is_deleted() {
         node.propose(i.to_le_bytes().to_vec()).await.unwrap();
     }
     let before = segments(dir.path()).len();
+    let bytes_before = node.log_bytes();
+    let on_disk = |dir: &Path| -> u64 {
+        segments(dir)
+            .iter()
+            .map(|p| std::fs::metadata(p).unwrap().len())
+            .sum()
+    };
+    assert_eq!(bytes_before, on_disk(dir.path()));
     node.with_state_machine(|sm| sm.flush()).unwrap();
     node.propose(60u64.to_le_bytes().to_vec()).await.unwrap();
     let after = segments(dir.path()).len();
     assert!(after < before, "segments {before} → {after}");
+    assert!(node.log_bytes() < bytes_before);
+    assert_eq!(node.log_bytes(), on_disk(dir.path()));
     drop(node);
     let node = self::node(dir.path());
     assert_eq!(items(&node), (0..61).collect::<Vec<_>>());

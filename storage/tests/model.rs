@@ -97,12 +97,32 @@ fn scan_with(tablet: &Tablet, snapshot: Timestamp, predicates: Vec<ColumnPredica
     out
 }
 
-#[test]
-fn random_operations_match_a_model() {
-    let iterations: usize = std::env::var("NYALA_MODEL_ITERS")
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(400);
+        .unwrap_or(default)
+}
+
+#[test]
+fn random_operations_match_a_model() {
+    run_model(
+        env_or("NYALA_MODEL_ITERS", 400) as usize,
+        env_or("NYALA_MODEL_SEED", 42),
+    );
+}
+
+/// The long run: 5 000 steps for each of 8 seeds (a few minutes).
+/// `cargo test -p nyala-storage --test model -- --ignored`
+#[test]
+#[ignore]
+fn long_random_runs_match_a_model() {
+    for seed in 1..=8 {
+        run_model(5_000, seed);
+    }
+}
+
+fn run_model(iterations: usize, seed: u64) {
     let dir = tempfile::tempdir().unwrap();
     let schema = schema();
     let options = TabletOptions {
@@ -111,10 +131,6 @@ fn random_operations_match_a_model() {
         ..TabletOptions::default()
     };
     let mut tablet = Tablet::create(dir.path(), schema.clone(), options.clone()).unwrap();
-    let seed = std::env::var("NYALA_MODEL_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(42);
     let mut rng = StdRng::seed_from_u64(seed);
     let mut model = Model::new();
     let mut index = 0u64;
