@@ -1,6 +1,7 @@
 //! The `nyala` binary: `serve` runs an embedded single node with Flight SQL; `sql` runs
-//! statements against a server (`--connect`) or an embedded database (`--data-dir`); `tserver`
-//! runs a tablet server of a cluster, whose replicas replicate with Raft over internal RPC.
+//! statements against a server (`--connect`) or an embedded database (`--data-dir`); `master`
+//! and `tserver` run the processes of a cluster, whose tablets replicate with Raft over internal
+//! RPC.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -93,8 +94,9 @@ enum Command {
         /// list on every master): the catalog is replicated among them. Empty: one master.
         #[arg(long, value_delimiter = ',')]
         masters: Vec<String>,
-        /// A tablet server silent for this long loses its replicas: they are re-created on
-        /// other servers.
+        /// A tablet server silent for this long loses its replicas, and so does a replica its
+        /// tablet's leader has not heard from for this long: they are re-created on other
+        /// servers.
         #[arg(long, default_value_t = 300)]
         follower_unavailable_secs: u64,
     },
