@@ -327,7 +327,13 @@ impl DiskRowSet {
         let file = File::open(&self.path)?;
         let metadata = self.metadata.clone();
         let parquet_schema = metadata.parquet_schema().clone();
-        let mut skipped: Vec<(usize, usize)> = hidden.iter().map(|&o| (o as usize, 1)).collect();
+        // Without predicates every row is decoded in order, so hidden rows are cheaper to drop
+        // from the decoded batches than to skip one by one in the decoder.
+        let drop_after = predicates.is_empty() && !hidden.is_empty();
+        let mut skipped: Vec<(usize, usize)> = match drop_after {
+            true => Vec::new(),
+            false => hidden.iter().map(|&o| (o as usize, 1)).collect(),
+        };
         // Rows outside the ordinal range that key predicates allow are not read at all.
         let (first, end) = self.key_range(schema, predicates);
         skipped.extend(
@@ -395,6 +401,8 @@ impl DiskRowSet {
             schema: schema.clone(),
             parquet_schema: Arc::new(parquet_schema),
             predicates,
+            hidden: drop_after.then(|| hidden.to_vec()),
+            next_ordinal: 0,
         };
         reader.decoder = Some(reader.with_filter(builder).build()?);
         Ok(reader)
@@ -607,9 +615,35 @@ pub(crate) struct RowsetReader {
     schema: Schema,
     parquet_schema: SchemaDescPtr,
     predicates: Vec<ColumnPredicate>,
+    /// Ordinals to drop from the decoded batches (sorted), when every row is decoded in order;
+    /// and the ordinal of the next row decoded.
+    hidden: Option<Vec<u32>>,
+    next_ordinal: u64,
 }
 
 impl RowsetReader {
+    /// `batch` (the next rows in ordinal order) without the hidden rows.
+    fn drop_hidden(&mut self, batch: RecordBatch) -> Result<RecordBatch, StorageError> {
+        let Some(hidden) = &self.hidden else {
+            return Ok(batch);
+        };
+        let n = batch.num_rows();
+        let start = self.next_ordinal;
+        self.next_ordinal += n as u64;
+        let from = hidden.partition_point(|&o| u64::from(o) < start);
+        let to = hidden.partition_point(|&o| u64::from(o) < start + n as u64);
+        if from == to {
+            return Ok(batch);
+        }
+        let mut keep = arrow::array::BooleanBufferBuilder::new(n);
+        keep.append_n(n, true);
+        for &o in &hidden[from..to] {
+            keep.set_bit((u64::from(o) - start) as usize, false);
+        }
+        let mask = BooleanArray::new(keep.finish(), None);
+        Ok(arrow::compute::filter_record_batch(&batch, &mask)?)
+    }
+
     fn with_filter(&self, builder: ParquetPushDecoderBuilder) -> ParquetPushDecoderBuilder {
         if self.predicates.is_empty() {
             return builder.with_row_filter(RowFilter::new(vec![]));
@@ -686,7 +720,11 @@ impl Iterator for RowsetReader {
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             if let Some(batch) = self.current.as_mut().and_then(Iterator::next) {
-                return Some(batch.map_err(StorageError::from));
+                return Some(
+                    batch
+                        .map_err(StorageError::from)
+                        .and_then(|b| self.drop_hidden(b)),
+                );
             }
             self.current = None;
             match self.next_row_group() {
