@@ -118,6 +118,15 @@ impl Client {
         })
     }
 
+    /// Runs one DDL statement on the catalog: this process's master, or the cluster's leading
+    /// master; whether it did something.
+    pub async fn ddl(&self, op: DdlOp) -> Result<bool> {
+        match &self.inner.master {
+            MasterHandle::Local(m) => m.ddl(op).await,
+            MasterHandle::Remote(r) => r.ddl(op).await,
+        }
+    }
+
     pub async fn create_table(
         &self,
         name: &str,
@@ -126,87 +135,47 @@ impl Client {
         if_not_exists: bool,
         replicas: usize,
     ) -> Result<bool> {
-        match &self.inner.master {
-            MasterHandle::Local(m) => {
-                m.create_table(name, schema, partition, if_not_exists, replicas)
-                    .await
-            }
-            MasterHandle::Remote(r) => {
-                r.ddl(DdlOp::CreateTable {
-                    name: name.into(),
-                    schema,
-                    partition,
-                    if_not_exists,
-                    replicas,
-                })
-                .await
-            }
-        }
+        self.ddl(DdlOp::CreateTable {
+            name: name.into(),
+            schema,
+            partition,
+            if_not_exists,
+            replicas,
+        })
+        .await
     }
 
     pub async fn rename_table(&self, name: &str, new_name: &str) -> Result<()> {
-        match &self.inner.master {
-            MasterHandle::Local(m) => m.rename_table(name, new_name).await,
-            MasterHandle::Remote(r) => r
-                .ddl(DdlOp::RenameTable {
-                    name: name.into(),
-                    new_name: new_name.into(),
-                })
-                .await
-                .map(drop),
-        }
+        let (name, new_name) = (name.into(), new_name.into());
+        self.ddl(DdlOp::RenameTable { name, new_name })
+            .await
+            .map(drop)
     }
 
     pub async fn alter_columns(&self, name: &str, changes: &[ColumnChange]) -> Result<()> {
-        match &self.inner.master {
-            MasterHandle::Local(m) => m.alter_columns(name, changes).await,
-            MasterHandle::Remote(r) => r
-                .ddl(DdlOp::AlterColumns {
-                    name: name.into(),
-                    changes: changes.to_vec(),
-                })
-                .await
-                .map(drop),
-        }
+        let (name, changes) = (name.into(), changes.to_vec());
+        self.ddl(DdlOp::AlterColumns { name, changes })
+            .await
+            .map(drop)
     }
 
     pub async fn add_range_partition(&self, name: &str, range: &RangeSpec) -> Result<()> {
-        match &self.inner.master {
-            MasterHandle::Local(m) => m.add_range_partition(name, range).await,
-            MasterHandle::Remote(r) => r
-                .ddl(DdlOp::AddRangePartition {
-                    name: name.into(),
-                    range: range.clone(),
-                })
-                .await
-                .map(drop),
-        }
+        let (name, range) = (name.into(), range.clone());
+        self.ddl(DdlOp::AddRangePartition { name, range })
+            .await
+            .map(drop)
     }
 
     pub async fn drop_range_partition(&self, name: &str, range: &RangeSpec) -> Result<()> {
-        match &self.inner.master {
-            MasterHandle::Local(m) => m.drop_range_partition(name, range).await,
-            MasterHandle::Remote(r) => r
-                .ddl(DdlOp::DropRangePartition {
-                    name: name.into(),
-                    range: range.clone(),
-                })
-                .await
-                .map(drop),
-        }
+        let (name, range) = (name.into(), range.clone());
+        self.ddl(DdlOp::DropRangePartition { name, range })
+            .await
+            .map(drop)
     }
 
     pub async fn drop_table(&self, name: &str, if_exists: bool) -> Result<bool> {
-        match &self.inner.master {
-            MasterHandle::Local(m) => m.drop_table(name, if_exists).await,
-            MasterHandle::Remote(r) => {
-                r.ddl(DdlOp::DropTable {
-                    name: name.into(),
-                    if_exists,
-                })
-                .await
-            }
-        }
+        let name = name.into();
+        self.ddl(DdlOp::DropTable { name, if_exists }).await
     }
 
     pub fn table(&self, name: &str) -> Result<TableHandle> {

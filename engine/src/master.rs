@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::clock::HybridClock;
 use crate::host::{Cluster, TabletHost};
 use crate::partition::{PartitionSchema, RangeSpec};
+use crate::remote::DdlOp;
 use crate::replica::Replication;
 use crate::replica::TabletReplica;
 use crate::rpc::{request, ChangeMembership, CopyTablet, Peer};
@@ -510,6 +511,37 @@ impl Master {
     fn existing(&self, name: &str) -> Result<Arc<TableInfo>> {
         self.table(name)
             .ok_or_else(|| EngineError::TableNotFound(name.into()))
+    }
+
+    /// Runs one DDL statement; whether it did something (a CREATE or DROP with IF [NOT]
+    /// EXISTS may not).
+    pub async fn ddl(&self, op: DdlOp) -> Result<bool> {
+        match op {
+            DdlOp::CreateTable {
+                name,
+                schema,
+                partition,
+                if_not_exists,
+                replicas,
+            } => {
+                self.create_table(&name, schema, partition, if_not_exists, replicas)
+                    .await
+            }
+            DdlOp::DropTable { name, if_exists } => self.drop_table(&name, if_exists).await,
+            DdlOp::RenameTable { name, new_name } => {
+                self.rename_table(&name, &new_name).await.map(|()| true)
+            }
+            DdlOp::AlterColumns { name, changes } => {
+                self.alter_columns(&name, &changes).await.map(|()| true)
+            }
+            DdlOp::AddRangePartition { name, range } => {
+                self.add_range_partition(&name, &range).await.map(|()| true)
+            }
+            DdlOp::DropRangePartition { name, range } => self
+                .drop_range_partition(&name, &range)
+                .await
+                .map(|()| true),
+        }
     }
 
     /// Drops a table and deletes its tablets. Returns `Ok(false)` if it is absent and `if_exists`.

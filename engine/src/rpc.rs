@@ -1073,34 +1073,7 @@ pub async fn heartbeat_loop(server: Arc<TabletServer>, address: String, masters:
 async fn run_ddl(client: &Client, json: &str) -> Result<bool> {
     let op: DdlOp = serde_json::from_str(json)
         .map_err(|e| EngineError::InvalidTable(format!("bad DDL: {e}")))?;
-    match op {
-        DdlOp::CreateTable {
-            name,
-            schema,
-            partition,
-            if_not_exists,
-            replicas,
-        } => {
-            client
-                .create_table(&name, schema, partition, if_not_exists, replicas)
-                .await
-        }
-        DdlOp::DropTable { name, if_exists } => client.drop_table(&name, if_exists).await,
-        DdlOp::RenameTable { name, new_name } => {
-            client.rename_table(&name, &new_name).await.map(|()| true)
-        }
-        DdlOp::AlterColumns { name, changes } => {
-            client.alter_columns(&name, &changes).await.map(|()| true)
-        }
-        DdlOp::AddRangePartition { name, range } => client
-            .add_range_partition(&name, &range)
-            .await
-            .map(|()| true),
-        DdlOp::DropRangePartition { name, range } => client
-            .drop_range_partition(&name, &range)
-            .await
-            .map(|()| true),
-    }
+    client.ddl(op).await
 }
 
 /// Creates this server's replica of `copy.tablet_id` from its leader `copy.source`: the files,

@@ -1044,15 +1044,8 @@ mod cluster {
     /// restarts.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sql_on_a_cluster_survives_killing_a_leader_and_a_full_restart() {
-        let master_dir = tempfile::tempdir().unwrap();
-        let (rpc, flight) = (free_port(), free_port());
-        let mut master = Some(MasterProcess::start(master_dir.path(), &rpc, &flight));
-        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-        let addrs: Vec<String> = (0..3).map(|_| free_port()).collect();
-        let mut servers: Vec<TabletServerProcess> = (0..3)
-            .map(|i| start_tserver(dirs[i].path(), &addrs[i], &rpc))
-            .collect();
-        let flight_url = format!("http://{flight}");
+        let mut cluster = TestCluster::start(3, &[]);
+        let flight_url = cluster.url.clone();
         // The servers register with their first heartbeat.
         let create = "CREATE TABLE events (id BIGINT PRIMARY KEY, writer BIGINT) \
                       DISTRIBUTE BY HASH (id) INTO 3 BUCKETS WITH (replicas = 3)";
@@ -1073,13 +1066,13 @@ mod cluster {
             let leaders = sql(&flight_url, leader_of_tablet_0).await.unwrap();
             let leader =
                 arrow::util::display::array_value_to_string(leaders[0].column(0), 0).unwrap();
-            if let Some(victim) = servers.iter().position(|s| s.addr == leader) {
+            if let Some(victim) = cluster.servers.iter().position(|s| s.addr == leader) {
                 break victim;
             }
             assert!(Instant::now() < deadline, "no leader reported: {leader:?}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        servers[victim].kill();
+        cluster.servers[victim].kill();
         let killed = Instant::now();
         let count = |url: String| async move {
             column_i64(&sql(&url, "SELECT count(*) FROM events").await.unwrap(), 0)[0]
@@ -1100,15 +1093,8 @@ mod cluster {
         let acknowledged = writers.finish().await;
         let stored = stored_exactly_once(&flight_url, "events", &acknowledged).await;
         // Restart everything: the catalog and every row come back.
-        servers[victim] = start_tserver(dirs[victim].path(), &addrs[victim], &rpc);
-        drop(master.take());
-        for server in &mut servers {
-            server.kill();
-        }
-        let _master = MasterProcess::start(master_dir.path(), &rpc, &flight);
-        let _servers: Vec<TabletServerProcess> = (0..3)
-            .map(|i| start_tserver(dirs[i].path(), &addrs[i], &rpc))
-            .collect();
+        cluster.restart_server(victim);
+        cluster.restart_all();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             match sql(&flight_url, "SELECT id FROM events").await {
@@ -1134,15 +1120,8 @@ mod cluster {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn random_process_kills_lose_no_acknowledged_row() {
         let rounds: usize = env_or("NYALA_FAULT_ROUNDS", 4);
-        let master_dir = tempfile::tempdir().unwrap();
-        let (rpc, flight) = (free_port(), free_port());
-        let mut master = MasterProcess::start(master_dir.path(), &rpc, &flight);
-        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-        let addrs: Vec<String> = (0..3).map(|_| free_port()).collect();
-        let mut servers: Vec<TabletServerProcess> = (0..3)
-            .map(|i| start_tserver(dirs[i].path(), &addrs[i], &rpc))
-            .collect();
-        let url = format!("http://{flight}");
+        let mut cluster = TestCluster::start(3, &[]);
+        let url = cluster.url.clone();
         let create = "CREATE TABLE facts (id BIGINT PRIMARY KEY, w BIGINT) \
                       DISTRIBUTE BY HASH (id) INTO 3 BUCKETS WITH (replicas = 3)";
         ddl_when_ready(&url, create).await;
@@ -1160,13 +1139,13 @@ mod cluster {
             let victim = random(4) as usize;
             let down = Duration::from_millis(200 + random(2000));
             if victim == 3 {
-                drop(master);
+                cluster.master = None;
                 tokio::time::sleep(down).await;
-                master = MasterProcess::start(master_dir.path(), &rpc, &flight);
+                cluster.start_master();
             } else {
-                servers[victim].kill();
+                cluster.servers[victim].kill();
                 tokio::time::sleep(down).await;
-                servers[victim] = start_tserver(dirs[victim].path(), &addrs[victim], &rpc);
+                cluster.restart_server(victim);
             }
             eprintln!("fault round {round}: killed {victim} for {down:?}");
         }
@@ -1296,20 +1275,9 @@ mod cluster {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dead_servers_replicas_are_recreated_elsewhere() {
         let rows: u64 = env_or("NYALA_REREPLICATION_ROWS", 20_000);
-        let master_dir = tempfile::tempdir().unwrap();
-        let (rpc, flight) = (free_port(), free_port());
-        let _master = MasterProcess::start_with(
-            master_dir.path(),
-            &rpc,
-            &flight,
-            &["--follower-unavailable-secs", "3"],
-        );
-        let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
-        let addrs: Vec<String> = (0..4).map(|_| free_port()).collect();
-        let mut servers: Vec<TabletServerProcess> = (0..4)
-            .map(|i| start_tserver(dirs[i].path(), &addrs[i], &rpc))
-            .collect();
-        let url = format!("http://{flight}");
+        let mut cluster = TestCluster::start(4, &["--follower-unavailable-secs", "3"]);
+        let url = cluster.url.clone();
+        let addrs = cluster.addrs.clone();
         let create = "CREATE TABLE r (k BIGINT PRIMARY KEY, v STRING) WITH (replicas = 3)";
         ddl_when_ready(&url, create).await;
         let insert = format!(
@@ -1334,11 +1302,12 @@ mod cluster {
         assert_eq!(before.len(), 3);
         // Kill a member that does not lead, for good.
         let leader = leader(&live_addrs(&[]), &tablet).await.unwrap();
-        let victim = servers
+        let victim = cluster
+            .servers
             .iter()
             .position(|s| before.contains(&s.id) && s.addr != leader)
             .unwrap();
-        servers[victim].kill();
+        cluster.servers[victim].kill();
         let size = sql(
             &url,
             "SELECT disk_bytes FROM sys.partitions WHERE table_name = 'r'",
@@ -1347,7 +1316,7 @@ mod cluster {
         .unwrap();
         eprintln!("tablet on disk: {} bytes", column_i64(&size, 0)[0]);
         let killed = Instant::now();
-        let dead_id = servers[victim].id;
+        let dead_id = cluster.servers[victim].id;
         let deadline = Instant::now() + Duration::from_secs(600);
         let after = loop {
             if let Some(v) = voters(&live_addrs(&[victim]), &tablet).await {
@@ -1367,18 +1336,19 @@ mod cluster {
             killed.elapsed()
         );
         // The new member votes: with another original member gone, the tablet still works.
-        let second = servers
+        let second = cluster
+            .servers
             .iter()
             .position(|s| after.contains(&s.id) && before.contains(&s.id) && s.addr != leader)
             .unwrap();
-        servers[second].kill();
+        cluster.servers[second].kill();
         sql(&url, "INSERT INTO r VALUES (0, 'after two deaths')")
             .await
             .unwrap();
         let count = sql(&url, "SELECT count(*) FROM r").await.unwrap();
         assert_eq!(column_i64(&count, 0), vec![rows as i64 + 1]);
         // The server replaced first comes back: its stale replica is deleted.
-        servers[victim] = start_tserver(dirs[victim].path(), &addrs[victim], &rpc);
+        cluster.restart_server(victim);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let mut client = RpcClient::connect(&addrs[victim]).await.unwrap();
@@ -1443,6 +1413,72 @@ mod cluster {
             .await
             .unwrap_err();
         assert!(e.contains("already exists"), "{e}");
+    }
+
+    /// A master and tablet servers on fixed loopback ports, each with its own data directory,
+    /// so any of them can be killed and restarted where it was.
+    struct TestCluster {
+        master_dir: tempfile::TempDir,
+        rpc: String,
+        flight: String,
+        master_args: Vec<String>,
+        /// Flight SQL of the master.
+        url: String,
+        master: Option<MasterProcess>,
+        dirs: Vec<tempfile::TempDir>,
+        addrs: Vec<String>,
+        servers: Vec<TabletServerProcess>,
+    }
+
+    impl TestCluster {
+        fn start(servers: usize, master_args: &[&str]) -> Self {
+            let flight = free_port();
+            let mut cluster = Self {
+                master_dir: tempfile::tempdir().unwrap(),
+                rpc: free_port(),
+                url: format!("http://{flight}"),
+                flight,
+                master_args: master_args.iter().map(|a| a.to_string()).collect(),
+                master: None,
+                dirs: (0..servers).map(|_| tempfile::tempdir().unwrap()).collect(),
+                addrs: (0..servers).map(|_| free_port()).collect(),
+                servers: Vec::new(),
+            };
+            cluster.start_master();
+            cluster.servers = (0..servers).map(|i| cluster.server(i)).collect();
+            cluster
+        }
+
+        fn start_master(&mut self) {
+            let args: Vec<&str> = self.master_args.iter().map(String::as_str).collect();
+            self.master = Some(MasterProcess::start_with(
+                self.master_dir.path(),
+                &self.rpc,
+                &self.flight,
+                &args,
+            ));
+        }
+
+        fn server(&self, i: usize) -> TabletServerProcess {
+            start_tserver(self.dirs[i].path(), &self.addrs[i], &self.rpc)
+        }
+
+        /// Starts tablet server `i` again on its data directory.
+        fn restart_server(&mut self, i: usize) {
+            self.servers[i] = self.server(i);
+        }
+
+        /// Kills every process, then starts them all again.
+        fn restart_all(&mut self) {
+            self.master = None;
+            for server in &mut self.servers {
+                server.kill();
+            }
+            self.start_master();
+            for i in 0..self.servers.len() {
+                self.restart_server(i);
+            }
+        }
     }
 
     /// Runs DDL once the master can place it (the tablet servers register with their first
