@@ -5,21 +5,28 @@
 //!
 //! - **REDO** records describe changes after the base image: `(ordinal, ts, new image)`, or a
 //!   deletion. New ones collect in the rowset's [`DeltaMemStore`] (images in the tablet's row
-//!   arena); a flush writes them to a REDO [`DeltaFile`].
+//!   arena); a flush writes them to a REDO [`DeltaFile`], which records the columns they may
+//!   change ([`DeltaMeta::changed`]).
 //! - **UNDO** records describe the versions before the base image: `(ordinal, ts, image before
 //!   ts)`, where a missing image means the row did not exist before `ts`. They are written
-//!   with the base data when a rowset is created (by a flush or a compaction).
+//!   with the base data when a rowset is created (by a flush or a compaction). A major delta
+//!   compaction that rewrites only some columns writes another UNDO file holding only those
+//!   columns ([`DeltaMeta::columns`]): per-column records, whose other columns are those of
+//!   the next newer version.
 //!
-//! The state of a row at snapshot S is: the image of its oldest UNDO record with `ts > S` if
-//! there is one; otherwise the image of its newest REDO record with `ts <= S`; otherwise the
-//! base image. Records at or before the ancient history mark (the oldest snapshot a scan may
-//! use) are never needed, so rewrites drop them, and a scan at a current snapshot reads no UNDO
-//! file at all (its newest record is older than the snapshot).
+//! The state of a row at snapshot S is: if it has UNDO records with `ts > S`, the base image
+//! with each column taken from the oldest of them that holds the column (absent if the oldest
+//! says the row did not exist yet); otherwise the image of its newest REDO record with
+//! `ts <= S`; otherwise the base image. An UNDO file's records are older than the next UNDO
+//! file's, and a row's REDO records newer than its UNDO records. Records at or before the
+//! ancient history mark (the oldest snapshot a scan may use) are never needed, so rewrites drop
+//! them, and a scan at a current snapshot reads no UNDO file at all (their newest records are
+//! older than the snapshot).
 //!
-//! A delta file is a Parquet file: the table's columns (nullable), then `__ordinal`, `__ts` and
-//! `__deleted`, sorted by (ordinal, ts).
+//! A delta file is a Parquet file: the table's columns it holds (nullable), then `__ordinal`,
+//! `__ts` and `__deleted`, sorted by (ordinal, ts).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -37,7 +44,7 @@ use parquet::schema::types::ColumnPath;
 use serde::{Deserialize, Serialize};
 
 use crate::checksum::ChecksumWriter;
-use crate::diskrowset::{load_metadata, read_positions};
+use crate::diskrowset::{load_metadata, read_positions, DiskRowSet};
 use crate::memrowset::{visible, RowArena, RowRef, Version};
 use crate::{Schema, StorageError, Timestamp};
 
@@ -55,6 +62,22 @@ pub struct DeltaMeta {
     /// CRC32 of the file.
     #[serde(default)]
     pub checksum: Option<u32>,
+    /// The table columns (positions) whose values the file stores; None = all. A file with
+    /// some columns holds per-column records: the other columns are those of the next newer
+    /// version (for UNDO records, written by a major delta compaction that rewrote only them).
+    #[serde(default)]
+    pub columns: Option<Vec<u32>>,
+    /// The table columns that records may change relative to the version before; None = any.
+    /// A major delta compaction rewrites only these.
+    #[serde(default)]
+    pub changed: Option<Vec<u32>>,
+}
+
+/// What a delta file holds: see [`DeltaMeta::columns`] and [`DeltaMeta::changed`].
+#[derive(Clone, Debug, Default)]
+pub struct Layout {
+    pub columns: Option<Vec<u32>>,
+    pub changed: Option<Vec<u32>>,
 }
 
 /// One version record to write: `image` is (source batch, row), or None for "absent".
@@ -82,11 +105,14 @@ pub struct Records {
     pub images: RecordBatch,
 }
 
-fn file_schema(table: &SchemaRef) -> SchemaRef {
+/// The file schema for the table columns `columns` (None = all).
+fn file_schema(table: &SchemaRef, columns: Option<&[u32]>) -> SchemaRef {
     let mut fields: Vec<Field> = table
         .fields()
         .iter()
-        .map(|f| f.as_ref().clone().with_nullable(true))
+        .enumerate()
+        .filter(|(c, _)| columns.is_none_or(|cs| cs.contains(&(*c as u32))))
+        .map(|(_, f)| f.as_ref().clone().with_nullable(true))
         .collect();
     fields.push(Field::new(ORDINAL, DataType::UInt32, false));
     fields.push(Field::new(TS, DataType::UInt64, false));
@@ -100,16 +126,17 @@ impl DeltaFile {
     }
 
     /// Writes `records` (sorted by ordinal, then ts) as delta file `id`, taking images from
-    /// `sources` (batches with the table's columns), synced to disk.
+    /// `sources` (batches with the table columns `layout.columns`, in order), synced to disk.
     pub fn write(
         dir: &Path,
         id: u64,
         table: &Schema,
+        layout: Layout,
         sources: &[&RecordBatch],
         records: &[Record],
     ) -> Result<DeltaFile, StorageError> {
-        let arrow_schema = table.arrow_schema();
-        let schema = file_schema(&arrow_schema);
+        let schema = file_schema(&table.arrow_schema(), layout.columns.as_deref());
+        let stored = &schema.fields()[..schema.fields().len() - 3];
         let path = dir.join(Self::file_name(id));
         let file = ChecksumWriter::create(&path)?;
         // Ordinals ascend and timestamps cluster: delta encoding stores them in a few bits.
@@ -125,8 +152,7 @@ impl DeltaFile {
         let props = props.build();
         let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
         // Deletions take their (NULL) image from one extra all-NULL row.
-        let nulls: Vec<ArrayRef> = arrow_schema
-            .fields()
+        let nulls: Vec<ArrayRef> = stored
             .iter()
             .map(|f| new_null_array(f.data_type(), 1))
             .collect();
@@ -156,6 +182,8 @@ impl DeltaFile {
         let checksum = writer.into_inner()?.finish()?;
         let meta = DeltaMeta {
             checksum: Some(checksum),
+            columns: layout.columns,
+            changed: layout.changed,
             id,
             records: records.len() as u64,
             min_ts: records.iter().map(|r| r.ts).min().unwrap_or(Timestamp(0)),
@@ -207,14 +235,34 @@ impl DeltaFile {
         self.metadata.schema().fields().len() - 3
     }
 
-    /// All records, with the table columns `columns` (indexes into the table schema).
+    /// Where table column `c` is in the file, if it stores it.
+    fn root(&self, c: usize) -> Option<usize> {
+        match &self.meta.columns {
+            None => (c < self.width()).then_some(c),
+            Some(columns) => columns.iter().position(|&x| x as usize == c),
+        }
+    }
+
+    /// Whether the records hold values of table column `c`.
+    pub fn has(&self, c: usize) -> bool {
+        self.root(c).is_some()
+    }
+
+    /// The table columns that records may change (None = any).
+    pub fn changed(&self) -> Option<&[u32]> {
+        self.meta.changed.as_deref()
+    }
+
+    /// All records, with those of the table columns `columns` (indexes into the table schema)
+    /// that the file stores, in `columns` order.
     pub fn read(&self, columns: &[usize]) -> Result<Records, StorageError> {
         let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
             File::open(&self.path)?,
             self.metadata.clone(),
         );
         let width = self.width();
-        let mut roots: Vec<usize> = columns.to_vec();
+        let stored: Vec<usize> = columns.iter().filter_map(|&c| self.root(c)).collect();
+        let mut roots = stored.clone();
         roots.extend([width, width + 1, width + 2]);
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
         let reader = builder
@@ -242,7 +290,7 @@ impl DeltaFile {
         let file_schema = self.metadata.schema();
         let mut fields = Vec::with_capacity(columns.len());
         let mut images = Vec::with_capacity(columns.len());
-        for &c in columns {
+        for &c in &stored {
             let field = file_schema.field(c);
             images.push(column(field.name())?);
             fields.push(field.clone());
@@ -260,9 +308,17 @@ impl DeltaFile {
         })
     }
 
-    /// The full images (all `width` table columns) of the records at `positions` (sorted).
+    /// The full images (all table columns) of the records at `positions` (sorted), from a file
+    /// that stores all columns.
     pub fn read_images(&self, positions: &[u32]) -> Result<RecordBatch, StorageError> {
-        read_positions(&self.path, &self.metadata, self.width(), positions)
+        if self.meta.columns.is_some() {
+            return Err(StorageError::Corruption(format!(
+                "{} holds per-column records, not row images",
+                self.path.display()
+            )));
+        }
+        let roots: Vec<usize> = (0..self.width()).collect();
+        read_positions(&self.path, &self.metadata, &roots, positions)
     }
 }
 
@@ -273,14 +329,13 @@ pub enum Image {
     Base,
     /// A new image in the tablet's row arena.
     Mem(RowRef),
-    /// A record in REDO file `file` of the rowset (`UNDO` for its UNDO file).
+    /// A record in REDO file `file` of the rowset.
     File { file: usize, row: u32 },
+    /// The base data with UNDO records applied (see [`RowsetDeltas::view`]).
+    Undo,
     /// The row does not exist.
     Absent,
 }
-
-/// Marks the UNDO file in [`Image::File`].
-pub const UNDO: usize = usize::MAX;
 
 /// The newest REDO record of an ordinal across a rowset's REDO files.
 #[derive(Clone, Copy, Debug)]
@@ -296,6 +351,8 @@ struct Latest {
 #[derive(Default, Clone)]
 pub struct DeltaMemStore {
     pub by_ordinal: BTreeMap<u32, Vec<Version>>,
+    /// The table columns the versions may change (see [`DeltaMeta::changed`]).
+    pub changed: BTreeSet<u32>,
 }
 
 impl DeltaMemStore {
@@ -322,10 +379,22 @@ impl DeltaMemStore {
     }
 }
 
-/// The history of one rowset: its UNDO file, REDO files and DeltaMemStore.
+/// The UNDO record of one file that a snapshot needs for one ordinal: the file's oldest record
+/// of that ordinal newer than the snapshot.
+#[derive(Clone, Copy, Debug)]
+struct UndoPick {
+    /// Index into [`RowsetDeltas::undo`].
+    file: usize,
+    row: u32,
+    /// The row did not exist before the record.
+    absent: bool,
+}
+
+/// The history of one rowset: its UNDO files, REDO files and DeltaMemStore.
 #[derive(Default, Clone)]
 pub struct RowsetDeltas {
-    pub undo: Option<Arc<DeltaFile>>,
+    /// Oldest first: for any row, the records of a file are older than those of the next.
+    pub undo: Vec<Arc<DeltaFile>>,
     pub redo: Vec<Arc<DeltaFile>>,
     /// The newest record of each ordinal in `redo`, sorted by ordinal.
     latest: Vec<Latest>,
@@ -333,10 +402,7 @@ pub struct RowsetDeltas {
 }
 
 impl RowsetDeltas {
-    pub fn new(
-        undo: Option<Arc<DeltaFile>>,
-        redo: Vec<Arc<DeltaFile>>,
-    ) -> Result<Self, StorageError> {
+    pub fn new(undo: Vec<Arc<DeltaFile>>, redo: Vec<Arc<DeltaFile>>) -> Result<Self, StorageError> {
         let mut deltas = RowsetDeltas {
             undo,
             redo: Vec::new(),
@@ -416,6 +482,15 @@ impl RowsetDeltas {
                 .sum::<u64>()
     }
 
+    /// The table columns that REDO records (files and memory) may change; None = any.
+    pub fn changed_columns(&self) -> Option<BTreeSet<u32>> {
+        let mut changed = self.dms.changed.clone();
+        for file in &self.redo {
+            changed.extend(file.changed()?);
+        }
+        Some(changed)
+    }
+
     /// The newest state of the row at `ordinal`.
     pub fn latest(&self, ordinal: u32) -> Image {
         if let Some(v) = self.dms.by_ordinal.get(&ordinal).and_then(|v| v.last()) {
@@ -446,7 +521,7 @@ impl RowsetDeltas {
             .binary_search_by_key(&ordinal, |l| l.ordinal)
             .ok()
             .map(|i| self.latest[i]);
-        let undo_needed = self.undo.as_ref().is_some_and(|u| snapshot < u.meta.max_ts);
+        let undo_needed = self.undo.iter().any(|u| snapshot < u.meta.max_ts);
         match newest {
             Some(l) if l.ts <= snapshot => {
                 return Ok(if l.deleted {
@@ -462,65 +537,108 @@ impl RowsetDeltas {
             _ => {}
         }
         // An older version: search the files' records of this ordinal.
+        if let Some((_, picks)) = self.undo_picks(snapshot, Some(ordinal))?.first() {
+            return Ok(if picks[0].absent {
+                Image::Absent
+            } else {
+                Image::Undo
+            });
+        }
         let mut picks = Vec::new();
-        self.pick_from_files(snapshot, &mut picks, Some(ordinal))?;
+        self.redo_picks(snapshot, &mut picks, Some(ordinal))?;
         Ok(picks.last().map_or(Image::Base, |p| p.1))
     }
 
-    /// Appends to `picks` the state at `snapshot` of every ordinal (or just `only`) that the
-    /// delta files change from the base image, oldest source first (see [`newest_per_ordinal`]).
-    fn pick_from_files(
+    /// For every ordinal (or just `only`) with UNDO records newer than `snapshot`: the oldest
+    /// such record of each UNDO file, oldest file first; sorted by ordinal.
+    fn undo_picks(
+        &self,
+        snapshot: Timestamp,
+        only: Option<u32>,
+    ) -> Result<Vec<(u32, Vec<UndoPick>)>, StorageError> {
+        let mut picks: BTreeMap<u32, Vec<UndoPick>> = BTreeMap::new();
+        for (file, undo) in self.undo.iter().enumerate() {
+            if snapshot >= undo.meta.max_ts {
+                continue;
+            }
+            let records = undo.read(&[])?;
+            let mut last = None;
+            for (row, (&ordinal, &ts)) in records.ordinals.iter().zip(&records.ts).enumerate() {
+                if ts > snapshot.0 && only.is_none_or(|o| o == ordinal) && last != Some(ordinal) {
+                    picks.entry(ordinal).or_default().push(UndoPick {
+                        file,
+                        row: row as u32,
+                        absent: records.deleted.value(row),
+                    });
+                    last = Some(ordinal);
+                }
+            }
+        }
+        Ok(picks.into_iter().collect())
+    }
+
+    /// Appends to `picks` the state at `snapshot` of every ordinal (or just `only`) that REDO
+    /// files change from the base image, older records first (see [`newest_per_ordinal`]).
+    fn redo_picks(
         &self,
         snapshot: Timestamp,
         picks: &mut Vec<(u32, Image)>,
         only: Option<u32>,
     ) -> Result<(), StorageError> {
-        let wanted = |o: u32| only.is_none_or(|w| w == o);
-        let image = |deleted: bool, file: usize, row: usize| match deleted {
-            true => Image::Absent,
-            false => Image::File {
-                file,
-                row: row as u32,
-            },
-        };
-        if let Some(undo) = self.undo.as_ref().filter(|u| snapshot < u.meta.max_ts) {
-            let records = undo.read(&[])?;
-            let mut last = None;
-            for (row, (&ordinal, &ts)) in records.ordinals.iter().zip(&records.ts).enumerate() {
-                // The oldest record after the snapshot holds the image the snapshot sees.
-                if ts > snapshot.0 && wanted(ordinal) && last != Some(ordinal) {
-                    picks.push((ordinal, image(records.deleted.value(row), UNDO, row)));
-                    last = Some(ordinal);
-                }
-            }
-        }
         for (file, redo) in self.redo.iter().enumerate() {
             if redo.meta.min_ts > snapshot {
                 continue;
             }
             let records = redo.read(&[])?;
             for (row, (&ordinal, &ts)) in records.ordinals.iter().zip(&records.ts).enumerate() {
-                if ts <= snapshot.0 && wanted(ordinal) {
-                    picks.push((ordinal, image(records.deleted.value(row), file, row)));
+                if ts <= snapshot.0 && only.is_none_or(|o| o == ordinal) {
+                    let image = match records.deleted.value(row) {
+                        true => Image::Absent,
+                        false => Image::File {
+                            file,
+                            row: row as u32,
+                        },
+                    };
+                    picks.push((ordinal, image));
                 }
             }
         }
         Ok(())
     }
 
-    /// What a scan at `snapshot` changes in the base rows: the ordinals it must skip (sorted)
-    /// and the images that replace them, with the table columns `columns`.
+    /// What a scan at `snapshot` changes in the base rows of `rowset` (or only in the row at
+    /// `only`): the ordinals it must skip (sorted) and the images that replace them, with the
+    /// table columns `columns`.
     pub fn view(
         &self,
+        rowset: &DiskRowSet,
         snapshot: Timestamp,
         table: &SchemaRef,
         columns: &[usize],
         arena: &RowArena,
+        only: Option<u32>,
     ) -> Result<(Vec<u32>, Vec<RecordBatch>), StorageError> {
-        let mut picks = Vec::new();
-        self.pick_from_files(snapshot, &mut picks, None)?;
+        let undo = self.undo_picks(snapshot, only)?;
+        let mut picks: Vec<(u32, Image)> = undo
+            .iter()
+            .map(|(o, p)| {
+                (
+                    *o,
+                    if p[0].absent {
+                        Image::Absent
+                    } else {
+                        Image::Undo
+                    },
+                )
+            })
+            .collect();
+        // An ordinal's REDO records are newer than its UNDO records: none of them is visible
+        // where an UNDO record is.
+        self.redo_picks(snapshot, &mut picks, only)?;
         for (&ordinal, versions) in &self.dms.by_ordinal {
-            if let Some(v) = visible(versions, snapshot) {
+            if let Some(v) =
+                visible(versions, snapshot).filter(|_| only.is_none_or(|o| o == ordinal))
+            {
                 picks.push((ordinal, v.row.map_or(Image::Absent, Image::Mem)));
             }
         }
@@ -538,8 +656,8 @@ impl RowsetDeltas {
             batches.push(arena.gather(table, columns, &mem)?);
         }
         let projected = Arc::new(table.project(columns)?);
-        let files = std::iter::once(UNDO).chain(0..self.redo.len());
-        for file in files {
+        let with_rows = |n: usize| arrow::array::RecordBatchOptions::new().with_row_count(Some(n));
+        for (file, source) in self.redo.iter().enumerate() {
             let rows: Vec<u32> = picks
                 .iter()
                 .filter_map(|(_, p)| match p {
@@ -550,31 +668,91 @@ impl RowsetDeltas {
             if rows.is_empty() {
                 continue;
             }
-            let source = if file == UNDO {
-                self.undo.as_ref()
-            } else {
-                self.redo.get(file)
-            }
-            .ok_or_else(|| StorageError::Corruption("missing delta file".into()))?;
             let records = source.read(columns)?;
             let taken =
                 arrow::compute::take_record_batch(&records.images, &UInt32Array::from(rows))?;
             batches.push(RecordBatch::try_new_with_options(
                 projected.clone(),
                 taken.columns().to_vec(),
-                &arrow::array::RecordBatchOptions::new().with_row_count(Some(taken.num_rows())),
+                &with_rows(taken.num_rows()),
+            )?);
+        }
+        let composed: Vec<&(u32, Vec<UndoPick>)> =
+            undo.iter().filter(|(_, p)| !p[0].absent).collect();
+        if !composed.is_empty() {
+            let images = self.compose_undo(rowset, table, columns, &composed)?;
+            batches.push(RecordBatch::try_new_with_options(
+                projected,
+                images,
+                &with_rows(composed.len()),
             )?);
         }
         Ok((hidden, batches))
     }
 
-    /// The delta file an [`Image::File`] names.
-    pub fn file(&self, file: usize) -> Option<&Arc<DeltaFile>> {
-        if file == UNDO {
-            self.undo.as_ref()
-        } else {
-            self.redo.get(file)
+    /// The images (columns `columns`) that UNDO records give the rows of `picks`: each column
+    /// from the oldest picked record that holds it, or else from the base data.
+    fn compose_undo(
+        &self,
+        rowset: &DiskRowSet,
+        table: &SchemaRef,
+        columns: &[usize],
+        picks: &[&(u32, Vec<UndoPick>)],
+    ) -> Result<Vec<ArrayRef>, StorageError> {
+        let files: BTreeSet<usize> = picks
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|p| p.file))
+            .collect();
+        let mut records = BTreeMap::new();
+        for &f in &files {
+            records.insert(f, self.undo[f].read(columns)?);
         }
+        // The base data of the rows some column of which no picked record holds.
+        let from_base = |p: &[UndoPick], c: usize| !p.iter().any(|p| self.undo[p.file].has(c));
+        let base_rows: Vec<u32> = picks
+            .iter()
+            .filter(|(_, p)| columns.iter().any(|&c| from_base(p, c)))
+            .map(|(o, _)| *o)
+            .collect();
+        let base = match base_rows.is_empty() {
+            true => None,
+            false => Some(rowset.read_rows(columns, &base_rows)?),
+        };
+        let mut out = Vec::with_capacity(columns.len());
+        for (i, &c) in columns.iter().enumerate() {
+            let name = table.field(c).name();
+            // Sources: the base rows, then each file's records.
+            let mut arrays: Vec<&dyn Array> = Vec::new();
+            let mut slot = BTreeMap::new();
+            if let Some(base) = &base {
+                arrays.push(base.column(i).as_ref());
+            }
+            for (f, r) in &records {
+                if let Some(column) = r.images.column_by_name(name) {
+                    slot.insert(*f, arrays.len());
+                    arrays.push(column.as_ref());
+                }
+            }
+            let mut indices = Vec::with_capacity(picks.len());
+            for (ordinal, p) in picks.iter().copied() {
+                match p.iter().find(|p| slot.contains_key(&p.file)) {
+                    Some(p) => indices.push((slot[&p.file], p.row as usize)),
+                    None => {
+                        let row = base_rows.binary_search(ordinal).map_err(|_| {
+                            StorageError::Corruption("base row of an UNDO image not read".into())
+                        })?;
+                        indices.push((0, row));
+                    }
+                }
+            }
+            out.push(interleave(&arrays, &indices)?);
+        }
+        Ok(out)
+    }
+
+    /// The REDO file an [`Image::File`] names.
+    pub fn file(&self, file: usize) -> Option<&Arc<DeltaFile>> {
+        self.redo.get(file)
     }
 }
 

@@ -1,10 +1,14 @@
 //! DiskRowSets: immutable columnar files holding flushed rows in primary-key order.
 //!
-//! A DiskRowSet is one Parquet file (page statistics; per column the encoding and compression of
-//! its schema, by default dictionary encoding and LZ4) with the table's columns plus `__key`, the encoded primary key of each row. The row ordinal in the file
-//! identifies a row for its delta store. On open the key column is loaded into memory: key
-//! lookups are a binary search, and the first/last key bound which lookups need this rowset at
-//! all. (A sparse key index and bloom filters are the storage issue's.)
+//! A DiskRowSet is one Parquet file (page statistics; per column the encoding and compression
+//! of its schema, by default dictionary encoding and LZ4) with the table's columns plus
+//! `__key`, the encoded primary key of each row. The row ordinal in the file identifies a row
+//! for its delta store. On open the key column is loaded into memory with a bloom filter: key
+//! lookups are a binary search, and the first/last key bound which lookups need this rowset.
+//!
+//! A major delta compaction that rewrites only the columns updates changed adds a
+//! [`ColumnFile`]: the new base data of those columns, for the same rows in the same order and
+//! row groups. A column is read from the newest file that holds it.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -27,6 +31,7 @@ use parquet::file::metadata::{PageIndexPolicy, RowGroupMetaData};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::{ColumnPath, SchemaDescPtr, SchemaDescriptor};
 use parquet::DecodeResult;
+use serde::{Deserialize, Serialize};
 use std::os::unix::fs::FileExt;
 
 pub(crate) use crate::bloom::hash_bytes;
@@ -49,12 +54,66 @@ pub struct DiskRowSet {
     pub id: u64,
     path: PathBuf,
     /// Encoded keys, sorted; position = row ordinal.
-    keys: KeyIndex,
+    keys: Arc<KeyIndex>,
+    /// Newer base data of some columns, oldest first: each column is read from the newest
+    /// file that has it, or else from the rowset's file.
+    column_files: Vec<Arc<ColumnFile>>,
     bytes: u64,
     /// The file's footer and page index, read once.
     metadata: ArrowReaderMetadata,
     /// CRC32 of the file (None for files written before checksums were recorded).
     pub checksum: Option<u32>,
+}
+
+/// What the tablet metadata records of a column file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ColumnFileMeta {
+    pub id: u64,
+    /// The table columns (positions) the file holds, ascending.
+    pub columns: Vec<u32>,
+    pub checksum: u32,
+}
+
+/// New base data for some columns of a rowset, written by a major delta compaction that
+/// rewrote only the columns its REDO records changed: the same rows in the same order, in row
+/// groups of the same sizes.
+pub struct ColumnFile {
+    pub meta: ColumnFileMeta,
+    path: PathBuf,
+    bytes: u64,
+    metadata: ArrowReaderMetadata,
+}
+
+impl ColumnFile {
+    pub fn file_name(id: u64) -> String {
+        format!("columns-{id:010}.parquet")
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn disk_bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    fn open(dir: &Path, meta: ColumnFileMeta) -> Result<ColumnFile, StorageError> {
+        let path = dir.join(Self::file_name(meta.id));
+        crate::checksum::verify(&path, meta.checksum)?;
+        let file = File::open(&path)?;
+        Ok(ColumnFile {
+            bytes: file.metadata()?.len(),
+            metadata: load_metadata(&file)?,
+            meta,
+            path,
+        })
+    }
+}
+
+/// The row counts of a file's row groups.
+fn row_groups(metadata: &ArrowReaderMetadata) -> Vec<i64> {
+    let groups = metadata.metadata().row_groups();
+    groups.iter().map(|g| g.num_rows()).collect()
 }
 
 pub(crate) fn load_metadata(file: &File) -> Result<ArrowReaderMetadata, StorageError> {
@@ -166,39 +225,9 @@ impl DiskRowSet {
     ) -> Result<DiskRowSet, StorageError> {
         let path = dir.join(Self::file_name(id));
         let file = ChecksumWriter::create(&path)?;
-        let mut props = WriterProperties::builder()
-            .set_compression(Compression::LZ4_RAW)
-            .set_dictionary_enabled(true)
-            .set_statistics_enabled(EnabledStatistics::Page)
-            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-            // Small pages: a key lookup decodes one page per column, found by the offset index.
-            .set_data_page_row_count_limit(PAGE_ROWS)
-            .set_dictionary_page_size_limit(DICTIONARY_BYTES);
-        for column in table.columns() {
-            let path = ColumnPath::from(column.name.as_str());
-            let encoding = match column.encoding {
-                ColumnEncoding::Auto | ColumnEncoding::Dictionary => None,
-                ColumnEncoding::Rle if column.column_type != ColumnType::Bool => None,
-                ColumnEncoding::Rle => Some(Encoding::RLE),
-                ColumnEncoding::Plain => Some(Encoding::PLAIN),
-                ColumnEncoding::BitShuffle => Some(Encoding::BYTE_STREAM_SPLIT),
-                ColumnEncoding::Delta => Some(Encoding::DELTA_BINARY_PACKED),
-                ColumnEncoding::Prefix => Some(Encoding::DELTA_BYTE_ARRAY),
-            };
-            if let Some(encoding) = encoding {
-                props = props
-                    .set_column_dictionary_enabled(path.clone(), false)
-                    .set_column_encoding(path.clone(), encoding);
-            }
-            let compression = match column.compression {
-                ColumnCompression::Default | ColumnCompression::Lz4 => Compression::LZ4_RAW,
-                ColumnCompression::None => Compression::UNCOMPRESSED,
-                ColumnCompression::Zstd => Compression::ZSTD(ZstdLevel::default()),
-            };
-            props = props.set_column_compression(path, compression);
-        }
+        let all: Vec<usize> = (0..table.columns().len()).collect();
         // Keys are unique: a dictionary would only cost (and every lookup would decode it).
-        let props = props
+        let props = writer_properties(table, &all)
             .set_column_dictionary_enabled(ColumnPath::from(KEY_COLUMN), false)
             .build();
         let schema = file_schema(&table.arrow_schema());
@@ -221,16 +250,194 @@ impl DiskRowSet {
         Ok(DiskRowSet {
             id,
             path,
-            keys: KeyIndex::new(keys.iter().map(Vec::as_slice))?,
+            keys: Arc::new(KeyIndex::new(keys.iter().map(Vec::as_slice))?),
+            column_files: Vec::new(),
             bytes,
             metadata,
             checksum: Some(checksum),
         })
     }
 
-    /// Opens rowset `id` in `dir`, checking it against `checksum` (when the metadata has
-    /// one) and loading its key column.
-    pub fn open(dir: &Path, id: u64, checksum: Option<u32>) -> Result<DiskRowSet, StorageError> {
+    /// Writes new base data for the table columns `columns` (ascending) of this rowset as
+    /// column file `id` in `dir`, synced: `batches` hold those columns of every row in order.
+    pub fn write_columns(
+        &self,
+        dir: &Path,
+        id: u64,
+        table: &Schema,
+        columns: &[u32],
+        batches: &[RecordBatch],
+    ) -> Result<ColumnFile, StorageError> {
+        let path = dir.join(ColumnFile::file_name(id));
+        let file = ChecksumWriter::create(&path)?;
+        let positions: Vec<usize> = columns.iter().map(|&c| c as usize).collect();
+        let props = writer_properties(table, &positions).build();
+        let schema = Arc::new(table.arrow_schema().project(&positions)?);
+        let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
+        for batch in batches {
+            writer.write(&RecordBatch::try_new(
+                schema.clone(),
+                batch.columns().to_vec(),
+            )?)?;
+        }
+        let checksum = writer.into_inner()?.finish()?;
+        let meta = ColumnFileMeta {
+            id,
+            columns: columns.to_vec(),
+            checksum,
+        };
+        let file = ColumnFile::open(dir, meta)?;
+        if row_groups(&file.metadata) != row_groups(&self.metadata) {
+            return Err(StorageError::Corruption(format!(
+                "{}: row groups differ from the rowset's",
+                file.path.display()
+            )));
+        }
+        Ok(file)
+    }
+
+    /// This rowset with `file` as the newest base data of its columns. Older column files
+    /// whose every column it replaces are left out.
+    pub fn with_column_file(&self, file: ColumnFile) -> DiskRowSet {
+        let mut column_files: Vec<Arc<ColumnFile>> = self
+            .column_files
+            .iter()
+            .filter(|f| {
+                f.meta
+                    .columns
+                    .iter()
+                    .any(|c| !file.meta.columns.contains(c))
+            })
+            .cloned()
+            .collect();
+        column_files.push(Arc::new(file));
+        DiskRowSet {
+            id: self.id,
+            path: self.path.clone(),
+            keys: self.keys.clone(),
+            column_files,
+            bytes: self.bytes,
+            metadata: self.metadata.clone(),
+            checksum: self.checksum,
+        }
+    }
+
+    pub fn column_files(&self) -> &[Arc<ColumnFile>] {
+        &self.column_files
+    }
+
+    /// The rowset's files: its own and its column files.
+    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+        std::iter::once(self.path.as_path()).chain(self.column_files.iter().map(|f| f.path()))
+    }
+
+    /// Where table column `c` is read: the newest column file holding it (None: the rowset's
+    /// file) and its index there.
+    fn source(&self, c: usize) -> (Option<&ColumnFile>, usize) {
+        for file in self.column_files.iter().rev() {
+            if let Some(i) = file.meta.columns.iter().position(|&x| x as usize == c) {
+                return (Some(file), i);
+            }
+        }
+        (None, c)
+    }
+
+    /// The path and metadata of the file holding column `c`.
+    fn file_of(&self, c: usize) -> (&Path, &ArrowReaderMetadata) {
+        match self.source(c).0 {
+            Some(f) => (&f.path, &f.metadata),
+            None => (&self.path, &self.metadata),
+        }
+    }
+
+    /// `columns` (indexes into the table schema) grouped by the file holding them.
+    fn by_file(&self, columns: &[usize]) -> Vec<FileColumns<'_>> {
+        let mut groups: Vec<(Option<u64>, FileColumns)> = Vec::new();
+        for (i, &c) in columns.iter().enumerate() {
+            let (file, root) = self.source(c);
+            let id = file.map(|f| f.meta.id);
+            match groups.iter_mut().find(|g| g.0 == id) {
+                Some(g) => g.1.columns.push((i, root)),
+                None => {
+                    let (path, metadata) = self.file_of(c);
+                    let columns = vec![(i, root)];
+                    groups.push((
+                        id,
+                        FileColumns {
+                            path,
+                            metadata,
+                            columns,
+                        },
+                    ));
+                }
+            }
+        }
+        let mut groups: Vec<FileColumns> = groups.into_iter().map(|g| g.1).collect();
+        for g in &mut groups {
+            // Parquet returns the projected columns in file order.
+            g.columns.sort_by_key(|c| c.1);
+        }
+        groups
+    }
+}
+
+/// Some columns of a read, all in one file of a rowset.
+struct FileColumns<'a> {
+    path: &'a Path,
+    metadata: &'a ArrowReaderMetadata,
+    /// For each column: its index in the columns read, and in the file; in file order.
+    columns: Vec<(usize, usize)>,
+}
+
+/// Writer settings for the table columns `columns`: statistics per page, row groups and pages
+/// of fixed row counts, and for each column the encoding and compression of its schema.
+fn writer_properties(
+    table: &Schema,
+    columns: &[usize],
+) -> parquet::file::properties::WriterPropertiesBuilder {
+    let mut props = WriterProperties::builder()
+        .set_compression(Compression::LZ4_RAW)
+        .set_dictionary_enabled(true)
+        .set_statistics_enabled(EnabledStatistics::Page)
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        // Small pages: a key lookup decodes one page per column, found by the offset index.
+        .set_data_page_row_count_limit(PAGE_ROWS)
+        .set_dictionary_page_size_limit(DICTIONARY_BYTES);
+    for column in columns.iter().map(|&c| &table.columns()[c]) {
+        let path = ColumnPath::from(column.name.as_str());
+        let encoding = match column.encoding {
+            ColumnEncoding::Auto | ColumnEncoding::Dictionary => None,
+            ColumnEncoding::Rle if column.column_type != ColumnType::Bool => None,
+            ColumnEncoding::Rle => Some(Encoding::RLE),
+            ColumnEncoding::Plain => Some(Encoding::PLAIN),
+            ColumnEncoding::BitShuffle => Some(Encoding::BYTE_STREAM_SPLIT),
+            ColumnEncoding::Delta => Some(Encoding::DELTA_BINARY_PACKED),
+            ColumnEncoding::Prefix => Some(Encoding::DELTA_BYTE_ARRAY),
+        };
+        if let Some(encoding) = encoding {
+            props = props
+                .set_column_dictionary_enabled(path.clone(), false)
+                .set_column_encoding(path.clone(), encoding);
+        }
+        let compression = match column.compression {
+            ColumnCompression::Default | ColumnCompression::Lz4 => Compression::LZ4_RAW,
+            ColumnCompression::None => Compression::UNCOMPRESSED,
+            ColumnCompression::Zstd => Compression::ZSTD(ZstdLevel::default()),
+        };
+        props = props.set_column_compression(path, compression);
+    }
+    props
+}
+
+impl DiskRowSet {
+    /// Opens rowset `id` in `dir` with its column files, checking each file against its
+    /// checksum (when the metadata has one) and loading the key column.
+    pub fn open(
+        dir: &Path,
+        id: u64,
+        checksum: Option<u32>,
+        column_files: &[ColumnFileMeta],
+    ) -> Result<DiskRowSet, StorageError> {
         let path = dir.join(Self::file_name(id));
         if let Some(expected) = checksum {
             crate::checksum::verify(&path, expected)?;
@@ -268,18 +475,29 @@ impl DiskRowSet {
                 path.display()
             )));
         }
+        let column_files = column_files
+            .iter()
+            .map(|meta| {
+                let file = ColumnFile::open(dir, meta.clone())?;
+                match row_groups(&file.metadata) == row_groups(&metadata) {
+                    true => Ok(Arc::new(file)),
+                    false => Err(StorageError::Corruption(format!(
+                        "{}: row groups differ from those of {}",
+                        file.path.display(),
+                        path.display()
+                    ))),
+                }
+            })
+            .collect::<Result<_, StorageError>>()?;
         Ok(DiskRowSet {
             id,
             path,
-            keys,
+            keys: Arc::new(keys),
+            column_files,
             bytes,
             metadata,
             checksum,
         })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     pub fn num_rows(&self) -> usize {
@@ -291,8 +509,14 @@ impl DiskRowSet {
         self.keys.memory_bytes()
     }
 
+    /// Bytes on disk of the rowset's file and its column files.
     pub fn disk_bytes(&self) -> u64 {
         self.bytes
+            + self
+                .column_files
+                .iter()
+                .map(|f| f.disk_bytes())
+                .sum::<u64>()
     }
 
     pub fn key(&self, ordinal: u32) -> &[u8] {
@@ -305,17 +529,15 @@ impl DiskRowSet {
         self.keys.find(key, hash).map(|i| i as u32)
     }
 
-    /// A reader of the table columns `columns` (indexes into `schema`), in ordinal order,
-    /// without the rows at `hidden` (sorted ordinals) and with `predicates` applied.
+    /// A reader of the table columns `columns` (indexes into `schema`, the predicates'
+    /// columns among them), in ordinal order, without the rows at `hidden` (sorted ordinals)
+    /// and with `predicates` applied.
     ///
-    /// Row groups whose min/max statistics exclude a predicate are skipped unread. The
-    /// predicate columns are decoded and filtered first; the other columns are decoded only
-    /// for the rows that pass (Parquet's late materialisation, skipping whole pages where
-    /// none does). The file is opened now, so the reader keeps working if the rowset is later
-    /// replaced.
-    /// A reader of the base rows of this rowset for a scan: `columns` only, rows at the
-    /// `hidden` ordinals and row groups that the predicates exclude by their statistics
-    /// skipped, predicates applied before other columns are decoded.
+    /// Row groups whose min/max statistics exclude a predicate are skipped unread. When all
+    /// the columns are in the rowset's own file, the predicate columns are decoded and
+    /// filtered first and the other columns only for the rows that pass (Parquet's late
+    /// materialisation, skipping whole pages where none does). The files are opened now, so
+    /// the reader keeps working if the rowset is later replaced.
     pub(crate) fn reader(
         &self,
         schema: &Schema,
@@ -324,6 +546,11 @@ impl DiskRowSet {
         predicates: &[ColumnPredicate],
         batch_size: usize,
     ) -> Result<RowsetReader, StorageError> {
+        if columns.iter().any(|&c| self.source(c).0.is_some()) {
+            return self
+                .zip_reader(schema, columns, hidden, predicates, batch_size)
+                .map(RowsetReader::Zip);
+        }
         let file = File::open(&self.path)?;
         let metadata = self.metadata.clone();
         let parquet_schema = metadata.parquet_schema().clone();
@@ -343,17 +570,9 @@ impl DiskRowSet {
         );
         let mut read_groups = Vec::new();
         let mut start = 0;
-        for group in metadata.metadata().row_groups() {
+        for (g, group) in metadata.metadata().row_groups().iter().enumerate() {
             let rows = group.num_rows() as usize;
-            if excluded_by_statistics(
-                schema,
-                metadata.schema(),
-                &parquet_schema,
-                group,
-                predicates,
-            )
-            .unwrap_or(false)
-            {
+            if excluded_by_statistics(schema, g, predicates, &|_| &metadata).unwrap_or(false) {
                 skipped.push((start, rows));
             } else {
                 read_groups.push(group);
@@ -394,7 +613,7 @@ impl DiskRowSet {
         if !skipped.is_empty() {
             builder = builder.with_row_selection(selection(skipped, start));
         }
-        let mut reader = RowsetReader {
+        let mut reader = FileReader {
             file,
             decoder: None,
             current: None,
@@ -405,7 +624,62 @@ impl DiskRowSet {
             next_ordinal: 0,
         };
         reader.decoder = Some(reader.with_filter(builder).build()?);
-        Ok(reader)
+        Ok(RowsetReader::File(Box::new(reader)))
+    }
+
+    /// A reader for [`Self::reader`] of columns from several files: each file is decoded with
+    /// the same row selection and their batches zipped; predicates are evaluated on the
+    /// zipped rows.
+    fn zip_reader(
+        &self,
+        schema: &Schema,
+        columns: &[usize],
+        hidden: &[u32],
+        predicates: &[ColumnPredicate],
+        batch_size: usize,
+    ) -> Result<ZipReader, StorageError> {
+        let mut skipped: Vec<(usize, usize)> = hidden.iter().map(|&o| (o as usize, 1)).collect();
+        let (first, end) = self.key_range(schema, predicates);
+        skipped.extend(
+            [(0, first), (end, self.num_rows() - end)]
+                .into_iter()
+                .filter(|r| r.1 > 0),
+        );
+        let mut start = 0;
+        for (g, group) in self.metadata.metadata().row_groups().iter().enumerate() {
+            let rows = group.num_rows() as usize;
+            let metadata_of = |c: usize| self.file_of(c).1;
+            if excluded_by_statistics(schema, g, predicates, &metadata_of).unwrap_or(false) {
+                skipped.push((start, rows));
+            }
+            start += rows;
+        }
+        let selection = selection(skipped, start);
+        let mut parts = Vec::new();
+        for file in self.by_file(columns) {
+            let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
+                File::open(file.path)?,
+                file.metadata.clone(),
+            );
+            let roots = file.columns.iter().map(|w| w.1);
+            let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+            let reader = builder
+                .with_projection(mask)
+                .with_row_selection(selection.clone())
+                .with_batch_size(batch_size.max(1))
+                .build()?;
+            parts.push(ZipPart {
+                reader,
+                outputs: file.columns.iter().map(|w| w.0).collect(),
+                pending: None,
+            });
+        }
+        Ok(ZipReader {
+            parts,
+            schema: schema.clone(),
+            output: Arc::new(schema.arrow_schema().project(columns)?),
+            predicates: predicates.to_vec(),
+        })
     }
 
     /// The ordinals `[first, end)` outside which no row can pass `predicates`, from `=`, `<`,
@@ -457,22 +731,38 @@ impl DiskRowSet {
         (first.min(end), end)
     }
 
-    /// Reads the full rows at `ordinals` (sorted, distinct), all table columns.
+    /// Reads the table columns `columns` of the rows at `ordinals` (sorted, distinct).
     pub fn read_rows(
         &self,
-        num_columns: usize,
+        columns: &[usize],
         ordinals: &[u32],
     ) -> Result<RecordBatch, StorageError> {
-        read_positions(&self.path, &self.metadata, num_columns, ordinals)
+        let mut arrays: Vec<Option<ArrayRef>> = vec![None; columns.len()];
+        let mut fields: Vec<Option<Field>> = vec![None; columns.len()];
+        for file in self.by_file(columns) {
+            let roots: Vec<usize> = file.columns.iter().map(|w| w.1).collect();
+            let batch = read_positions(file.path, file.metadata, &roots, ordinals)?;
+            for (j, (i, _)) in file.columns.into_iter().enumerate() {
+                arrays[i] = Some(batch.column(j).clone());
+                fields[i] = Some(batch.schema().field(j).clone());
+            }
+        }
+        Ok(RecordBatch::try_new_with_options(
+            Arc::new(ArrowSchema::new(
+                fields.into_iter().flatten().collect::<Vec<_>>(),
+            )),
+            arrays.into_iter().flatten().collect(),
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(ordinals.len())),
+        )?)
     }
 }
 
-/// Reads the first `num_columns` columns of the rows at `positions` (sorted, distinct) of a
+/// Reads the columns `roots` (ascending) of the rows at `positions` (sorted, distinct) of a
 /// Parquet file. Only the row groups holding them are read.
 pub(crate) fn read_positions(
     path: &Path,
     metadata: &ArrowReaderMetadata,
-    num_columns: usize,
+    roots: &[usize],
     positions: &[u32],
 ) -> Result<RecordBatch, StorageError> {
     let mut groups = Vec::new();
@@ -489,7 +779,10 @@ pub(crate) fn read_positions(
                 if o > next {
                     selectors.push(RowSelector::skip((o - next) as usize));
                 }
-                selectors.push(RowSelector::select(1));
+                match selectors.last_mut() {
+                    Some(last) if !last.skip && o == next => last.row_count += 1,
+                    _ => selectors.push(RowSelector::select(1)),
+                }
                 next = o + 1;
             }
             if group_end > next {
@@ -501,7 +794,7 @@ pub(crate) fn read_positions(
     let builder =
         ParquetRecordBatchReaderBuilder::new_with_metadata(File::open(path)?, metadata.clone())
             .with_row_groups(groups);
-    let mask = ProjectionMask::roots(builder.parquet_schema(), 0..num_columns);
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
     let reader = builder
         .with_projection(mask)
         .with_row_selection(RowSelection::from(selectors))
@@ -536,17 +829,20 @@ fn selection(mut skipped: Vec<(usize, usize)>, total: usize) -> RowSelection {
     RowSelection::from(selectors)
 }
 
-/// Whether a row group's min/max statistics prove that no row passes `predicates`.
-fn excluded_by_statistics(
+/// Whether the min/max statistics of row group `g` prove that no row passes `predicates`;
+/// `metadata_of` gives the file that holds a column.
+fn excluded_by_statistics<'a>(
     schema: &Schema,
-    arrow_schema: &ArrowSchema,
-    parquet_schema: &SchemaDescriptor,
-    group: &RowGroupMetaData,
+    g: usize,
     predicates: &[ColumnPredicate],
+    metadata_of: &dyn Fn(usize) -> &'a ArrowReaderMetadata,
 ) -> Result<bool, StorageError> {
     for p in predicates {
         let name = &schema.columns()[p.column].name;
-        let converter = StatisticsConverter::try_new(name, arrow_schema, parquet_schema)?;
+        let metadata = metadata_of(p.column);
+        let group = &metadata.metadata().row_groups()[g];
+        let converter =
+            StatisticsConverter::try_new(name, metadata.schema(), metadata.parquet_schema())?;
         let min = converter.row_group_mins([group])?;
         let max = converter.row_group_maxes([group])?;
         if min.null_count() > 0 || max.null_count() > 0 {
@@ -604,11 +900,102 @@ fn within_bounds(
         && all(cmp::lt_eq(&max, &s(high))?))
 }
 
+/// Reads a rowset's base data for a scan (see [`DiskRowSet::reader`]).
+pub(crate) enum RowsetReader {
+    File(Box<FileReader>),
+    Zip(ZipReader),
+}
+
+impl Iterator for RowsetReader {
+    type Item = Result<RecordBatch, StorageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            RowsetReader::File(r) => r.next(),
+            RowsetReader::Zip(r) => r.next(),
+        }
+    }
+}
+
+/// Reads columns of a rowset from several files (see [`DiskRowSet::zip_reader`]).
+pub(crate) struct ZipReader {
+    parts: Vec<ZipPart>,
+    schema: Schema,
+    output: SchemaRef,
+    predicates: Vec<ColumnPredicate>,
+}
+
+struct ZipPart {
+    reader: ParquetRecordBatchReader,
+    /// The output index of each column of the file's batches.
+    outputs: Vec<usize>,
+    /// Decoded rows not yet returned.
+    pending: Option<RecordBatch>,
+}
+
+impl ZipReader {
+    /// The next rows of every file, zipped (before predicates); None at the end.
+    fn next_zipped(&mut self) -> Result<Option<RecordBatch>, StorageError> {
+        let mut n = usize::MAX;
+        for part in &mut self.parts {
+            if part.pending.as_ref().is_none_or(|b| b.num_rows() == 0) {
+                part.pending = part.reader.next().transpose()?;
+            }
+            n = n.min(part.pending.as_ref().map_or(0, |b| b.num_rows()));
+        }
+        if n == 0 {
+            return match self.parts.iter().any(|p| p.pending.is_some()) {
+                true => Err(StorageError::Corruption(
+                    "the files of a rowset hold different numbers of rows".into(),
+                )),
+                false => Ok(None),
+            };
+        }
+        let mut arrays: Vec<Option<ArrayRef>> = vec![None; self.output.fields().len()];
+        for part in &mut self.parts {
+            if let Some(batch) = part.pending.take() {
+                for (j, &o) in part.outputs.iter().enumerate() {
+                    arrays[o] = Some(batch.column(j).slice(0, n));
+                }
+                part.pending = Some(batch.slice(n, batch.num_rows() - n));
+            }
+        }
+        Ok(Some(RecordBatch::try_new_with_options(
+            self.output.clone(),
+            arrays.into_iter().flatten().collect(),
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(n)),
+        )?))
+    }
+}
+
+impl Iterator for ZipReader {
+    type Item = Result<RecordBatch, StorageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let batch = match self.next_zipped() {
+                Ok(Some(batch)) => batch,
+                Ok(None) => return None,
+                Err(e) => return Some(Err(e)),
+            };
+            if self.predicates.is_empty() {
+                return Some(Ok(batch));
+            }
+            let filtered = predicate_mask(&self.schema, &self.predicates, &batch)
+                .and_then(|mask| Ok(arrow::compute::filter_record_batch(&batch, &mask)?));
+            match filtered {
+                Ok(b) if b.num_rows() == 0 => continue,
+                other => return Some(other),
+            }
+        }
+    }
+}
+
 /// Decodes a rowset for a scan one row group at a time, so that between row groups it can drop
 /// predicates that stopped paying (join filters that switched themselves off). Predicates run
 /// as a Parquet row filter: their columns are decoded first (and kept for the output), the other
 /// columns only for the rows and pages that pass.
-pub(crate) struct RowsetReader {
+pub(crate) struct FileReader {
     file: File,
     decoder: Option<ParquetPushDecoder>,
     current: Option<ParquetRecordBatchReader>,
@@ -621,7 +1008,7 @@ pub(crate) struct RowsetReader {
     next_ordinal: u64,
 }
 
-impl RowsetReader {
+impl FileReader {
     /// `batch` (the next rows in ordinal order) without the hidden rows.
     fn drop_hidden(&mut self, batch: RecordBatch) -> Result<RecordBatch, StorageError> {
         let Some(hidden) = &self.hidden else {
@@ -714,7 +1101,7 @@ impl RowsetReader {
     }
 }
 
-impl Iterator for RowsetReader {
+impl Iterator for FileReader {
     type Item = Result<RecordBatch, StorageError>;
 
     fn next(&mut self) -> Option<Self::Item> {

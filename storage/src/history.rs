@@ -9,11 +9,11 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, RecordBatch};
+use arrow::array::{new_null_array, Array, RecordBatch};
 use arrow::compute::interleave;
 
-use crate::delta::{DeltaFile, Record, RowsetDeltas};
-use crate::diskrowset::DiskRowSet;
+use crate::delta::{DeltaFile, Layout, Record, RowsetDeltas};
+use crate::diskrowset::{ColumnFile, DiskRowSet};
 use crate::{Schema, StorageError, Timestamp};
 
 /// A row image: (source batch, row) in the sources of a rewrite.
@@ -50,14 +50,31 @@ impl NewFiles<'_> {
     pub fn delta(
         &mut self,
         schema: &Schema,
+        layout: Layout,
         sources: &[&RecordBatch],
         records: &[Record],
     ) -> Result<Arc<DeltaFile>, StorageError> {
         let id = self.take_id();
         self.paths.push(self.dir.join(DeltaFile::file_name(id)));
-        let file = DeltaFile::write(self.dir, id, schema, sources, records)?;
+        let file = DeltaFile::write(self.dir, id, schema, layout, sources, records)?;
         (self.fail)("delta_written")?;
         Ok(Arc::new(file))
+    }
+
+    /// New base data of the table columns `columns` of `rowset` (see
+    /// [`DiskRowSet::write_columns`]).
+    pub fn columns(
+        &mut self,
+        rowset: &DiskRowSet,
+        schema: &Schema,
+        columns: &[u32],
+        batches: &[RecordBatch],
+    ) -> Result<ColumnFile, StorageError> {
+        let id = self.take_id();
+        self.paths.push(self.dir.join(ColumnFile::file_name(id)));
+        let file = rowset.write_columns(self.dir, id, schema, columns, batches)?;
+        (self.fail)("columns_written")?;
+        Ok(file)
     }
 
     pub fn remove_all(&self) {
@@ -147,12 +164,17 @@ impl Pending {
         let rowset = DiskRowSet::write(files.dir, id, schema, &batches, self.keys)?;
         (files.fail)("rowset_written")?;
         let undo = match self.undo.is_empty() {
-            true => None,
-            false => Some(files.delta(schema, sources, &self.undo)?),
+            true => vec![],
+            false => vec![files.delta(schema, Layout::default(), sources, &self.undo)?],
+        };
+        // Versions after the base image can only be a final deletion.
+        let deletions = Layout {
+            columns: None,
+            changed: Some(vec![]),
         };
         let redo = match self.redo.is_empty() {
             true => vec![],
-            false => vec![files.delta(schema, sources, &self.redo)?],
+            false => vec![files.delta(schema, deletions, sources, &self.redo)?],
         };
         Ok(NewRowset {
             rowset: Arc::new(rowset),
@@ -173,12 +195,27 @@ pub fn rowset_chains(
     let n = rowset.num_rows();
     let all: Vec<usize> = (0..width).collect();
     let base = sources.len();
-    sources.push(rowset.read_rows(width, &(0..n as u32).collect::<Vec<_>>())?);
-    let mut undo = None;
-    if let Some(file) = &deltas.undo {
+    sources.push(rowset.read_rows(&all, &(0..n as u32).collect::<Vec<_>>())?);
+    // Per UNDO file: its records, the source index of its images (NULL in the columns the
+    // file does not hold), the columns it holds, and the next record not yet taken.
+    let mut undo = Vec::new();
+    let table = sources[base].schema();
+    for file in &deltas.undo {
         let records = file.read(&all)?;
-        sources.push(records.images.clone());
-        undo = Some((sources.len() - 1, records));
+        let held: Vec<usize> = all.iter().copied().filter(|&c| file.has(c)).collect();
+        let n = records.ordinals.len();
+        let columns = (0..width)
+            .map(|c| match held.iter().position(|&h| h == c) {
+                Some(i) => records.images.column(i).clone(),
+                None => new_null_array(table.field(c).data_type(), n),
+            })
+            .collect();
+        sources.push(RecordBatch::try_new_with_options(
+            nullable(&table),
+            columns,
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(n)),
+        )?);
+        undo.push((records, sources.len() - 1, held, 0usize));
     }
     let mut redo = Vec::new();
     for file in &deltas.redo {
@@ -186,33 +223,70 @@ pub fn rowset_chains(
         sources.push(records.images.clone());
         redo.push((sources.len() - 1, records));
     }
-    let mut undo_pos = 0;
     let mut redo_pos = vec![0; redo.len()];
+    // Images put together from per-column UNDO records: the source of each column.
+    let mut composed: Vec<Vec<ImageRef>> = Vec::new();
+    let composed_source = sources.len();
     let mut chains = Vec::with_capacity(n);
     for ordinal in 0..n as u32 {
-        let mut versions = Vec::new();
-        let base_image = Some((base, ordinal as usize));
-        // UNDO records (ts, image before ts): the version starting at each ts is the image
-        // before the next record, or the base image after the last.
-        let mut started = false;
-        if let Some((source, records)) = &undo {
-            while undo_pos < records.ordinals.len() && records.ordinals[undo_pos] == ordinal {
-                let before = (!records.deleted.value(undo_pos)).then_some((*source, undo_pos));
-                match versions.last_mut() {
-                    Some((_, image)) if started => *image = before,
-                    _ => {
-                        if before.is_some() {
-                            versions.push((Timestamp(0), before));
-                        }
-                    }
-                }
-                versions.push((Timestamp(records.ts[undo_pos]), base_image));
-                started = true;
-                undo_pos += 1;
+        // This row's UNDO records, oldest first (each file's records are older than the next
+        // file's): (ts, image before ts as the source of each column, or None).
+        let mut records: Vec<(Timestamp, Option<Vec<ImageRef>>)> = Vec::new();
+        let mut after: Vec<ImageRef> = (0..width).map(|_| (base, ordinal as usize)).collect();
+        let mut row_records = Vec::new();
+        for (file, source, held, pos) in undo.iter_mut() {
+            while *pos < file.ordinals.len() && file.ordinals[*pos] == ordinal {
+                let absent = file.deleted.value(*pos);
+                row_records.push((file.ts[*pos], *source, held.as_slice(), *pos, absent));
+                *pos += 1;
             }
         }
-        if !started {
-            versions.push((Timestamp(0), base_image));
+        // Newest first: the image before a record is the image after it with the record's
+        // columns replaced.
+        for &(ts, source, held, row, absent) in row_records.iter().rev() {
+            let before = match absent {
+                true => None,
+                false => {
+                    let mut image = after.clone();
+                    for &c in held {
+                        image[c] = (source, row);
+                    }
+                    Some(image)
+                }
+            };
+            records.push((Timestamp(ts), before.clone()));
+            if let Some(image) = before {
+                after = image;
+            }
+        }
+        records.reverse();
+        let mut image_ref = |image: Option<Vec<ImageRef>>| -> Option<ImageRef> {
+            let image = image?;
+            // An image taken whole from one row needs no new row.
+            let first = image[0];
+            if image.iter().all(|&i| i == first) {
+                return Some(first);
+            }
+            composed.push(image);
+            Some((composed_source, composed.len() - 1))
+        };
+        // The version starting at each record's ts is the image before the next record, or
+        // the base image after the last; before the first record, its image.
+        let mut versions = Vec::new();
+        match records.first() {
+            None => versions.push((Timestamp(0), Some((base, ordinal as usize)))),
+            Some((_, first)) => {
+                if let Some(image) = image_ref(first.clone()) {
+                    versions.push((Timestamp(0), Some(image)));
+                }
+                for (k, (ts, _)) in records.iter().enumerate() {
+                    let image = match records.get(k + 1) {
+                        Some((_, next)) => image_ref(next.clone()),
+                        None => Some((base, ordinal as usize)),
+                    };
+                    versions.push((*ts, image));
+                }
+            }
         }
         for ((source, records), pos) in redo.iter().zip(&mut redo_pos) {
             while *pos < records.ordinals.len() && records.ordinals[*pos] == ordinal {
@@ -226,7 +300,115 @@ pub fn rowset_chains(
             versions,
         });
     }
+    // The composed images, as one more source batch.
+    let mut columns = Vec::with_capacity(width);
+    for c in 0..width {
+        let arrays: Vec<&dyn Array> = sources.iter().map(|b| b.column(c).as_ref()).collect();
+        let indices: Vec<ImageRef> = composed.iter().map(|image| image[c]).collect();
+        columns.push(interleave(&arrays, &indices)?);
+    }
+    sources.push(RecordBatch::try_new_with_options(
+        nullable(&table),
+        columns,
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(composed.len())),
+    )?);
     Ok(chains)
+}
+
+/// Major delta compaction of a rowset whose REDO records change only the table columns
+/// `columns` (ascending) and whose DeltaMemStore is empty: writes the newest live values of
+/// those columns as a column file of the rowset and the values they replace as per-column UNDO
+/// records (history at or before `ancient` dropped). Rows keep their ordinals, so REDO
+/// deletions stay.
+pub fn apply_redo_to_columns(
+    files: &mut NewFiles,
+    schema: &Schema,
+    rowset: &DiskRowSet,
+    deltas: &RowsetDeltas,
+    columns: &[u32],
+    ancient: Timestamp,
+) -> Result<NewRowset, StorageError> {
+    debug_assert!(deltas.dms.is_empty());
+    let wanted: Vec<usize> = columns.iter().map(|&c| c as usize).collect();
+    let n = rowset.num_rows();
+    // Sources: the base data of the columns, then each REDO file's images of them.
+    let mut sources = vec![rowset.read_rows(&wanted, &(0..n as u32).collect::<Vec<_>>())?];
+    let mut records = Vec::new();
+    for file in &deltas.redo {
+        let read = file.read(&wanted)?;
+        for (row, (&ordinal, &ts)) in read.ordinals.iter().zip(&read.ts).enumerate() {
+            let image = (!read.deleted.value(row)).then_some((sources.len(), row));
+            records.push(Record {
+                ordinal,
+                ts: Timestamp(ts),
+                image,
+            });
+        }
+        sources.push(read.images);
+    }
+    // Files are in time order and each is sorted: a stable sort keeps each row's records in
+    // time order.
+    records.sort_by_key(|r| r.ordinal);
+    let mut newest: Vec<ImageRef> = (0..n).map(|o| (0, o)).collect();
+    let (mut undo, mut redo) = (Vec::new(), Vec::new());
+    for record in records {
+        let o = record.ordinal as usize;
+        match record.image {
+            None => redo.push(record),
+            Some(image) => {
+                if record.ts > ancient {
+                    undo.push(Record {
+                        image: Some(newest[o]),
+                        ..record
+                    });
+                }
+                newest[o] = image;
+            }
+        }
+    }
+    let refs: Vec<&RecordBatch> = sources.iter().collect();
+    let mut batches = Vec::new();
+    for part in newest.chunks(64 * 1024) {
+        let arrays = (0..wanted.len())
+            .map(|c| {
+                let arrays: Vec<&dyn Array> = refs.iter().map(|b| b.column(c).as_ref()).collect();
+                interleave(&arrays, part)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        batches.push(RecordBatch::try_new(sources[0].schema(), arrays)?);
+    }
+    let column_file = files.columns(rowset, schema, columns, &batches)?;
+    let mut undo_files = deltas.undo.clone();
+    if !undo.is_empty() {
+        let layout = Layout {
+            columns: Some(columns.to_vec()),
+            changed: None,
+        };
+        undo_files.push(files.delta(schema, layout, &refs, &undo)?);
+    }
+    let deletions = Layout {
+        columns: None,
+        changed: Some(vec![]),
+    };
+    let redo_files = match redo.is_empty() {
+        true => vec![],
+        false => vec![files.delta(schema, deletions, &[], &redo)?],
+    };
+    Ok(NewRowset {
+        rowset: Arc::new(rowset.with_column_file(column_file)),
+        deltas: RowsetDeltas::new(undo_files, redo_files)?,
+    })
+}
+
+/// `schema` with every field nullable (for batches of row images that include deletions).
+pub(crate) fn nullable(schema: &arrow::datatypes::SchemaRef) -> arrow::datatypes::SchemaRef {
+    Arc::new(arrow::datatypes::Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+    ))
 }
 
 /// Merges the chains of several rowsets (each in key order) into one chain per key, in key

@@ -29,8 +29,8 @@ use parking_lot::{RwLock, RwLockUpgradableReadGuard, RwLockWriteGuard};
 type Upgradable<'a> = RwLockUpgradableReadGuard<'a, State>;
 use serde::{Deserialize, Serialize};
 
-use crate::delta::{DeltaFile, DeltaMeta, Image, RowsetDeltas};
-use crate::diskrowset::DiskRowSet;
+use crate::delta::{DeltaFile, DeltaMeta, Image, Layout, RowsetDeltas};
+use crate::diskrowset::{ColumnFile, ColumnFileMeta, DiskRowSet};
 use crate::history::{self, Chain, NewFiles};
 use crate::key::{encode_keys, format_key};
 use crate::memrowset::{visible, MemRowSet, RowArena, RowRef, Version};
@@ -51,6 +51,10 @@ pub struct TabletOptions {
     pub history_max_age: Duration,
     /// Most bytes of rowsets one rowset compaction rewrites.
     pub compaction_budget_bytes: u64,
+    /// Column files a rowset may have: a major delta compaction rewrites only the columns
+    /// that REDO records change while the rowset has fewer, and the whole rowset otherwise
+    /// (0: always whole).
+    pub max_column_files: usize,
     /// For crash tests: called at each step of a flush, compaction or schema change; `true`
     /// makes that step fail as if the process had died there (what is on disk stays as it is).
     pub fail_point: Option<FailPoint>,
@@ -75,6 +79,7 @@ impl Default for TabletOptions {
             rowset_target_bytes: 32 << 20,
             history_max_age: Duration::from_secs(15 * 60),
             compaction_budget_bytes: 128 << 20,
+            max_column_files: 4,
             fail_point: None,
         }
     }
@@ -90,6 +95,9 @@ struct Metadata {
     /// CRC32 of each rowset's file, by rowset id.
     #[serde(default)]
     checksums: BTreeMap<u64, u32>,
+    /// The column files of rowsets that have any, oldest first, by rowset id.
+    #[serde(default)]
+    column_files: BTreeMap<u64, Vec<ColumnFileMeta>>,
     next_rowset_id: u64,
     durable_index: u64,
     /// Above every auto_incrementing_id written so far.
@@ -99,8 +107,23 @@ struct Metadata {
 
 #[derive(Serialize, Deserialize, Default)]
 struct DeltaFiles {
-    undo: Option<DeltaMeta>,
+    /// Oldest first (metadata written before there could be several holds one or null).
+    #[serde(deserialize_with = "one_or_more")]
+    undo: Vec<DeltaMeta>,
     redo: Vec<DeltaMeta>,
+}
+
+fn one_or_more<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<DeltaMeta>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMore {
+        More(Vec<DeltaMeta>),
+        One(Option<DeltaMeta>),
+    }
+    Ok(match OneOrMore::deserialize(d)? {
+        OneOrMore::More(files) => files,
+        OneOrMore::One(file) => file.into_iter().collect(),
+    })
 }
 
 const METADATA: &str = "metadata";
@@ -174,6 +197,7 @@ impl Tablet {
             rowsets: vec![],
             deltas: BTreeMap::new(),
             checksums: BTreeMap::new(),
+            column_files: BTreeMap::new(),
             next_rowset_id: 1,
             durable_index: 0,
             next_auto_id: 1,
@@ -206,13 +230,24 @@ impl Tablet {
         for &id in &meta.rowsets {
             names.insert(DiskRowSet::file_name(id));
             let checksum = meta.checksums.get(&id).copied();
-            rowsets.push(Arc::new(DiskRowSet::open(dir, id, checksum)?));
+            let column_files = meta.column_files.remove(&id).unwrap_or_default();
+            names.extend(column_files.iter().map(|f| ColumnFile::file_name(f.id)));
+            rowsets.push(Arc::new(DiskRowSet::open(
+                dir,
+                id,
+                checksum,
+                &column_files,
+            )?));
             let files = meta.deltas.remove(&id).unwrap_or_default();
             let mut open = |m: DeltaMeta| -> Result<Arc<DeltaFile>, StorageError> {
                 names.insert(DeltaFile::file_name(m.id));
                 Ok(Arc::new(DeltaFile::open(dir, m)?))
             };
-            let undo = files.undo.map(&mut open).transpose()?;
+            let undo = files
+                .undo
+                .into_iter()
+                .map(&mut open)
+                .collect::<Result<_, _>>()?;
             let redo = files.redo.into_iter().map(open).collect::<Result<_, _>>()?;
             deltas.push(RowsetDeltas::new(undo, redo)?);
         }
@@ -304,6 +339,12 @@ impl Tablet {
         self.compactions.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Column files of all rowsets (see [`ColumnFile`]).
+    pub fn column_file_count(&self) -> usize {
+        let state = self.state.read();
+        state.rowsets.iter().map(|r| r.column_files().len()).sum()
+    }
+
     /// UNDO and REDO files of all rowsets.
     pub fn delta_file_count(&self) -> usize {
         self.state
@@ -316,10 +357,7 @@ impl Tablet {
 
     pub fn disk_bytes(&self) -> u64 {
         let state = self.state.read();
-        let deltas = state
-            .deltas
-            .iter()
-            .flat_map(|d| d.undo.iter().chain(&d.redo));
+        let deltas = state.deltas.iter().flat_map(|d| d.files());
         state.rowsets.iter().map(|r| r.disk_bytes()).sum::<u64>()
             + deltas.map(|f| f.disk_bytes()).sum::<u64>()
     }
@@ -417,6 +455,16 @@ impl Tablet {
             }
             WriteKind::Delete => None,
         };
+        // The columns a change of a flushed row may change: those the UPDATE sets, all but
+        // the key for an UPSERT, none for a DELETE (a deletion changes no column).
+        let changed: Vec<u32> = match batch.kind {
+            WriteKind::Delete => vec![],
+            _ => (0..schema.columns().len())
+                .filter(|&c| !schema.is_key_column(c))
+                .filter(|&c| rows.column_by_name(&schema.columns()[c].name).is_some())
+                .map(|c| c as u32)
+                .collect(),
+        };
         for (row, (key, location)) in keys.into_iter().zip(locations).enumerate() {
             if !applied[row] {
                 continue;
@@ -426,7 +474,11 @@ impl Tablet {
                 row: images.as_ref().map(|i| i[row]),
             };
             match location {
-                Location::Disk { rs, ordinal, .. } => state.deltas[rs].dms.push(ordinal, version),
+                Location::Disk { rs, ordinal, .. } => {
+                    let dms = &mut state.deltas[rs].dms;
+                    dms.push(ordinal, version);
+                    dms.changed.extend(&changed);
+                }
                 Location::Mem(_) | Location::Absent => state.mrs.push(key, version),
             }
         }
@@ -550,8 +602,9 @@ impl Tablet {
         for ((rs, file), mut rows) in reads {
             rows.sort_unstable();
             rows.dedup();
+            let all: Vec<usize> = (0..width).collect();
             let batch = match file {
-                None => state.rowsets[rs].read_rows(width, &rows)?,
+                None => state.rowsets[rs].read_rows(&all, &rows)?,
                 Some(f) => state.deltas[rs]
                     .file(f)
                     .ok_or_else(|| StorageError::Corruption("missing delta file".into()))?
@@ -586,7 +639,7 @@ impl Tablet {
                     .ok_or_else(missing)?,
                 Location::Absent
                 | Location::Disk {
-                    image: Image::Absent,
+                    image: Image::Absent | Image::Undo,
                     ..
                 } => return Err(StorageError::Corruption("update of an absent row".into())),
             });
@@ -624,8 +677,14 @@ impl Tablet {
         let batch_size = spec.batch_size.max(1);
         let mut sources = std::collections::VecDeque::new();
         for (rowset, deltas) in state.rowsets.iter().zip(&state.deltas) {
-            let (hidden, images) =
-                deltas.view(spec.snapshot, &table, &read_columns, &state.arena)?;
+            let (hidden, images) = deltas.view(
+                rowset,
+                spec.snapshot,
+                &table,
+                &read_columns,
+                &state.arena,
+                None,
+            )?;
             sources.push_back(Source::Rowset(Box::new(rowset.reader(
                 schema,
                 &read_columns,
@@ -664,7 +723,6 @@ impl Tablet {
         output_len: usize,
     ) -> Result<ScanIterator, StorageError> {
         let table = state.schema.arrow_schema();
-        let width = table.fields().len();
         let mut sources = std::collections::VecDeque::new();
         let mut in_memory = Vec::new();
         for key in keys {
@@ -676,14 +734,38 @@ impl Tablet {
                     in_memory.push(row);
                     continue;
                 }
-                Image::File { file, row } => state.deltas[rs]
-                    .file(file)
-                    .ok_or_else(|| StorageError::Corruption("missing delta file".into()))?
-                    .read_images(&[row])?,
-                _ => state.rowsets[rs].read_rows(width, &[ordinal])?,
+                Image::File { file, row } => {
+                    let row = state.deltas[rs]
+                        .file(file)
+                        .ok_or_else(|| StorageError::Corruption("missing delta file".into()))?
+                        .read_images(&[row])?;
+                    RecordBatch::try_new(table.clone(), row.columns().to_vec())?
+                        .project(&read_columns)?
+                }
+                Image::Undo => {
+                    let (_, images) = state.deltas[rs].view(
+                        &state.rowsets[rs],
+                        spec.snapshot,
+                        &table,
+                        &read_columns,
+                        &state.arena,
+                        Some(ordinal),
+                    )?;
+                    arrow::compute::concat_batches(
+                        &Arc::new(table.project(&read_columns)?),
+                        &images,
+                    )?
+                }
+                Image::Base | Image::Absent => {
+                    let row = state.rowsets[rs].read_rows(&read_columns, &[ordinal])?;
+                    RecordBatch::try_new_with_options(
+                        Arc::new(table.project(&read_columns)?),
+                        row.columns().to_vec(),
+                        &arrow::array::RecordBatchOptions::new().with_row_count(Some(1)),
+                    )?
+                }
             };
-            let row = RecordBatch::try_new(table.clone(), row.columns().to_vec())?;
-            sources.push_back(Source::Batch(row.project(&read_columns)?));
+            sources.push_back(Source::Batch(row));
         }
         if !in_memory.is_empty() {
             sources.push_back(Source::Batch(state.arena.gather(
@@ -720,9 +802,9 @@ impl Tablet {
         self.flush_guarded(self.state.upgradable_read()).map(drop)
     }
 
-    /// Runs `f` to write new files, then switches to the rowsets it returns (replacing the
-    /// rowsets at `replaced`, sorted indexes) with one metadata write, and removes the files
-    /// that are no longer named. A failure before the switch removes the new files.
+    /// Runs `f` to write new files, then switches to the rowsets it returns with one metadata
+    /// write, and removes the files that are no longer named. A failure before the switch
+    /// removes the new files.
     ///
     /// The files are written under `guard`, an upgradable read lock: scans go on meanwhile,
     /// writes wait. The lock is upgraded for the switch and returned.
@@ -731,7 +813,6 @@ impl Tablet {
         guard: Upgradable<'a>,
         schema: &Schema,
         durable_index: u64,
-        replaced: &[usize],
         f: F,
     ) -> Result<RwLockWriteGuard<'a, State>, StorageError>
     where
@@ -758,19 +839,21 @@ impl Tablet {
                 return Err(e);
             }
         };
-        let mut old_files: Vec<PathBuf> = Vec::new();
         let named: HashSet<&Path> = rowsets
             .iter()
-            .map(|r| r.path())
+            .flat_map(|r| r.paths())
             .chain(deltas.iter().flat_map(|d| d.files().map(|f| f.path())))
             .collect();
-        for &i in replaced {
-            old_files.push(state.rowsets[i].path().to_path_buf());
-        }
-        for d in &state.deltas {
-            old_files.extend(d.files().map(|f| f.path().to_path_buf()));
-        }
-        old_files.retain(|p| !named.contains(p.as_path()));
+        let old_files: Vec<PathBuf> = (state.rowsets.iter().flat_map(|r| r.paths()))
+            .chain(
+                state
+                    .deltas
+                    .iter()
+                    .flat_map(|d| d.files().map(|f| f.path())),
+            )
+            .filter(|p| !named.contains(p))
+            .map(Path::to_path_buf)
+            .collect();
         self.write_metadata(&Metadata {
             schema: schema.clone(),
             rowsets: rowsets.iter().map(|r| r.id).collect(),
@@ -778,12 +861,20 @@ impl Tablet {
                 .iter()
                 .filter_map(|r| Some((r.id, r.checksum?)))
                 .collect(),
+            column_files: rowsets
+                .iter()
+                .filter(|r| !r.column_files().is_empty())
+                .map(|r| {
+                    let files = r.column_files().iter().map(|f| f.meta.clone());
+                    (r.id, files.collect())
+                })
+                .collect(),
             deltas: rowsets
                 .iter()
                 .zip(&deltas)
-                .filter(|(_, d)| d.undo.is_some() || !d.redo.is_empty())
+                .filter(|(_, d)| d.files().next().is_some())
                 .map(|(r, d)| {
-                    let undo = d.undo.as_ref().map(|f| f.meta.clone());
+                    let undo = d.undo.iter().map(|f| f.meta.clone()).collect();
                     let redo = d.redo.iter().map(|f| f.meta.clone()).collect();
                     (r.id, DeltaFiles { undo, redo })
                 })
@@ -843,9 +934,8 @@ impl Tablet {
         }
         let guard = RwLockWriteGuard::downgrade_to_upgradable(self.flush_guarded(guard)?);
         let ancient = self.ancient_history_mark();
-        let table = nullable(&schema.arrow_schema());
-        let all: Vec<usize> = (0..guard.rowsets.len()).collect();
-        self.switch(guard, schema, index, &all, |state, files| {
+        let table = history::nullable(&schema.arrow_schema());
+        self.switch(guard, schema, index, |state, files| {
             let mut rowsets = Vec::new();
             let mut deltas = Vec::new();
             for (rowset, history) in state.rowsets.iter().zip(&state.deltas) {
@@ -890,12 +980,12 @@ impl Tablet {
             if guard.durable_index == durable {
                 return Ok(RwLockUpgradableReadGuard::upgrade(guard));
             }
-            return self.switch(guard, &schema, durable, &[], |state, _| {
+            return self.switch(guard, &schema, durable, |state, _| {
                 Ok((state.rowsets.clone(), state.deltas.clone()))
             });
         }
         let ancient = self.ancient_history_mark();
-        let mut state = self.switch(guard, &schema, durable, &[], |state, files| {
+        let mut state = self.switch(guard, &schema, durable, |state, files| {
             let sources: Vec<&RecordBatch> = (0..state.arena.len() as u32)
                 .map(|b| state.arena.batch(b))
                 .collect();
@@ -904,9 +994,14 @@ impl Tablet {
             // Each DeltaMemStore becomes a REDO file of its rowset.
             for d in &state.deltas {
                 let mut d = d.without_dms();
-                let records = state.deltas[deltas.len()].dms.records();
+                let dms = &state.deltas[deltas.len()].dms;
+                let records = dms.records();
                 if !records.is_empty() {
-                    d.add_redo(files.delta(&schema, &sources, &records)?)?;
+                    let layout = Layout {
+                        columns: None,
+                        changed: Some(dms.changed.iter().copied().collect()),
+                    };
+                    d.add_redo(files.delta(&schema, layout, &sources, &records)?)?;
                 }
                 deltas.push(d);
             }
@@ -954,10 +1049,12 @@ impl Tablet {
                     score: (d.redo.len() - 1) as f64,
                 });
             }
-            if let Some(undo) = d.undo.as_ref().filter(|u| u.meta.max_ts <= ancient) {
+            let expired = d.undo.iter().filter(|u| u.meta.max_ts <= ancient);
+            let expired_bytes: u64 = expired.map(|u| u.disk_bytes().max(1)).sum();
+            if expired_bytes > 0 {
                 ops.push(MaintenanceOp {
                     kind: MaintenanceKind::TrimUndo { rowset: id },
-                    score: 1.0 + undo.disk_bytes() as f64 / rowset.disk_bytes().max(1) as f64,
+                    score: 1.0 + expired_bytes as f64 / rowset.disk_bytes().max(1) as f64,
                 });
             }
         }
@@ -996,18 +1093,29 @@ impl Tablet {
         if indexes.iter().any(|&i| !state.deltas[i].dms.is_empty()) {
             state = RwLockWriteGuard::downgrade_to_upgradable(self.flush_guarded(state)?);
         }
+        if matches!(kind, MaintenanceKind::ApplyRedo { .. })
+            && state.deltas[indexes[0]].redo.is_empty()
+        {
+            return Ok(());
+        }
         let ancient = self.ancient_history_mark();
         let schema = state.schema.clone();
         let durable = state.durable_index;
         let width = schema.columns().len();
-        let rewrite = matches!(
-            kind,
-            MaintenanceKind::ApplyRedo { .. } | MaintenanceKind::MergeRowsets { .. }
-        );
-        let replaced: &[usize] = if rewrite { &indexes } else { &[] };
+        // A major delta compaction rewrites only the columns that REDO records change, unless
+        // that is every column or the rowset has many column files already.
+        let changed = match kind {
+            MaintenanceKind::ApplyRedo { .. } => state.deltas[indexes[0]]
+                .changed_columns()
+                .filter(|c| !c.is_empty() && c.len() < width - schema.key_columns().len())
+                .filter(|_| {
+                    state.rowsets[indexes[0]].column_files().len() < self.options.max_column_files
+                }),
+            _ => None,
+        };
         self.compactions
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.switch(state, &schema, durable, replaced, |state, files| {
+        self.switch(state, &schema, durable, |state, files| {
             // Other rowsets keep their in-memory changes; these have none.
             let mut rowsets = state.rowsets.clone();
             let mut deltas = state.deltas.clone();
@@ -1034,12 +1142,31 @@ impl Tablet {
                     // every ordinal's records in time order.
                     records.sort_by_key(|r| r.ordinal);
                     let refs: Vec<&RecordBatch> = images.iter().collect();
-                    let merged = files.delta(&schema, &refs, &records)?;
+                    let layout = Layout {
+                        columns: None,
+                        changed: d.changed_columns().map(|c| c.into_iter().collect()),
+                    };
+                    let merged = files.delta(&schema, layout, &refs, &records)?;
                     *d = RowsetDeltas::new(d.undo.clone(), vec![merged])?;
                 }
                 MaintenanceKind::TrimUndo { .. } => {
                     let d = &mut deltas[indexes[0]];
-                    *d = RowsetDeltas::new(None, d.redo.clone())?;
+                    let kept = d.undo.iter().filter(|u| u.meta.max_ts > ancient);
+                    *d = RowsetDeltas::new(kept.cloned().collect(), d.redo.clone())?;
+                }
+                MaintenanceKind::ApplyRedo { .. } if changed.is_some() => {
+                    let i = indexes[0];
+                    let columns: Vec<u32> = changed.iter().flatten().copied().collect();
+                    let new = history::apply_redo_to_columns(
+                        files,
+                        &schema,
+                        &rowsets[i],
+                        &deltas[i],
+                        &columns,
+                        ancient,
+                    )?;
+                    rowsets[i] = new.rowset;
+                    deltas[i] = new.deltas;
                 }
                 MaintenanceKind::ApplyRedo { .. } | MaintenanceKind::MergeRowsets { .. } => {
                     let mut images = Vec::new();
@@ -1112,17 +1239,6 @@ fn key_ranges(rowsets: &[Arc<DiskRowSet>]) -> RowSetTree {
         0 => (vec![u8::MAX], Vec::new()), // covers nothing
         n => (r.key(0).to_vec(), r.key(n as u32 - 1).to_vec()),
     }))
-}
-
-/// `schema` with every field nullable (for batches of row images that include deletions).
-fn nullable(schema: &arrow::datatypes::SchemaRef) -> arrow::datatypes::SchemaRef {
-    Arc::new(arrow::datatypes::Schema::new(
-        schema
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone().with_nullable(true))
-            .collect::<Vec<_>>(),
-    ))
 }
 
 /// `n` copies of `column`'s DEFAULT, or NULLs without one.
