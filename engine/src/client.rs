@@ -345,6 +345,8 @@ pub struct TabletStats {
     pub rowsets: usize,
     /// UNDO and REDO delta files of all rowsets.
     pub delta_files: usize,
+    /// Column files of all rowsets (new base data of updated columns).
+    pub column_files: usize,
     /// Compactions run since the server started.
     pub compactions: u64,
     /// Where its leader is ("local" in the embedded node).

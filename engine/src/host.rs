@@ -174,6 +174,7 @@ impl TabletHost {
                     memory_bytes: tablet.memory_bytes(),
                     rowsets: tablet.rowset_count(),
                     delta_files: tablet.delta_file_count(),
+                    column_files: tablet.column_file_count(),
                     compactions: tablet.compactions(),
                     leader: "local".into(),
                     replicas: 1,

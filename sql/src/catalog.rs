@@ -128,6 +128,7 @@ pub fn partitions(client: &Client, tables: &[TableHandle]) -> Result<RecordBatch
         ("memory_bytes", count(&|s| s.memory_bytes as u64)),
         ("rowsets", count(&|s| s.rowsets as u64)),
         ("delta_files", count(&|s| s.delta_files as u64)),
+        ("column_files", count(&|s| s.column_files as u64)),
         ("compactions", count(&|s| s.compactions)),
     ];
     Ok(RecordBatch::try_from_iter(columns)?)

@@ -963,12 +963,13 @@ async fn as_of_reads_past_versions_across_flushes_compactions_and_restarts() {
         let (db, s) = open(dir.path()).await;
         run(
             &s,
-            "CREATE TABLE t (k BIGINT PRIMARY KEY, v BIGINT) DISTRIBUTE BY HASH (k) INTO 2 BUCKETS",
+            "CREATE TABLE t (k BIGINT PRIMARY KEY, v BIGINT, w VARCHAR) \
+             DISTRIBUTE BY HASH (k) INTO 2 BUCKETS",
         )
         .await;
         run(
             &s,
-            "INSERT INTO t SELECT value, 1 FROM generate_series(1, 100) AS g(value)",
+            "INSERT INTO t SELECT value, 1, 'w' || value FROM generate_series(1, 100) AS g(value)",
         )
         .await;
         first = now(s.clone()).await;
@@ -992,15 +993,20 @@ async fn as_of_reads_past_versions_across_flushes_compactions_and_restarts() {
         .await
         .contains("| 90 | 270 |"));
     // Updates of flushed rows: REDO records, which the maintenance thread compacts into the
-    // base data when they are many (here 50 of 90 rows).
+    // base data when they are many (here 50 of 90 rows), rewriting only the column v.
     run(&s, "UPDATE t SET v = 100 WHERE k <= 50").await;
     let third = now(s.clone()).await;
-    let compactions = "SELECT min(compactions) FROM sys.partitions WHERE table_name = 't'";
+    let compacted = "SELECT min(column_files) FROM sys.partitions WHERE table_name = 't'";
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while text(&s, compactions).await.contains("| 0 ") {
-        assert!(std::time::Instant::now() < deadline, "no compaction ran");
+    while text(&s, compacted).await.contains("| 0 ") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no major delta compaction ran"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+    let w = "SELECT count(*) FROM t WHERE w = 'w' || k AND v = 100";
+    assert!(text(&s, w).await.contains("| 50 "));
     assert!(text(&s, &at(&first, count_sum))
         .await
         .contains("| 100 | 100 |"));

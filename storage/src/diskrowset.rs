@@ -36,6 +36,7 @@ use std::os::unix::fs::FileExt;
 
 pub(crate) use crate::bloom::hash_bytes;
 use crate::bloom::SplitBlockFilter;
+use crate::cache::KeyCache;
 use crate::checksum::ChecksumWriter;
 use crate::scan::{predicate_mask, ColumnPredicate, PredicateOp, Scalar};
 use crate::{ColumnCompression, ColumnEncoding, ColumnType, Schema, StorageError};
@@ -122,49 +123,91 @@ pub(crate) fn load_metadata(file: &File) -> Result<ArrowReaderMetadata, StorageE
     Ok(ArrowReaderMetadata::load(file, options)?)
 }
 
-/// A rowset's encoded keys in order, packed into one buffer with the end offset of each (about
-/// 12 bytes per BIGINT key instead of a heap allocation per key), and a split-block bloom filter
-/// over them, so most lookups of a key the rowset does not hold stop at one cache line.
+/// A rowset's primary-key index (Kudu's sparse index and bloom filter): in memory, the first
+/// key of each page of the `__key` column and the last key, packed into one buffer, and a
+/// split-block bloom filter over all keys, so most lookups of a key the rowset does not hold
+/// stop at one cache line. A lookup that passes the filter finds the one page that can hold
+/// the key by binary search over the first keys, and searches that page, read from the file
+/// (see [`DiskRowSet::find`]).
 struct KeyIndex {
+    /// The first key of each page, then the last key, with the end offset of each.
     bytes: Vec<u8>,
     ends: Vec<u32>,
+    /// The ordinal of each page's first row, then the number of rows.
+    starts: Vec<u32>,
     bloom: SplitBlockFilter,
+    /// Names this index's pages in a [`KeyCache`].
+    cache_id: u64,
 }
 
 impl KeyIndex {
-    fn new<'a>(keys: impl ExactSizeIterator<Item = &'a [u8]>) -> Result<Self, StorageError> {
+    /// The index of `keys` (all of them, which must be ascending) in pages starting at
+    /// `page_starts` (ascending, the first 0); `what` names the file in errors.
+    fn new<'a>(
+        keys: impl ExactSizeIterator<Item = &'a [u8]>,
+        page_starts: &[u32],
+        what: &Path,
+    ) -> Result<Self, StorageError> {
+        let n = keys.len();
         let mut index = KeyIndex {
             bytes: Vec::new(),
-            ends: Vec::with_capacity(keys.len()),
-            bloom: SplitBlockFilter::with_keys(keys.len()),
+            ends: Vec::new(),
+            starts: Vec::new(),
+            bloom: SplitBlockFilter::with_keys(n),
+            cache_id: crate::cache::next_index_id(),
         };
-        for key in keys {
-            index.bytes.extend_from_slice(key);
-            let end = u32::try_from(index.bytes.len()).map_err(|_| {
-                StorageError::Corruption("the keys of one rowset exceed 4 GiB".into())
-            })?;
-            index.ends.push(end);
+        let mut starts = page_starts.iter().copied().peekable();
+        let mut previous: Option<&[u8]> = None;
+        for (i, key) in keys.enumerate() {
+            if previous.is_some_and(|p| p >= key) {
+                return Err(StorageError::Corruption(format!(
+                    "{}: keys out of order",
+                    what.display()
+                )));
+            }
+            previous = Some(key);
+            let page_start = i == 0 || starts.peek().is_some_and(|&s| s as usize <= i);
+            while starts.next_if(|&s| s as usize <= i).is_some() {}
+            if page_start {
+                index.push(key)?;
+                index.starts.push(i as u32);
+            }
             index.bloom.insert(hash_bytes(key));
         }
+        index.push(previous.unwrap_or_default())?;
+        index.starts.push(n as u32);
         index.bytes.shrink_to_fit();
         Ok(index)
     }
 
+    fn push(&mut self, key: &[u8]) -> Result<(), StorageError> {
+        self.bytes.extend_from_slice(key);
+        let end = u32::try_from(self.bytes.len())
+            .map_err(|_| StorageError::Corruption("the keys of one rowset exceed 4 GiB".into()))?;
+        self.ends.push(end);
+        Ok(())
+    }
+
     fn len(&self) -> usize {
-        self.ends.len()
+        self.starts.last().map_or(0, |&n| n as usize)
     }
 
-    fn get(&self, i: usize) -> &[u8] {
-        let start = match i {
+    fn pages(&self) -> usize {
+        self.starts.len() - 1
+    }
+
+    /// The first key of page `p`, or the last key for `p == pages()`.
+    fn get(&self, p: usize) -> &[u8] {
+        let start = match p {
             0 => 0,
-            _ => self.ends[i - 1] as usize,
+            _ => self.ends[p - 1] as usize,
         };
-        &self.bytes[start..self.ends[i] as usize]
+        &self.bytes[start..self.ends[p] as usize]
     }
 
-    /// The number of leading keys for which `before` holds (keys are sorted, `before` monotone).
+    /// The number of leading pages whose first key satisfies `before` (monotone).
     fn partition_point(&self, before: impl Fn(&[u8]) -> bool) -> usize {
-        let (mut low, mut high) = (0, self.len());
+        let (mut low, mut high) = (0, self.pages());
         while low < high {
             let mid = (low + high) / 2;
             if before(self.get(mid)) {
@@ -176,31 +219,55 @@ impl KeyIndex {
         low
     }
 
-    fn is_sorted(&self) -> bool {
-        (1..self.len()).all(|i| self.get(i - 1) < self.get(i))
+    /// An ordinal at or before the first key for which `before` (monotone) fails.
+    fn lower_bound(&self, before: impl Fn(&[u8]) -> bool) -> usize {
+        self.starts[self.partition_point(before).saturating_sub(1)] as usize
     }
 
-    /// The position of `key` (whose [`hash_bytes`] is `hash`).
-    fn find(&self, key: &[u8], hash: u64) -> Option<usize> {
-        let n = self.len();
-        if n == 0 || key < self.get(0) || key > self.get(n - 1) || !self.bloom.check(hash) {
+    /// An ordinal at or after the last key for which `before` (monotone) holds, plus one.
+    fn upper_bound(&self, before: impl Fn(&[u8]) -> bool) -> usize {
+        self.starts[self.partition_point(before)] as usize
+    }
+
+    /// The page that can hold `key` (whose [`hash_bytes`] is `hash`), if any can.
+    fn page_of(&self, key: &[u8], hash: u64) -> Option<usize> {
+        let pages = self.pages();
+        if pages == 0 || key < self.get(0) || key > self.get(pages) || !self.bloom.check(hash) {
             return None;
         }
-        let (mut low, mut high) = (0, n);
-        while low < high {
-            let mid = (low + high) / 2;
-            match self.get(mid).cmp(key) {
-                std::cmp::Ordering::Less => low = mid + 1,
-                std::cmp::Ordering::Greater => high = mid,
-                std::cmp::Ordering::Equal => return Some(mid),
-            }
-        }
-        None
+        Some(self.partition_point(|first| first <= key) - 1)
     }
 
     fn memory_bytes(&self) -> usize {
-        self.bytes.capacity() + self.ends.capacity() * 4 + self.bloom.bytes()
+        self.bytes.capacity()
+            + (self.ends.capacity() + self.starts.capacity()) * 4
+            + self.bloom.bytes()
     }
+}
+
+/// The ordinal of the first row of each page of the `__key` column (the file's last column),
+/// from its offset index (or of each row group without one).
+fn key_page_starts(metadata: &ArrowReaderMetadata) -> Vec<u32> {
+    let file = metadata.metadata();
+    let key_column = metadata.parquet_schema().num_columns() - 1;
+    let mut starts = Vec::new();
+    let mut group_start = 0;
+    for (g, group) in file.row_groups().iter().enumerate() {
+        match file
+            .offset_index()
+            .and_then(|index| index.get(g)?.get(key_column))
+        {
+            Some(pages) => starts.extend(
+                pages
+                    .page_locations()
+                    .iter()
+                    .map(|page| (group_start + page.first_row_index) as u32),
+            ),
+            None => starts.push(group_start as u32),
+        }
+        group_start += group.num_rows();
+    }
+    starts
 }
 
 fn file_schema(table: &SchemaRef) -> SchemaRef {
@@ -247,10 +314,12 @@ impl DiskRowSet {
         let file = File::open(&path)?;
         let bytes = file.metadata()?.len();
         let metadata = load_metadata(&file)?;
+        let starts = key_page_starts(&metadata);
+        let keys = KeyIndex::new(keys.iter().map(Vec::as_slice), &starts, &path)?;
         Ok(DiskRowSet {
             id,
             path,
-            keys: Arc::new(KeyIndex::new(keys.iter().map(Vec::as_slice))?),
+            keys: Arc::new(keys),
             column_files: Vec::new(),
             bytes,
             metadata,
@@ -465,16 +534,11 @@ impl DiskRowSet {
             batches.push(column.clone());
         }
         let rows: usize = batches.iter().map(|b| b.len()).sum();
-        let keys = KeyIndex::new(ExactLen(
-            batches.iter().flat_map(|b| b.iter().flatten()),
-            rows,
-        ))?;
-        if !keys.is_sorted() {
-            return Err(StorageError::Corruption(format!(
-                "{}: keys out of order",
-                path.display()
-            )));
-        }
+        let keys = KeyIndex::new(
+            ExactLen(batches.iter().flat_map(|b| b.iter().flatten()), rows),
+            &key_page_starts(&metadata),
+            &path,
+        )?;
         let column_files = column_files
             .iter()
             .map(|meta| {
@@ -519,14 +583,65 @@ impl DiskRowSet {
                 .sum::<u64>()
     }
 
-    pub fn key(&self, ordinal: u32) -> &[u8] {
-        self.keys.get(ordinal as usize)
+    /// The smallest and the largest key (None for a rowset without rows).
+    pub fn key_bounds(&self) -> Option<(&[u8], &[u8])> {
+        let pages = self.keys.pages();
+        (pages > 0).then(|| (self.keys.get(0), self.keys.get(pages)))
+    }
+
+    /// All keys, in ordinal order.
+    pub fn read_keys(&self) -> Result<BinaryArray, StorageError> {
+        let ordinals: Vec<u32> = (0..self.num_rows() as u32).collect();
+        self.read_key_rows(&ordinals)
+    }
+
+    /// The keys of the rows at `ordinals` (sorted, distinct).
+    fn read_key_rows(&self, ordinals: &[u32]) -> Result<BinaryArray, StorageError> {
+        let root = self.metadata.parquet_schema().num_columns() - 1;
+        let batch = read_positions(&self.path, &self.metadata, &[root], ordinals)?;
+        batch
+            .column(0)
+            .as_binary_opt::<i32>()
+            .cloned()
+            .ok_or_else(|| {
+                StorageError::Corruption(format!("{}: bad key column", self.path.display()))
+            })
+    }
+
+    /// Page `p` of the key column, from `cache` or the file.
+    fn key_page(&self, p: usize, cache: &KeyCache) -> Result<BinaryArray, StorageError> {
+        let id = (self.keys.cache_id, p as u32);
+        if let Some(page) = cache.get(id) {
+            return Ok(page);
+        }
+        let (start, end) = (self.keys.starts[p], self.keys.starts[p + 1]);
+        let page = self.read_key_rows(&(start..end).collect::<Vec<_>>())?;
+        cache.insert(id, page.clone());
+        Ok(page)
     }
 
     /// The ordinal of `key` in this rowset; `hash` is its [`hash_bytes`], computed once for all
     /// the rowsets a lookup tries.
-    pub fn find(&self, key: &[u8], hash: u64) -> Option<u32> {
-        self.keys.find(key, hash).map(|i| i as u32)
+    pub fn find(
+        &self,
+        key: &[u8],
+        hash: u64,
+        cache: &KeyCache,
+    ) -> Result<Option<u32>, StorageError> {
+        let Some(p) = self.keys.page_of(key, hash) else {
+            return Ok(None);
+        };
+        let page = self.key_page(p, cache)?;
+        let (mut low, mut high) = (0, page.len());
+        while low < high {
+            let mid = (low + high) / 2;
+            match page.value(mid).cmp(key) {
+                std::cmp::Ordering::Less => low = mid + 1,
+                std::cmp::Ordering::Greater => high = mid,
+                std::cmp::Ordering::Equal => return Ok(Some(self.keys.starts[p] + mid as u32)),
+            }
+        }
+        Ok(None)
     }
 
     /// A reader of the table columns `columns` (indexes into `schema`, the predicates'
@@ -710,8 +825,10 @@ impl DiskRowSet {
             true => key.cmp(bound),
             false => key[..bound.len().min(key.len())].cmp(bound),
         };
-        let below = |bound: &[u8]| self.keys.partition_point(|k| compare(k, bound).is_lt());
-        let not_above = |bound: &[u8]| self.keys.partition_point(|k| compare(k, bound).is_le());
+        // Page-exact bounds: the predicates filter the rows of the first and last page.
+        let first_at_least = |bound: &[u8]| self.keys.lower_bound(|k| compare(k, bound).is_lt());
+        let below = |bound: &[u8]| self.keys.upper_bound(|k| compare(k, bound).is_lt());
+        let not_above = |bound: &[u8]| self.keys.upper_bound(|k| compare(k, bound).is_le());
         let (mut first, mut end) = (0, n);
         for p in predicates.iter().filter(|p| p.column == first_column) {
             let (low, high) = match &p.op {
@@ -722,7 +839,7 @@ impl DiskRowSet {
                 _ => (None, None),
             };
             if let Some(low) = low {
-                first = first.max(below(&low));
+                first = first.max(first_at_least(&low));
             }
             if let Some(high) = high {
                 end = end.min(high);

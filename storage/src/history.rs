@@ -224,6 +224,7 @@ pub fn rowset_chains(
         redo.push((sources.len() - 1, records));
     }
     let mut redo_pos = vec![0; redo.len()];
+    let keys = rowset.read_keys()?;
     // Images put together from per-column UNDO records: the source of each column.
     let mut composed: Vec<Vec<ImageRef>> = Vec::new();
     let composed_source = sources.len();
@@ -296,7 +297,7 @@ pub fn rowset_chains(
             }
         }
         chains.push(Chain {
-            key: rowset.key(ordinal).to_vec(),
+            key: keys.value(ordinal as usize).to_vec(),
             versions,
         });
     }
@@ -366,6 +367,24 @@ pub fn apply_redo_to_columns(
             }
         }
     }
+    // The records join those of the newest UNDO file when it holds the same columns (repeated
+    // updates of the same columns keep one such file).
+    let mut undo_files = deltas.undo.clone();
+    if let Some(last) = undo_files.pop_if(|f| f.meta.columns.as_deref() == Some(columns)) {
+        let read = last.read(&wanted)?;
+        let mut older: Vec<Record> = (read.ordinals.iter().zip(&read.ts).enumerate())
+            .map(|(row, (&ordinal, &ts))| Record {
+                ordinal,
+                ts: Timestamp(ts),
+                image: (!read.deleted.value(row)).then_some((sources.len(), row)),
+            })
+            .collect();
+        sources.push(read.images);
+        // Stable: each row's older records stay first.
+        older.append(&mut undo);
+        older.sort_by_key(|r| r.ordinal);
+        undo = older;
+    }
     let refs: Vec<&RecordBatch> = sources.iter().collect();
     let mut batches = Vec::new();
     for part in newest.chunks(64 * 1024) {
@@ -378,7 +397,6 @@ pub fn apply_redo_to_columns(
         batches.push(RecordBatch::try_new(sources[0].schema(), arrays)?);
     }
     let column_file = files.columns(rowset, schema, columns, &batches)?;
-    let mut undo_files = deltas.undo.clone();
     if !undo.is_empty() {
         let layout = Layout {
             columns: Some(columns.to_vec()),

@@ -6,6 +6,7 @@
 //! through [`Tablet::apply`], flushes when asked, and scans at a snapshot timestamp.
 
 mod bloom;
+mod cache;
 mod checksum;
 mod delta;
 mod diskrowset;
@@ -21,6 +22,7 @@ mod wire;
 mod write;
 
 pub use bloom::{FilterStats, JoinFilter, BLOOM_WARMUP_ROWS};
+pub use cache::KeyCache;
 pub use error::StorageError;
 pub use key::{encode_key_columns, encode_keys, format_key};
 pub use scan::{

@@ -36,7 +36,7 @@ use crate::key::{encode_keys, format_key};
 use crate::memrowset::{visible, MemRowSet, RowArena, RowRef, Version};
 use crate::rowset_tree::RowSetTree;
 use crate::scan::{self, ScanIterator, ScanSpec, Source};
-use crate::ColumnType;
+use crate::{ColumnType, KeyCache};
 use crate::{Schema, StorageError, Timestamp, WriteBatch, WriteKind};
 use arrow::array::AsArray;
 
@@ -55,6 +55,9 @@ pub struct TabletOptions {
     /// that REDO records change while the rowset has fewer, and the whole rowset otherwise
     /// (0: always whole).
     pub max_column_files: usize,
+    /// Decoded pages of rowset keys for lookups, shared by the tablets whose options are
+    /// clones of one another.
+    pub key_cache: Arc<KeyCache>,
     /// For crash tests: called at each step of a flush, compaction or schema change; `true`
     /// makes that step fail as if the process had died there (what is on disk stays as it is).
     pub fail_point: Option<FailPoint>,
@@ -80,6 +83,7 @@ impl Default for TabletOptions {
             history_max_age: Duration::from_secs(15 * 60),
             compaction_budget_bytes: 128 << 20,
             max_column_files: 4,
+            key_cache: Arc::new(KeyCache::new(256 << 20)),
             fail_point: None,
         }
     }
@@ -424,7 +428,7 @@ impl Tablet {
                     }
                 }
             }
-            let location = state.locate(key);
+            let location = state.locate(key, &self.options.key_cache)?;
             match (batch.kind, &location) {
                 (WriteKind::Insert, Location::Mem(_) | Location::Disk { .. }) => {
                     return Err(StorageError::DuplicateKey {
@@ -726,7 +730,8 @@ impl Tablet {
         let mut sources = std::collections::VecDeque::new();
         let mut in_memory = Vec::new();
         for key in keys {
-            let Some((rs, ordinal, image)) = state.locate_at(&key, spec.snapshot)? else {
+            let cache = &self.options.key_cache;
+            let Some((rs, ordinal, image)) = state.locate_at(&key, spec.snapshot, cache)? else {
                 continue;
             };
             let row = match image {
@@ -1103,14 +1108,19 @@ impl Tablet {
         let durable = state.durable_index;
         let width = schema.columns().len();
         // A major delta compaction rewrites only the columns that REDO records change, unless
-        // that is every column or the rowset has many column files already.
+        // that is every column or the rowset has many column or UNDO files already.
         let changed = match kind {
-            MaintenanceKind::ApplyRedo { .. } => state.deltas[indexes[0]]
-                .changed_columns()
-                .filter(|c| !c.is_empty() && c.len() < width - schema.key_columns().len())
-                .filter(|_| {
-                    state.rowsets[indexes[0]].column_files().len() < self.options.max_column_files
-                }),
+            MaintenanceKind::ApplyRedo { .. } => {
+                let few = |n: usize| n < self.options.max_column_files;
+                let i = indexes[0];
+                state.deltas[i]
+                    .changed_columns()
+                    .filter(|c| !c.is_empty() && c.len() < width - schema.key_columns().len())
+                    .filter(|_| {
+                        few(state.rowsets[i].column_files().len())
+                            && few(state.deltas[i].undo.len().saturating_sub(1))
+                    })
+            }
             _ => None,
         };
         self.compactions
@@ -1214,8 +1224,8 @@ fn overlapping_rowsets(
 ) -> Option<Vec<u64>> {
     // The deepest point is the first key of some rowset.
     let mut best: Vec<usize> = Vec::new();
-    for r in rowsets.iter().filter(|r| r.num_rows() > 0) {
-        let covering = tree.covering(r.key(0));
+    for (first, _) in rowsets.iter().filter_map(|r| r.key_bounds()) {
+        let covering = tree.covering(first);
         if covering.len() > best.len() {
             best = covering;
         }
@@ -1235,9 +1245,9 @@ fn overlapping_rowsets(
 
 /// The interval tree of the rowsets' key ranges.
 fn key_ranges(rowsets: &[Arc<DiskRowSet>]) -> RowSetTree {
-    RowSetTree::new(rowsets.iter().map(|r| match r.num_rows() {
-        0 => (vec![u8::MAX], Vec::new()), // covers nothing
-        n => (r.key(0).to_vec(), r.key(n as u32 - 1).to_vec()),
+    RowSetTree::new(rowsets.iter().map(|r| match r.key_bounds() {
+        None => (vec![u8::MAX], Vec::new()), // covers nothing
+        Some((first, last)) => (first.to_vec(), last.to_vec()),
     }))
 }
 
@@ -1265,6 +1275,7 @@ impl State {
         &self,
         key: &[u8],
         snapshot: Timestamp,
+        cache: &KeyCache,
     ) -> Result<Option<(usize, u32, Image)>, StorageError> {
         if let Some(v) = self
             .mrs
@@ -1278,7 +1289,7 @@ impl State {
         // them has it live at any time.
         let hash = crate::diskrowset::hash_bytes(key);
         for rs in self.tree.covering(key) {
-            if let Some(ordinal) = self.rowsets[rs].find(key, hash) {
+            if let Some(ordinal) = self.rowsets[rs].find(key, hash, cache)? {
                 match self.deltas[rs].at(ordinal, snapshot)? {
                     Image::Absent => continue,
                     image => return Ok(Some((rs, ordinal, image))),
@@ -1288,23 +1299,23 @@ impl State {
         Ok(None)
     }
 
-    fn locate(&self, key: &[u8]) -> Location {
+    fn locate(&self, key: &[u8], cache: &KeyCache) -> Result<Location, StorageError> {
         if let Some(v) = self.mrs.latest(key) {
-            return match v.row {
+            return Ok(match v.row {
                 Some(r) => Location::Mem(r),
                 None => Location::Absent,
-            };
+            });
         }
         let hash = crate::diskrowset::hash_bytes(key);
         for rs in self.tree.covering(key) {
-            if let Some(ordinal) = self.rowsets[rs].find(key, hash) {
+            if let Some(ordinal) = self.rowsets[rs].find(key, hash, cache)? {
                 match self.deltas[rs].latest(ordinal) {
                     Image::Absent => continue,
-                    image => return Location::Disk { rs, ordinal, image },
+                    image => return Ok(Location::Disk { rs, ordinal, image }),
                 }
             }
         }
-        Location::Absent
+        Ok(Location::Absent)
     }
 }
 

@@ -777,3 +777,65 @@ fn major_delta_compaction_rewrites_only_the_updated_columns() {
     assert_eq!(tablet.column_file_count(), 0);
     check(&tablet, &snapshots, "after the rowset compaction");
 }
+
+/// Key lookups and key ranges over rowsets of many pages: the sparse index (first key of each
+/// page, bloom filter) finds every present key, no absent one, and ranges whose bounds fall on
+/// and between page boundaries return exactly their rows, while holding a few bytes per row.
+#[test]
+fn the_sparse_key_index_finds_keys_and_ranges_across_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = schema();
+    let tablet = Tablet::create(dir.path(), schema.clone(), TabletOptions::default()).unwrap();
+    let entries: Vec<_> = (0..100_000).step_by(2).map(|k| (k, None, k)).collect();
+    let batch = WriteBatch {
+        kind: WriteKind::Insert,
+        rows: rows(&schema, &entries),
+    };
+    tablet.apply(1, now(), &batch).unwrap();
+    tablet.flush().unwrap();
+    let model: Model = entries.iter().map(|e| (e.0, (None, e.2))).collect();
+    let per_row = tablet.key_index_bytes() as f64 / model.len() as f64;
+    assert!(per_row < 4.0, "{per_row} bytes per row for key lookups");
+    let at = Timestamp(u64::MAX);
+    // Pages hold 4 096 rows: keys 8 190 and 8 192 end and start the first two.
+    let mut probes = vec![
+        -1, 0, 1, 2, 8190, 8191, 8192, 8193, 16384, 99998, 99999, 100000,
+    ];
+    let mut rng = StdRng::seed_from_u64(5);
+    probes.extend((0..60).map(|_| rng.random_range(-10..100_010)));
+    for k in &probes {
+        let expected: Model = model
+            .get_key_value(k)
+            .map(|(k, v)| (*k, v.clone()))
+            .into_iter()
+            .collect();
+        assert_eq!(lookup(&tablet, at, &[*k]), expected, "lookup of {k}");
+    }
+    assert_eq!(
+        lookup(&tablet, at, &probes[..6]).len(),
+        3,
+        "a batch of lookups"
+    );
+    for _ in 0..30 {
+        let (a, b) = (
+            probes[rng.random_range(0..probes.len())],
+            probes[rng.random_range(0..probes.len())],
+        );
+        let scalar = |k: i64| Scalar(Arc::new(Int64Array::from(vec![k])));
+        let predicates = vec![
+            ColumnPredicate {
+                column: 1,
+                op: PredicateOp::GtEq(scalar(a)),
+            },
+            ColumnPredicate {
+                column: 1,
+                op: PredicateOp::Lt(scalar(b)),
+            },
+        ];
+        let expected: Model = model
+            .range(a..b.max(a))
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        assert_eq!(scan_with(&tablet, at, predicates), expected, "[{a}, {b})");
+    }
+}

@@ -1,0 +1,117 @@
+//! A cache of decoded pages of rowset keys, shared by the tablets of a server (Kudu's block
+//! cache, for the pages that key lookups read): the least recently used pages are evicted
+//! beyond its capacity in bytes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arrow::array::{Array, BinaryArray};
+use parking_lot::Mutex;
+
+/// A page: (the id of its rowset's index, the page number).
+pub(crate) type PageId = (u64, u32);
+
+pub struct KeyCache {
+    capacity: usize,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Each page with the tick of its last use.
+    pages: HashMap<PageId, (BinaryArray, u64)>,
+    /// Pages by last use, oldest first.
+    by_use: BTreeMap<u64, PageId>,
+    tick: u64,
+    bytes: usize,
+}
+
+/// Ids for [`PageId`]: one per rowset key index opened in the process.
+static NEXT_INDEX_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) fn next_index_id() -> u64 {
+    NEXT_INDEX_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+impl KeyCache {
+    pub fn new(capacity_bytes: usize) -> Self {
+        KeyCache {
+            capacity: capacity_bytes,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    /// Bytes of the pages held.
+    pub fn bytes(&self) -> usize {
+        self.inner.lock().bytes
+    }
+
+    pub(crate) fn get(&self, id: PageId) -> Option<BinaryArray> {
+        let mut inner = self.inner.lock();
+        inner.tick += 1;
+        let tick = inner.tick;
+        let (page, used) = inner.pages.get_mut(&id)?;
+        let (page, previous) = (page.clone(), std::mem::replace(used, tick));
+        inner.by_use.remove(&previous);
+        inner.by_use.insert(tick, id);
+        Some(page)
+    }
+
+    pub(crate) fn insert(&self, id: PageId, page: BinaryArray) {
+        let size = page.get_array_memory_size();
+        if size > self.capacity {
+            return;
+        }
+        let mut inner = self.inner.lock();
+        if inner.pages.contains_key(&id) {
+            return;
+        }
+        inner.tick += 1;
+        let tick = inner.tick;
+        inner.pages.insert(id, (page, tick));
+        inner.by_use.insert(tick, id);
+        inner.bytes += size;
+        while inner.bytes > self.capacity {
+            let Some((_, oldest)) = inner.by_use.pop_first() else {
+                break;
+            };
+            if let Some((page, _)) = inner.pages.remove(&oldest) {
+                inner.bytes -= page.get_array_memory_size();
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for KeyCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KeyCache({} of {} bytes)", self.bytes(), self.capacity)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evicts_the_least_recently_used_pages_beyond_its_capacity() {
+        let page = |n: usize| BinaryArray::from_iter_values((0..n).map(|i| i.to_be_bytes()));
+        let size = page(100).get_array_memory_size();
+        let cache = KeyCache::new(size * 3);
+        for p in 0..3 {
+            cache.insert((1, p), page(100));
+        }
+        assert!(cache.get((1, 0)).is_some());
+        cache.insert((1, 3), page(100));
+        assert!(
+            cache.get((1, 1)).is_none(),
+            "the least recently used page went"
+        );
+        assert!(cache.get((1, 0)).is_some() && cache.get((1, 3)).is_some());
+        assert!(cache.bytes() <= size * 3);
+        cache.insert((2, 0), page(100_000));
+        assert!(
+            cache.get((2, 0)).is_none(),
+            "a page larger than the cache is not kept"
+        );
+    }
+}
