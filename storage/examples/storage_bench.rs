@@ -379,6 +379,12 @@ fn main() {
         1,
         now,
     );
+    report(
+        "after updating 10 % of v, deltas in memory: scan of s",
+        2,
+        2,
+        now,
+    );
     let start = Instant::now();
     tablet.flush().expect("flush");
     println!(

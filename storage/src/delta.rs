@@ -363,20 +363,15 @@ impl DeltaMemStore {
     pub fn push(&mut self, ordinal: u32, version: Version) {
         self.by_ordinal.entry(ordinal).or_default().push(version);
     }
+}
 
-    /// The records to write as a REDO file, images in the arena.
-    pub fn records(&self) -> Vec<Record> {
-        self.by_ordinal
-            .iter()
-            .flat_map(|(&ordinal, versions)| {
-                versions.iter().map(move |v| Record {
-                    ordinal,
-                    ts: v.ts,
-                    image: v.row.map(|r| (r.batch as usize, r.row as usize)),
-                })
-            })
-            .collect()
-    }
+/// An image put together column by column: each column from a row of the arena, or else from
+/// `under`, the state the row's DeltaMemStore versions apply to (a REDO record or the base row).
+struct Composed {
+    ordinal: u32,
+    under: Image,
+    /// Where its cells are in the cells of all images (one per column).
+    cells: std::ops::Range<usize>,
 }
 
 /// The UNDO record of one file that a snapshot needs for one ordinal: the file's oldest record
@@ -635,28 +630,53 @@ impl RowsetDeltas {
         // An ordinal's REDO records are newer than its UNDO records: none of them is visible
         // where an UNDO record is.
         self.redo_picks(snapshot, &mut picks, only)?;
+        // DeltaMemStore versions (newer than every REDO record): a row whose visible versions
+        // change none of the columns read keeps the state the files give it.
+        let mut composed = Vec::new();
+        let mut cells = Vec::new();
         for (&ordinal, versions) in &self.dms.by_ordinal {
-            if let Some(v) =
-                visible(versions, snapshot).filter(|_| only.is_none_or(|o| o == ordinal))
-            {
-                picks.push((ordinal, v.row.map_or(Image::Absent, Image::Mem)));
+            if only.is_some_and(|o| o != ordinal) {
+                continue;
+            }
+            let seen = versions.partition_point(|v| v.ts <= snapshot);
+            let Some(newest) = seen.checked_sub(1).map(|i| &versions[i]) else {
+                continue;
+            };
+            let Some(row) = newest.row else {
+                picks.push((ordinal, Image::Absent));
+                continue;
+            };
+            let start = cells.len();
+            dms_cells(&versions[..seen], columns, arena, &mut cells);
+            let mine = &cells[start..];
+            if mine.iter().any(Option::is_some) {
+                picks.push((ordinal, Image::Mem(row)));
+                let under = match mine.iter().any(Option::is_none) {
+                    true => self.latest_in_files(ordinal),
+                    false => Image::Base, // not read
+                };
+                composed.push(Composed {
+                    ordinal,
+                    under,
+                    cells: start..cells.len(),
+                });
+            } else {
+                cells.truncate(start);
             }
         }
         let picks = newest_per_ordinal(picks);
         let hidden: Vec<u32> = picks.iter().map(|p| p.0).collect();
         let mut batches = Vec::new();
-        let mem: Vec<RowRef> = picks
-            .iter()
-            .filter_map(|(_, p)| match p {
-                Image::Mem(r) => Some(*r),
-                _ => None,
-            })
-            .collect();
-        if !mem.is_empty() {
-            batches.push(arena.gather(table, columns, &mem)?);
-        }
         let projected = Arc::new(table.project(columns)?);
         let with_rows = |n: usize| arrow::array::RecordBatchOptions::new().with_row_count(Some(n));
+        if !composed.is_empty() {
+            let images = self.materialize(rowset, columns, arena, &composed, &cells)?;
+            batches.push(RecordBatch::try_new_with_options(
+                projected.clone(),
+                images,
+                &with_rows(composed.len()),
+            )?);
+        }
         for (file, source) in self.redo.iter().enumerate() {
             let rows: Vec<u32> = picks
                 .iter()
@@ -750,10 +770,151 @@ impl RowsetDeltas {
         Ok(out)
     }
 
+    /// The newest state of the row at `ordinal` that the files give (ignoring the
+    /// DeltaMemStore).
+    fn latest_in_files(&self, ordinal: u32) -> Image {
+        match self.latest.binary_search_by_key(&ordinal, |l| l.ordinal) {
+            Ok(i) if self.latest[i].deleted => Image::Absent,
+            Ok(i) => Image::File {
+                file: self.latest[i].file as usize,
+                row: self.latest[i].row,
+            },
+            Err(_) => Image::Base,
+        }
+    }
+
+    /// The columns `columns` of `images`, each cell from the arena or from the image's
+    /// `under` state (REDO images and base rows read as needed).
+    fn materialize(
+        &self,
+        rowset: &DiskRowSet,
+        columns: &[usize],
+        arena: &RowArena,
+        images: &[Composed],
+        cells: &[Option<RowRef>],
+    ) -> Result<Vec<ArrayRef>, StorageError> {
+        let needs_under = |i: &Composed| cells[i.cells.clone()].iter().any(Option::is_none);
+        let mut base_rows: Vec<u32> = Vec::new();
+        let mut redo_rows: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+        for image in images.iter().filter(|i| needs_under(i)) {
+            match image.under {
+                Image::File { file, row } => redo_rows.entry(file).or_default().push(row),
+                _ => base_rows.push(image.ordinal),
+            }
+        }
+        base_rows.sort_unstable();
+        base_rows.dedup();
+        let base = match base_rows.is_empty() {
+            true => None,
+            false => Some(rowset.read_rows(columns, &base_rows)?),
+        };
+        let mut redo = Vec::new();
+        for (file, mut rows) in redo_rows {
+            rows.sort_unstable();
+            rows.dedup();
+            let source = self
+                .file(file)
+                .ok_or_else(|| StorageError::Corruption("missing delta file".into()))?;
+            let read = source.read_images(&rows)?.project(columns)?;
+            redo.push((file, rows, read));
+        }
+        let missing = || StorageError::Corruption("a row image was not read".into());
+        let mut out = Vec::with_capacity(columns.len());
+        for (j, &c) in columns.iter().enumerate() {
+            // Sources: the arena's batches, then the base rows, then each REDO file's rows.
+            let mut arrays: Vec<&dyn Array> = (0..arena.len() as u32)
+                .map(|b| arena.batch(b).column(c).as_ref())
+                .collect();
+            let base_source = arrays.len();
+            if let Some(base) = &base {
+                arrays.push(base.column(j).as_ref());
+            }
+            let redo_source = arrays.len();
+            arrays.extend(redo.iter().map(|(_, _, read)| read.column(j).as_ref()));
+            let mut indices = Vec::with_capacity(images.len());
+            for image in images {
+                indices.push(match (cells[image.cells.start + j], image.under) {
+                    (Some(r), _) => (r.batch as usize, r.row as usize),
+                    (None, Image::File { file, row }) => {
+                        let k = redo.iter().position(|r| r.0 == file).ok_or_else(missing)?;
+                        let at = redo[k].1.binary_search(&row).map_err(|_| missing())?;
+                        (redo_source + k, at)
+                    }
+                    (None, _) => {
+                        let at = base_rows
+                            .binary_search(&image.ordinal)
+                            .map_err(|_| missing())?;
+                        (base_source, at)
+                    }
+                });
+            }
+            out.push(interleave(&arrays, &indices)?);
+        }
+        Ok(out)
+    }
+
+    /// The DeltaMemStore as REDO records with full images (each version's columns over the
+    /// version before, the first over the state the files give), and the batch of the images.
+    pub fn dms_records(
+        &self,
+        rowset: &DiskRowSet,
+        table: &SchemaRef,
+        arena: &RowArena,
+    ) -> Result<(Vec<Record>, RecordBatch), StorageError> {
+        let all: Vec<usize> = (0..table.fields().len()).collect();
+        let mut records = Vec::new();
+        let mut images = Vec::new();
+        let mut cells = Vec::new();
+        for (&ordinal, versions) in &self.dms.by_ordinal {
+            for (i, v) in versions.iter().enumerate() {
+                let image = v.row.map(|_| {
+                    let start = cells.len();
+                    dms_cells(&versions[..=i], &all, arena, &mut cells);
+                    images.push(Composed {
+                        ordinal,
+                        under: self.latest_in_files(ordinal),
+                        cells: start..cells.len(),
+                    });
+                    (0, images.len() - 1)
+                });
+                records.push(Record {
+                    ordinal,
+                    ts: v.ts,
+                    image,
+                });
+            }
+        }
+        let schema = crate::history::nullable(table);
+        if images.is_empty() {
+            // Only deletions.
+            return Ok((records, RecordBatch::new_empty(schema)));
+        }
+        let columns = self.materialize(rowset, &all, arena, &images, &cells)?;
+        let batch = RecordBatch::try_new(schema, columns)?;
+        Ok((records, batch))
+    }
+
     /// The REDO file an [`Image::File`] names.
     pub fn file(&self, file: usize) -> Option<&Arc<DeltaFile>> {
         self.redo.get(file)
     }
+}
+
+/// Appends, for each of `columns`, the newest of `versions` (live ones, oldest first) that
+/// holds it.
+fn dms_cells(
+    versions: &[Version],
+    columns: &[usize],
+    arena: &RowArena,
+    cells: &mut Vec<Option<RowRef>>,
+) {
+    cells.extend(columns.iter().map(|&c| {
+        versions
+            .iter()
+            .rev()
+            .filter_map(|v| v.row)
+            .find(|&r| arena.holds(r, c))
+    }));
 }
 
 /// The last pick of each ordinal (later picks come from newer sources), sorted by ordinal.

@@ -36,23 +36,45 @@ pub fn visible(versions: &[Version], snapshot: Timestamp) -> Option<&Version> {
     versions.iter().rev().find(|v| v.ts <= snapshot)
 }
 
-/// Full-row batches with the table schema; append-only until a flush clears it.
+/// Batches with the table's columns; append-only until a flush clears it. A batch holds full
+/// row images, or partial ones: the new values of some columns of rows on disk (per-column
+/// deltas, whose other columns are those of the version before), NULL in the other columns.
 #[derive(Default)]
 pub struct RowArena {
     batches: Vec<RecordBatch>,
+    /// For each batch of partial images, the columns it holds.
+    partial: Vec<Option<Vec<usize>>>,
     bytes: usize,
 }
 
 impl RowArena {
-    /// Appends rows; returns the reference of each.
+    /// Appends full rows; returns the reference of each.
     pub fn append(&mut self, batch: RecordBatch) -> Vec<RowRef> {
+        self.push(batch, None)
+    }
+
+    /// Appends partial images holding the columns `columns` (the others NULL); returns the
+    /// reference of each.
+    pub fn append_partial(&mut self, batch: RecordBatch, columns: Vec<usize>) -> Vec<RowRef> {
+        self.push(batch, Some(columns))
+    }
+
+    fn push(&mut self, batch: RecordBatch, partial: Option<Vec<usize>>) -> Vec<RowRef> {
         let b = self.batches.len() as u32;
         let refs = (0..batch.num_rows() as u32)
             .map(|row| RowRef { batch: b, row })
             .collect();
         self.bytes += batch.get_array_memory_size();
         self.batches.push(batch);
+        self.partial.push(partial);
         refs
+    }
+
+    /// Whether the image at `row` holds column `c`.
+    pub fn holds(&self, row: RowRef, c: usize) -> bool {
+        self.partial[row.batch as usize]
+            .as_ref()
+            .is_none_or(|columns| columns.contains(&c))
     }
 
     pub fn bytes(&self) -> usize {
@@ -96,6 +118,7 @@ impl RowArena {
 
     pub fn clear(&mut self) {
         self.batches.clear();
+        self.partial.clear();
         self.bytes = 0;
     }
 }

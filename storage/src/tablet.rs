@@ -15,7 +15,7 @@
 //! History is kept for [`TabletOptions::history_max_age`]: a scan may read at any snapshot
 //! since then, and rewrites drop versions older than that.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -160,13 +160,15 @@ struct State {
 enum Location {
     Absent,
     Mem(RowRef),
-    /// In rowset `rs` at `ordinal`, with its newest image (never [`Image::Absent`]).
+    /// In rowset `rs` at `ordinal`.
     Disk {
         rs: usize,
         ordinal: u32,
-        image: Image,
     },
 }
+
+/// The rowset index [`State::locate_at`] gives rows of the MemRowSet.
+const IN_MEMROWSET: usize = usize::MAX;
 
 /// A background operation on a tablet's files, with the benefit it is expected to bring
 /// (comparable across operations and tablets; below 1 it is not worth its I/O).
@@ -453,10 +455,7 @@ impl Tablet {
             WriteKind::Insert | WriteKind::InsertIgnore | WriteKind::Upsert => {
                 Some(state.arena.append(rows.clone()))
             }
-            WriteKind::Update => {
-                let merged = self.updated_rows(state, &rows, &locations)?;
-                Some(state.arena.append(merged))
-            }
+            WriteKind::Update => Some(updated_rows(state, &rows, &locations)?),
             WriteKind::Delete => None,
         };
         // The columns a change of a flushed row may change: those the UPDATE sets, all but
@@ -574,95 +573,6 @@ impl Tablet {
         Ok(RecordBatch::try_new(schema, columns)?)
     }
 
-    /// Full rows for an UPDATE: each target row's current image with the batch's columns over it.
-    fn updated_rows(
-        &self,
-        state: &State,
-        rows: &RecordBatch,
-        locations: &[Location],
-    ) -> Result<RecordBatch, StorageError> {
-        let table = state.schema.arrow_schema();
-        let width = table.fields().len();
-        // Images on disk (base rows, REDO records) are read per file, sorted.
-        let mut reads: BTreeMap<(usize, Option<usize>), Vec<u32>> = BTreeMap::new();
-        for l in locations {
-            match l {
-                Location::Disk {
-                    rs,
-                    ordinal,
-                    image: Image::Base,
-                } => reads.entry((*rs, None)).or_default().push(*ordinal),
-                Location::Disk {
-                    rs,
-                    image: Image::File { file, row },
-                    ..
-                } => reads.entry((*rs, Some(*file))).or_default().push(*row),
-                _ => {}
-            }
-        }
-        let arena_len = state.arena.len();
-        let mut read_batches = Vec::new();
-        let mut positions = HashMap::new();
-        for ((rs, file), mut rows) in reads {
-            rows.sort_unstable();
-            rows.dedup();
-            let all: Vec<usize> = (0..width).collect();
-            let batch = match file {
-                None => state.rowsets[rs].read_rows(&all, &rows)?,
-                Some(f) => state.deltas[rs]
-                    .file(f)
-                    .ok_or_else(|| StorageError::Corruption("missing delta file".into()))?
-                    .read_images(&rows)?,
-            };
-            let source = arena_len + read_batches.len();
-            for (i, row) in rows.into_iter().enumerate() {
-                positions.insert((rs, file, row), (source, i));
-            }
-            read_batches.push(batch);
-        }
-        let missing = || StorageError::Corruption("row image not read".into());
-        let mut indices = Vec::with_capacity(locations.len());
-        for l in locations {
-            indices.push(match l {
-                Location::Mem(r)
-                | Location::Disk {
-                    image: Image::Mem(r),
-                    ..
-                } => (r.batch as usize, r.row as usize),
-                Location::Disk {
-                    rs,
-                    ordinal,
-                    image: Image::Base,
-                } => *positions.get(&(*rs, None, *ordinal)).ok_or_else(missing)?,
-                Location::Disk {
-                    rs,
-                    image: Image::File { file, row },
-                    ..
-                } => *positions
-                    .get(&(*rs, Some(*file), *row))
-                    .ok_or_else(missing)?,
-                Location::Absent
-                | Location::Disk {
-                    image: Image::Absent | Image::Undo,
-                    ..
-                } => return Err(StorageError::Corruption("update of an absent row".into())),
-            });
-        }
-        let mut columns = Vec::with_capacity(width);
-        for (c, field) in table.fields().iter().enumerate() {
-            if let Some(new) = rows.column_by_name(field.name()) {
-                columns.push(new.clone());
-                continue;
-            }
-            let mut sources: Vec<&dyn Array> = (0..arena_len as u32)
-                .map(|b| state.arena.batch(b).column(c).as_ref())
-                .collect();
-            sources.extend(read_batches.iter().map(|b| b.column(c).as_ref()));
-            columns.push(interleave(&sources, &indices)?);
-        }
-        Ok(RecordBatch::try_new(table, columns)?)
-    }
-
     pub fn scan(&self, spec: &ScanSpec) -> Result<ScanIterator, StorageError> {
         let ancient = self.ancient_history_mark();
         if spec.snapshot < ancient {
@@ -735,7 +645,7 @@ impl Tablet {
                 continue;
             };
             let row = match image {
-                Image::Mem(row) => {
+                Image::Mem(row) if rs == IN_MEMROWSET => {
                     in_memory.push(row);
                     continue;
                 }
@@ -747,7 +657,8 @@ impl Tablet {
                     RecordBatch::try_new(table.clone(), row.columns().to_vec())?
                         .project(&read_columns)?
                 }
-                Image::Undo => {
+                // Images put together from per-column deltas.
+                Image::Undo | Image::Mem(_) => {
                     let (_, images) = state.deltas[rs].view(
                         &state.rowsets[rs],
                         spec.snapshot,
@@ -997,18 +908,18 @@ impl Tablet {
             let mut rowsets = state.rowsets.clone();
             let mut deltas = Vec::with_capacity(state.deltas.len());
             // Each DeltaMemStore becomes a REDO file of its rowset.
-            for d in &state.deltas {
-                let mut d = d.without_dms();
-                let dms = &state.deltas[deltas.len()].dms;
-                let records = dms.records();
-                if !records.is_empty() {
+            let table = schema.arrow_schema();
+            for (rowset, d) in state.rowsets.iter().zip(&state.deltas) {
+                let mut flushed = d.without_dms();
+                if !d.dms.is_empty() {
+                    let (records, images) = d.dms_records(rowset, &table, &state.arena)?;
                     let layout = Layout {
                         columns: None,
-                        changed: Some(dms.changed.iter().copied().collect()),
+                        changed: Some(d.dms.changed.iter().copied().collect()),
                     };
-                    d.add_redo(files.delta(&schema, layout, &sources, &records)?)?;
+                    flushed.add_redo(files.delta(&schema, layout, &[&images], &records)?)?;
                 }
-                deltas.push(d);
+                deltas.push(flushed);
             }
             // The MemRowSet: every key's versions, in key order, rolled at the target size.
             let chains = state.mrs.index.iter().map(|(key, versions)| Chain {
@@ -1214,6 +1125,69 @@ impl Tablet {
     }
 }
 
+/// The new images of the rows an UPDATE changes (`rows`: key and changed columns), in the
+/// arena: for rows in the MemRowSet, their image with the changed columns replaced; for rows
+/// on disk, partial images of the changed columns only (per-column deltas, so an update reads
+/// no row from disk).
+fn updated_rows(
+    state: &mut State,
+    rows: &RecordBatch,
+    locations: &[Location],
+) -> Result<Vec<RowRef>, StorageError> {
+    let table = state.schema.arrow_schema();
+    let (in_memory, on_disk): (Vec<usize>, Vec<usize>) =
+        (0..locations.len()).partition(|&i| matches!(locations[i], Location::Mem(_)));
+    let mut refs = vec![RowRef { batch: 0, row: 0 }; locations.len()];
+    if !in_memory.is_empty() {
+        let picked = UInt32Array::from_iter_values(in_memory.iter().map(|&i| i as u32));
+        let old: Vec<(usize, usize)> = in_memory
+            .iter()
+            .filter_map(|&i| match locations[i] {
+                Location::Mem(r) => Some((r.batch as usize, r.row as usize)),
+                _ => None,
+            })
+            .collect();
+        let mut columns = Vec::with_capacity(table.fields().len());
+        for (c, field) in table.fields().iter().enumerate() {
+            columns.push(match rows.column_by_name(field.name()) {
+                Some(new) => take(new, &picked, None)?,
+                None => {
+                    let arrays: Vec<&dyn Array> = (0..state.arena.len() as u32)
+                        .map(|b| state.arena.batch(b).column(c).as_ref())
+                        .collect();
+                    interleave(&arrays, &old)?
+                }
+            });
+        }
+        let new = state
+            .arena
+            .append(RecordBatch::try_new(table.clone(), columns)?);
+        for (&i, r) in in_memory.iter().zip(new) {
+            refs[i] = r;
+        }
+    }
+    if !on_disk.is_empty() {
+        let picked = UInt32Array::from_iter_values(on_disk.iter().map(|&i| i as u32));
+        let mut columns = Vec::with_capacity(table.fields().len());
+        let mut held = Vec::new();
+        for (c, field) in table.fields().iter().enumerate() {
+            columns.push(match rows.column_by_name(field.name()) {
+                Some(new) => {
+                    held.push(c);
+                    take(new, &picked, None)?
+                }
+                None => new_null_array(field.data_type(), on_disk.len()),
+            });
+        }
+        let batch = RecordBatch::try_new(history::nullable(&table), columns)?;
+        let new = state.arena.append_partial(batch, held);
+        for (&i, r) in on_disk.iter().zip(new) {
+            refs[i] = r;
+        }
+    }
+    Ok(refs)
+}
+
 /// The rowsets to merge so that key lookups consult fewer rowsets: those whose key ranges
 /// cover the key covered by most rowsets, smallest first within `budget` bytes; None if fewer
 /// than two.
@@ -1270,7 +1244,7 @@ fn default_column(column: &crate::ColumnSchema, n: usize) -> Result<ArrayRef, St
 
 impl State {
     /// The row with `key` visible at `snapshot`, if any (as a scan at `snapshot` sees it):
-    /// in memory (`rs` is unused), or in rowset `rs` at `ordinal`.
+    /// in the MemRowSet (`rs` is [`IN_MEMROWSET`]), or in rowset `rs` at `ordinal`.
     fn locate_at(
         &self,
         key: &[u8],
@@ -1283,7 +1257,7 @@ impl State {
             .get(key)
             .and_then(|versions| visible(versions, snapshot))
         {
-            return Ok(v.row.map(|r| (0, 0, Image::Mem(r))));
+            return Ok(v.row.map(|r| (IN_MEMROWSET, 0, Image::Mem(r))));
         }
         // A key deleted from one rowset and inserted again lives in another: at most one of
         // them has it live at any time.
@@ -1311,7 +1285,7 @@ impl State {
             if let Some(ordinal) = self.rowsets[rs].find(key, hash, cache)? {
                 match self.deltas[rs].latest(ordinal) {
                     Image::Absent => continue,
-                    image => return Ok(Location::Disk { rs, ordinal, image }),
+                    _ => return Ok(Location::Disk { rs, ordinal }),
                 }
             }
         }
