@@ -363,6 +363,25 @@ impl DeltaMemStore {
     pub fn push(&mut self, ordinal: u32, version: Version) {
         self.by_ordinal.entry(ordinal).or_default().push(version);
     }
+
+    /// The versions added since `earlier`, a copy of this store taken before; `non_key` are
+    /// the columns a full image may change.
+    pub fn after(&self, earlier: &DeltaMemStore, arena: &RowArena, non_key: &[u32]) -> Self {
+        let mut newer = DeltaMemStore::default();
+        for (ordinal, versions) in &self.by_ordinal {
+            let seen = earlier.by_ordinal.get(ordinal).map_or(0, Vec::len);
+            for version in versions.iter().skip(seen) {
+                if let Some(row) = version.row {
+                    match arena.columns(row) {
+                        Some(columns) => newer.changed.extend(columns.iter().map(|&c| c as u32)),
+                        None => newer.changed.extend(non_key),
+                    }
+                }
+                newer.push(*ordinal, *version);
+            }
+        }
+        newer
+    }
 }
 
 /// An image put together column by column: each column from a row of the arena, or else from

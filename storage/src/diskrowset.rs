@@ -596,7 +596,7 @@ impl DiskRowSet {
     }
 
     /// The keys of the rows at `ordinals` (sorted, distinct).
-    fn read_key_rows(&self, ordinals: &[u32]) -> Result<BinaryArray, StorageError> {
+    pub(crate) fn read_key_rows(&self, ordinals: &[u32]) -> Result<BinaryArray, StorageError> {
         let root = self.metadata.parquet_schema().num_columns() - 1;
         let batch = read_positions(&self.path, &self.metadata, &[root], ordinals)?;
         batch

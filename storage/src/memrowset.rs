@@ -36,10 +36,10 @@ pub fn visible(versions: &[Version], snapshot: Timestamp) -> Option<&Version> {
     versions.iter().rev().find(|v| v.ts <= snapshot)
 }
 
-/// Batches with the table's columns; append-only until a flush clears it. A batch holds full
+/// Batches with the table's columns; append-only until a flush drops those it wrote. A batch holds full
 /// row images, or partial ones: the new values of some columns of rows on disk (per-column
 /// deltas, whose other columns are those of the version before), NULL in the other columns.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct RowArena {
     batches: Vec<RecordBatch>,
     /// For each batch of partial images, the columns it holds.
@@ -68,6 +68,11 @@ impl RowArena {
         self.batches.push(batch);
         self.partial.push(partial);
         refs
+    }
+
+    /// The columns the partial image at `row` holds (None: a full image).
+    pub fn columns(&self, row: RowRef) -> Option<&[usize]> {
+        self.partial[row.batch as usize].as_deref()
     }
 
     /// Whether the image at `row` holds column `c`.
@@ -116,15 +121,18 @@ impl RowArena {
         )?)
     }
 
-    pub fn clear(&mut self) {
-        self.batches.clear();
-        self.partial.clear();
-        self.bytes = 0;
+    /// Drops the first `n` batches: the others' references move down by `n`.
+    pub fn drop_front(&mut self, n: usize) {
+        let n = n.min(self.batches.len());
+        for batch in self.batches.drain(..n) {
+            self.bytes -= batch.get_array_memory_size();
+        }
+        self.partial.drain(..n);
     }
 }
 
 /// Ordered index from encoded primary key to the versions of rows not yet flushed.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct MemRowSet {
     pub index: BTreeMap<Vec<u8>, Vec<Version>>,
     key_bytes: usize,
@@ -169,8 +177,21 @@ impl MemRowSet {
         self.index.len()
     }
 
-    pub fn clear(&mut self) {
-        self.index.clear();
-        self.key_bytes = 0;
+    /// Removes `key`; returns its versions.
+    pub fn remove(&mut self, key: &[u8]) -> Vec<Version> {
+        let versions = self.index.remove(key).unwrap_or_default();
+        if !versions.is_empty() {
+            self.key_bytes -= key.len() + 48 + versions.len() * std::mem::size_of::<Version>();
+        }
+        versions
+    }
+
+    /// Adds `newer`'s versions after this one's.
+    pub fn append(&mut self, newer: MemRowSet) {
+        for (key, versions) in newer.index {
+            for version in versions {
+                self.push(key.clone(), version);
+            }
+        }
     }
 }

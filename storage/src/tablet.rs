@@ -24,9 +24,7 @@ use std::time::Duration;
 
 use arrow::array::{new_null_array, Array, ArrayRef, RecordBatch, StringArray, UInt32Array};
 use arrow::compute::{cast, interleave, take};
-use parking_lot::{RwLock, RwLockUpgradableReadGuard, RwLockWriteGuard};
-
-type Upgradable<'a> = RwLockUpgradableReadGuard<'a, State>;
+use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
 use crate::delta::{DeltaFile, DeltaMeta, Image, Layout, RowsetDeltas};
@@ -136,6 +134,8 @@ pub struct Tablet {
     dir: PathBuf,
     options: TabletOptions,
     state: RwLock<State>,
+    /// Held by a flush, compaction or schema change: one at a time.
+    rewriting: Mutex<()>,
     /// Compactions run since the tablet was opened.
     compactions: std::sync::atomic::AtomicU64,
 }
@@ -145,6 +145,9 @@ struct State {
     schema: Arc<Schema>,
     arena: RowArena,
     mrs: MemRowSet,
+    /// The MemRowSet a flush is writing (readable until the flush switches; its images stay in
+    /// the arena): keys whose newest versions are in `mrs` may have older ones here.
+    frozen: Option<Arc<MemRowSet>>,
     rowsets: Vec<Arc<DiskRowSet>>,
     /// Parallel to `rowsets`.
     deltas: Vec<RowsetDeltas>,
@@ -213,10 +216,12 @@ impl Tablet {
             dir: dir.to_path_buf(),
             options,
             compactions: Default::default(),
+            rewriting: Mutex::new(()),
             state: RwLock::new(State {
                 schema: Arc::new(schema),
                 arena: RowArena::default(),
                 mrs: MemRowSet::default(),
+                frozen: None,
                 rowsets: vec![],
                 deltas: vec![],
                 tree: RowSetTree::default(),
@@ -269,10 +274,12 @@ impl Tablet {
             dir: dir.to_path_buf(),
             options,
             compactions: Default::default(),
+            rewriting: Mutex::new(()),
             state: RwLock::new(State {
                 schema: Arc::new(meta.schema),
                 arena: RowArena::default(),
                 mrs: MemRowSet::default(),
+                frozen: None,
                 tree: key_ranges(&rowsets),
                 rowsets,
                 deltas,
@@ -307,7 +314,7 @@ impl Tablet {
 
     pub fn memory_bytes(&self) -> usize {
         let s = self.state.read();
-        s.arena.bytes() + s.mrs.bytes()
+        s.arena.bytes() + s.mrs.bytes() + s.frozen.as_ref().map_or(0, |f| f.bytes())
     }
 
     pub fn needs_flush(&self) -> bool {
@@ -317,7 +324,8 @@ impl Tablet {
     /// Rows in the MemRowSet and the DiskRowSets, counting deleted and updated rows too.
     pub fn estimated_rows(&self) -> usize {
         let state = self.state.read();
-        state.mrs.len() + state.rowsets.iter().map(|r| r.num_rows()).sum::<usize>()
+        let frozen = state.frozen.as_ref().map_or(0, |f| f.len());
+        state.mrs.len() + frozen + state.rowsets.iter().map(|r| r.num_rows()).sum::<usize>()
     }
 
     /// Memory the DiskRowSets hold for key lookups (packed keys and bloom filters, and the
@@ -608,7 +616,7 @@ impl Tablet {
             )?)));
             sources.extend(images.into_iter().map(Source::Batch));
         }
-        let mem_rows = state.mrs.visible_rows(spec.snapshot);
+        let mem_rows = state.visible_mem_rows(spec.snapshot);
         for chunk in mem_rows.chunks(batch_size) {
             sources.push_back(Source::Batch(state.arena.gather(
                 &table,
@@ -713,52 +721,112 @@ impl Tablet {
         write_metadata(&self.dir, meta, &|step| self.fail(step))
     }
 
-    /// Writes in-memory rows and deltas to new files and switches to them atomically.
+    /// Writes in-memory rows and deltas to new files and switches to them atomically. Writes
+    /// go on meanwhile (see [`Tablet::rewrite`]).
     pub fn flush(&self) -> Result<(), StorageError> {
-        self.flush_guarded(self.state.upgradable_read()).map(drop)
+        let _rewriting = self.rewriting.lock();
+        self.flush_rewriting()
     }
 
-    /// Runs `f` to write new files, then switches to the rowsets it returns with one metadata
-    /// write, and removes the files that are no longer named. A failure before the switch
-    /// removes the new files.
+    /// [`Tablet::flush`], with `rewriting` held.
+    fn flush_rewriting(&self) -> Result<(), StorageError> {
+        let (snapshot, durable) = {
+            let mut state = self.state.write();
+            let durable = state.last_applied;
+            let dirty = !state.mrs.is_empty() || state.deltas.iter().any(|d| !d.dms.is_empty());
+            if !dirty && state.durable_index == durable {
+                return Ok(());
+            }
+            // Writes from now on go to a new MemRowSet; this one is written out.
+            let frozen = std::mem::take(&mut state.mrs);
+            state.frozen = Some(Arc::new(frozen));
+            (Snapshot::of(&state, true), durable)
+        };
+        let ancient = self.ancient_history_mark();
+        let schema = snapshot.schema.clone();
+        self.rewrite(&snapshot, &schema, durable, Carry::Flush, |snap, files| {
+            let table = schema.arrow_schema();
+            let mut out = Vec::with_capacity(snap.rowsets.len());
+            // Each DeltaMemStore becomes a REDO file of its rowset.
+            for (i, (rowset, d)) in snap.rowsets.iter().zip(&snap.deltas).enumerate() {
+                let mut flushed = d.without_dms();
+                if !d.dms.is_empty() {
+                    let (records, images) = d.dms_records(rowset, &table, &snap.arena)?;
+                    let layout = Layout {
+                        columns: None,
+                        changed: Some(d.dms.changed.iter().copied().collect()),
+                    };
+                    flushed.add_redo(files.delta(&schema, layout, &[&images], &records)?)?;
+                }
+                out.push(Output::same(rowset.clone(), flushed, i));
+            }
+            // The MemRowSet: every key's versions, in key order, rolled at the target size.
+            let Some(frozen) = &snap.frozen else {
+                return Ok(out);
+            };
+            let sources: Vec<&RecordBatch> = (0..snap.arena.len() as u32)
+                .map(|b| snap.arena.batch(b))
+                .collect();
+            let chains = frozen.index.iter().map(|(key, versions)| Chain {
+                key: key.clone(),
+                versions: versions
+                    .iter()
+                    .map(|v| (v.ts, v.row.map(|r| (r.batch as usize, r.row as usize))))
+                    .collect(),
+            });
+            let bytes = snap.arena.bytes() as u64;
+            let rows_per_rowset = self.rows_per_rowset(bytes, frozen.len());
+            for new in
+                history::write_chains(files, &schema, &sources, chains, ancient, rows_per_rowset)?
+            {
+                out.push(Output::new(new));
+            }
+            Ok(out)
+        })
+    }
+
+    /// Runs `f` to write new files from `snap` (no lock held: scans and writes go on), then,
+    /// under the write lock, carries over what writes changed meanwhile, switches to the
+    /// rowsets `f` returns with one metadata write (naming `schema` and `durable_index`), and
+    /// removes the files no longer named. A failure before the switch removes the new files
+    /// and leaves the tablet as it was.
     ///
-    /// The files are written under `guard`, an upgradable read lock: scans go on meanwhile,
-    /// writes wait. The lock is upgraded for the switch and returned.
-    fn switch<'a, F>(
-        &'a self,
-        guard: Upgradable<'a>,
+    /// The caller holds `rewriting`: one flush, compaction or schema change at a time.
+    fn rewrite<F>(
+        &self,
+        snap: &Snapshot,
         schema: &Schema,
         durable_index: u64,
+        carry: Carry,
         f: F,
-    ) -> Result<RwLockWriteGuard<'a, State>, StorageError>
+    ) -> Result<(), StorageError>
     where
-        F: FnOnce(
-            &State,
-            &mut NewFiles,
-        ) -> Result<(Vec<Arc<DiskRowSet>>, Vec<RowsetDeltas>), StorageError>,
+        F: FnOnce(&Snapshot, &mut NewFiles) -> Result<Vec<Output>, StorageError>,
     {
         let fail = |step: &str| self.fail(step);
         let mut files = NewFiles {
             dir: &self.dir,
-            next_id: guard.next_rowset_id,
+            next_id: snap.next_rowset_id,
             paths: Vec::new(),
             fail: &fail,
         };
-        let result = f(&guard, &mut files);
-        let mut state = RwLockUpgradableReadGuard::upgrade(guard);
+        let result = f(snap, &mut files);
+        let mut state = self.state.write();
         // The ids handed out stay used: the metadata on disk may name them even after a failure.
         state.next_rowset_id = files.next_id;
-        let (rowsets, deltas) = match result {
-            Ok(new) => new,
+        let next = match result.and_then(|out| self.carry_over(&state, snap, out, carry)) {
+            Ok(next) => next,
             Err(e) => {
                 files.remove_all();
+                state.thaw();
                 return Err(e);
             }
         };
-        let named: HashSet<&Path> = rowsets
+        let named: HashSet<&Path> = next
+            .rowsets
             .iter()
             .flat_map(|r| r.paths())
-            .chain(deltas.iter().flat_map(|d| d.files().map(|f| f.path())))
+            .chain(next.deltas.iter().flat_map(|d| d.files().map(|f| f.path())))
             .collect();
         let old_files: Vec<PathBuf> = (state.rowsets.iter().flat_map(|r| r.paths()))
             .chain(
@@ -770,24 +838,20 @@ impl Tablet {
             .filter(|p| !named.contains(p))
             .map(Path::to_path_buf)
             .collect();
-        self.write_metadata(&Metadata {
+        let written = self.write_metadata(&Metadata {
             schema: schema.clone(),
-            rowsets: rowsets.iter().map(|r| r.id).collect(),
-            checksums: rowsets
-                .iter()
+            rowsets: next.rowsets.iter().map(|r| r.id).collect(),
+            checksums: (next.rowsets.iter())
                 .filter_map(|r| Some((r.id, r.checksum?)))
                 .collect(),
-            column_files: rowsets
-                .iter()
+            column_files: (next.rowsets.iter())
                 .filter(|r| !r.column_files().is_empty())
                 .map(|r| {
                     let files = r.column_files().iter().map(|f| f.meta.clone());
                     (r.id, files.collect())
                 })
                 .collect(),
-            deltas: rowsets
-                .iter()
-                .zip(&deltas)
+            deltas: (next.rowsets.iter().zip(&next.deltas))
                 .filter(|(_, d)| d.files().next().is_some())
                 .map(|(r, d)| {
                     let undo = d.undo.iter().map(|f| f.meta.clone()).collect();
@@ -798,7 +862,11 @@ impl Tablet {
             next_rowset_id: state.next_rowset_id,
             durable_index,
             next_auto_id: state.next_auto_id,
-        })?;
+        });
+        if let Err(e) = written {
+            state.thaw();
+            return Err(e);
+        }
         // The new state is durable; the replaced files are garbage now (open scans keep their
         // file handles or have read what they need).
         for path in old_files {
@@ -807,12 +875,135 @@ impl Tablet {
             }
         }
         state.schema = Arc::new(schema.clone());
-        state.tree = key_ranges(&rowsets);
-        state.rowsets = rowsets;
-        state.deltas = deltas;
+        state.tree = key_ranges(&next.rowsets);
+        state.rowsets = next.rowsets;
+        state.deltas = next.deltas;
+        if let Some(mrs) = next.mrs {
+            state.mrs = mrs;
+            state.frozen = None;
+            state.arena.drop_front(snap.arena.len());
+        }
         state.durable_index = durable_index;
         state.last_applied = state.last_applied.max(durable_index);
-        Ok(state)
+        Ok(())
+    }
+
+    /// The tablet's next rowsets and in-memory data: `out` (files written from `snap`) with the
+    /// changes writes made since `snap` carried over. A rowset with the same rows as one of
+    /// `snap` takes its DeltaMemStore (less the versions a flush wrote); the changes of rows
+    /// that moved to new rowsets (DeltaMemStore versions of replaced rowsets, and after a flush
+    /// new MemRowSet versions of keys the flushed MemRowSet held) follow them there by key.
+    fn carry_over(
+        &self,
+        state: &State,
+        snap: &Snapshot,
+        out: Vec<Output>,
+        carry: Carry,
+    ) -> Result<Next, StorageError> {
+        let cache = &self.options.key_cache;
+        let replaced: Vec<usize> = (0..snap.rowsets.len())
+            .filter(|&i| !out.iter().any(|o| o.origin == Some(i)))
+            .collect();
+        let schema = &state.schema;
+        let non_key: Vec<u32> = (0..schema.columns().len())
+            .filter(|&c| !schema.is_key_column(c))
+            .map(|c| c as u32)
+            .collect();
+        let mut new_rowsets = Vec::new();
+        let (mut rowsets, mut deltas) = (Vec::new(), Vec::new());
+        for o in out {
+            let mut d = o.deltas;
+            match o.origin {
+                Some(i) => {
+                    let live = &state.deltas[i].dms;
+                    d.dms = match carry {
+                        Carry::Flush => live.after(&snap.deltas[i].dms, &state.arena, &non_key),
+                        Carry::Compaction => live.clone(),
+                    };
+                }
+                None => new_rowsets.push(rowsets.len()),
+            }
+            rowsets.push(o.rowset);
+            deltas.push(d);
+        }
+        // Where a key is live in the new rowsets.
+        let find = |key: &[u8], rowsets: &[Arc<DiskRowSet>], deltas: &[RowsetDeltas]| {
+            let hash = crate::diskrowset::hash_bytes(key);
+            for &j in &new_rowsets {
+                if let Some(o) = rowsets[j].find(key, hash, cache)? {
+                    if deltas[j].latest(o) != Image::Absent {
+                        return Ok(Some((j, o)));
+                    }
+                }
+            }
+            Ok::<_, StorageError>(None)
+        };
+        for &i in &replaced {
+            let live = &state.deltas[i].dms;
+            if live.is_empty() {
+                continue;
+            }
+            let ordinals: Vec<u32> = live.by_ordinal.keys().copied().collect();
+            let keys = snap.rowsets[i].read_key_rows(&ordinals)?;
+            for (k, versions) in live.by_ordinal.values().enumerate() {
+                let (j, o) = find(keys.value(k), &rowsets, &deltas)?.ok_or_else(|| {
+                    StorageError::Corruption(
+                        "a changed row is missing from rewritten rowsets".into(),
+                    )
+                })?;
+                for v in versions {
+                    deltas[j].dms.push(o, *v);
+                }
+                deltas[j].dms.changed.extend(&live.changed);
+            }
+        }
+        let mut mrs = None;
+        if let (Carry::Flush, Some(frozen)) = (carry, &snap.frozen) {
+            let mut live = state.mrs.clone();
+            let moved: Vec<Vec<u8>> = (live.index.keys())
+                .filter(|k| frozen.index.contains_key(*k))
+                .cloned()
+                .collect();
+            for key in moved {
+                if let Some((j, o)) = find(&key, &rowsets, &deltas)? {
+                    for v in live.remove(&key) {
+                        deltas[j].dms.push(o, v);
+                    }
+                    deltas[j].dms.changed.extend(&non_key);
+                }
+            }
+            // The flushed images leave the arena: the rest move down.
+            let dropped = snap.arena.len() as u32;
+            let shift = |r: &mut RowRef| match r.batch.checked_sub(dropped) {
+                Some(b) => {
+                    r.batch = b;
+                    Ok(())
+                }
+                None => Err(StorageError::Corruption(
+                    "a flushed row image is still used".into(),
+                )),
+            };
+            for versions in live.index.values_mut() {
+                versions
+                    .iter_mut()
+                    .filter_map(|v| v.row.as_mut())
+                    .try_for_each(shift)?;
+            }
+            for d in &mut deltas {
+                for versions in d.dms.by_ordinal.values_mut() {
+                    versions
+                        .iter_mut()
+                        .filter_map(|v| v.row.as_mut())
+                        .try_for_each(shift)?;
+                }
+            }
+            mrs = Some(live);
+        }
+        Ok(Next {
+            rowsets,
+            deltas,
+            mrs,
+        })
     }
 
     /// Rows per rowset for a rewrite of rowsets that take `bytes` on disk for `rows` rows.
@@ -825,9 +1016,10 @@ impl Tablet {
     /// with the new columns (values found by column id; an added column takes its DEFAULT or
     /// NULL), then switches to the new schema and files with one metadata write. A crash before
     /// that write leaves the old schema and files, and replaying the log applies the change again.
+    /// (Writes wait meanwhile: they come in log order after this entry.)
     pub fn alter_schema(&self, index: u64, schema: &Schema) -> Result<(), StorageError> {
-        let guard = self.state.upgradable_read();
-        let old = guard.schema.clone();
+        let _rewriting = self.rewriting.lock();
+        let old = self.schema();
         let sources = schema.sources_in(&old);
         let key_ids = |s: &Schema| -> Vec<u32> {
             let ids = s.ids();
@@ -848,100 +1040,45 @@ impl Tablet {
                 }
             }
         }
-        let guard = RwLockWriteGuard::downgrade_to_upgradable(self.flush_guarded(guard)?);
+        self.flush_rewriting()?;
+        let snapshot = Snapshot::of(&self.state.read(), false);
         let ancient = self.ancient_history_mark();
         let table = history::nullable(&schema.arrow_schema());
-        self.switch(guard, schema, index, |state, files| {
-            let mut rowsets = Vec::new();
-            let mut deltas = Vec::new();
-            for (rowset, history) in state.rowsets.iter().zip(&state.deltas) {
-                let mut images = Vec::new();
-                let chains =
-                    history::rowset_chains(rowset, history, old.columns().len(), &mut images)?;
-                let images = images
-                    .iter()
-                    .map(|batch| {
-                        let columns = schema
-                            .columns()
-                            .iter()
-                            .zip(&sources)
-                            .map(|(column, source)| match source {
-                                Some(o) => Ok(batch.column(*o).clone()),
-                                None => default_column(column, batch.num_rows()),
-                            })
-                            .collect::<Result<Vec<_>, StorageError>>()?;
-                        Ok(RecordBatch::try_new(table.clone(), columns)?)
-                    })
-                    .collect::<Result<Vec<_>, StorageError>>()?;
-                let refs: Vec<&RecordBatch> = images.iter().collect();
-                let rows = rowset.num_rows().max(1);
-                for new in history::write_chains(files, schema, &refs, chains, ancient, rows)? {
-                    rowsets.push(new.rowset);
-                    deltas.push(new.deltas);
+        self.rewrite(
+            &snapshot,
+            schema,
+            index,
+            Carry::Compaction,
+            |snap, files| {
+                let mut out = Vec::new();
+                for (rowset, history) in snap.rowsets.iter().zip(&snap.deltas) {
+                    let mut images = Vec::new();
+                    let chains =
+                        history::rowset_chains(rowset, history, old.columns().len(), &mut images)?;
+                    let images = images
+                        .iter()
+                        .map(|batch| {
+                            let columns = schema
+                                .columns()
+                                .iter()
+                                .zip(&sources)
+                                .map(|(column, source)| match source {
+                                    Some(o) => Ok(batch.column(*o).clone()),
+                                    None => default_column(column, batch.num_rows()),
+                                })
+                                .collect::<Result<Vec<_>, StorageError>>()?;
+                            Ok(RecordBatch::try_new(table.clone(), columns)?)
+                        })
+                        .collect::<Result<Vec<_>, StorageError>>()?;
+                    let refs: Vec<&RecordBatch> = images.iter().collect();
+                    let rows = rowset.num_rows().max(1);
+                    for new in history::write_chains(files, schema, &refs, chains, ancient, rows)? {
+                        out.push(Output::new(new));
+                    }
                 }
-            }
-            Ok((rowsets, deltas))
-        })
-        .map(drop)
-    }
-
-    /// Flushes under `guard`; returns the lock, upgraded.
-    fn flush_guarded<'a>(
-        &'a self,
-        guard: Upgradable<'a>,
-    ) -> Result<RwLockWriteGuard<'a, State>, StorageError> {
-        let schema = guard.schema.clone();
-        let durable = guard.last_applied;
-        if guard.mrs.is_empty() && guard.deltas.iter().all(|d| d.dms.is_empty()) {
-            if guard.durable_index == durable {
-                return Ok(RwLockUpgradableReadGuard::upgrade(guard));
-            }
-            return self.switch(guard, &schema, durable, |state, _| {
-                Ok((state.rowsets.clone(), state.deltas.clone()))
-            });
-        }
-        let ancient = self.ancient_history_mark();
-        let mut state = self.switch(guard, &schema, durable, |state, files| {
-            let sources: Vec<&RecordBatch> = (0..state.arena.len() as u32)
-                .map(|b| state.arena.batch(b))
-                .collect();
-            let mut rowsets = state.rowsets.clone();
-            let mut deltas = Vec::with_capacity(state.deltas.len());
-            // Each DeltaMemStore becomes a REDO file of its rowset.
-            let table = schema.arrow_schema();
-            for (rowset, d) in state.rowsets.iter().zip(&state.deltas) {
-                let mut flushed = d.without_dms();
-                if !d.dms.is_empty() {
-                    let (records, images) = d.dms_records(rowset, &table, &state.arena)?;
-                    let layout = Layout {
-                        columns: None,
-                        changed: Some(d.dms.changed.iter().copied().collect()),
-                    };
-                    flushed.add_redo(files.delta(&schema, layout, &[&images], &records)?)?;
-                }
-                deltas.push(flushed);
-            }
-            // The MemRowSet: every key's versions, in key order, rolled at the target size.
-            let chains = state.mrs.index.iter().map(|(key, versions)| Chain {
-                key: key.clone(),
-                versions: versions
-                    .iter()
-                    .map(|v| (v.ts, v.row.map(|r| (r.batch as usize, r.row as usize))))
-                    .collect(),
-            });
-            let rows = state.mrs.len();
-            let rows_per_rowset = self.rows_per_rowset(state.arena.bytes() as u64, rows);
-            for new in
-                history::write_chains(files, &schema, &sources, chains, ancient, rows_per_rowset)?
-            {
-                rowsets.push(new.rowset);
-                deltas.push(new.deltas);
-            }
-            Ok((rowsets, deltas))
-        })?;
-        state.mrs.clear();
-        state.arena.clear();
-        Ok(state)
+                Ok(out)
+            },
+        )
     }
 
     /// The background operations worth doing on this tablet's files now, best first.
@@ -988,35 +1125,41 @@ impl Tablet {
         ops
     }
 
-    /// Runs one maintenance operation (see [`MaintenanceKind`]). Rowsets with changes still
-    /// in memory are flushed first. An operation whose rowsets are gone already does nothing.
+    /// Runs one maintenance operation (see [`MaintenanceKind`]). Rowsets with changes in
+    /// memory are flushed first; changes writes make meanwhile are carried over to the new
+    /// files. An operation whose rowsets are gone already does nothing.
     pub fn compact(&self, kind: &MaintenanceKind) -> Result<(), StorageError> {
-        let mut state = self.state.upgradable_read();
+        let _rewriting = self.rewriting.lock();
         let ids: Vec<u64> = match kind {
             MaintenanceKind::MergeRedo { rowset }
             | MaintenanceKind::ApplyRedo { rowset }
             | MaintenanceKind::TrimUndo { rowset } => vec![*rowset],
             MaintenanceKind::MergeRowsets { rowsets } => rowsets.clone(),
         };
+        let in_memory = {
+            let state = self.state.read();
+            (state.rowsets.iter().zip(&state.deltas))
+                .any(|(r, d)| ids.contains(&r.id) && !d.dms.is_empty())
+        };
+        if in_memory {
+            self.flush_rewriting()?;
+        }
+        let snapshot = Snapshot::of(&self.state.read(), false);
         let mut indexes = Vec::new();
         for id in &ids {
-            match state.rowsets.iter().position(|r| r.id == *id) {
+            match snapshot.rowsets.iter().position(|r| r.id == *id) {
                 Some(i) => indexes.push(i),
                 None => return Ok(()),
             }
         }
         indexes.sort_unstable();
-        if indexes.iter().any(|&i| !state.deltas[i].dms.is_empty()) {
-            state = RwLockWriteGuard::downgrade_to_upgradable(self.flush_guarded(state)?);
-        }
         if matches!(kind, MaintenanceKind::ApplyRedo { .. })
-            && state.deltas[indexes[0]].redo.is_empty()
+            && snapshot.deltas[indexes[0]].redo.is_empty()
         {
             return Ok(());
         }
         let ancient = self.ancient_history_mark();
-        let schema = state.schema.clone();
-        let durable = state.durable_index;
+        let schema = snapshot.schema.clone();
         let width = schema.columns().len();
         // A major delta compaction rewrites only the columns that REDO records change, unless
         // that is every column or the rowset has many column or UNDO files already.
@@ -1024,105 +1167,178 @@ impl Tablet {
             MaintenanceKind::ApplyRedo { .. } => {
                 let few = |n: usize| n < self.options.max_column_files;
                 let i = indexes[0];
-                state.deltas[i]
+                snapshot.deltas[i]
                     .changed_columns()
                     .filter(|c| !c.is_empty() && c.len() < width - schema.key_columns().len())
                     .filter(|_| {
-                        few(state.rowsets[i].column_files().len())
-                            && few(state.deltas[i].undo.len().saturating_sub(1))
+                        few(snapshot.rowsets[i].column_files().len())
+                            && few(snapshot.deltas[i].undo.len().saturating_sub(1))
                     })
             }
             _ => None,
         };
         self.compactions
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.switch(state, &schema, durable, |state, files| {
-            // Other rowsets keep their in-memory changes; these have none.
-            let mut rowsets = state.rowsets.clone();
-            let mut deltas = state.deltas.clone();
-            let all: Vec<usize> = (0..width).collect();
-            match kind {
-                MaintenanceKind::MergeRedo { .. } => {
-                    let d = &mut deltas[indexes[0]];
-                    let mut images = Vec::new();
-                    let mut records = Vec::new();
-                    for file in &d.redo {
-                        let read = file.read(&all)?;
-                        for (row, (&ordinal, &ts)) in read.ordinals.iter().zip(&read.ts).enumerate()
-                        {
-                            let image = (!read.deleted.value(row)).then_some((images.len(), row));
-                            records.push(crate::delta::Record {
-                                ordinal,
-                                ts: Timestamp(ts),
-                                image,
-                            });
+        let durable = snapshot.durable_index;
+        self.rewrite(
+            &snapshot,
+            &schema,
+            durable,
+            Carry::Compaction,
+            |snap, files| {
+                let mut out: Vec<Output> = (snap.rowsets.iter().zip(&snap.deltas).enumerate())
+                    .filter(|(i, _)| !indexes.contains(i))
+                    .map(|(i, (r, d))| Output::same(r.clone(), d.clone(), i))
+                    .collect();
+                let all: Vec<usize> = (0..width).collect();
+                let i = indexes[0];
+                let (rowset, d) = (&snap.rowsets[i], &snap.deltas[i]);
+                match kind {
+                    MaintenanceKind::MergeRedo { .. } => {
+                        let mut images = Vec::new();
+                        let mut records = Vec::new();
+                        for file in &d.redo {
+                            let read = file.read(&all)?;
+                            for (row, (&ordinal, &ts)) in
+                                read.ordinals.iter().zip(&read.ts).enumerate()
+                            {
+                                let image =
+                                    (!read.deleted.value(row)).then_some((images.len(), row));
+                                records.push(crate::delta::Record {
+                                    ordinal,
+                                    ts: Timestamp(ts),
+                                    image,
+                                });
+                            }
+                            images.push(read.images);
                         }
-                        images.push(read.images);
+                        // Files are in time order and each is sorted: a stable sort by ordinal keeps
+                        // every ordinal's records in time order.
+                        records.sort_by_key(|r| r.ordinal);
+                        let refs: Vec<&RecordBatch> = images.iter().collect();
+                        let layout = Layout {
+                            columns: None,
+                            changed: d.changed_columns().map(|c| c.into_iter().collect()),
+                        };
+                        let merged = files.delta(&schema, layout, &refs, &records)?;
+                        let merged = RowsetDeltas::new(d.undo.clone(), vec![merged])?;
+                        out.push(Output::same(rowset.clone(), merged, i));
                     }
-                    // Files are in time order and each is sorted: a stable sort by ordinal keeps
-                    // every ordinal's records in time order.
-                    records.sort_by_key(|r| r.ordinal);
-                    let refs: Vec<&RecordBatch> = images.iter().collect();
-                    let layout = Layout {
-                        columns: None,
-                        changed: d.changed_columns().map(|c| c.into_iter().collect()),
-                    };
-                    let merged = files.delta(&schema, layout, &refs, &records)?;
-                    *d = RowsetDeltas::new(d.undo.clone(), vec![merged])?;
-                }
-                MaintenanceKind::TrimUndo { .. } => {
-                    let d = &mut deltas[indexes[0]];
-                    let kept = d.undo.iter().filter(|u| u.meta.max_ts > ancient);
-                    *d = RowsetDeltas::new(kept.cloned().collect(), d.redo.clone())?;
-                }
-                MaintenanceKind::ApplyRedo { .. } if changed.is_some() => {
-                    let i = indexes[0];
-                    let columns: Vec<u32> = changed.iter().flatten().copied().collect();
-                    let new = history::apply_redo_to_columns(
-                        files,
-                        &schema,
-                        &rowsets[i],
-                        &deltas[i],
-                        &columns,
-                        ancient,
-                    )?;
-                    rowsets[i] = new.rowset;
-                    deltas[i] = new.deltas;
-                }
-                MaintenanceKind::ApplyRedo { .. } | MaintenanceKind::MergeRowsets { .. } => {
-                    let mut images = Vec::new();
-                    let mut parts = Vec::new();
-                    let (mut bytes, mut rows) = (0, 0);
-                    for &i in &indexes {
-                        let rowset = &state.rowsets[i];
-                        parts.push(history::rowset_chains(
-                            rowset,
-                            &deltas[i],
-                            width,
-                            &mut images,
-                        )?);
-                        bytes += rowset.disk_bytes();
-                        rows += rowset.num_rows();
+                    MaintenanceKind::TrimUndo { .. } => {
+                        let kept = d.undo.iter().filter(|u| u.meta.max_ts > ancient);
+                        let trimmed = RowsetDeltas::new(kept.cloned().collect(), d.redo.clone())?;
+                        out.push(Output::same(rowset.clone(), trimmed, i));
                     }
-                    let chains = history::merge_chains(parts, ancient);
-                    let refs: Vec<&RecordBatch> = images.iter().collect();
-                    let per_rowset = self.rows_per_rowset(bytes, rows);
-                    for &i in indexes.iter().rev() {
-                        rowsets.remove(i);
-                        deltas.remove(i);
+                    MaintenanceKind::ApplyRedo { .. } if changed.is_some() => {
+                        let columns: Vec<u32> = changed.iter().flatten().copied().collect();
+                        let new = history::apply_redo_to_columns(
+                            files, &schema, rowset, d, &columns, ancient,
+                        )?;
+                        out.push(Output::same(new.rowset, new.deltas, i));
                     }
-                    for new in
-                        history::write_chains(files, &schema, &refs, chains, ancient, per_rowset)?
-                    {
-                        rowsets.push(new.rowset);
-                        deltas.push(new.deltas);
+                    MaintenanceKind::ApplyRedo { .. } | MaintenanceKind::MergeRowsets { .. } => {
+                        let mut images = Vec::new();
+                        let mut parts = Vec::new();
+                        let (mut bytes, mut rows) = (0, 0);
+                        for &i in &indexes {
+                            let rowset = &snap.rowsets[i];
+                            parts.push(history::rowset_chains(
+                                rowset,
+                                &snap.deltas[i],
+                                width,
+                                &mut images,
+                            )?);
+                            bytes += rowset.disk_bytes();
+                            rows += rowset.num_rows();
+                        }
+                        let chains = history::merge_chains(parts, ancient);
+                        let refs: Vec<&RecordBatch> = images.iter().collect();
+                        let per_rowset = self.rows_per_rowset(bytes, rows);
+                        for new in history::write_chains(
+                            files, &schema, &refs, chains, ancient, per_rowset,
+                        )? {
+                            out.push(Output::new(new));
+                        }
                     }
                 }
-            }
-            Ok((rowsets, deltas))
-        })
-        .map(drop)
+                Ok(out)
+            },
+        )
     }
+}
+
+/// What a flush, compaction or schema change works from: the tablet at its start.
+struct Snapshot {
+    schema: Arc<Schema>,
+    rowsets: Vec<Arc<DiskRowSet>>,
+    /// With their DeltaMemStores for a flush, without for the others.
+    deltas: Vec<RowsetDeltas>,
+    /// The MemRowSet a flush writes.
+    frozen: Option<Arc<MemRowSet>>,
+    /// The arena's batches at the start.
+    arena: RowArena,
+    next_rowset_id: u64,
+    durable_index: u64,
+}
+
+impl Snapshot {
+    fn of(state: &State, with_dms: bool) -> Snapshot {
+        Snapshot {
+            schema: state.schema.clone(),
+            rowsets: state.rowsets.clone(),
+            deltas: match with_dms {
+                true => state.deltas.clone(),
+                false => state.deltas.iter().map(RowsetDeltas::without_dms).collect(),
+            },
+            frozen: state.frozen.clone(),
+            arena: state.arena.clone(),
+            next_rowset_id: state.next_rowset_id,
+            durable_index: state.durable_index,
+        }
+    }
+}
+
+/// A rowset a rewrite produced: `origin` is the rowset of the snapshot with the same rows in
+/// the same order, if there is one.
+struct Output {
+    rowset: Arc<DiskRowSet>,
+    deltas: RowsetDeltas,
+    origin: Option<usize>,
+}
+
+impl Output {
+    fn same(rowset: Arc<DiskRowSet>, deltas: RowsetDeltas, origin: usize) -> Output {
+        Output {
+            rowset,
+            deltas,
+            origin: Some(origin),
+        }
+    }
+
+    fn new(new: history::NewRowset) -> Output {
+        Output {
+            rowset: new.rowset,
+            deltas: new.deltas,
+            origin: None,
+        }
+    }
+}
+
+/// How [`Tablet::carry_over`] treats the in-memory changes of a rewrite's rowsets.
+#[derive(Clone, Copy)]
+enum Carry {
+    /// The files hold the snapshot's DeltaMemStores and frozen MemRowSet.
+    Flush,
+    /// The files hold no in-memory changes.
+    Compaction,
+}
+
+/// The state a rewrite switches to (see [`Tablet::carry_over`]).
+struct Next {
+    rowsets: Vec<Arc<DiskRowSet>>,
+    deltas: Vec<RowsetDeltas>,
+    /// After a flush, the new MemRowSet.
+    mrs: Option<MemRowSet>,
 }
 
 /// The new images of the rows an UPDATE changes (`rows`: key and changed columns), in the
@@ -1243,6 +1459,30 @@ fn default_column(column: &crate::ColumnSchema, n: usize) -> Result<ArrayRef, St
 }
 
 impl State {
+    /// The MemRowSet rows visible at `snapshot` (of `mrs` and, for keys without a visible
+    /// version there, of `frozen`).
+    fn visible_mem_rows(&self, snapshot: Timestamp) -> Vec<RowRef> {
+        let mut rows = self.mrs.visible_rows(snapshot);
+        if let Some(frozen) = &self.frozen {
+            for (key, versions) in &frozen.index {
+                let newer = self.mrs.index.get(key).and_then(|v| visible(v, snapshot));
+                if newer.is_none() {
+                    rows.extend(visible(versions, snapshot).and_then(|v| v.row));
+                }
+            }
+        }
+        rows
+    }
+
+    /// Undoes a flush's freeze: the frozen MemRowSet's versions go back before the newer ones.
+    fn thaw(&mut self) {
+        if let Some(frozen) = self.frozen.take() {
+            let newer = std::mem::take(&mut self.mrs);
+            self.mrs = (*frozen).clone();
+            self.mrs.append(newer);
+        }
+    }
+
     /// The row with `key` visible at `snapshot`, if any (as a scan at `snapshot` sees it):
     /// in the MemRowSet (`rs` is [`IN_MEMROWSET`]), or in rowset `rs` at `ordinal`.
     fn locate_at(
@@ -1251,12 +1491,12 @@ impl State {
         snapshot: Timestamp,
         cache: &KeyCache,
     ) -> Result<Option<(usize, u32, Image)>, StorageError> {
-        if let Some(v) = self
-            .mrs
-            .index
-            .get(key)
-            .and_then(|versions| visible(versions, snapshot))
-        {
+        fn in_memory<'a>(mrs: &'a MemRowSet, key: &[u8], at: Timestamp) -> Option<&'a Version> {
+            mrs.index.get(key).and_then(|v| visible(v, at))
+        }
+        let newest = in_memory(&self.mrs, key, snapshot)
+            .or_else(|| in_memory(self.frozen.as_deref()?, key, snapshot));
+        if let Some(v) = newest {
             return Ok(v.row.map(|r| (IN_MEMROWSET, 0, Image::Mem(r))));
         }
         // A key deleted from one rowset and inserted again lives in another: at most one of
@@ -1274,7 +1514,8 @@ impl State {
     }
 
     fn locate(&self, key: &[u8], cache: &KeyCache) -> Result<Location, StorageError> {
-        if let Some(v) = self.mrs.latest(key) {
+        let frozen = || self.frozen.as_ref()?.latest(key);
+        if let Some(v) = self.mrs.latest(key).or_else(frozen) {
             return Ok(match v.row {
                 Some(r) => Location::Mem(r),
                 None => Location::Absent,

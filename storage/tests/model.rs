@@ -874,3 +874,210 @@ fn the_sparse_key_index_finds_keys_and_ranges_across_pages() {
         assert_eq!(scan_with(&tablet, at, predicates), expected, "[{a}, {b})");
     }
 }
+
+/// A write applied while a flush is writing its files (here: from the flush's own fail-point
+/// hook, on another thread) completes without waiting for the flush, and the flush keeps it:
+/// flushes no longer hold writers off.
+#[test]
+fn writes_go_on_while_a_flush_writes_its_files() {
+    use std::sync::{Mutex, OnceLock, Weak};
+    let dir = tempfile::tempdir().unwrap();
+    let schema = schema();
+    let me: Arc<OnceLock<Weak<Tablet>>> = Arc::default();
+    let done: Arc<Mutex<Vec<bool>>> = Arc::default();
+    let (hook_me, hook_done, hook_schema) = (me.clone(), done.clone(), schema.clone());
+    let options = TabletOptions {
+        fail_point: Some(FailPoint(Arc::new(move |step: &str| {
+            if step == "rowset_written" && hook_done.lock().unwrap().is_empty() {
+                let tablet = hook_me.get().and_then(Weak::upgrade).unwrap();
+                let schema = hook_schema.clone();
+                let writer = std::thread::spawn(move || {
+                    let batch = WriteBatch {
+                        kind: WriteKind::Insert,
+                        rows: rows(&schema, &[(1000, None, 1)]),
+                    };
+                    tablet.apply(3, now(), &batch).unwrap();
+                    let update = WriteBatch {
+                        kind: WriteKind::Update,
+                        rows: rows(&schema, &[(1, None, -1)]).project(&[1, 2]).unwrap(),
+                    };
+                    tablet.apply(4, now(), &update).unwrap();
+                });
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while !writer.is_finished() && std::time::Instant::now() < deadline {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                hook_done.lock().unwrap().push(writer.is_finished());
+            }
+            false
+        }))),
+        ..TabletOptions::default()
+    };
+    let tablet = Arc::new(Tablet::create(dir.path(), schema.clone(), options).unwrap());
+    me.set(Arc::downgrade(&tablet)).unwrap();
+    let entries: Vec<_> = (0..100).map(|k| (k, None, k)).collect();
+    let batch = WriteBatch {
+        kind: WriteKind::Insert,
+        rows: rows(&schema, &entries),
+    };
+    tablet.apply(1, now(), &batch).unwrap();
+    let update = WriteBatch {
+        kind: WriteKind::Update,
+        rows: rows(&schema, &[(2, None, -2)]).project(&[1, 2]).unwrap(),
+    };
+    tablet.apply(2, now(), &update).unwrap();
+    tablet.flush().unwrap();
+    assert_eq!(
+        *done.lock().unwrap(),
+        vec![true],
+        "the writes did not wait for the flush"
+    );
+    let mut expected: Model = entries.iter().map(|e| (e.0, (None, e.2))).collect();
+    expected.insert(1000, (None, 1));
+    expected.insert(1, (None, -1));
+    expected.insert(2, (None, -2));
+    assert_eq!(scan(&tablet, Timestamp(u64::MAX), None), expected);
+    // The rows written during the flush are in memory, then in files after the next flush.
+    assert!(tablet.memory_bytes() > 0);
+    tablet.flush().unwrap();
+    assert_eq!(tablet.memory_bytes(), 0);
+    assert_eq!(scan(&tablet, Timestamp(u64::MAX), None), expected);
+}
+
+/// Random writes on one thread while another flushes and compacts without pause: every write
+/// succeeds or fails as the model says, and scans, snapshots and a reopen agree with it.
+#[test]
+fn random_writes_during_flushes_and_compactions_match_a_model() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let schema = schema();
+    let options = TabletOptions {
+        rowset_target_bytes: 4 << 10,
+        ..TabletOptions::default()
+    };
+    let tablet = Arc::new(Tablet::create(dir.path(), schema.clone(), options.clone()).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let background = {
+        let (tablet, stop) = (tablet.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rounds = 0;
+            while !stop.load(Ordering::Relaxed) {
+                tablet.flush().unwrap();
+                for op in tablet.maintenance_ops() {
+                    tablet.compact(&op.kind).unwrap();
+                }
+                let rowsets = tablet.rowset_ids();
+                if rowsets.len() > 1 {
+                    tablet
+                        .compact(&MaintenanceKind::MergeRowsets { rowsets })
+                        .unwrap();
+                }
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let mut rng = StdRng::seed_from_u64(env_or("NYALA_MODEL_SEED", 42));
+    let mut model = Model::new();
+    let mut snapshots: Vec<(Timestamp, Model)> = Vec::new();
+    let steps = env_or("NYALA_MODEL_ITERS", 400) * 2;
+    for index in 1..=steps {
+        let keys: Vec<i64> = (0..rng.random_range(1..8))
+            .map(|_| rng.random_range(0..300))
+            .collect();
+        let mut distinct = keys.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let unique = distinct.len() == keys.len();
+        let entries: Vec<(i64, Option<String>, i64)> = keys
+            .iter()
+            .map(|&k| {
+                (
+                    k,
+                    rng.random_bool(0.5).then(|| format!("s{index}")),
+                    rng.random_range(-9..9),
+                )
+            })
+            .collect();
+        let ts = now();
+        let (kind, batch, ok) = match rng.random_range(0..4) {
+            0 => {
+                let ok = unique && keys.iter().all(|k| !model.contains_key(k));
+                (WriteKind::Insert, rows(&schema, &entries), ok)
+            }
+            1 => (WriteKind::Upsert, rows(&schema, &entries), true),
+            2 => {
+                let ok = unique && keys.iter().all(|k| model.contains_key(k));
+                let batch = rows(&schema, &entries).project(&[1, 2]).unwrap();
+                (WriteKind::Update, batch, ok)
+            }
+            _ => {
+                let ok = unique && keys.iter().all(|k| model.contains_key(k));
+                (
+                    WriteKind::Delete,
+                    rows(&schema, &entries).project(&[1]).unwrap(),
+                    ok,
+                )
+            }
+        };
+        let result = tablet.apply(index, ts, &WriteBatch { kind, rows: batch });
+        assert_eq!(result.is_ok(), ok, "{kind:?} {keys:?}: {result:?}");
+        if ok {
+            for e in &entries {
+                match kind {
+                    WriteKind::Delete => {
+                        model.remove(&e.0);
+                    }
+                    WriteKind::Update => model.get_mut(&e.0).unwrap().1 = e.2,
+                    _ => {
+                        model.insert(e.0, (e.1.clone(), e.2));
+                    }
+                }
+            }
+        }
+        if index % 10 == 0 {
+            assert_eq!(
+                scan(&tablet, Timestamp(u64::MAX), None),
+                model,
+                "step {index}"
+            );
+            snapshots.push((ts, model.clone()));
+            let (old, expected) = &snapshots[rng.random_range(0..snapshots.len())];
+            assert_eq!(
+                &scan(&tablet, *old, None),
+                expected,
+                "snapshot at step {index}"
+            );
+            let probe: Vec<i64> = (0..3).map(|_| rng.random_range(0..300)).collect();
+            let found: Model = expected
+                .iter()
+                .filter(|(k, _)| probe.contains(k))
+                .map(|(k, v)| (*k, v.clone()))
+                .collect();
+            assert_eq!(
+                lookup(&tablet, *old, &probe),
+                found,
+                "lookups at step {index}"
+            );
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let rounds = background.join().unwrap();
+    assert!(rounds > 0);
+    assert_eq!(scan(&tablet, Timestamp(u64::MAX), None), model);
+    tablet.flush().unwrap();
+    drop(tablet);
+    let tablet = Tablet::open(dir.path(), options).unwrap();
+    assert_eq!(
+        scan(&tablet, Timestamp(u64::MAX), None),
+        model,
+        "after reopening"
+    );
+    for (t, expected) in &snapshots {
+        assert_eq!(
+            &scan(&tablet, *t, None),
+            expected,
+            "snapshot after reopening"
+        );
+    }
+}
