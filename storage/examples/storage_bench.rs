@@ -199,6 +199,8 @@ fn main() {
         percentile(&mut latencies, 0.99).as_secs_f64() * 1e6,
     );
 
+    sustained_ingest(&schema, &dir.path().join("ingest"), args.rows / 2, &mut rng);
+
     // The same rows in key order, as one Parquet file (LZ4, dictionary, as the crate defaults).
     let parquet_path = dir.path().join("same.parquet");
     {
@@ -435,6 +437,89 @@ fn main() {
         whole_scan.as_secs_f64() / fresh.as_secs_f64()
     );
     lookups(&mut rng);
+}
+
+/// Inserts `rows` shuffled rows into a new tablet in batches while a background thread does
+/// what a tablet server's maintenance thread does (flush when the MemRowSet is full, then the
+/// best compaction), and prints the latency of the inserts against those without background
+/// work measured first.
+fn sustained_ingest(
+    schema: &Schema,
+    dir: &std::path::Path,
+    rows_n: usize,
+    rng: &mut rand::rngs::StdRng,
+) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let tablet =
+        Arc::new(Tablet::create(dir, schema.clone(), TabletOptions::default()).expect("tablet"));
+    let mut keys: Vec<i64> = (0..rows_n as i64).collect();
+    keys.shuffle(rng);
+    let done = Arc::new(AtomicBool::new(false));
+    let background = {
+        let (tablet, done) = (tablet.clone(), done.clone());
+        std::thread::spawn(move || {
+            let (mut flushes, mut compactions) = (0, 0);
+            while !done.load(Ordering::Relaxed) {
+                if tablet.needs_flush() {
+                    tablet.flush().expect("flush");
+                    flushes += 1;
+                } else if let Some(op) = tablet
+                    .maintenance_ops()
+                    .into_iter()
+                    .find(|op| op.score >= 1.0)
+                {
+                    tablet.compact(&op.kind).expect("compaction");
+                    compactions += 1;
+                } else {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            (flushes, compactions)
+        })
+    };
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_micros() as u64;
+    let mut clock = Clock {
+        ts: Timestamp::from_micros(micros).0,
+        index: 0,
+    };
+    let mut latencies = Vec::with_capacity(rows_n / BATCH + 1);
+    let start = Instant::now();
+    for chunk in keys.chunks(BATCH) {
+        let batch = WriteBatch {
+            kind: WriteKind::Insert,
+            rows: rows(schema, chunk),
+        };
+        let (index, ts) = clock.next();
+        let t = Instant::now();
+        tablet.apply(index, ts, &batch).expect("insert");
+        latencies.push(t.elapsed());
+    }
+    let elapsed = start.elapsed();
+    done.store(true, Ordering::Relaxed);
+    let (flushes, compactions) = background.join().expect("maintenance thread");
+    let stalls = latencies
+        .iter()
+        .filter(|l| **l > Duration::from_millis(100))
+        .count();
+    let p50 = percentile(&mut latencies, 0.5);
+    let p99 = percentile(&mut latencies, 0.99);
+    let max = latencies.iter().max().copied().unwrap_or_default();
+    println!(
+        "sustained ingest with background flushes and compactions: {rows_n} rows in {:.2} s = \
+         {:.0} rows/s, {flushes} flushes and {compactions} compactions meanwhile; per {BATCH}-row \
+         batch p50 {:.0} µs, p99 {:.0} µs (p99/p50 {:.1}), max {:.1} ms, {stalls} stalls over 100 ms",
+        elapsed.as_secs_f64(),
+        rows_n as f64 / elapsed.as_secs_f64(),
+        p50.as_secs_f64() * 1e6,
+        p99.as_secs_f64() * 1e6,
+        p99.as_secs_f64() / p50.as_secs_f64(),
+        max.as_secs_f64() * 1e3,
+    );
+    drop(tablet);
+    std::fs::remove_dir_all(dir).expect("remove");
 }
 
 /// Runs the major delta compactions the tablet in `dir` proposes; returns how many ran, how

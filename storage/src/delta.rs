@@ -841,9 +841,7 @@ impl RowsetDeltas {
         let mut out = Vec::with_capacity(columns.len());
         for (j, &c) in columns.iter().enumerate() {
             // Sources: the arena's batches, then the base rows, then each REDO file's rows.
-            let mut arrays: Vec<&dyn Array> = (0..arena.len() as u32)
-                .map(|b| arena.batch(b).column(c).as_ref())
-                .collect();
+            let mut arrays: Vec<&dyn Array> = arena.column_sources(c);
             let base_source = arrays.len();
             if let Some(base) = &base {
                 arrays.push(base.column(j).as_ref());
@@ -853,7 +851,7 @@ impl RowsetDeltas {
             let mut indices = Vec::with_capacity(images.len());
             for image in images {
                 indices.push(match (cells[image.cells.start + j], image.under) {
-                    (Some(r), _) => (r.batch as usize, r.row as usize),
+                    (Some(r), _) => arena.index(r),
                     (None, Image::File { file, row }) => {
                         let k = redo.iter().position(|r| r.0 == file).ok_or_else(missing)?;
                         let at = redo[k].1.binary_search(&row).map_err(|_| missing())?;

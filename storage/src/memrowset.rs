@@ -41,6 +41,8 @@ pub fn visible(versions: &[Version], snapshot: Timestamp) -> Option<&Version> {
 /// deltas, whose other columns are those of the version before), NULL in the other columns.
 #[derive(Default, Clone)]
 pub struct RowArena {
+    /// The number of the first batch held ([`RowRef`]s name batches by number).
+    first: u32,
     batches: Vec<RecordBatch>,
     /// For each batch of partial images, the columns it holds.
     partial: Vec<Option<Vec<usize>>>,
@@ -60,7 +62,7 @@ impl RowArena {
     }
 
     fn push(&mut self, batch: RecordBatch, partial: Option<Vec<usize>>) -> Vec<RowRef> {
-        let b = self.batches.len() as u32;
+        let b = self.end();
         let refs = (0..batch.num_rows() as u32)
             .map(|row| RowRef { batch: b, row })
             .collect();
@@ -72,12 +74,12 @@ impl RowArena {
 
     /// The columns the partial image at `row` holds (None: a full image).
     pub fn columns(&self, row: RowRef) -> Option<&[usize]> {
-        self.partial[row.batch as usize].as_deref()
+        self.partial[(row.batch - self.first) as usize].as_deref()
     }
 
     /// Whether the image at `row` holds column `c`.
     pub fn holds(&self, row: RowRef, c: usize) -> bool {
-        self.partial[row.batch as usize]
+        self.partial[(row.batch - self.first) as usize]
             .as_ref()
             .is_none_or(|columns| columns.contains(&c))
     }
@@ -86,12 +88,24 @@ impl RowArena {
         self.bytes
     }
 
-    pub fn batch(&self, i: u32) -> &RecordBatch {
-        &self.batches[i as usize]
+    /// The batches held, in order: `index` gives a row's place among them.
+    pub fn batches(&self) -> &[RecordBatch] {
+        &self.batches
     }
 
-    pub fn len(&self) -> usize {
-        self.batches.len()
+    /// Column `c` of each batch held (for `interleave` with [`RowArena::index`]).
+    pub fn column_sources(&self, c: usize) -> Vec<&dyn arrow::array::Array> {
+        self.batches.iter().map(|b| b.column(c).as_ref()).collect()
+    }
+
+    /// Where `row` is in [`RowArena::batches`]: (batch, row).
+    pub fn index(&self, row: RowRef) -> (usize, usize) {
+        ((row.batch - self.first) as usize, row.row as usize)
+    }
+
+    /// The number the next batch appended gets.
+    pub fn end(&self) -> u32 {
+        self.first + self.batches.len() as u32
     }
 
     /// Gathers rows into one batch with the columns `columns` (indexes into the table schema).
@@ -101,17 +115,10 @@ impl RowArena {
         columns: &[usize],
         rows: &[RowRef],
     ) -> Result<RecordBatch, StorageError> {
-        let indices: Vec<(usize, usize)> = rows
-            .iter()
-            .map(|r| (r.batch as usize, r.row as usize))
-            .collect();
+        let indices: Vec<(usize, usize)> = rows.iter().map(|&r| self.index(r)).collect();
         let arrays = columns
             .iter()
-            .map(|&c| {
-                let sources: Vec<&dyn arrow::array::Array> =
-                    self.batches.iter().map(|b| b.column(c).as_ref()).collect();
-                interleave(&sources, &indices)
-            })
+            .map(|&c| interleave(&self.column_sources(c), &indices))
             .collect::<Result<Vec<ArrayRef>, _>>()?;
         let projected = std::sync::Arc::new(schema.project(columns)?);
         Ok(RecordBatch::try_new_with_options(
@@ -121,13 +128,14 @@ impl RowArena {
         )?)
     }
 
-    /// Drops the first `n` batches: the others' references move down by `n`.
-    pub fn drop_front(&mut self, n: usize) {
-        let n = n.min(self.batches.len());
+    /// Drops the batches numbered below `end`.
+    pub fn drop_before(&mut self, end: u32) {
+        let n = (end.saturating_sub(self.first) as usize).min(self.batches.len());
         for batch in self.batches.drain(..n) {
             self.bytes -= batch.get_array_memory_size();
         }
         self.partial.drain(..n);
+        self.first += n as u32;
     }
 }
 

@@ -148,6 +148,8 @@ struct State {
     /// The MemRowSet a flush is writing (readable until the flush switches; its images stay in
     /// the arena): keys whose newest versions are in `mrs` may have older ones here.
     frozen: Option<Arc<MemRowSet>>,
+    /// Keys of `frozen` that writes gave versions in `mrs`.
+    frozen_keys_written: Vec<Vec<u8>>,
     rowsets: Vec<Arc<DiskRowSet>>,
     /// Parallel to `rowsets`.
     deltas: Vec<RowsetDeltas>,
@@ -222,6 +224,7 @@ impl Tablet {
                 arena: RowArena::default(),
                 mrs: MemRowSet::default(),
                 frozen: None,
+                frozen_keys_written: Vec::new(),
                 rowsets: vec![],
                 deltas: vec![],
                 tree: RowSetTree::default(),
@@ -280,6 +283,7 @@ impl Tablet {
                 arena: RowArena::default(),
                 mrs: MemRowSet::default(),
                 frozen: None,
+                frozen_keys_written: Vec::new(),
                 tree: key_ranges(&rowsets),
                 rowsets,
                 deltas,
@@ -490,7 +494,15 @@ impl Tablet {
                     dms.push(ordinal, version);
                     dms.changed.extend(&changed);
                 }
-                Location::Mem(_) | Location::Absent => state.mrs.push(key, version),
+                Location::Mem(_) | Location::Absent => {
+                    let frozen = state.frozen.as_ref();
+                    if frozen.is_some_and(|f| f.index.contains_key(&key))
+                        && !state.mrs.index.contains_key(&key)
+                    {
+                        state.frozen_keys_written.push(key.clone());
+                    }
+                    state.mrs.push(key, version)
+                }
             }
         }
         if batch.kind == WriteKind::InsertIgnore {
@@ -764,14 +776,12 @@ impl Tablet {
             let Some(frozen) = &snap.frozen else {
                 return Ok(out);
             };
-            let sources: Vec<&RecordBatch> = (0..snap.arena.len() as u32)
-                .map(|b| snap.arena.batch(b))
-                .collect();
+            let sources: Vec<&RecordBatch> = snap.arena.batches().iter().collect();
             let chains = frozen.index.iter().map(|(key, versions)| Chain {
                 key: key.clone(),
                 versions: versions
                     .iter()
-                    .map(|v| (v.ts, v.row.map(|r| (r.batch as usize, r.row as usize))))
+                    .map(|v| (v.ts, v.row.map(|r| snap.arena.index(r))))
                     .collect(),
             });
             let bytes = snap.arena.bytes() as u64;
@@ -878,10 +888,14 @@ impl Tablet {
         state.tree = key_ranges(&next.rowsets);
         state.rowsets = next.rowsets;
         state.deltas = next.deltas;
-        if let Some(mrs) = next.mrs {
-            state.mrs = mrs;
+        if let Carry::Flush = carry {
+            for key in &next.moved {
+                state.mrs.remove(key);
+            }
             state.frozen = None;
-            state.arena.drop_front(snap.arena.len());
+            state.frozen_keys_written.clear();
+            // The images the flush wrote leave the arena.
+            state.arena.drop_before(snap.arena.end());
         }
         state.durable_index = durable_index;
         state.last_applied = state.last_applied.max(durable_index);
@@ -957,52 +971,24 @@ impl Tablet {
                 deltas[j].dms.changed.extend(&live.changed);
             }
         }
-        let mut mrs = None;
-        if let (Carry::Flush, Some(frozen)) = (carry, &snap.frozen) {
-            let mut live = state.mrs.clone();
-            let moved: Vec<Vec<u8>> = (live.index.keys())
-                .filter(|k| frozen.index.contains_key(*k))
-                .cloned()
-                .collect();
-            for key in moved {
-                if let Some((j, o)) = find(&key, &rowsets, &deltas)? {
-                    for v in live.remove(&key) {
-                        deltas[j].dms.push(o, v);
+        // Keys of the flushed MemRowSet written meanwhile: their new versions follow the
+        // rows into the new rowsets (unless deleted there).
+        let mut moved = Vec::new();
+        if let Carry::Flush = carry {
+            for key in &state.frozen_keys_written {
+                if let Some((j, o)) = find(key, &rowsets, &deltas)? {
+                    for v in state.mrs.index.get(key).into_iter().flatten() {
+                        deltas[j].dms.push(o, *v);
                     }
                     deltas[j].dms.changed.extend(&non_key);
+                    moved.push(key.clone());
                 }
             }
-            // The flushed images leave the arena: the rest move down.
-            let dropped = snap.arena.len() as u32;
-            let shift = |r: &mut RowRef| match r.batch.checked_sub(dropped) {
-                Some(b) => {
-                    r.batch = b;
-                    Ok(())
-                }
-                None => Err(StorageError::Corruption(
-                    "a flushed row image is still used".into(),
-                )),
-            };
-            for versions in live.index.values_mut() {
-                versions
-                    .iter_mut()
-                    .filter_map(|v| v.row.as_mut())
-                    .try_for_each(shift)?;
-            }
-            for d in &mut deltas {
-                for versions in d.dms.by_ordinal.values_mut() {
-                    versions
-                        .iter_mut()
-                        .filter_map(|v| v.row.as_mut())
-                        .try_for_each(shift)?;
-                }
-            }
-            mrs = Some(live);
         }
         Ok(Next {
             rowsets,
             deltas,
-            mrs,
+            moved,
         })
     }
 
@@ -1337,8 +1323,8 @@ enum Carry {
 struct Next {
     rowsets: Vec<Arc<DiskRowSet>>,
     deltas: Vec<RowsetDeltas>,
-    /// After a flush, the new MemRowSet.
-    mrs: Option<MemRowSet>,
+    /// Keys whose MemRowSet versions moved to `deltas`.
+    moved: Vec<Vec<u8>>,
 }
 
 /// The new images of the rows an UPDATE changes (`rows`: key and changed columns), in the
@@ -1359,7 +1345,7 @@ fn updated_rows(
         let old: Vec<(usize, usize)> = in_memory
             .iter()
             .filter_map(|&i| match locations[i] {
-                Location::Mem(r) => Some((r.batch as usize, r.row as usize)),
+                Location::Mem(r) => Some(state.arena.index(r)),
                 _ => None,
             })
             .collect();
@@ -1367,12 +1353,7 @@ fn updated_rows(
         for (c, field) in table.fields().iter().enumerate() {
             columns.push(match rows.column_by_name(field.name()) {
                 Some(new) => take(new, &picked, None)?,
-                None => {
-                    let arrays: Vec<&dyn Array> = (0..state.arena.len() as u32)
-                        .map(|b| state.arena.batch(b).column(c).as_ref())
-                        .collect();
-                    interleave(&arrays, &old)?
-                }
+                None => interleave(&state.arena.column_sources(c), &old)?,
             });
         }
         let new = state
@@ -1476,6 +1457,7 @@ impl State {
 
     /// Undoes a flush's freeze: the frozen MemRowSet's versions go back before the newer ones.
     fn thaw(&mut self) {
+        self.frozen_keys_written.clear();
         if let Some(frozen) = self.frozen.take() {
             let newer = std::mem::take(&mut self.mrs);
             self.mrs = (*frozen).clone();
