@@ -1,10 +1,10 @@
 //! DiskRowSets: immutable columnar files holding flushed rows in primary-key order.
 //!
 //! A DiskRowSet is one Parquet file (page statistics; per column the encoding and compression
-//! of its schema, by default dictionary encoding and LZ4) with the table's columns plus
-//! `__key`, the encoded primary key of each row. The row ordinal in the file identifies a row
-//! for its delta store. On open the key column is loaded into memory with a bloom filter: key
-//! lookups are a binary search, and the first/last key bound which lookups need this rowset.
+//! of its schema, by default dictionary encoding and LZ4) with the table's columns. The row
+//! ordinal in the file identifies a row for its delta store. Keys are encoded from the key
+//! columns when read; in memory each rowset keeps a sparse index of its keys and a bloom filter
+//! (see [`KeyIndex`]), and its first and last key bound which lookups need it at all.
 //!
 //! A major delta compaction that rewrites only the columns updates changed adds a
 //! [`ColumnFile`]: the new base data of those columns, for the same rows in the same order and
@@ -14,9 +14,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, BinaryArray, BooleanArray, RecordBatch};
+use arrow::array::{Array, ArrayRef, BinaryArray, BooleanArray, RecordBatch};
 use arrow::compute::kernels::cmp;
-use arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef};
+use arrow::datatypes::{Field, Schema as ArrowSchema, SchemaRef};
 use arrow::error::ArrowError;
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
@@ -41,7 +41,6 @@ use crate::checksum::ChecksumWriter;
 use crate::scan::{predicate_mask, ColumnPredicate, PredicateOp, Scalar};
 use crate::{ColumnCompression, ColumnEncoding, ColumnType, Schema, StorageError};
 
-pub const KEY_COLUMN: &str = "__key";
 /// Rows per Parquet row group: the unit of statistics pruning, and where a scan may change how
 /// it filters.
 const ROW_GROUP_ROWS: usize = 64 * 1024;
@@ -54,6 +53,8 @@ const DICTIONARY_BYTES: usize = 64 * 1024;
 pub struct DiskRowSet {
     pub id: u64,
     path: PathBuf,
+    /// The table's key columns, in key order: keys are encoded from them.
+    key_columns: Vec<usize>,
     /// Encoded keys, sorted; position = row ordinal.
     keys: Arc<KeyIndex>,
     /// Newer base data of some columns, oldest first: each column is read from the newest
@@ -124,7 +125,7 @@ pub(crate) fn load_metadata(file: &File) -> Result<ArrowReaderMetadata, StorageE
 }
 
 /// A rowset's primary-key index (Kudu's sparse index and bloom filter): in memory, the first
-/// key of each page of the `__key` column and the last key, packed into one buffer, and a
+/// key of each page of the (first) key column and the last key, packed into one buffer, and a
 /// split-block bloom filter over all keys, so most lookups of a key the rowset does not hold
 /// stop at one cache line. A lookup that passes the filter finds the one page that can hold
 /// the key by binary search over the first keys, and searches that page, read from the file
@@ -245,11 +246,10 @@ impl KeyIndex {
     }
 }
 
-/// The ordinal of the first row of each page of the `__key` column (the file's last column),
-/// from its offset index (or of each row group without one).
-fn key_page_starts(metadata: &ArrowReaderMetadata) -> Vec<u32> {
+/// The ordinal of the first row of each page of the file's column `key_column` (the first key
+/// column), from its offset index (or of each row group without one).
+fn key_page_starts(metadata: &ArrowReaderMetadata, key_column: usize) -> Vec<u32> {
     let file = metadata.metadata();
-    let key_column = metadata.parquet_schema().num_columns() - 1;
     let mut starts = Vec::new();
     let mut group_start = 0;
     for (g, group) in file.row_groups().iter().enumerate() {
@@ -270,12 +270,6 @@ fn key_page_starts(metadata: &ArrowReaderMetadata) -> Vec<u32> {
     starts
 }
 
-fn file_schema(table: &SchemaRef) -> SchemaRef {
-    let mut fields: Vec<Field> = table.fields().iter().map(|f| f.as_ref().clone()).collect();
-    fields.push(Field::new(KEY_COLUMN, DataType::Binary, false));
-    Arc::new(ArrowSchema::new(fields))
-}
-
 impl DiskRowSet {
     pub fn file_name(id: u64) -> String {
         format!("rowset-{id:010}.parquet")
@@ -293,32 +287,26 @@ impl DiskRowSet {
         let path = dir.join(Self::file_name(id));
         let file = ChecksumWriter::create(&path)?;
         let all: Vec<usize> = (0..table.columns().len()).collect();
-        // Keys are unique: a dictionary would only cost (and every lookup would decode it).
-        let props = writer_properties(table, &all)
-            .set_column_dictionary_enabled(ColumnPath::from(KEY_COLUMN), false)
-            .build();
-        let schema = file_schema(&table.arrow_schema());
+        let props = writer_properties(table, &all).build();
+        let schema = table.arrow_schema();
         let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
-        let mut offset = 0;
         for batch in batches {
-            let n = batch.num_rows();
-            let key_array: ArrayRef = Arc::new(BinaryArray::from_iter_values(
-                keys[offset..offset + n].iter(),
-            ));
-            offset += n;
-            let mut columns = batch.columns().to_vec();
-            columns.push(key_array);
-            writer.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
+            writer.write(&RecordBatch::try_new(
+                schema.clone(),
+                batch.columns().to_vec(),
+            )?)?;
         }
         let checksum = writer.into_inner()?.finish()?;
         let file = File::open(&path)?;
         let bytes = file.metadata()?.len();
         let metadata = load_metadata(&file)?;
-        let starts = key_page_starts(&metadata);
+        let key_columns = table.key_columns().to_vec();
+        let starts = key_page_starts(&metadata, key_columns[0]);
         let keys = KeyIndex::new(keys.iter().map(Vec::as_slice), &starts, &path)?;
         Ok(DiskRowSet {
             id,
             path,
+            key_columns,
             keys: Arc::new(keys),
             column_files: Vec::new(),
             bytes,
@@ -383,6 +371,7 @@ impl DiskRowSet {
         DiskRowSet {
             id: self.id,
             path: self.path.clone(),
+            key_columns: self.key_columns.clone(),
             keys: self.keys.clone(),
             column_files,
             bytes: self.bytes,
@@ -499,13 +488,14 @@ fn writer_properties(
 }
 
 impl DiskRowSet {
-    /// Opens rowset `id` in `dir` with its column files, checking each file against its
-    /// checksum (when the metadata has one) and loading the key column.
+    /// Opens rowset `id` of a table with `schema` in `dir` with its column files, checking
+    /// each file against its checksum (when the metadata has one) and indexing the keys.
     pub fn open(
         dir: &Path,
         id: u64,
         checksum: Option<u32>,
         column_files: &[ColumnFileMeta],
+        schema: &Schema,
     ) -> Result<DiskRowSet, StorageError> {
         let path = dir.join(Self::file_name(id));
         if let Some(expected) = checksum {
@@ -514,29 +504,13 @@ impl DiskRowSet {
         let file = File::open(&path)?;
         let bytes = file.metadata()?.len();
         let metadata = load_metadata(&file)?;
-        let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata.clone());
-        let key_index = builder.schema().index_of(KEY_COLUMN).map_err(|_| {
-            StorageError::Corruption(format!("{} has no key column", path.display()))
-        })?;
-        let mask = ProjectionMask::roots(builder.parquet_schema(), [key_index]);
-        let mut batches = Vec::new();
-        for batch in builder.with_projection(mask).build()? {
-            let batch = batch?;
-            let column = batch.column(0).as_binary_opt::<i32>().ok_or_else(|| {
-                StorageError::Corruption(format!("{}: key column is not binary", path.display()))
-            })?;
-            if column.null_count() > 0 {
-                return Err(StorageError::Corruption(format!(
-                    "{}: a key is missing",
-                    path.display()
-                )));
-            }
-            batches.push(column.clone());
-        }
-        let rows: usize = batches.iter().map(|b| b.len()).sum();
+        let key_columns = schema.key_columns().to_vec();
+        let rows: i64 = row_groups(&metadata).iter().sum();
+        let ordinals: Vec<u32> = (0..rows as u32).collect();
+        let all = read_keys(&path, &metadata, &key_columns, &ordinals)?;
         let keys = KeyIndex::new(
-            ExactLen(batches.iter().flat_map(|b| b.iter().flatten()), rows),
-            &key_page_starts(&metadata),
+            ExactLen(all.iter().flatten(), all.len()),
+            &key_page_starts(&metadata, key_columns[0]),
             &path,
         )?;
         let column_files = column_files
@@ -556,6 +530,7 @@ impl DiskRowSet {
         Ok(DiskRowSet {
             id,
             path,
+            key_columns,
             keys: Arc::new(keys),
             column_files,
             bytes,
@@ -597,15 +572,7 @@ impl DiskRowSet {
 
     /// The keys of the rows at `ordinals` (sorted, distinct).
     pub(crate) fn read_key_rows(&self, ordinals: &[u32]) -> Result<BinaryArray, StorageError> {
-        let root = self.metadata.parquet_schema().num_columns() - 1;
-        let batch = read_positions(&self.path, &self.metadata, &[root], ordinals)?;
-        batch
-            .column(0)
-            .as_binary_opt::<i32>()
-            .cloned()
-            .ok_or_else(|| {
-                StorageError::Corruption(format!("{}: bad key column", self.path.display()))
-            })
+        read_keys(&self.path, &self.metadata, &self.key_columns, ordinals)
     }
 
     /// Page `p` of the key column, from `cache` or the file.
@@ -872,6 +839,42 @@ impl DiskRowSet {
             &arrow::array::RecordBatchOptions::new().with_row_count(Some(ordinals.len())),
         )?)
     }
+}
+
+/// The keys of the rows at `ordinals` (sorted, distinct) of a rowset file, encoded from its
+/// `key_columns` (in key order).
+fn read_keys(
+    path: &Path,
+    metadata: &ArrowReaderMetadata,
+    key_columns: &[usize],
+    ordinals: &[u32],
+) -> Result<BinaryArray, StorageError> {
+    let mut roots = key_columns.to_vec();
+    roots.sort_unstable();
+    let batch = read_positions(path, metadata, &roots, ordinals)?;
+    // Parquet returns the columns in file order; keys encode them in key order.
+    let arrays: Vec<ArrayRef> = (key_columns.iter())
+        .map(|c| {
+            batch
+                .column(roots.binary_search(c).unwrap_or_default())
+                .clone()
+        })
+        .collect();
+    let missing = || StorageError::Corruption(format!("{}: a key is missing", path.display()));
+    if batch.num_rows() != ordinals.len() {
+        return Err(missing());
+    }
+    let mut keys = arrow::array::BinaryBuilder::with_capacity(ordinals.len(), ordinals.len() * 9);
+    let mut key = Vec::new();
+    for row in 0..batch.num_rows() {
+        if arrays.iter().any(|a| a.is_null(row)) {
+            return Err(missing());
+        }
+        key.clear();
+        crate::key::encode_key_columns(&arrays, row, &mut key);
+        keys.append_value(&key);
+    }
+    Ok(keys.finish())
 }
 
 /// Reads the columns `roots` (ascending) of the rows at `positions` (sorted, distinct) of a

@@ -251,6 +251,7 @@ impl Tablet {
                 id,
                 checksum,
                 &column_files,
+                &meta.schema,
             )?));
             let files = meta.deltas.remove(&id).unwrap_or_default();
             let mut open = |m: DeltaMeta| -> Result<Arc<DeltaFile>, StorageError> {
