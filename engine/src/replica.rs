@@ -500,18 +500,15 @@ impl TabletReplica {
         self.raft.id()
     }
 
-    /// Flushes in-memory data to disk. Runs on the Raft thread between applies, so the flushed
-    /// state corresponds exactly to a log prefix and the log behind it can be dropped.
+    /// Flushes in-memory data to disk while the Raft thread goes on applying: the tablet
+    /// records the last log entry its files hold, and the log behind it can be dropped.
     pub fn flush(&self) -> Result<()> {
-        self.raft.with_state_machine(|sm| sm.tablet.flush())??;
-        Ok(())
+        Ok(self.tablet.flush()?)
     }
 
-    /// Runs one compaction of the tablet's files on the Raft thread, between applies.
+    /// Runs one compaction of the tablet's files while the Raft thread goes on applying.
     pub fn compact(&self, kind: nyala_storage::MaintenanceKind) -> Result<()> {
-        self.raft
-            .with_state_machine(move |sm| sm.tablet.compact(&kind))??;
-        Ok(())
+        Ok(self.tablet.compact(&kind)?)
     }
 
     /// Flushes and stops the replica.
