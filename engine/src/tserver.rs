@@ -24,6 +24,8 @@ use crate::{EngineError, Result};
 const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(200);
 /// A replica whose log takes more than this on disk is flushed, so the log can be truncated.
 const LOG_RETENTION_BYTES: u64 = 256 << 20;
+/// The most flushes and compactions one maintenance round runs (besides memory-pressure flushes).
+const MAINTENANCE_OPS_PER_ROUND: usize = 4;
 /// How long a write waits for memory before it is refused.
 const ADMISSION_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default limit on the in-memory data (MemRowSets and deltas) of all tablets of a server.
@@ -133,24 +135,13 @@ impl TabletServer {
         Ok(server)
     }
 
-    /// One round of background work: flush every tablet whose MemRowSet is over its threshold,
-    /// then, largest first, tablets until the server's memory is below 60 % of its limit.
+    /// One round of background work (Kudu's maintenance manager). Under memory pressure (over
+    /// 60 % of the limit) the largest tablets are flushed first, until it is gone. Then the
+    /// best-scoring operation over all tablets runs, again while the best scores at least 1, a
+    /// few per round: a flush scores how full its tablet's memory is (1 at the flush threshold)
+    /// or how long its log is (1 at 256 MB), a compaction its expected benefit.
     fn run_maintenance(&self) {
         let replicas: Vec<_> = self.replicas.read().values().cloned().collect();
-        let flush = |replica: &TabletReplica| {
-            if let Err(e) = replica.flush() {
-                tracing::error!(tablet = replica.id(), error = %e, "flush failed");
-            }
-        };
-        for replica in &replicas {
-            if self.stopping.load(Ordering::Acquire) {
-                return;
-            }
-            // A flush lets the log behind it go: flush on memory, or when the log grew long.
-            if replica.tablet().needs_flush() || replica.log_bytes() > LOG_RETENTION_BYTES {
-                flush(replica);
-            }
-        }
         let mut by_memory: Vec<(usize, &Arc<TabletReplica>)> = replicas
             .iter()
             .map(|r| (r.tablet().memory_bytes(), r))
@@ -170,20 +161,42 @@ impl TabletServer {
                 total,
                 "flushing under memory pressure"
             );
-            flush(replica);
+            if let Err(e) = replica.flush() {
+                tracing::error!(tablet = replica.id(), error = %e, "flush failed");
+            }
             total -= bytes;
         }
-        let best = replicas
-            .iter()
-            .filter_map(|r| Some((r, r.tablet().maintenance_ops().into_iter().next()?)))
-            .max_by(|a, b| a.1.score.total_cmp(&b.1.score));
-        if let Some((replica, op)) = best.filter(|(_, op)| op.score >= 1.0) {
+        for _ in 0..MAINTENANCE_OPS_PER_ROUND {
             if self.stopping.load(Ordering::Acquire) {
                 return;
             }
-            tracing::debug!(tablet = replica.id(), ?op, "compacting");
-            if let Err(e) = replica.compact(op.kind) {
-                tracing::error!(tablet = replica.id(), error = %e, "compaction failed");
+            let best = replicas
+                .iter()
+                .flat_map(|r| {
+                    let tablet = r.tablet();
+                    // A long log counts only while a flush would let some of it go.
+                    let log = match tablet.memory_bytes() {
+                        0 => 0.0,
+                        _ => r.log_bytes() as f64 / LOG_RETENTION_BYTES as f64,
+                    };
+                    let flush = (None, tablet.flush_score().max(log));
+                    let compactions = tablet.maintenance_ops().into_iter();
+                    std::iter::once(flush)
+                        .chain(compactions.map(|op| (Some(op.kind), op.score)))
+                        .map(move |(kind, score)| (r, kind, score))
+                })
+                .max_by(|a, b| a.2.total_cmp(&b.2));
+            let Some((replica, kind, score)) = best.filter(|best| best.2 >= 1.0) else {
+                return;
+            };
+            tracing::debug!(tablet = replica.id(), ?kind, score, "maintenance");
+            let done = match kind {
+                None => replica.flush(),
+                Some(kind) => replica.compact(kind),
+            };
+            if let Err(e) = done {
+                tracing::error!(tablet = replica.id(), error = %e, "maintenance failed");
+                return;
             }
         }
     }

@@ -1001,7 +1001,8 @@ async fn as_of_reads_past_versions_across_flushes_compactions_and_restarts() {
     while text(&s, compacted).await.contains("| 0 ") {
         assert!(
             std::time::Instant::now() < deadline,
-            "no major delta compaction ran"
+            "no major delta compaction ran: {}",
+            text(&s, "SELECT * FROM sys.partitions").await
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }

@@ -486,14 +486,15 @@ impl RowsetDeltas {
         self.latest.capacity() * std::mem::size_of::<Latest>()
     }
 
-    pub fn redo_records(&self) -> u64 {
-        self.redo.iter().map(|f| f.meta.records).sum::<u64>()
-            + self
-                .dms
-                .by_ordinal
-                .values()
-                .map(|v| v.len() as u64)
-                .sum::<u64>()
+    /// The REDO records (files and memory) that rewriting the rowset would apply to its base
+    /// data: all but those of files holding only deletions newer than `ancient` (a deleted row
+    /// stays in its rowset, deleted, until the deletion is older than the history retention).
+    pub fn applicable_redo_records(&self, ancient: Timestamp) -> u64 {
+        let only_recent_deletions =
+            |f: &DeltaFile| f.changed().is_some_and(<[u32]>::is_empty) && f.meta.max_ts > ancient;
+        let files = self.redo.iter().filter(|f| !only_recent_deletions(f));
+        let in_memory = self.dms.by_ordinal.values().map(|v| v.len() as u64);
+        files.map(|f| f.meta.records).sum::<u64>() + in_memory.sum::<u64>()
     }
 
     /// The table columns that REDO records (files and memory) may change; None = any.

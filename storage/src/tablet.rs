@@ -323,7 +323,12 @@ impl Tablet {
     }
 
     pub fn needs_flush(&self) -> bool {
-        self.memory_bytes() >= self.options.flush_threshold_bytes
+        self.flush_score() >= 1.0
+    }
+
+    /// How full the in-memory data is: 1 at the flush threshold.
+    pub fn flush_score(&self) -> f64 {
+        self.memory_bytes() as f64 / self.options.flush_threshold_bytes.max(1) as f64
     }
 
     /// Rows in the MemRowSet and the DiskRowSets, counting deleted and updated rows too.
@@ -1077,7 +1082,8 @@ impl Tablet {
             let id = rowset.id;
             // Major delta compaction pays when many rows have REDO records: each costs a scan
             // an extra image read and a skipped base row.
-            let updated = d.redo_records() as f64 / rowset.num_rows().max(1) as f64;
+            let records = d.applicable_redo_records(ancient);
+            let updated = records as f64 / rowset.num_rows().max(1) as f64;
             if updated >= 0.05 {
                 ops.push(MaintenanceOp {
                     kind: MaintenanceKind::ApplyRedo { rowset: id },

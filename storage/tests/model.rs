@@ -1081,3 +1081,54 @@ fn random_writes_during_flushes_and_compactions_match_a_model() {
         );
     }
 }
+
+/// Deleted rows stay in their rowset until the deletion is older than the history retention:
+/// a rowset whose REDO records are recent deletions only is not rewritten (again and again) for
+/// them, and once they are older than the retention, rewriting it drops the rows.
+#[test]
+fn recent_deletions_alone_do_not_trigger_rewrites() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = schema();
+    let options = TabletOptions {
+        history_max_age: std::time::Duration::from_secs(3600),
+        ..TabletOptions::default()
+    };
+    let tablet = Tablet::create(dir.path(), schema.clone(), options).unwrap();
+    let hours_ago = |h: f64| Timestamp(now().0 - Timestamp::from_micros((h * 3.6e9) as u64).0);
+    let entries: Vec<_> = (0..100).map(|k| (k, None, k)).collect();
+    let insert = WriteBatch {
+        kind: WriteKind::Insert,
+        rows: rows(&schema, &entries),
+    };
+    tablet.apply(1, hours_ago(3.0), &insert).unwrap();
+    tablet.flush().unwrap();
+    let delete = |index, ts, keys: std::ops::Range<i64>| {
+        let gone: Vec<_> = keys.map(|k| (k, None, k)).collect();
+        let batch = WriteBatch {
+            kind: WriteKind::Delete,
+            rows: rows(&schema, &gone).project(&[1]).unwrap(),
+        };
+        tablet.apply(index, ts, &batch).unwrap();
+        tablet.flush().unwrap();
+    };
+    let rewrites = |tablet: &Tablet| {
+        let ops = tablet.maintenance_ops();
+        ops.into_iter()
+            .filter(|op| matches!(op.kind, MaintenanceKind::ApplyRedo { .. }))
+            .count()
+    };
+    delete(2, now(), 0..10);
+    assert_eq!(rewrites(&tablet), 0, "10 % of the rows deleted just now");
+    delete(3, hours_ago(2.0), 50..60);
+    // The older deletions are in a file of their own, beyond the retention: worth a rewrite.
+    assert_eq!(rewrites(&tablet), 1);
+    let op = tablet.maintenance_ops().remove(0);
+    tablet.compact(&op.kind).unwrap();
+    assert_eq!(
+        tablet.estimated_rows(),
+        90,
+        "rows deleted before the retention are gone"
+    );
+    assert_eq!(rewrites(&tablet), 0);
+    assert_eq!(scan(&tablet, Timestamp(u64::MAX), None).len(), 80);
+}
