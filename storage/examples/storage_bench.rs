@@ -79,6 +79,19 @@ struct Clock {
 }
 
 impl Clock {
+    /// Hybrid times from now: the history stays within the retention, so flushes write UNDO
+    /// records as they would in a server.
+    fn from_now() -> Clock {
+        let micros = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_micros() as u64;
+        Clock {
+            ts: Timestamp::from_micros(micros).0,
+            index: 0,
+        }
+    }
+
     fn next(&mut self) -> (u64, Timestamp) {
         self.ts += 1;
         self.index += 1;
@@ -154,16 +167,7 @@ fn main() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let mut keys: Vec<i64> = (0..args.rows as i64).collect();
     keys.shuffle(&mut rng);
-    // Hybrid times from now: the history stays within the retention, so flushes write UNDO
-    // records as they would in a server.
-    let micros = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_micros() as u64;
-    let mut clock = Clock {
-        ts: Timestamp::from_micros(micros).0,
-        index: 0,
-    };
+    let mut clock = Clock::from_now();
 
     // Inserts, flushing whenever the MemRowSet is full.
     let mut latencies = Vec::with_capacity(args.rows / BATCH + 1);
@@ -477,14 +481,7 @@ fn sustained_ingest(
             (flushes, compactions)
         })
     };
-    let micros = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_micros() as u64;
-    let mut clock = Clock {
-        ts: Timestamp::from_micros(micros).0,
-        index: 0,
-    };
+    let mut clock = Clock::from_now();
     let mut latencies = Vec::with_capacity(rows_n / BATCH + 1);
     let start = Instant::now();
     for chunk in keys.chunks(BATCH) {

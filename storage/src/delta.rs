@@ -508,16 +508,9 @@ impl RowsetDeltas {
 
     /// The newest state of the row at `ordinal`.
     pub fn latest(&self, ordinal: u32) -> Image {
-        if let Some(v) = self.dms.by_ordinal.get(&ordinal).and_then(|v| v.last()) {
-            return v.row.map_or(Image::Absent, Image::Mem);
-        }
-        match self.latest.binary_search_by_key(&ordinal, |l| l.ordinal) {
-            Ok(i) if self.latest[i].deleted => Image::Absent,
-            Ok(i) => Image::File {
-                file: self.latest[i].file as usize,
-                row: self.latest[i].row,
-            },
-            Err(_) => Image::Base,
+        match self.dms.by_ordinal.get(&ordinal).and_then(|v| v.last()) {
+            Some(v) => v.row.map_or(Image::Absent, Image::Mem),
+            None => self.latest_in_files(ordinal),
         }
     }
 

@@ -285,18 +285,8 @@ impl DiskRowSet {
         keys: Vec<Vec<u8>>,
     ) -> Result<DiskRowSet, StorageError> {
         let path = dir.join(Self::file_name(id));
-        let file = ChecksumWriter::create(&path)?;
         let all: Vec<usize> = (0..table.columns().len()).collect();
-        let props = writer_properties(table, &all).build();
-        let schema = table.arrow_schema();
-        let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
-        for batch in batches {
-            writer.write(&RecordBatch::try_new(
-                schema.clone(),
-                batch.columns().to_vec(),
-            )?)?;
-        }
-        let checksum = writer.into_inner()?.finish()?;
+        let checksum = write_columns(&path, table, &all, batches)?;
         let file = File::open(&path)?;
         let bytes = file.metadata()?.len();
         let metadata = load_metadata(&file)?;
@@ -326,18 +316,8 @@ impl DiskRowSet {
         batches: &[RecordBatch],
     ) -> Result<ColumnFile, StorageError> {
         let path = dir.join(ColumnFile::file_name(id));
-        let file = ChecksumWriter::create(&path)?;
         let positions: Vec<usize> = columns.iter().map(|&c| c as usize).collect();
-        let props = writer_properties(table, &positions).build();
-        let schema = Arc::new(table.arrow_schema().project(&positions)?);
-        let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
-        for batch in batches {
-            writer.write(&RecordBatch::try_new(
-                schema.clone(),
-                batch.columns().to_vec(),
-            )?)?;
-        }
-        let checksum = writer.into_inner()?.finish()?;
+        let checksum = write_columns(&path, table, &positions, batches)?;
         let meta = ColumnFileMeta {
             id,
             columns: columns.to_vec(),
@@ -445,6 +425,27 @@ struct FileColumns<'a> {
     metadata: &'a ArrowReaderMetadata,
     /// For each column: its index in the columns read, and in the file; in file order.
     columns: Vec<(usize, usize)>,
+}
+
+/// Writes the table columns `columns` (`batches` hold them, in order) as a Parquet file at
+/// `path`, synced; returns its CRC32.
+fn write_columns(
+    path: &Path,
+    table: &Schema,
+    columns: &[usize],
+    batches: &[RecordBatch],
+) -> Result<u32, StorageError> {
+    let file = ChecksumWriter::create(path)?;
+    let props = writer_properties(table, columns).build();
+    let schema = Arc::new(table.arrow_schema().project(columns)?);
+    let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
+    for batch in batches {
+        writer.write(&RecordBatch::try_new(
+            schema.clone(),
+            batch.columns().to_vec(),
+        )?)?;
+    }
+    writer.into_inner()?.finish().map_err(StorageError::from)
 }
 
 /// Writer settings for the table columns `columns`: statistics per page, row groups and pages
