@@ -445,7 +445,7 @@ fn write_columns(
             batch.columns().to_vec(),
         )?)?;
     }
-    writer.into_inner()?.finish().map_err(StorageError::from)
+    writer.into_inner()?.finish()
 }
 
 /// Writer settings for the table columns `columns`: statistics per page, row groups and pages
