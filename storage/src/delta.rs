@@ -353,6 +353,8 @@ pub struct DeltaMemStore {
     pub by_ordinal: BTreeMap<u32, Vec<Version>>,
     /// The table columns the versions may change (see [`DeltaMeta::changed`]).
     pub changed: BTreeSet<u32>,
+    /// How many versions are deletions.
+    deletions: usize,
 }
 
 impl DeltaMemStore {
@@ -361,7 +363,14 @@ impl DeltaMemStore {
     }
 
     pub fn push(&mut self, ordinal: u32, version: Version) {
+        self.deletions += usize::from(version.row.is_none());
         self.by_ordinal.entry(ordinal).or_default().push(version);
+    }
+
+    /// Whether a scan of `columns` sees nothing of this store: it deletes no row and changes
+    /// none of the columns.
+    fn invisible_to(&self, columns: &[usize]) -> bool {
+        self.deletions == 0 && !columns.iter().any(|&c| self.changed.contains(&(c as u32)))
     }
 
     /// The versions added since `earlier`, a copy of this store taken before; `non_key` are
@@ -647,7 +656,11 @@ impl RowsetDeltas {
         // change none of the columns read keeps the state the files give it.
         let mut composed = Vec::new();
         let mut cells = Vec::new();
-        for (&ordinal, versions) in &self.dms.by_ordinal {
+        let dms = match self.dms.invisible_to(columns) {
+            true => None,
+            false => Some(&self.dms.by_ordinal),
+        };
+        for (&ordinal, versions) in dms.into_iter().flatten() {
             if only.is_some_and(|o| o != ordinal) {
                 continue;
             }
@@ -930,8 +943,10 @@ fn dms_cells(
 
 /// The last pick of each ordinal (later picks come from newer sources), sorted by ordinal.
 fn newest_per_ordinal(mut picks: Vec<(u32, Image)>) -> Vec<(u32, Image)> {
-    // Stable: picks of one ordinal keep their order.
-    picks.sort_by_key(|p| p.0);
+    // Stable: picks of one ordinal keep their order. (Picks of one source come sorted.)
+    if !picks.is_sorted_by_key(|p| p.0) {
+        picks.sort_by_key(|p| p.0);
+    }
     let mut out: Vec<(u32, Image)> = Vec::with_capacity(picks.len());
     for pick in picks {
         match out.last_mut() {
