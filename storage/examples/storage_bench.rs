@@ -443,7 +443,8 @@ fn main() {
     lookups(&mut rng);
 }
 
-/// Inserts `rows` shuffled rows into a new tablet in batches while a background thread does
+/// Inserts `rows` shuffled rows into a new tablet in batches, each followed by a batch of
+/// updates of rows inserted before, while a background thread does
 /// what a tablet server's maintenance thread does (flush when the MemRowSet is full, then the
 /// best compaction), and prints the latency of the inserts against those without background
 /// work measured first.
@@ -484,15 +485,34 @@ fn sustained_ingest(
     let mut clock = Clock::from_now();
     let mut latencies = Vec::with_capacity(rows_n / BATCH + 1);
     let start = Instant::now();
-    for chunk in keys.chunks(BATCH) {
-        let batch = WriteBatch {
+    let update_schema = Arc::new(schema.arrow_schema().project(&[0, 1]).expect("projection"));
+    for (i, chunk) in keys.chunks(BATCH).enumerate() {
+        let mut batches = vec![WriteBatch {
             kind: WriteKind::Insert,
             rows: rows(schema, chunk),
-        };
-        let (index, ts) = clock.next();
-        let t = Instant::now();
-        tablet.apply(index, ts, &batch).expect("insert");
-        latencies.push(t.elapsed());
+        }];
+        // And as many updates of v, of random rows inserted before.
+        if i > 0 {
+            let inserted = &keys[..i * BATCH];
+            let mut targets: Vec<i64> = (0..BATCH)
+                .map(|_| inserted[rng.random_range(0..inserted.len())])
+                .collect();
+            targets.sort_unstable();
+            targets.dedup();
+            let values = Int64Array::from(vec![-1i64; targets.len()]);
+            let columns: Vec<ArrayRef> =
+                vec![Arc::new(Int64Array::from(targets)), Arc::new(values)];
+            batches.push(WriteBatch {
+                kind: WriteKind::Update,
+                rows: RecordBatch::try_new(update_schema.clone(), columns).expect("batch"),
+            });
+        }
+        for batch in batches {
+            let (index, ts) = clock.next();
+            let t = Instant::now();
+            tablet.apply(index, ts, &batch).expect("write");
+            latencies.push(t.elapsed());
+        }
     }
     let elapsed = start.elapsed();
     done.store(true, Ordering::Relaxed);
@@ -505,9 +525,10 @@ fn sustained_ingest(
     let p99 = percentile(&mut latencies, 0.99);
     let max = latencies.iter().max().copied().unwrap_or_default();
     println!(
-        "sustained ingest with background flushes and compactions: {rows_n} rows in {:.2} s = \
-         {:.0} rows/s, {flushes} flushes and {compactions} compactions meanwhile; per {BATCH}-row \
-         batch p50 {:.0} µs, p99 {:.0} µs (p99/p50 {:.1}), max {:.1} ms, {stalls} stalls over 100 ms",
+        "sustained ingest with background flushes and compactions: {rows_n} rows inserted and \
+         about as many updated in {:.2} s = {:.0} inserted rows/s, {flushes} flushes and \
+         {compactions} compactions meanwhile; per {BATCH}-row batch p50 {:.0} µs, p99 {:.0} µs \
+         (p99/p50 {:.1}), max {:.1} ms, {stalls} stalls over 100 ms",
         elapsed.as_secs_f64(),
         rows_n as f64 / elapsed.as_secs_f64(),
         p50.as_secs_f64() * 1e6,

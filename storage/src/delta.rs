@@ -372,25 +372,6 @@ impl DeltaMemStore {
     fn invisible_to(&self, columns: &[usize]) -> bool {
         self.deletions == 0 && !columns.iter().any(|&c| self.changed.contains(&(c as u32)))
     }
-
-    /// The versions added since `earlier`, a copy of this store taken before; `non_key` are
-    /// the columns a full image may change.
-    pub fn after(&self, earlier: &DeltaMemStore, arena: &RowArena, non_key: &[u32]) -> Self {
-        let mut newer = DeltaMemStore::default();
-        for (ordinal, versions) in &self.by_ordinal {
-            let seen = earlier.by_ordinal.get(ordinal).map_or(0, Vec::len);
-            for version in versions.iter().skip(seen) {
-                if let Some(row) = version.row {
-                    match arena.columns(row) {
-                        Some(columns) => newer.changed.extend(columns.iter().map(|&c| c as u32)),
-                        None => newer.changed.extend(non_key),
-                    }
-                }
-                newer.push(*ordinal, *version);
-            }
-        }
-        newer
-    }
 }
 
 /// An image put together column by column: each column from a row of the arena, or else from
@@ -420,8 +401,11 @@ pub struct RowsetDeltas {
     pub undo: Vec<Arc<DeltaFile>>,
     pub redo: Vec<Arc<DeltaFile>>,
     /// The newest record of each ordinal in `redo`, sorted by ordinal.
-    latest: Vec<Latest>,
+    latest: Arc<Vec<Latest>>,
     pub dms: DeltaMemStore,
+    /// The DeltaMemStore a flush is writing (readable until the flush switches): its versions
+    /// are older than those of `dms`.
+    pub frozen: Option<Arc<DeltaMemStore>>,
 }
 
 impl RowsetDeltas {
@@ -429,8 +413,9 @@ impl RowsetDeltas {
         let mut deltas = RowsetDeltas {
             undo,
             redo: Vec::new(),
-            latest: Vec::new(),
+            latest: Arc::default(),
             dms: DeltaMemStore::default(),
+            frozen: None,
         };
         for file in redo {
             deltas.add_redo(file)?;
@@ -458,7 +443,11 @@ impl RowsetDeltas {
         }
         // Merge: the new file's records win.
         let old = std::mem::take(&mut self.latest);
-        let (mut a, mut b) = (old.into_iter().peekable(), newest.into_iter().peekable());
+        let mut merged = Vec::with_capacity(old.len() + newest.len());
+        let (mut a, mut b) = (
+            old.iter().copied().peekable(),
+            newest.into_iter().peekable(),
+        );
         loop {
             let next = match (a.peek(), b.peek()) {
                 (Some(x), Some(y)) if x.ordinal < y.ordinal => a.next(),
@@ -470,19 +459,61 @@ impl RowsetDeltas {
                 (_, Some(_)) => b.next(),
                 (None, None) => break,
             };
-            self.latest.extend(next);
+            merged.extend(next);
         }
+        self.latest = Arc::new(merged);
         self.redo.push(file);
         Ok(())
     }
 
-    /// The same files without the DeltaMemStore.
+    /// The same files without the DeltaMemStores.
     pub fn without_dms(&self) -> RowsetDeltas {
         RowsetDeltas {
             undo: self.undo.clone(),
             redo: self.redo.clone(),
             latest: self.latest.clone(),
             dms: DeltaMemStore::default(),
+            frozen: None,
+        }
+    }
+
+    /// The DeltaMemStore versions of `ordinal`, oldest first.
+    fn dms_versions(&self, ordinal: u32) -> std::borrow::Cow<'_, [Version]> {
+        let live = self
+            .dms
+            .by_ordinal
+            .get(&ordinal)
+            .map_or(&[][..], Vec::as_slice);
+        let frozen = (self.frozen.as_ref()).and_then(|f| f.by_ordinal.get(&ordinal));
+        match frozen {
+            None => live.into(),
+            Some(older) if live.is_empty() => older.as_slice().into(),
+            Some(older) => [older.as_slice(), live].concat().into(),
+        }
+    }
+
+    /// Every ordinal with DeltaMemStore versions, with its versions, in ordinal order.
+    fn dms_entries(&self) -> std::borrow::Cow<'_, BTreeMap<u32, Vec<Version>>> {
+        let Some(frozen) = &self.frozen else {
+            return std::borrow::Cow::Borrowed(&self.dms.by_ordinal);
+        };
+        let mut all = frozen.by_ordinal.clone();
+        for (ordinal, versions) in &self.dms.by_ordinal {
+            all.entry(*ordinal).or_default().extend(versions);
+        }
+        std::borrow::Cow::Owned(all)
+    }
+
+    /// Undoes a flush's freeze: the frozen store's versions go back before the newer ones.
+    pub fn thaw(&mut self) {
+        if let Some(frozen) = self.frozen.take() {
+            let newer = std::mem::replace(&mut self.dms, (*frozen).clone());
+            for (ordinal, versions) in newer.by_ordinal {
+                for version in versions {
+                    self.dms.push(ordinal, version);
+                }
+            }
+            self.dms.changed.extend(newer.changed);
         }
     }
 
@@ -502,13 +533,15 @@ impl RowsetDeltas {
         let only_recent_deletions =
             |f: &DeltaFile| f.changed().is_some_and(<[u32]>::is_empty) && f.meta.max_ts > ancient;
         let files = self.redo.iter().filter(|f| !only_recent_deletions(f));
-        let in_memory = self.dms.by_ordinal.values().map(|v| v.len() as u64);
+        let stores = std::iter::once(&self.dms).chain(self.frozen.as_deref());
+        let in_memory = stores.flat_map(|s| s.by_ordinal.values().map(|v| v.len() as u64));
         files.map(|f| f.meta.records).sum::<u64>() + in_memory.sum::<u64>()
     }
 
     /// The table columns that REDO records (files and memory) may change; None = any.
     pub fn changed_columns(&self) -> Option<BTreeSet<u32>> {
         let mut changed = self.dms.changed.clone();
+        changed.extend(self.frozen.iter().flat_map(|f| f.changed.iter()));
         for file in &self.redo {
             changed.extend(file.changed()?);
         }
@@ -517,7 +550,7 @@ impl RowsetDeltas {
 
     /// The newest state of the row at `ordinal`.
     pub fn latest(&self, ordinal: u32) -> Image {
-        match self.dms.by_ordinal.get(&ordinal).and_then(|v| v.last()) {
+        match self.dms_versions(ordinal).last() {
             Some(v) => v.row.map_or(Image::Absent, Image::Mem),
             None => self.latest_in_files(ordinal),
         }
@@ -525,12 +558,7 @@ impl RowsetDeltas {
 
     /// The state of the row at `ordinal` as a scan at `snapshot` sees it.
     pub fn at(&self, ordinal: u32, snapshot: Timestamp) -> Result<Image, StorageError> {
-        if let Some(v) = self
-            .dms
-            .by_ordinal
-            .get(&ordinal)
-            .and_then(|v| visible(v, snapshot))
-        {
+        if let Some(v) = visible(&self.dms_versions(ordinal), snapshot) {
             return Ok(v.row.map_or(Image::Absent, Image::Mem));
         }
         let newest = self
@@ -656,11 +684,12 @@ impl RowsetDeltas {
         // change none of the columns read keeps the state the files give it.
         let mut composed = Vec::new();
         let mut cells = Vec::new();
-        let dms = match self.dms.invisible_to(columns) {
+        let stores = std::iter::once(&self.dms).chain(self.frozen.as_deref());
+        let dms = match stores.clone().all(|s| s.invisible_to(columns)) {
             true => None,
-            false => Some(&self.dms.by_ordinal),
+            false => Some(self.dms_entries()),
         };
-        for (&ordinal, versions) in dms.into_iter().flatten() {
+        for (&ordinal, versions) in dms.iter().flat_map(|d| d.iter()) {
             if only.is_some_and(|o| o != ordinal) {
                 continue;
             }
@@ -877,9 +906,10 @@ impl RowsetDeltas {
         Ok(out)
     }
 
-    /// The DeltaMemStore as REDO records with full images (each version's columns over the
-    /// version before, the first over the state the files give), and the batch of the images.
-    pub fn dms_records(
+    /// The frozen DeltaMemStore as REDO records with full images (each version's columns over
+    /// the version before, the first over the state the files give), and the batch of the
+    /// images.
+    pub fn frozen_records(
         &self,
         rowset: &DiskRowSet,
         table: &SchemaRef,
@@ -889,7 +919,8 @@ impl RowsetDeltas {
         let mut records = Vec::new();
         let mut images = Vec::new();
         let mut cells = Vec::new();
-        for (&ordinal, versions) in &self.dms.by_ordinal {
+        let frozen = self.frozen.as_deref().map(|f| &f.by_ordinal);
+        for (&ordinal, versions) in frozen.into_iter().flatten() {
             for (i, v) in versions.iter().enumerate() {
                 let image = v.row.map(|_| {
                     let start = cells.len();

@@ -276,13 +276,15 @@ impl DiskRowSet {
     }
 
     /// Writes `batches` (table columns, key order) with their `keys` as rowset `id` in `dir`,
-    /// synced to disk, each column with its encoding and compression.
+    /// synced to disk, each column with its encoding and compression. The pages of keys go
+    /// into `cache`: the rows just written are the likeliest to be looked up.
     pub fn write(
         dir: &Path,
         id: u64,
         table: &Schema,
         batches: &[RecordBatch],
         keys: Vec<Vec<u8>>,
+        cache: &KeyCache,
     ) -> Result<DiskRowSet, StorageError> {
         let path = dir.join(Self::file_name(id));
         let all: Vec<usize> = (0..table.columns().len()).collect();
@@ -292,7 +294,15 @@ impl DiskRowSet {
         let metadata = load_metadata(&file)?;
         let key_columns = table.key_columns().to_vec();
         let starts = key_page_starts(&metadata, key_columns[0]);
-        let keys = KeyIndex::new(keys.iter().map(Vec::as_slice), &starts, &path)?;
+        let index = KeyIndex::new(keys.iter().map(Vec::as_slice), &starts, &path)?;
+        for (p, range) in index.starts.windows(2).enumerate() {
+            let page = &keys[range[0] as usize..range[1] as usize];
+            cache.insert(
+                (index.cache_id, p as u32),
+                BinaryArray::from_iter_values(page),
+            );
+        }
+        let keys = index;
         Ok(DiskRowSet {
             id,
             path,

@@ -39,6 +39,8 @@ pub struct NewFiles<'a> {
     pub paths: Vec<std::path::PathBuf>,
     /// Called after each file is written (crash tests).
     pub fail: &'a dyn Fn(&str) -> Result<(), StorageError>,
+    /// Takes the key pages of new rowsets, so lookups find them warm.
+    pub key_cache: &'a crate::KeyCache,
 }
 
 impl NewFiles<'_> {
@@ -161,7 +163,8 @@ impl Pending {
         }
         let id = files.take_id();
         files.paths.push(files.dir.join(DiskRowSet::file_name(id)));
-        let rowset = DiskRowSet::write(files.dir, id, schema, &batches, self.keys)?;
+        let rowset =
+            DiskRowSet::write(files.dir, id, schema, &batches, self.keys, files.key_cache)?;
         (files.fail)("rowset_written")?;
         let undo = match self.undo.is_empty() {
             true => vec![],

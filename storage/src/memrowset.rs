@@ -72,11 +72,6 @@ impl RowArena {
         refs
     }
 
-    /// The columns the partial image at `row` holds (None: a full image).
-    pub fn columns(&self, row: RowRef) -> Option<&[usize]> {
-        self.partial[(row.batch - self.first) as usize].as_deref()
-    }
-
     /// Whether the image at `row` holds column `c`.
     pub fn holds(&self, row: RowRef, c: usize) -> bool {
         self.partial[(row.batch - self.first) as usize]

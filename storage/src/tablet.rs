@@ -15,7 +15,7 @@
 //! History is kept for [`TabletOptions::history_max_age`]: a scan may read at any snapshot
 //! since then, and rewrites drop versions older than that.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -755,10 +755,14 @@ impl Tablet {
             if !dirty && state.durable_index == durable {
                 return Ok(());
             }
-            // Writes from now on go to a new MemRowSet; this one is written out.
+            // Writes from now on go to a new MemRowSet and new DeltaMemStores; these are
+            // written out.
             let frozen = std::mem::take(&mut state.mrs);
             state.frozen = Some(Arc::new(frozen));
-            (Snapshot::of(&state, true), durable)
+            for d in state.deltas.iter_mut().filter(|d| !d.dms.is_empty()) {
+                d.frozen = Some(Arc::new(std::mem::take(&mut d.dms)));
+            }
+            (Snapshot::of(&state), durable)
         };
         let ancient = self.ancient_history_mark();
         let schema = snapshot.schema.clone();
@@ -768,11 +772,11 @@ impl Tablet {
             // Each DeltaMemStore becomes a REDO file of its rowset.
             for (i, (rowset, d)) in snap.rowsets.iter().zip(&snap.deltas).enumerate() {
                 let mut flushed = d.without_dms();
-                if !d.dms.is_empty() {
-                    let (records, images) = d.dms_records(rowset, &table, &snap.arena)?;
+                if let Some(frozen) = &d.frozen {
+                    let (records, images) = d.frozen_records(rowset, &table, &snap.arena)?;
                     let layout = Layout {
                         columns: None,
-                        changed: Some(d.dms.changed.iter().copied().collect()),
+                        changed: Some(frozen.changed.iter().copied().collect()),
                     };
                     flushed.add_redo(files.delta(&schema, layout, &[&images], &records)?)?;
                 }
@@ -825,12 +829,23 @@ impl Tablet {
             next_id: snap.next_rowset_id,
             paths: Vec::new(),
             fail: &fail,
+            key_cache: &self.options.key_cache,
         };
-        let result = f(snap, &mut files);
+        let mut result = f(snap, &mut files);
+        // Where the rows changed in memory so far went, found before taking the write lock
+        // (reading keys); the switch looks up only rows changed after this.
+        let mut moves = Moves::default();
+        if let Ok(out) = &result {
+            let pending = self.pending_moves(&self.state.read(), snap, out, carry, &moves);
+            if let Err(e) = self.locate_moves(snap, out, pending, &mut moves) {
+                result = Err(e);
+            }
+        }
         let mut state = self.state.write();
         // The ids handed out stay used: the metadata on disk may name them even after a failure.
         state.next_rowset_id = files.next_id;
-        let next = match result.and_then(|out| self.carry_over(&state, snap, out, carry)) {
+        let next = result.and_then(|out| self.carry_over(&state, snap, out, carry, moves));
+        let next = match next {
             Ok(next) => next,
             Err(e) => {
                 files.remove_all();
@@ -890,14 +905,31 @@ impl Tablet {
                 tracing::warn!(file = %path.display(), error = %e, "could not remove a replaced file");
             }
         }
+        // Rowsets that keep their rows keep their DeltaMemStores (after a flush, the versions
+        // written since it froze them); versions of rows that moved follow them.
+        let mut deltas = next.deltas;
+        for (d, origin) in deltas.iter_mut().zip(&next.origins) {
+            if let Some(i) = origin {
+                d.dms = std::mem::take(&mut state.deltas[*i].dms);
+            }
+        }
+        for (from, j, ordinal) in next.carried {
+            let versions = match from {
+                From::Row(i, o) => state.deltas[i].dms.by_ordinal.remove(&o),
+                From::Key(key) => Some(state.mrs.remove(&key)),
+            };
+            for version in versions.into_iter().flatten() {
+                deltas[j].dms.push(ordinal, version);
+            }
+        }
+        for (j, changed) in next.changed {
+            deltas[j].dms.changed.extend(changed);
+        }
         state.schema = Arc::new(schema.clone());
         state.tree = key_ranges(&next.rowsets);
         state.rowsets = next.rowsets;
-        state.deltas = next.deltas;
+        state.deltas = deltas;
         if let Carry::Flush = carry {
-            for key in &next.moved {
-                state.mrs.remove(key);
-            }
             state.frozen = None;
             state.frozen_keys_written.clear();
             // The images the flush wrote leave the arena.
@@ -908,94 +940,123 @@ impl Tablet {
         Ok(())
     }
 
-    /// The tablet's next rowsets and in-memory data: `out` (files written from `snap`) with the
-    /// changes writes made since `snap` carried over. A rowset with the same rows as one of
-    /// `snap` takes its DeltaMemStore (less the versions a flush wrote); the changes of rows
-    /// that moved to new rowsets (DeltaMemStore versions of replaced rowsets, and after a flush
-    /// new MemRowSet versions of keys the flushed MemRowSet held) follow them there by key.
+    /// The tablet's next rowsets (`out`, files written from `snap`) and where the changes
+    /// writes made since `snap` go: a rowset with the same rows as one of `snap` takes its
+    /// DeltaMemStore (after a flush, the versions written since the freeze); the changes of
+    /// rows that moved to new rowsets (DeltaMemStore versions of replaced rowsets, and after a
+    /// flush new MemRowSet versions of keys the flushed MemRowSet held) follow them by key
+    /// (`moves` says where those found so far went).
     fn carry_over(
         &self,
         state: &State,
         snap: &Snapshot,
         out: Vec<Output>,
         carry: Carry,
+        mut moves: Moves,
     ) -> Result<Next, StorageError> {
-        let cache = &self.options.key_cache;
-        let replaced: Vec<usize> = (0..snap.rowsets.len())
-            .filter(|&i| !out.iter().any(|o| o.origin == Some(i)))
-            .collect();
+        let pending = self.pending_moves(state, snap, &out, carry, &moves);
+        self.locate_moves(snap, &out, pending, &mut moves)?;
         let schema = &state.schema;
         let non_key: Vec<u32> = (0..schema.columns().len())
             .filter(|&c| !schema.is_key_column(c))
             .map(|c| c as u32)
             .collect();
-        let mut new_rowsets = Vec::new();
-        let (mut rowsets, mut deltas) = (Vec::new(), Vec::new());
-        for o in out {
-            let mut d = o.deltas;
-            match o.origin {
-                Some(i) => {
-                    let live = &state.deltas[i].dms;
-                    d.dms = match carry {
-                        Carry::Flush => live.after(&snap.deltas[i].dms, &state.arena, &non_key),
-                        Carry::Compaction => live.clone(),
-                    };
-                }
-                None => new_rowsets.push(rowsets.len()),
+        let mut carried = Vec::new();
+        let mut changed: BTreeMap<usize, BTreeSet<u32>> = BTreeMap::new();
+        for &i in &replaced_rowsets(snap, &out) {
+            let live = &state.deltas[i].dms;
+            for &ordinal in live.by_ordinal.keys() {
+                let Some(&Some((j, o))) = moves.rows.get(&(i, ordinal)) else {
+                    return Err(StorageError::Corruption(
+                        "a changed row is missing from rewritten rowsets".into(),
+                    ));
+                };
+                carried.push((From::Row(i, ordinal), j, o));
+                changed.entry(j).or_default().extend(&live.changed);
             }
-            rowsets.push(o.rowset);
-            deltas.push(d);
         }
-        // Where a key is live in the new rowsets.
-        let find = |key: &[u8], rowsets: &[Arc<DiskRowSet>], deltas: &[RowsetDeltas]| {
+        // Keys of the flushed MemRowSet written meanwhile: their new versions follow the
+        // rows into the new rowsets (unless deleted there).
+        if let Carry::Flush = carry {
+            for key in &state.frozen_keys_written {
+                if let Some(&Some((j, o))) = moves.keys.get(key) {
+                    carried.push((From::Key(key.clone()), j, o));
+                    changed.entry(j).or_default().extend(&non_key);
+                }
+            }
+        }
+        let origins = out.iter().map(|o| o.origin).collect();
+        let (rowsets, deltas) = out.into_iter().map(|o| (o.rowset, o.deltas)).unzip();
+        Ok(Next {
+            rowsets,
+            deltas,
+            origins,
+            carried,
+            changed,
+        })
+    }
+
+    /// The rows changed in memory that moved to new rowsets and are not in `moves` yet: the
+    /// ordinals of each replaced rowset with DeltaMemStore versions, and after a flush the
+    /// flushed keys written since.
+    fn pending_moves(
+        &self,
+        state: &State,
+        snap: &Snapshot,
+        out: &[Output],
+        carry: Carry,
+        moves: &Moves,
+    ) -> PendingMoves {
+        let rows = (replaced_rowsets(snap, out).into_iter())
+            .map(|i| {
+                let ordinals = state.deltas[i].dms.by_ordinal.keys();
+                let new = ordinals.filter(|&&o| !moves.rows.contains_key(&(i, o)));
+                (i, new.copied().collect::<Vec<u32>>())
+            })
+            .filter(|(_, ordinals)| !ordinals.is_empty())
+            .collect();
+        let keys = match carry {
+            Carry::Flush => (state.frozen_keys_written.iter())
+                .filter(|k| !moves.keys.contains_key(*k))
+                .cloned()
+                .collect(),
+            Carry::Compaction => Vec::new(),
+        };
+        (rows, keys)
+    }
+
+    /// Finds where the `pending` rows are live in the new rowsets of `out` (reading their
+    /// keys from the snapshot's rowsets), into `moves`.
+    fn locate_moves(
+        &self,
+        snap: &Snapshot,
+        out: &[Output],
+        (rows, keys): PendingMoves,
+        moves: &mut Moves,
+    ) -> Result<(), StorageError> {
+        let cache = &self.options.key_cache;
+        let find = |key: &[u8]| {
             let hash = crate::diskrowset::hash_bytes(key);
-            for &j in &new_rowsets {
-                if let Some(o) = rowsets[j].find(key, hash, cache)? {
-                    if deltas[j].latest(o) != Image::Absent {
-                        return Ok(Some((j, o)));
+            for (j, o) in out.iter().enumerate().filter(|(_, o)| o.origin.is_none()) {
+                if let Some(ordinal) = o.rowset.find(key, hash, cache)? {
+                    if o.deltas.latest(ordinal) != Image::Absent {
+                        return Ok(Some((j, ordinal)));
                     }
                 }
             }
             Ok::<_, StorageError>(None)
         };
-        for &i in &replaced {
-            let live = &state.deltas[i].dms;
-            if live.is_empty() {
-                continue;
-            }
-            let ordinals: Vec<u32> = live.by_ordinal.keys().copied().collect();
-            let keys = snap.rowsets[i].read_key_rows(&ordinals)?;
-            for (k, versions) in live.by_ordinal.values().enumerate() {
-                let (j, o) = find(keys.value(k), &rowsets, &deltas)?.ok_or_else(|| {
-                    StorageError::Corruption(
-                        "a changed row is missing from rewritten rowsets".into(),
-                    )
-                })?;
-                for v in versions {
-                    deltas[j].dms.push(o, *v);
-                }
-                deltas[j].dms.changed.extend(&live.changed);
+        for (i, ordinals) in rows {
+            let found = snap.rowsets[i].read_key_rows(&ordinals)?;
+            for (k, ordinal) in ordinals.into_iter().enumerate() {
+                moves.rows.insert((i, ordinal), find(found.value(k))?);
             }
         }
-        // Keys of the flushed MemRowSet written meanwhile: their new versions follow the
-        // rows into the new rowsets (unless deleted there).
-        let mut moved = Vec::new();
-        if let Carry::Flush = carry {
-            for key in &state.frozen_keys_written {
-                if let Some((j, o)) = find(key, &rowsets, &deltas)? {
-                    for v in state.mrs.index.get(key).into_iter().flatten() {
-                        deltas[j].dms.push(o, *v);
-                    }
-                    deltas[j].dms.changed.extend(&non_key);
-                    moved.push(key.clone());
-                }
-            }
+        for key in keys {
+            let target = find(&key)?;
+            moves.keys.insert(key, target);
         }
-        Ok(Next {
-            rowsets,
-            deltas,
-            moved,
-        })
+        Ok(())
     }
 
     /// Rows per rowset for a rewrite of rowsets that take `bytes` on disk for `rows` rows.
@@ -1033,7 +1094,7 @@ impl Tablet {
             }
         }
         self.flush_rewriting()?;
-        let snapshot = Snapshot::of(&self.state.read(), false);
+        let snapshot = Snapshot::of(&self.state.read());
         let ancient = self.ancient_history_mark();
         let table = history::nullable(&schema.arrow_schema());
         self.rewrite(
@@ -1137,7 +1198,7 @@ impl Tablet {
         if in_memory {
             self.flush_rewriting()?;
         }
-        let snapshot = Snapshot::of(&self.state.read(), false);
+        let snapshot = Snapshot::of(&self.state.read());
         let mut indexes = Vec::new();
         for id in &ids {
             match snapshot.rowsets.iter().position(|r| r.id == *id) {
@@ -1264,7 +1325,6 @@ impl Tablet {
 struct Snapshot {
     schema: Arc<Schema>,
     rowsets: Vec<Arc<DiskRowSet>>,
-    /// With their DeltaMemStores for a flush, without for the others.
     deltas: Vec<RowsetDeltas>,
     /// The MemRowSet a flush writes.
     frozen: Option<Arc<MemRowSet>>,
@@ -1275,14 +1335,18 @@ struct Snapshot {
 }
 
 impl Snapshot {
-    fn of(state: &State, with_dms: bool) -> Snapshot {
+    fn of(state: &State) -> Snapshot {
         Snapshot {
             schema: state.schema.clone(),
             rowsets: state.rowsets.clone(),
-            deltas: match with_dms {
-                true => state.deltas.clone(),
-                false => state.deltas.iter().map(RowsetDeltas::without_dms).collect(),
-            },
+            // Files, and a flush's frozen DeltaMemStores (not the live ones).
+            deltas: (state.deltas.iter())
+                .map(|d| {
+                    let mut files = d.without_dms();
+                    files.frozen = d.frozen.clone();
+                    files
+                })
+                .collect(),
             frozen: state.frozen.clone(),
             arena: state.arena.clone(),
             next_rowset_id: state.next_rowset_id,
@@ -1326,12 +1390,44 @@ enum Carry {
     Compaction,
 }
 
+/// Where rows changed in memory went in a rewrite's new rowsets (None: nowhere live): rows of
+/// replaced rowsets by (rowset, ordinal), flushed keys by key.
+#[derive(Default)]
+struct Moves {
+    rows: HashMap<(usize, u32), Option<(usize, u32)>>,
+    keys: HashMap<Vec<u8>, Option<(usize, u32)>>,
+}
+
+/// Rows to find for [`Moves`]: ordinals by replaced rowset, and keys.
+type PendingMoves = (Vec<(usize, Vec<u32>)>, Vec<Vec<u8>>);
+
+/// The rowsets of `snap` whose rows a rewrite moved to new rowsets.
+fn replaced_rowsets(snap: &Snapshot, out: &[Output]) -> Vec<usize> {
+    (0..snap.rowsets.len())
+        .filter(|&i| !out.iter().any(|o| o.origin == Some(i)))
+        .collect()
+}
+
 /// The state a rewrite switches to (see [`Tablet::carry_over`]).
 struct Next {
     rowsets: Vec<Arc<DiskRowSet>>,
+    /// Their files (the DeltaMemStores are carried over at the switch).
     deltas: Vec<RowsetDeltas>,
-    /// Keys whose MemRowSet versions moved to `deltas`.
-    moved: Vec<Vec<u8>>,
+    /// For each rowset, the rowset of the snapshot with the same rows, if any.
+    origins: Vec<Option<usize>>,
+    /// In-memory versions of rows that moved: where they are now, and the rowset and ordinal
+    /// they go to.
+    carried: Vec<(From, usize, u32)>,
+    /// The columns the carried versions may change, by rowset.
+    changed: BTreeMap<usize, BTreeSet<u32>>,
+}
+
+/// Where versions of a row that moved are before the switch.
+enum From {
+    /// The DeltaMemStore of the snapshot's rowset at an ordinal.
+    Row(usize, u32),
+    /// The MemRowSet.
+    Key(Vec<u8>),
 }
 
 /// The new images of the rows an UPDATE changes (`rows`: key and changed columns), in the
@@ -1465,6 +1561,9 @@ impl State {
     /// Undoes a flush's freeze: the frozen MemRowSet's versions go back before the newer ones.
     fn thaw(&mut self) {
         self.frozen_keys_written.clear();
+        for d in &mut self.deltas {
+            d.thaw();
+        }
         if let Some(frozen) = self.frozen.take() {
             let newer = std::mem::take(&mut self.mrs);
             self.mrs = (*frozen).clone();

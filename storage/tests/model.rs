@@ -482,6 +482,9 @@ fn a_crash_at_any_step_of_a_flush_compaction_or_schema_change_leaves_the_old_or_
                 };
                 let failed = hits.load(Ordering::SeqCst) >= nth;
                 assert_eq!(result.is_err(), failed, "{step} #{nth} {operation}");
+                // A failed operation leaves the tablet as it was, in memory too.
+                let now = scan(&tablet, Timestamp(u64::MAX), None);
+                assert_eq!(now, after, "{step} #{nth} {operation}: before reopening");
                 drop(tablet);
                 let tablet = Tablet::open(dir.path(), TabletOptions::default()).unwrap();
                 let got = scan(&tablet, Timestamp(u64::MAX), None);
