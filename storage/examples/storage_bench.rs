@@ -203,7 +203,15 @@ fn main() {
         percentile(&mut latencies, 0.99).as_secs_f64() * 1e6,
     );
 
-    sustained_ingest(&schema, &dir.path().join("ingest"), args.rows / 2, &mut rng);
+    for updates in [false, true] {
+        sustained_ingest(
+            &schema,
+            &dir.path().join("ingest"),
+            args.rows / 2,
+            updates,
+            &mut rng,
+        );
+    }
 
     // The same rows in key order, as one Parquet file (LZ4, dictionary, as the crate defaults).
     let parquet_path = dir.path().join("same.parquet");
@@ -443,15 +451,15 @@ fn main() {
     lookups(&mut rng);
 }
 
-/// Inserts `rows` shuffled rows into a new tablet in batches, each followed by a batch of
-/// updates of rows inserted before, while a background thread does
-/// what a tablet server's maintenance thread does (flush when the MemRowSet is full, then the
-/// best compaction), and prints the latency of the inserts against those without background
-/// work measured first.
+/// Inserts `rows` shuffled rows into a new tablet in batches (with `updates`, each followed by
+/// a batch of updates of random rows inserted before) while a background thread does what a
+/// tablet server's maintenance thread does (flush when the MemRowSet is full, then the best
+/// compaction), and prints the latency of the writes.
 fn sustained_ingest(
     schema: &Schema,
     dir: &std::path::Path,
     rows_n: usize,
+    updates: bool,
     rng: &mut rand::rngs::StdRng,
 ) {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -492,7 +500,7 @@ fn sustained_ingest(
             rows: rows(schema, chunk),
         }];
         // And as many updates of v, of random rows inserted before.
-        if i > 0 {
+        if updates && i > 0 {
             let inserted = &keys[..i * BATCH];
             let mut targets: Vec<i64> = (0..BATCH)
                 .map(|_| inserted[rng.random_range(0..inserted.len())])
@@ -525,10 +533,15 @@ fn sustained_ingest(
     let p99 = percentile(&mut latencies, 0.99);
     let max = latencies.iter().max().copied().unwrap_or_default();
     println!(
-        "sustained ingest with background flushes and compactions: {rows_n} rows inserted and \
-         about as many updated in {:.2} s = {:.0} inserted rows/s, {flushes} flushes and \
-         {compactions} compactions meanwhile; per {BATCH}-row batch p50 {:.0} µs, p99 {:.0} µs \
-         (p99/p50 {:.1}), max {:.1} ms, {stalls} stalls over 100 ms",
+        "sustained ingest with background flushes and compactions: {rows_n} rows inserted{} in \
+         {:.2} s = {:.0} inserted rows/s, {flushes} flushes and {compactions} compactions \
+         meanwhile; per {BATCH}-row batch p50 {:.0} µs, p99 {:.0} µs (p99/p50 {:.1}), max \
+         {:.1} ms, {stalls} stalls over 100 ms",
+        if updates {
+            " and about as many updated"
+        } else {
+            ""
+        },
         elapsed.as_secs_f64(),
         rows_n as f64 / elapsed.as_secs_f64(),
         p50.as_secs_f64() * 1e6,

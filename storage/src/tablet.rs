@@ -12,6 +12,10 @@
 //! files that hold the same rows and switch the same way. Files the metadata does not name (left
 //! by a crash mid-flush or mid-compaction) are deleted on open.
 //!
+//! Writes go on while a flush or compaction writes its files ([`Tablet::rewrite`]): a flush
+//! freezes the MemRowSet and the DeltaMemStores (still read until it switches) and new writes
+//! go to new ones; at the switch, the changes made meanwhile are carried over to the new files.
+//!
 //! History is kept for [`TabletOptions::history_max_age`]: a scan may read at any snapshot
 //! since then, and rewrites drop versions older than that.
 
