@@ -367,6 +367,18 @@ impl DeltaMemStore {
         self.by_ordinal.entry(ordinal).or_default().push(version);
     }
 
+    /// Adds the versions of rows this store has none of yet (each row once).
+    pub fn add_rows(&mut self, mut rows: Vec<(u32, Vec<Version>)>) {
+        let deletions = rows.iter().flat_map(|r| &r.1).filter(|v| v.row.is_none());
+        self.deletions += deletions.count();
+        rows.sort_unstable_by_key(|r| r.0);
+        match self.by_ordinal.is_empty() {
+            // Built at once from sorted rows.
+            true => self.by_ordinal = rows.into_iter().collect(),
+            false => self.by_ordinal.extend(rows),
+        }
+    }
+
     /// Whether a scan of `columns` sees nothing of this store: it deletes no row and changes
     /// none of the columns.
     fn invisible_to(&self, columns: &[usize]) -> bool {

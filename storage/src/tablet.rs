@@ -917,14 +917,20 @@ impl Tablet {
                 d.dms = std::mem::take(&mut state.deltas[*i].dms);
             }
         }
-        for (from, j, ordinal) in next.carried {
-            let versions = match from {
-                From::Row(i, o) => state.deltas[i].dms.by_ordinal.remove(&o),
-                From::Key(key) => Some(state.mrs.remove(&key)),
-            };
-            for version in versions.into_iter().flatten() {
-                deltas[j].dms.push(ordinal, version);
+        let mut incoming: BTreeMap<usize, Vec<(u32, Vec<Version>)>> = BTreeMap::new();
+        for (i, rows) in next.carried_rows {
+            // The replaced rowset's store, taken whole: its rows in the order `rows` lists them.
+            let old = std::mem::take(&mut state.deltas[i].dms.by_ordinal);
+            for ((_, versions), (j, ordinal)) in old.into_iter().zip(rows) {
+                incoming.entry(j).or_default().push((ordinal, versions));
             }
+        }
+        for (key, j, ordinal) in next.carried_keys {
+            let versions = state.mrs.remove(&key);
+            incoming.entry(j).or_default().push((ordinal, versions));
+        }
+        for (j, rows) in incoming {
+            deltas[j].dms.add_rows(rows);
         }
         for (j, changed) in next.changed {
             deltas[j].dms.changed.extend(changed);
@@ -965,26 +971,35 @@ impl Tablet {
             .filter(|&c| !schema.is_key_column(c))
             .map(|c| c as u32)
             .collect();
-        let mut carried = Vec::new();
+        let mut carried_rows = Vec::new();
         let mut changed: BTreeMap<usize, BTreeSet<u32>> = BTreeMap::new();
         for &i in &replaced_rowsets(snap, &out) {
             let live = &state.deltas[i].dms;
+            let mut rows = Vec::with_capacity(live.by_ordinal.len());
+            let mut targets = BTreeSet::new();
             for &ordinal in live.by_ordinal.keys() {
                 let Some(&Some((j, o))) = moves.rows.get(&(i, ordinal)) else {
                     return Err(StorageError::Corruption(
                         "a changed row is missing from rewritten rowsets".into(),
                     ));
                 };
-                carried.push((From::Row(i, ordinal), j, o));
+                rows.push((j, o));
+                targets.insert(j);
+            }
+            for j in targets {
                 changed.entry(j).or_default().extend(&live.changed);
+            }
+            if !rows.is_empty() {
+                carried_rows.push((i, rows));
             }
         }
         // Keys of the flushed MemRowSet written meanwhile: their new versions follow the
         // rows into the new rowsets (unless deleted there).
+        let mut carried_keys = Vec::new();
         if let Carry::Flush = carry {
             for key in &state.frozen_keys_written {
                 if let Some(&Some((j, o))) = moves.keys.get(key) {
-                    carried.push((From::Key(key.clone()), j, o));
+                    carried_keys.push((key.clone(), j, o));
                     changed.entry(j).or_default().extend(&non_key);
                 }
             }
@@ -995,7 +1010,8 @@ impl Tablet {
             rowsets,
             deltas,
             origins,
-            carried,
+            carried_rows,
+            carried_keys,
             changed,
         })
     }
@@ -1419,19 +1435,13 @@ struct Next {
     deltas: Vec<RowsetDeltas>,
     /// For each rowset, the rowset of the snapshot with the same rows, if any.
     origins: Vec<Option<usize>>,
-    /// In-memory versions of rows that moved: where they are now, and the rowset and ordinal
-    /// they go to.
-    carried: Vec<(From, usize, u32)>,
+    /// Rows of replaced rowsets with DeltaMemStore versions: for each such rowset, the rowset
+    /// and ordinal each of its changed rows goes to, in ordinal order.
+    carried_rows: Vec<(usize, Vec<(usize, u32)>)>,
+    /// Keys whose MemRowSet versions go to a rowset's DeltaMemStore: key, rowset, ordinal.
+    carried_keys: Vec<(Vec<u8>, usize, u32)>,
     /// The columns the carried versions may change, by rowset.
     changed: BTreeMap<usize, BTreeSet<u32>>,
-}
-
-/// Where versions of a row that moved are before the switch.
-enum From {
-    /// The DeltaMemStore of the snapshot's rowset at an ordinal.
-    Row(usize, u32),
-    /// The MemRowSet.
-    Key(Vec<u8>),
 }
 
 /// The new images of the rows an UPDATE changes (`rows`: key and changed columns), in the
