@@ -654,13 +654,7 @@ impl DiskRowSet {
             true => Vec::new(),
             false => hidden.iter().map(|&o| (o as usize, 1)).collect(),
         };
-        // Rows outside the ordinal range that key predicates allow are not read at all.
-        let (first, end) = self.key_range(schema, predicates);
-        skipped.extend(
-            [(0, first), (end, self.num_rows() - end)]
-                .into_iter()
-                .filter(|r| r.1 > 0),
-        );
+        skipped.extend(self.outside_key_range(schema, predicates));
         let mut read_groups = Vec::new();
         let mut start = 0;
         for (g, group) in metadata.metadata().row_groups().iter().enumerate() {
@@ -732,12 +726,7 @@ impl DiskRowSet {
         batch_size: usize,
     ) -> Result<ZipReader, StorageError> {
         let mut skipped: Vec<(usize, usize)> = hidden.iter().map(|&o| (o as usize, 1)).collect();
-        let (first, end) = self.key_range(schema, predicates);
-        skipped.extend(
-            [(0, first), (end, self.num_rows() - end)]
-                .into_iter()
-                .filter(|r| r.1 > 0),
-        );
+        skipped.extend(self.outside_key_range(schema, predicates));
         let mut start = 0;
         for (g, group) in self.metadata.metadata().row_groups().iter().enumerate() {
             let rows = group.num_rows() as usize;
@@ -773,6 +762,19 @@ impl DiskRowSet {
             output: Arc::new(schema.arrow_schema().project(columns)?),
             predicates: predicates.to_vec(),
         })
+    }
+
+    /// The (start, length) ranges of rows outside the ordinal range that key predicates allow:
+    /// rows a scan does not read at all.
+    fn outside_key_range(
+        &self,
+        schema: &Schema,
+        predicates: &[ColumnPredicate],
+    ) -> impl Iterator<Item = (usize, usize)> {
+        let (first, end) = self.key_range(schema, predicates);
+        [(0, first), (end, self.num_rows() - end)]
+            .into_iter()
+            .filter(|r| r.1 > 0)
     }
 
     /// The ordinals `[first, end)` outside which no row can pass `predicates`, from `=`, `<`,
