@@ -468,6 +468,18 @@ impl Scanners {
     }
 }
 
+/// How long an idle internal connection waits before TCP keepalive probes start.
+const KEEPALIVE: Duration = Duration::from_secs(60);
+
+/// The connections accepted on an internal RPC listener, with TCP_NODELAY (a small message
+/// must not wait for the peer's delayed ACK: Nagle's algorithm adds 40 ms per round trip)
+/// and keepalive.
+pub fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(KEEPALIVE))
+}
+
 /// A connection to another server's internal RPC.
 #[derive(Clone)]
 pub struct RpcClient {
@@ -480,6 +492,8 @@ impl RpcClient {
             .map_err(|e| EngineError::Unsupported(format!("bad address {address}: {e}")))?
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(30))
+            .tcp_nodelay(true)
+            .tcp_keepalive(Some(KEEPALIVE))
             .connect()
             .await
             .map_err(|e| EngineError::Unavailable(format!("cannot reach {address}: {e}")))?;

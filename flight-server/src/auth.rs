@@ -2,15 +2,15 @@
 //! pyarrow) do it: the handshake carries `authorization: Basic base64(user:password)` and the
 //! server answers with `authorization: Bearer <token>`, which every later call carries.
 //!
-//! The check runs as a tonic interceptor in front of every RPC, so no Flight SQL method can
-//! forget it. When no credentials are configured every call is accepted.
+//! [`Auth::identify`] reads what a request's `authorization` header claims; the session layer
+//! ([`crate::session::SessionLayer`]) runs it in front of every RPC, so no Flight SQL method can
+//! forget it, and checks tokens against the sessions they were issued in (a token ends with its
+//! session). When no credentials are configured every call is accepted.
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use base64::Engine;
-use tonic::metadata::MetadataMap;
-use tonic::{Request, Status};
+use tonic::Status;
 
 /// The one user a server accepts.
 #[derive(Clone)]
@@ -27,45 +27,37 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
-/// The server's authentication state: configured credentials and the tokens handed out.
+/// The server's configured credentials, if any.
 #[derive(Clone, Default)]
 pub struct Auth {
-    inner: Option<Arc<AuthInner>>,
-}
-
-struct AuthInner {
-    credentials: Credentials,
-    tokens: Mutex<HashSet<String>>,
+    credentials: Option<Arc<Credentials>>,
 }
 
 /// What a request's `authorization` header proves.
-enum Caller {
+#[derive(Clone, Debug)]
+pub enum Caller {
     /// Authentication is off.
     Anyone,
     /// Valid username and password (a handshake).
     Password,
-    /// A token this server issued.
+    /// A bearer token, still to be matched with its session.
     Token(String),
 }
 
 impl Auth {
     pub fn new(credentials: Option<Credentials>) -> Self {
         Self {
-            inner: credentials.map(|credentials| {
-                Arc::new(AuthInner {
-                    credentials,
-                    tokens: Mutex::default(),
-                })
-            }),
+            credentials: credentials.map(Arc::new),
         }
     }
 
-    fn identify(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
-        let Some(inner) = &self.inner else {
+    /// Who the request's headers say the caller is; an error for a missing or wrong password.
+    pub fn identify(&self, headers: &http::HeaderMap) -> Result<Caller, Status> {
+        let Some(credentials) = &self.credentials else {
             return Ok(Caller::Anyone);
         };
-        let header = metadata
-            .get("authorization")
+        let header = headers
+            .get(http::header::AUTHORIZATION)
             .ok_or_else(|| {
                 Status::unauthenticated(
                     "authentication required: connect with a username and password",
@@ -74,18 +66,7 @@ impl Auth {
             .to_str()
             .map_err(|_| Status::unauthenticated("malformed authorization header"))?;
         if let Some(token) = header.strip_prefix("Bearer ") {
-            let known = inner
-                .tokens
-                .lock()
-                .map(|t| t.contains(token))
-                .unwrap_or(false);
-            return if known {
-                Ok(Caller::Token(token.to_string()))
-            } else {
-                Err(Status::unauthenticated(
-                    "invalid or expired token: authenticate again",
-                ))
-            };
+            return Ok(Caller::Token(token.trim().to_string()));
         }
         if let Some(encoded) = header.strip_prefix("Basic ") {
             let decoded = base64::engine::general_purpose::STANDARD
@@ -94,8 +75,7 @@ impl Auth {
                 .and_then(|b| String::from_utf8(b).ok())
                 .ok_or_else(|| Status::unauthenticated("malformed basic authorization header"))?;
             let (user, password) = decoded.split_once(':').unwrap_or((decoded.as_str(), ""));
-            let c = &inner.credentials;
-            return if user == c.username && password == c.password {
+            return if user == credentials.username && password == credentials.password {
                 Ok(Caller::Password)
             } else {
                 Err(Status::unauthenticated("invalid username or password"))
@@ -104,32 +84,5 @@ impl Auth {
         Err(Status::unauthenticated(
             "unsupported authorization scheme: use Basic or Bearer",
         ))
-    }
-
-    /// The handshake: a bearer token for a caller that presented valid credentials (the same
-    /// token if it presented one), or None when authentication is off.
-    pub fn handshake(&self, metadata: &MetadataMap) -> Result<Option<String>, Status> {
-        match self.identify(metadata)? {
-            Caller::Anyone => Ok(None),
-            Caller::Token(token) => Ok(Some(token)),
-            Caller::Password => {
-                let token = uuid::Uuid::new_v4().simple().to_string();
-                if let Some(inner) = &self.inner {
-                    inner
-                        .tokens
-                        .lock()
-                        .map_err(|_| Status::internal("token store poisoned"))?
-                        .insert(token.clone());
-                }
-                Ok(Some(token))
-            }
-        }
-    }
-}
-
-impl tonic::service::Interceptor for Auth {
-    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        self.identify(request.metadata())?;
-        Ok(request)
     }
 }

@@ -10,8 +10,13 @@
 //! fetch their result; sent as updates (DoPut) they return the count. Every statement can be
 //! prepared (the JDBC driver prepares everything), with `?` or `$n` parameters bound by DoPut;
 //! several parameter rows run the statement once per row. Bulk ingest loads Arrow batches
-//! into a table as they arrive. Authentication, when configured, is checked for every call by
-//! [`auth::Auth`].
+//! into a table as they arrive.
+//!
+//! Every client has its own session ([`session`]): settings, prepared statements (kept planned
+//! and re-bound per execution) and the plans of queries between GetFlightInfo and DoGet, so a
+//! query is planned once. Tickets stay self-contained: a ticket whose plan is gone (its
+//! session ended, or another server serves it) is planned again from its text.
+//! Authentication, when configured, is checked for every call by the session layer.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -35,23 +40,28 @@ use arrow_flight::sql::{
     TableExistsOption, TableNotExistOption, TicketStatementQuery,
 };
 use arrow_flight::{
-    Action, CancelFlightInfoRequest, CancelFlightInfoResult, CancelStatus, FlightDescriptor,
+    Action, ActionType, CancelFlightInfoRequest, CancelFlightInfoResult, CancelStatus, FlightDescriptor,
     FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc, Ticket,
 };
 use futures::{Stream, StreamExt, TryStreamExt};
 use nyala_sql::{
-    Database, IngestMode, IngestTarget, Session, SqlError, StatementKind, CATALOG_NAME, SCHEMA_NAME,
+    Database, IngestMode, IngestTarget, PlannedStatement, PreparedStatement, SqlError,
+    StatementKind, CATALOG_NAME, SCHEMA_NAME,
 };
 use prost::Message;
 use tonic::{Request, Response, Status, Streaming};
 
 pub mod auth;
+pub mod connection;
 pub mod embedded;
 mod metadata;
+pub mod session;
+mod session_options;
 mod tickets;
 
-use auth::{Auth, Credentials};
-use tickets::{PreparedStatements, Queries, QueryTicket};
+use auth::{Auth, Caller, Credentials};
+use session::{caller_of, session_of, ClientSession, SessionLayer, Sessions};
+use tickets::QueryTicket;
 
 /// Request header (`true`) asking for one endpoint even where there could be one per tablet.
 pub const SINGLE_ENDPOINT_HEADER: &str = "x-nyala-single-endpoint";
@@ -63,15 +73,16 @@ type BatchStream = Pin<Box<dyn Stream<Item = Result<RecordBatch, FlightError>> +
 /// The Flight SQL service over one database.
 pub struct NyalaFlightService {
     db: Arc<Database>,
-    session: Session,
-    auth: Auth,
+    sessions: Arc<Sessions>,
     /// The URI clients reach this server at, given as the location of per-tablet endpoints.
     location: Option<String>,
     sql_info: SqlInfoData,
     xdbc_types: XdbcTypeInfoData,
-    prepared: PreparedStatements,
-    queries: Queries,
 }
+
+/// How long a session may go without a request before it ends, unless configured.
+pub const DEFAULT_SESSION_IDLE_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(3600);
 
 /// How a server is reached and who may use it.
 #[derive(Debug, Clone, Default)]
@@ -80,36 +91,61 @@ pub struct ServerOptions {
     pub location: Option<String>,
     /// When set, clients must authenticate with these credentials.
     pub credentials: Option<Credentials>,
+    /// Sessions (and their tokens) idle for longer end; None: [`DEFAULT_SESSION_IDLE_TIMEOUT`].
+    pub session_idle_timeout: Option<std::time::Duration>,
 }
 
 impl NyalaFlightService {
-    pub fn new(db: Arc<Database>, options: ServerOptions) -> anyhow::Result<Self> {
-        let session = db.session();
+    pub fn new(
+        db: Arc<Database>,
+        sessions: Arc<Sessions>,
+        location: Option<String>,
+    ) -> anyhow::Result<Self> {
         Ok(Self {
             db,
-            session,
-            auth: Auth::new(options.credentials),
-            location: options.location,
+            sessions,
+            location,
             sql_info: metadata::sql_info()?,
             xdbc_types: metadata::xdbc_types()?,
-            prepared: PreparedStatements::default(),
-            queries: Queries::default(),
         })
     }
+}
+
+/// Longest error message a client gets: a statement quoted in an error (a parse error's
+/// token, say) is cut to its start and end, so a huge statement never makes a huge error.
+const MAX_ERROR_CHARS: usize = 1024;
+
+/// `text`, or its start and end with the middle left out when it is longer than `max` chars.
+pub fn excerpt(text: &str, max: usize) -> String {
+    let chars = text.chars().count();
+    if chars <= max {
+        return text.to_string();
+    }
+    let head: String = text.chars().take(max * 2 / 3).collect();
+    let tail: String = text.chars().skip(chars - max / 3).collect();
+    let left_out = chars - head.chars().count() - tail.chars().count();
+    format!("{head} [... {left_out} characters left out ...] {tail}")
+}
+
+/// A client's mistake as a gRPC status, with a message of bounded length.
+fn invalid(message: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(excerpt(&message.to_string(), MAX_ERROR_CHARS))
 }
 
 /// A SQL error as a gRPC status: the user's mistakes are InvalidArgument, the rest Internal.
 pub fn status(e: SqlError) -> Status {
     match &e {
-        SqlError::NotSupported(_) => Status::unimplemented(e.to_string()),
+        SqlError::NotSupported(_) => {
+            Status::unimplemented(excerpt(&e.to_string(), MAX_ERROR_CHARS))
+        }
         // Everything else a statement can fail with is about the statement or the data it
         // touches (parse, planning, types, duplicate keys): the client's to fix.
-        _ => Status::invalid_argument(e.to_string()),
+        _ => invalid(e),
     }
 }
 
 fn internal(e: impl std::fmt::Display) -> Status {
-    Status::internal(e.to_string())
+    Status::internal(excerpt(&e.to_string(), MAX_ERROR_CHARS))
 }
 
 fn flight_info(
@@ -150,7 +186,7 @@ fn batch_stream(
         .build(batches)
         .map_err(|e| match e {
             FlightError::Tonic(status) => *status,
-            e => Status::invalid_argument(e.to_string()),
+            e => invalid(e),
         });
     Box::pin(stream)
 }
@@ -184,7 +220,7 @@ fn uploaded_batches(request: Request<PeekableFlightDataStream>) -> FlightRecordB
 fn upload_error(e: FlightError) -> Status {
     match e {
         FlightError::Tonic(status) => *status,
-        e => Status::invalid_argument(format!("malformed upload: {e}")),
+        e => invalid(format!("malformed upload: {e}")),
     }
 }
 
@@ -244,13 +280,14 @@ fn cancellable(
 }
 
 impl NyalaFlightService {
-    /// GetFlightInfo for `sql` with optional parameter rows. Queries get tickets to run at
-    /// DoGet: one per tablet for plain scans, else one. DDL and DML run now (clients such as
-    /// ADBC never fetch the result of a statement they consider an update); their ticket
-    /// carries the count.
-    async fn info_for_sql(
+    /// GetFlightInfo for `statement` with optional parameter rows. Queries are planned now
+    /// and kept in the session until their endpoints are fetched: one per tablet for plain
+    /// scans, else one. DDL and DML run now (clients such as ADBC never fetch the result of a
+    /// statement they consider an update); their ticket carries the count.
+    async fn info_for(
         &self,
-        sql: &str,
+        session: &ClientSession,
+        statement: &PreparedStatement,
         params: Option<&RecordBatch>,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
@@ -262,13 +299,14 @@ impl NyalaFlightService {
             .is_none_or(|v| v != "true");
         let descriptor = request.into_inner();
         let rows = tickets::param_rows(params)?;
-        let info = self.session.prepare(sql).await.map_err(status)?;
+        let info = statement.info();
         let mut ticket = QueryTicket {
-            sql: sql.to_string(),
+            sql: statement.sql().to_string(),
+            session: session.id().to_string(),
             ..Default::default()
         };
         if info.kind != StatementKind::Query {
-            ticket.count = Some(self.run_update(sql, &rows).await?);
+            ticket.count = Some(self.run_update(session, statement, &rows).await?);
             ticket.ddl = info.kind == StatementKind::Ddl;
             let endpoint = self.endpoint(&ticket, false);
             return Ok(Response::new(flight_info(
@@ -277,32 +315,44 @@ impl NyalaFlightService {
                 descriptor,
             )?));
         }
-        ticket.id = self.queries.register();
+        let mut plans = Vec::with_capacity(rows.len());
+        for row in &rows {
+            plans.push(
+                session
+                    .sql()
+                    .plan_prepared(statement, row)
+                    .await
+                    .map_err(status)?,
+            );
+        }
+        let Some(first) = plans.first() else {
+            return Err(invalid("no parameter rows were bound"));
+        };
+        let schema = first.schema();
+        let partitions = match plans.len() {
+            1 if per_tablet => first.tablet_partitions().filter(|n| *n > 1),
+            _ => None,
+        };
+        // Every endpoint reads at one snapshot, taken now.
+        let snapshot = match partitions {
+            Some(_) => first.snapshot().map_err(status)?,
+            None => None,
+        };
         ticket.params = tickets::encode_params(params)?;
-        let first = rows.first().map(Vec::as_slice).unwrap_or_default();
-        let planned = self
-            .session
-            .plan_with_params(sql, first)
-            .await
-            .map_err(status)?;
-        let schema = planned.schema();
-        let endpoints = match planned.tablet_partitions() {
-            Some(n) if n > 1 && rows.len() == 1 && per_tablet => {
-                // Every endpoint reads at one snapshot, taken now.
-                let snapshot = planned.snapshot().map_err(status)?;
-                (0..n as u32)
-                    .map(|i| {
-                        let ticket = QueryTicket {
-                            partition: Some(i),
-                            partitions: n as u32,
-                            snapshot,
-                            ..ticket.clone()
-                        };
-                        self.endpoint(&ticket, true)
-                    })
-                    .collect()
-            }
-            _ => vec![self.endpoint(&ticket, false)],
+        ticket.id = session.add_query(plans, partitions.unwrap_or(1));
+        let endpoints = match partitions {
+            Some(n) => (0..n as u32)
+                .map(|i| {
+                    let ticket = QueryTicket {
+                        partition: Some(i),
+                        partitions: n as u32,
+                        snapshot,
+                        ..ticket.clone()
+                    };
+                    self.endpoint(&ticket, true)
+                })
+                .collect(),
+            None => vec![self.endpoint(&ticket, false)],
         };
         Ok(Response::new(flight_info(&schema, endpoints, descriptor)?))
     }
@@ -319,8 +369,13 @@ impl NyalaFlightService {
         }
     }
 
-    /// DoGet of a ticket from [`Self::info_for_sql`].
-    async fn stream_ticket(&self, handle: &[u8]) -> Result<Response<DoGetStream>, Status> {
+    /// DoGet of a ticket from [`Self::info_for`]: the plans its session kept, or, when they
+    /// are gone, the statement planned again in the caller's session.
+    async fn stream_ticket(
+        &self,
+        caller: &ClientSession,
+        handle: &[u8],
+    ) -> Result<Response<DoGetStream>, Status> {
         let ticket = QueryTicket::decode_handle(handle)?;
         match ticket.count {
             Some(_) if ticket.ddl => {
@@ -333,52 +388,62 @@ impl NyalaFlightService {
             Some(count) => return Ok(one_batch(count_batch(count)?)),
             None => {}
         }
-        let cancelled = self.queries.start(ticket.id)?;
-        let params = tickets::decode_params(&ticket.params)?;
-        let rows = tickets::param_rows(params.as_ref())?;
-        let mut streams = Vec::with_capacity(rows.len());
-        let mut schema = None;
-        for row in &rows {
-            let planned = self
-                .session
-                .plan_with_params(&ticket.sql, row)
-                .await
-                .map_err(status)?;
-            schema.get_or_insert_with(|| planned.schema());
-            let stream = match ticket.partition {
-                Some(partition)
-                    if planned.tablet_partitions() == Some(ticket.partitions as usize) =>
-                {
-                    planned.execute_partition(partition as usize, ticket.snapshot)
-                }
-                Some(_) => Err(SqlError::Invalid(
-                    "the table's tablets changed since this query was planned; run it again".into(),
-                )),
-                None => planned.execute().await,
-            }
-            .map_err(status)?;
-            streams.push(stream.map_err(|e| FlightError::ExternalError(Box::new(e))));
-        }
-        let Some(schema) = schema else {
-            return Err(Status::invalid_argument("no parameter rows were bound"));
+        let owner = self.sessions.get(&ticket.session);
+        let pending = match &owner {
+            Some(owner) => owner.fetch_query(ticket.id)?,
+            None => None,
         };
-        let batches = cancellable(
-            Box::pin(futures::stream::iter(streams).flatten()),
-            cancelled,
-        );
+        let (plans, cancelled) = match pending {
+            Some(query) => {
+                let cancelled = query.cancelled();
+                (Plans::Kept(query), cancelled)
+            }
+            None => {
+                let params = tickets::decode_params(&ticket.params)?;
+                let mut plans = Vec::new();
+                for row in tickets::param_rows(params.as_ref())? {
+                    plans.push(
+                        caller
+                            .sql()
+                            .plan_with_params(&ticket.sql, &row)
+                            .await
+                            .map_err(status)?,
+                    );
+                }
+                let never = tokio::sync::watch::channel(false).1;
+                (Plans::Planned(plans), never)
+            }
+        };
+        let streams = plans
+            .get()
+            .iter()
+            .map(|planned| run_ticket(planned, &ticket))
+            .collect::<Result<Vec<_>, Status>>()?;
+        let Some(schema) = plans.get().first().map(PlannedStatement::schema) else {
+            return Err(invalid("no parameter rows were bound"));
+        };
+        // The stream keeps the query (and so its cancellation) alive until it ends.
+        let batches = futures::stream::iter(streams)
+            .flatten()
+            .map(move |batch| {
+                let _ = &plans;
+                batch
+            });
+        let batches = cancellable(Box::pin(batches), cancelled);
         Ok(Response::new(batch_stream(schema, batches)))
     }
 
     /// Runs a DDL or DML statement once per parameter row; returns the total count.
     async fn run_update(
         &self,
-        sql: &str,
+        session: &ClientSession,
+        statement: &PreparedStatement,
         rows: &[Vec<datafusion::common::ScalarValue>],
     ) -> Result<u64, Status> {
         let mut total = 0;
         for (i, row) in rows.iter().enumerate() {
             let result = async {
-                let planned = self.session.plan_with_params(sql, row).await?;
+                let planned = session.sql().plan_prepared(statement, row).await?;
                 let batches: Vec<RecordBatch> = planned.execute().await?.try_collect().await?;
                 Ok::<_, SqlError>(nyala_sql::count_of(&batches))
             }
@@ -397,16 +462,23 @@ impl NyalaFlightService {
         Ok(total)
     }
 
-    async fn update_sql(&self, sql: &str, params: Option<&RecordBatch>) -> Result<i64, Status> {
-        let info = self.session.prepare(sql).await.map_err(status)?;
-        if info.kind == StatementKind::Query {
-            return Err(Status::invalid_argument(
+    /// A statement sent as an update (DoPut): DDL or DML, run once per parameter row.
+    async fn update(
+        &self,
+        session: &ClientSession,
+        statement: &PreparedStatement,
+        params: Option<&RecordBatch>,
+    ) -> Result<i64, Status> {
+        if statement.info().kind == StatementKind::Query {
+            return Err(invalid(
                 "a query cannot be executed as an update; use a query command",
             ));
         }
-        Ok(self.run_update(sql, &tickets::param_rows(params)?).await? as i64)
+        let rows = tickets::param_rows(params)?;
+        Ok(self.run_update(session, statement, &rows).await? as i64)
     }
 
+    /// Cancels the queries of `info`'s endpoints; whether any was found.
     fn cancel(&self, info: &FlightInfo) -> bool {
         let mut found = false;
         for endpoint in &info.endpoint {
@@ -420,11 +492,46 @@ impl NyalaFlightService {
                 continue;
             };
             if let Ok(query) = QueryTicket::decode_handle(&statement.statement_handle) {
-                found |= self.queries.cancel(query.id);
+                found |= self.sessions.cancel(&query.session, query.id);
             }
         }
         found
     }
+}
+
+/// The plans a DoGet runs: those its session kept since GetFlightInfo, or planned anew.
+enum Plans {
+    Kept(Arc<session::PendingQuery>),
+    Planned(Vec<PlannedStatement>),
+}
+
+impl Plans {
+    fn get(&self) -> &[PlannedStatement] {
+        match self {
+            Plans::Kept(query) => &query.plans,
+            Plans::Planned(plans) => plans,
+        }
+    }
+}
+
+/// The stream of one planned query for `ticket`: its partition, or all of it.
+fn run_ticket(
+    planned: &PlannedStatement,
+    ticket: &QueryTicket,
+) -> Result<BatchStream, Status> {
+    let stream = match ticket.partition {
+        Some(partition) if planned.tablet_partitions() == Some(ticket.partitions as usize) => {
+            planned.execute_partition(partition as usize, ticket.snapshot)
+        }
+        Some(_) => Err(SqlError::Invalid(
+            "the table's tablets changed since this query was planned; run it again".into(),
+        )),
+        None => planned.execute_query(),
+    }
+    .map_err(status)?;
+    Ok(Box::pin(
+        stream.map_err(|e| FlightError::ExternalError(Box::new(e))),
+    ))
 }
 
 #[tonic::async_trait]
@@ -440,7 +547,12 @@ impl FlightSqlService for NyalaFlightService {
         >,
         Status,
     > {
-        let token = self.auth.handshake(request.metadata())?;
+        let session = session_of(&request)?;
+        let token = match caller_of(&request) {
+            Caller::Anyone => None,
+            Caller::Token(token) => Some(token),
+            Caller::Password => Some(self.sessions.issue_token(&session)),
+        };
         let payload = token.clone().unwrap_or_default().into_bytes().into();
         let reply = arrow_flight::HandshakeResponse {
             protocol_version: 0,
@@ -460,23 +572,36 @@ impl FlightSqlService for NyalaFlightService {
         query: CommandStatementQuery,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.info_for_sql(&query.query, None, request).await
+        let session = session_of(&request)?;
+        let statement = session
+            .sql()
+            .prepare_statement(&query.query)
+            .await
+            .map_err(status)?;
+        self.info_for(&session, &statement, None, request).await
     }
 
     async fn do_get_statement(
         &self,
         ticket: TicketStatementQuery,
-        _request: Request<Ticket>,
+        request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
-        self.stream_ticket(&ticket.statement_handle).await
+        let session = session_of(&request)?;
+        self.stream_ticket(&session, &ticket.statement_handle).await
     }
 
     async fn do_put_statement_update(
         &self,
         command: CommandStatementUpdate,
-        _request: Request<PeekableFlightDataStream>,
+        request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
-        self.update_sql(&command.query, None).await
+        let session = session_of(&request)?;
+        let statement = session
+            .sql()
+            .prepare_statement(&command.query)
+            .await
+            .map_err(status)?;
+        self.update(&session, &statement, None).await
     }
 
     async fn do_put_statement_ingest(
@@ -496,7 +621,7 @@ impl FlightSqlService for NyalaFlightService {
             .is_some_and(|c| c != CATALOG_NAME)
             || command.schema.as_deref().is_some_and(|s| s != SCHEMA_NAME)
         {
-            return Err(Status::invalid_argument(format!(
+            return Err(invalid(format!(
                 "tables live in catalog '{CATALOG_NAME}', schema '{SCHEMA_NAME}'"
             )));
         }
@@ -536,9 +661,9 @@ impl FlightSqlService for NyalaFlightService {
             .map(|v| v.split(',').map(|c| c.trim().to_string()).collect())
             .unwrap_or_default();
         let buckets = match option("buckets") {
-            Some(b) => b.parse().map_err(|_| {
-                Status::invalid_argument(format!("option buckets: '{b}' is not a number"))
-            })?,
+            Some(b) => b
+                .parse()
+                .map_err(|_| invalid(format!("option buckets: '{b}' is not a number")))?,
             None => 1,
         };
         let target = IngestTarget {
@@ -547,6 +672,7 @@ impl FlightSqlService for NyalaFlightService {
             primary_key,
             buckets,
         };
+        let session = session_of(&request)?;
         let mut stream = uploaded_batches(request);
         let first = stream.try_next().await.map_err(upload_error)?;
         let schema = match (stream.schema(), &first) {
@@ -557,8 +683,8 @@ impl FlightSqlService for NyalaFlightService {
         let batches = futures::stream::iter(first.map(Ok))
             .chain(stream)
             .map_err(|e| SqlError::Invalid(format!("malformed upload: {e}")));
-        let loaded = self
-            .session
+        let loaded = session
+            .sql()
             .ingest(&target, schema, batches)
             .await
             .map_err(status)?;
@@ -568,9 +694,15 @@ impl FlightSqlService for NyalaFlightService {
     async fn do_action_create_prepared_statement(
         &self,
         query: ActionCreatePreparedStatementRequest,
-        _request: Request<Action>,
+        request: Request<Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
-        let info = self.session.prepare(&query.query).await.map_err(status)?;
+        let session = session_of(&request)?;
+        let statement = session
+            .sql()
+            .prepare_statement(&query.query)
+            .await
+            .map_err(status)?;
+        let info = statement.info().clone();
         let ipc = |schema: &Schema| -> Result<_, Status> {
             let message: IpcMessage = SchemaAsIpc::new(schema, &Default::default())
                 .try_into()
@@ -585,7 +717,7 @@ impl FlightSqlService for NyalaFlightService {
             Arc::new(Schema::empty())
         };
         Ok(ActionCreatePreparedStatementResult {
-            prepared_statement_handle: self.prepared.insert(query.query).into(),
+            prepared_statement_handle: session.add_prepared(statement)?.into(),
             dataset_schema: ipc(&dataset)?,
             parameter_schema: ipc(&advertised_parameters(&info.parameters))?,
         })
@@ -594,9 +726,10 @@ impl FlightSqlService for NyalaFlightService {
     async fn do_action_close_prepared_statement(
         &self,
         query: ActionClosePreparedStatementRequest,
-        _request: Request<Action>,
+        request: Request<Action>,
     ) -> Result<(), Status> {
-        self.prepared.close(&query.prepared_statement_handle)
+        session_of(&request)?.close_prepared(&query.prepared_statement_handle);
+        Ok(())
     }
 
     async fn do_put_prepared_statement_query(
@@ -604,9 +737,9 @@ impl FlightSqlService for NyalaFlightService {
         query: CommandPreparedStatementQuery,
         request: Request<PeekableFlightDataStream>,
     ) -> Result<DoPutPreparedStatementResult, Status> {
+        let session = session_of(&request)?;
         let params = read_params(request).await?;
-        self.prepared
-            .bind(&query.prepared_statement_handle, params)?;
+        session.bind(&query.prepared_statement_handle, params)?;
         Ok(DoPutPreparedStatementResult {
             prepared_statement_handle: Some(query.prepared_statement_handle),
         })
@@ -617,25 +750,32 @@ impl FlightSqlService for NyalaFlightService {
         query: CommandPreparedStatementQuery,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let prepared = self.prepared.get(&query.prepared_statement_handle)?;
-        self.info_for_sql(&prepared.sql, prepared.params.as_ref(), request)
-            .await
+        let session = session_of(&request)?;
+        let prepared = session.prepared(&query.prepared_statement_handle)?;
+        self.info_for(
+            &session,
+            &prepared.statement,
+            prepared.params.as_ref(),
+            request,
+        )
+        .await
     }
 
     async fn do_get_prepared_statement(
         &self,
         query: CommandPreparedStatementQuery,
-        _request: Request<Ticket>,
+        request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
         // Our FlightInfo hands out statement tickets; a client that builds its own ticket from
         // the handle gets the statement run with its bound parameters.
-        let prepared = self.prepared.get(&query.prepared_statement_handle)?;
+        let session = session_of(&request)?;
+        let prepared = session.prepared(&query.prepared_statement_handle)?;
         let ticket = QueryTicket {
-            sql: prepared.sql,
+            sql: prepared.statement.sql().to_string(),
             params: tickets::encode_params(prepared.params.as_ref())?,
             ..Default::default()
         };
-        self.stream_ticket(&ticket.encode_to_vec()).await
+        self.stream_ticket(&session, &ticket.encode_to_vec()).await
     }
 
     async fn do_put_prepared_statement_update(
@@ -643,10 +783,12 @@ impl FlightSqlService for NyalaFlightService {
         query: CommandPreparedStatementUpdate,
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
-        let prepared = self.prepared.get(&query.prepared_statement_handle)?;
+        let session = session_of(&request)?;
+        let prepared = session.prepared(&query.prepared_statement_handle)?;
         let uploaded = read_params(request).await?;
-        self.update_sql(
-            &prepared.sql,
+        self.update(
+            &session,
+            &prepared.statement,
             uploaded.as_ref().or(prepared.params.as_ref()),
         )
         .await
@@ -674,12 +816,31 @@ impl FlightSqlService for NyalaFlightService {
         Response<<Self as arrow_flight::flight_service_server::FlightService>::DoActionStream>,
         Status,
     > {
+        let session = session_of(&request)?;
         let action = request.into_inner();
-        if action.r#type != "CancelFlightInfo" {
-            return Err(Status::invalid_argument(format!(
-                "unknown action {}",
-                action.r#type
-            )));
+        let reply = |body: Vec<u8>| -> Response<<Self as arrow_flight::flight_service_server::FlightService>::DoActionStream> {
+            let result = arrow_flight::Result { body: body.into() };
+            Response::new(Box::pin(futures::stream::iter([Ok(result)])))
+        };
+        match action.r#type.as_str() {
+            session_options::SET_SESSION_OPTIONS => {
+                return Ok(reply(
+                    session_options::set_options(&session, &action.body).await?,
+                ))
+            }
+            session_options::GET_SESSION_OPTIONS => {
+                return Ok(reply(session_options::get_options(&session)))
+            }
+            session_options::CLOSE_SESSION => {
+                let mut response = reply(session_options::close(&self.sessions, &session));
+                let cookie = session::session_cookie(session.id(), true);
+                response
+                    .metadata_mut()
+                    .insert("set-cookie", cookie.parse().map_err(internal)?);
+                return Ok(response);
+            }
+            "CancelFlightInfo" => {}
+            other => return Err(invalid(format!("unknown action {other}"))),
         }
         let request = CancelFlightInfoRequest::decode(action.body)
             .map_err(|_| Status::invalid_argument("malformed CancelFlightInfoRequest"))?;
@@ -694,10 +855,7 @@ impl FlightSqlService for NyalaFlightService {
         let result = CancelFlightInfoResult {
             status: status as i32,
         };
-        let body = arrow_flight::Result {
-            body: result.encode_to_vec().into(),
-        };
-        Ok(Response::new(Box::pin(futures::stream::iter([Ok(body)]))))
+        Ok(reply(result.encode_to_vec()))
     }
 
     async fn get_flight_info_catalogs(
@@ -925,6 +1083,27 @@ impl FlightSqlService for NyalaFlightService {
         )))
     }
 
+    async fn list_custom_actions(&self) -> Option<Vec<Result<ActionType, Status>>> {
+        let action = |name: &str, description: &str| {
+            Ok(ActionType {
+                r#type: name.into(),
+                description: description.into(),
+            })
+        };
+        Some(vec![
+            action("CancelFlightInfo", "Cancel a query by its FlightInfo"),
+            action(
+                session_options::SET_SESSION_OPTIONS,
+                "Set session options (SQL settings)",
+            ),
+            action(
+                session_options::GET_SESSION_OPTIONS,
+                "The session's options (SQL settings)",
+            ),
+            action(session_options::CLOSE_SESSION, "End the session"),
+        ])
+    }
+
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
 }
 
@@ -935,15 +1114,21 @@ pub async fn serve(
     options: ServerOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let service = NyalaFlightService::new(db, options)?;
-    let auth = service.auth.clone();
+    let idle_timeout = options
+        .session_idle_timeout
+        .unwrap_or(DEFAULT_SESSION_IDLE_TIMEOUT);
+    let sessions = Sessions::new(db.clone(), idle_timeout);
+    sessions.spawn_expiry();
+    let service = NyalaFlightService::new(db, sessions.clone(), options.location)?;
     let server = FlightServiceServer::new(service).max_decoding_message_size(256 << 20);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let layer = SessionLayer {
+        sessions: sessions.clone(),
+        auth: Auth::new(options.credentials),
+    };
     tonic::transport::Server::builder()
-        .add_service(tonic::service::interceptor::InterceptedService::new(
-            server, auth,
-        ))
-        .serve_with_incoming_shutdown(incoming, shutdown)
+        .layer(layer)
+        .add_service(server)
+        .serve_with_incoming_shutdown(connection::incoming(listener, &sessions), shutdown)
         .await?;
     Ok(())
 }

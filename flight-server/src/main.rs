@@ -55,6 +55,10 @@ enum Command {
         /// How far back (seconds) `AS OF` reads may go; older versions are dropped.
         #[arg(long, default_value_t = 900)]
         history_max_age_secs: u64,
+        /// A client session (its settings, prepared statements and token) without a request for
+        /// this many seconds ends; sessions of a connection also end when it closes.
+        #[arg(long, default_value_t = nyala_flight::DEFAULT_SESSION_IDLE_TIMEOUT.as_secs())]
+        session_idle_timeout_secs: u64,
     },
     /// Run a tablet server of a cluster: it hosts tablet replicas, replicated with Raft among
     /// tablet servers over internal RPC (tonic).
@@ -151,6 +155,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             password,
             memory_limit_mb,
             history_max_age_secs,
+            session_idle_timeout_secs,
         } => {
             let credentials = user
                 .zip(password)
@@ -160,7 +165,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 history_max_age: Some(std::time::Duration::from_secs(history_max_age_secs)),
                 ..DatabaseOptions::default()
             };
-            serve(data_dir, listen, advertise, credentials, options).await
+            let server = ServerOptions {
+                credentials,
+                session_idle_timeout: Some(std::time::Duration::from_secs(
+                    session_idle_timeout_secs,
+                )),
+                ..ServerOptions::default()
+            };
+            serve(data_dir, listen, advertise, server, options).await
         }
         Command::Tserver {
             data_dir,
@@ -295,7 +307,7 @@ async fn master(
     let heartbeats = tonic::transport::Server::builder()
         .add_service(InternalService::master(cluster, db.client()))
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(rpc),
+            nyala_engine::rpc::incoming(rpc),
             shutdown_signal(),
         );
     let heartbeats = tokio::spawn(heartbeats);
@@ -310,7 +322,7 @@ async fn master(
     ));
     let options = ServerOptions {
         location: Some(format!("grpc+tcp://{addr}")),
-        credentials: None,
+        ..ServerOptions::default()
     };
     nyala_flight::serve(db.clone(), listener, options, shutdown_signal()).await?;
     db.shutdown().await?;
@@ -361,7 +373,7 @@ async fn tserver(
     let rpc = tonic::transport::Server::builder()
         .add_service(InternalService::new(server.clone()))
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            nyala_engine::rpc::incoming(listener),
             shutdown_signal(),
         );
     match flight_addr {
@@ -397,7 +409,7 @@ async fn coordinate(masters: Vec<String>, flight_addr: SocketAddr) -> anyhow::Re
     announce(&format!("Nyala coordinator listening on grpc://{addr}"));
     let options = ServerOptions {
         location: Some(format!("grpc+tcp://{addr}")),
-        credentials: None,
+        ..ServerOptions::default()
     };
     nyala_flight::serve(db, listener, options, shutdown_signal()).await?;
     Ok(())
@@ -423,7 +435,7 @@ async fn serve(
     data_dir: PathBuf,
     listen: SocketAddr,
     advertise: Option<String>,
-    credentials: Option<Credentials>,
+    server: ServerOptions,
     options: DatabaseOptions,
 ) -> anyhow::Result<()> {
     let db: Arc<Database> = Database::open(&data_dir, options)
@@ -445,7 +457,7 @@ async fn serve(
                 .trim_start_matches("grpc://")
                 .trim_start_matches("grpc+tcp://")
         )),
-        credentials,
+        ..server
     };
     nyala_flight::serve(db.clone(), listener, options, shutdown_signal()).await?;
     db.shutdown().await?;

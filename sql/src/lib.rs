@@ -7,8 +7,9 @@
 //! DataFusion through the [`NyalaTable`](table::NyalaTable) provider, which turns scans into
 //! tablet scans and DML into primary-key mutations.
 //!
-//! Every statement yields an Arrow stream: queries their rows, DML and DDL one row with a
-//! `count` column (rows affected; 0 for DDL), so Flight SQL and the shell treat them alike.
+//! Every statement yields an Arrow stream: queries their rows, DML one row with a `count`
+//! column (rows affected), DDL and SET no columns and no rows; a statement's
+//! [`PlannedStatement::schema`] is always the schema of its stream.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -42,6 +43,7 @@ mod error;
 mod ingest;
 pub mod partitioning;
 mod predicate;
+mod prepared;
 pub mod runtime_filter;
 mod scan;
 pub mod statement;
@@ -49,6 +51,9 @@ mod table;
 
 pub use error::SqlError;
 pub use ingest::{count_of, IngestMode, IngestTarget};
+pub use prepared::PreparedStatement;
+
+use prepared::Draft;
 
 use statement::{CreateTableSpec, NyalaStatement};
 
@@ -268,16 +273,16 @@ impl PlannedStatement {
         self.kind
     }
 
-    /// Schema of the result stream (`count: UInt64` for DML and DDL).
+    /// Schema of the result stream: `count: UInt64` for DML, no columns for DDL and SET.
     pub fn schema(&self) -> SchemaRef {
         match &self.action {
             Action::CreateTable(_)
-            | Action::CreateTableAs { .. }
             | Action::DropTable { .. }
             | Action::RenameTable { .. }
             | Action::AlterRangePartition { .. }
             | Action::AlterColumns { .. }
-            | Action::Setting(_) => count_schema(),
+            | Action::Setting(_) => empty_schema(),
+            Action::CreateTableAs { .. } => count_schema(),
             Action::Rows(batch) => batch.schema(),
             Action::Plan(plan) => plan.schema(),
         }
@@ -319,7 +324,7 @@ impl PlannedStatement {
     /// Runs partition `partition` of a query for which [`Self::tablet_partitions`] is `Some(n)`
     /// with `partition < n`, at `snapshot` (from [`Self::snapshot`]; None: a fresh one).
     pub fn execute_partition(
-        self,
+        &self,
         partition: usize,
         snapshot: Option<u64>,
     ) -> Result<SendableRecordBatchStream> {
@@ -337,13 +342,30 @@ impl PlannedStatement {
         }
     }
 
+    /// Runs a query (a statement of kind [`StatementKind::Query`]); it can run several times.
+    pub fn execute_query(&self) -> Result<SendableRecordBatchStream> {
+        match (&self.action, self.kind) {
+            (Action::Plan(plan), StatementKind::Query) => {
+                let plan = scan::pin_snapshot(plan.clone())?;
+                Ok(execute_stream(plan, self.session.ctx.task_ctx())?)
+            }
+            (Action::Rows(batch), _) => one_stream(vec![batch.clone()]),
+            _ => Err(SqlError::Invalid(
+                "this statement is not a query: run it as an update".into(),
+            )),
+        }
+    }
+
     /// Runs the statement; DDL and DML are applied when this returns, queries stream.
     pub async fn execute(self) -> Result<SendableRecordBatchStream> {
+        if self.kind == StatementKind::Query {
+            return self.execute_query();
+        }
         let client = &self.session.db.client;
         let batch = match self.action {
             Action::CreateTable(spec) => {
                 create_table(client, spec).await?;
-                count_batch(0)
+                return no_rows();
             }
             Action::CreateTableAs { spec, insert } => {
                 let name = spec.name.clone();
@@ -369,11 +391,11 @@ impl PlannedStatement {
             }
             Action::DropTable { name, if_exists } => {
                 client.drop_table(&name, if_exists).await?;
-                count_batch(0)
+                return no_rows();
             }
             Action::RenameTable { name, new_name } => {
                 client.rename_table(&name, &new_name).await?;
-                count_batch(0)
+                return no_rows();
             }
             Action::AlterColumns { name, changes } => {
                 let schema = client.table(&name)?.schema.clone();
@@ -394,26 +416,23 @@ impl PlannedStatement {
                 if !changes.is_empty() {
                     client.alter_columns(&name, &changes).await?;
                 }
-                count_batch(0)
+                return no_rows();
             }
             Action::AlterRangePartition { name, add, range } => {
                 match add {
                     true => client.add_range_partition(&name, &range).await?,
                     false => client.drop_range_partition(&name, &range).await?,
                 }
-                count_batch(0)
+                return no_rows();
             }
             Action::Rows(batch) => batch,
             Action::Setting(plan) => {
                 self.session.ctx.execute_logical_plan(plan).await?;
-                count_batch(0)
+                return no_rows();
             }
             Action::Plan(plan) => {
                 let plan = scan::pin_snapshot(plan)?;
                 let task = self.session.ctx.task_ctx();
-                if self.kind == StatementKind::Query {
-                    return Ok(execute_stream(plan, task)?);
-                }
                 // DML is applied entirely before the statement returns.
                 let batches = collect(plan, task).await?;
                 return one_stream(batches);
@@ -515,6 +534,16 @@ fn count_batch(count: u64) -> RecordBatch {
     .unwrap_or_else(|_| RecordBatch::new_empty(count_schema()))
 }
 
+/// The schema of a result without columns (DDL and SET).
+fn empty_schema() -> SchemaRef {
+    Arc::new(ArrowSchema::empty())
+}
+
+/// The result of DDL and SET: no columns, no rows.
+fn no_rows() -> Result<SendableRecordBatchStream> {
+    Ok(Box::pin(MemoryStream::try_new(vec![], empty_schema(), None)?))
+}
+
 fn one_stream(batches: Vec<RecordBatch>) -> Result<SendableRecordBatchStream> {
     let schema = batches
         .first()
@@ -545,34 +574,7 @@ impl Session {
 
     /// Describes one statement without running it: kind, result schema and parameter schema.
     pub async fn prepare(&self, sql: &str) -> Result<StatementInfo> {
-        let no_parameters = Arc::new(ArrowSchema::empty());
-        let (kind, schema, parameters) = match statement::parse(sql)? {
-            NyalaStatement::DataFusion(statement) | NyalaStatement::InsertIgnore(statement) => {
-                let plan = self.logical_plan(statement).await?;
-                let kind = statement_kind(&plan)?;
-                let parameters = parameter_types(&plan)?
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, t)| {
-                        Field::new(format!("${}", i + 1), t.unwrap_or(DataType::Utf8), true)
-                    })
-                    .collect::<Vec<_>>();
-                (
-                    kind,
-                    Arc::new(plan.schema().as_arrow().clone()),
-                    Arc::new(ArrowSchema::new(parameters)),
-                )
-            }
-            _ => {
-                let planned = self.plan(sql).await?;
-                (planned.kind, planned.schema(), no_parameters)
-            }
-        };
-        Ok(StatementInfo {
-            kind,
-            schema,
-            parameters,
-        })
+        Ok(self.prepare_statement(sql).await?.info().clone())
     }
 
     /// Plans one statement with `params` bound to its placeholders (`$1` or `?`, in order).
@@ -581,36 +583,39 @@ impl Session {
         sql: &str,
         params: &[ScalarValue],
     ) -> Result<PlannedStatement> {
-        let statement = statement::parse(sql)?;
-        let ignore_duplicates = matches!(statement, NyalaStatement::InsertIgnore(_));
-        if !params.is_empty()
-            && !matches!(
-                statement,
-                NyalaStatement::DataFusion(_) | NyalaStatement::InsertIgnore(_)
-            )
-        {
-            return Err(SqlError::Invalid(format!(
-                "this statement has no parameters, {} were bound",
-                params.len()
-            )));
-        }
-        let (kind, action) = match statement {
-            NyalaStatement::CreateTable(spec) => (StatementKind::Ddl, Action::CreateTable(spec)),
+        let draft = self.draft(statement::parse(sql)?).await?;
+        self.plan_draft(draft, params).await
+    }
+
+    /// A parsed statement as a logical plan still to be bound, or planned completely where it
+    /// has none (Nyala's DDL and SHOW statements).
+    async fn draft(&self, statement: NyalaStatement) -> Result<Draft> {
+        let planned = |kind, action| {
+            Ok(Draft::Planned(PlannedStatement {
+                kind,
+                session: self.clone(),
+                action,
+            }))
+        };
+        match statement {
+            NyalaStatement::CreateTable(spec) => {
+                planned(StatementKind::Ddl, Action::CreateTable(spec))
+            }
             NyalaStatement::CreateTableAs(ctas) => {
-                (StatementKind::Dml, self.plan_create_table_as(ctas).await?)
+                planned(StatementKind::Dml, self.plan_create_table_as(ctas).await?)
             }
             NyalaStatement::RenameTable { name, new_name } => {
-                (StatementKind::Ddl, Action::RenameTable { name, new_name })
+                planned(StatementKind::Ddl, Action::RenameTable { name, new_name })
             }
             NyalaStatement::AlterColumns { name, changes } => {
-                (StatementKind::Ddl, Action::AlterColumns { name, changes })
+                planned(StatementKind::Ddl, Action::AlterColumns { name, changes })
             }
-            NyalaStatement::AlterRangePartition { name, add, range } => (
+            NyalaStatement::AlterRangePartition { name, add, range } => planned(
                 StatementKind::Ddl,
                 Action::AlterRangePartition { name, add, range },
             ),
             NyalaStatement::DropTable { name, if_exists } => {
-                (StatementKind::Ddl, Action::DropTable { name, if_exists })
+                planned(StatementKind::Ddl, Action::DropTable { name, if_exists })
             }
             NyalaStatement::ShowTables => {
                 let names = self
@@ -620,20 +625,20 @@ impl Session {
                     .iter()
                     .map(|t| t.name.clone())
                     .collect();
-                (
+                planned(
                     StatementKind::Query,
                     Action::Rows(string_batch(vec![("table_name", names)])?),
                 )
             }
             NyalaStatement::Describe { name } => {
-                (StatementKind::Query, Action::Rows(self.describe(&name)?))
+                planned(StatementKind::Query, Action::Rows(self.describe(&name)?))
             }
-            NyalaStatement::ShowPartitions { name } => (
+            NyalaStatement::ShowPartitions { name } => planned(
                 StatementKind::Query,
                 Action::Rows(self.show_partitions(&name)?),
             ),
             NyalaStatement::ShowCreateTable { name } => {
-                (StatementKind::Query, Action::Rows(self.show_create(&name)?))
+                planned(StatementKind::Query, Action::Rows(self.show_create(&name)?))
             }
             NyalaStatement::UpdateFrom { update, explain } => {
                 let mut plan = self.plan_update_from(*update).await?;
@@ -644,28 +649,38 @@ impl Session {
                         .build()?;
                     kind = StatementKind::Query;
                 }
-                let plan = dml::plan_mutations(bind(plan, params)?)?;
-                let plan = self.ctx.state().create_physical_plan(&plan).await?;
-                (kind, Action::Plan(plan))
+                Ok(Draft::Logical { kind, plan })
             }
-            NyalaStatement::DataFusion(statement) | NyalaStatement::InsertIgnore(statement) => {
-                let state = self.ctx.state();
+            NyalaStatement::DataFusion(statement) => {
+                if let Some(batch) = self.show_nyala_setting(&statement)? {
+                    return planned(StatementKind::Query, Action::Rows(batch));
+                }
                 let plan = self.logical_plan(statement).await?;
                 let kind = statement_kind(&plan)?;
-                let plan = if ignore_duplicates {
-                    dml::plan_insert_ignore(plan)?
-                } else {
-                    plan
-                };
-                if let LogicalPlan::Statement(statement) = &plan {
-                    runtime_filter::check_setting(statement)?;
-                    (kind, Action::Setting(plan))
-                } else {
-                    let plan = dml::plan_mutations(bind(plan, params)?)?;
-                    let plan = state.create_physical_plan(&plan).await?;
-                    (kind, Action::Plan(plan))
-                }
+                Ok(Draft::Logical { kind, plan })
             }
+            NyalaStatement::InsertIgnore(statement) => {
+                let plan = self.logical_plan(statement).await?;
+                let kind = statement_kind(&plan)?;
+                let plan = dml::plan_insert_ignore(plan)?;
+                Ok(Draft::Logical { kind, plan })
+            }
+        }
+    }
+
+    /// Binds `params` to a logical plan's placeholders and plans it physically.
+    async fn plan_logical(
+        &self,
+        kind: StatementKind,
+        plan: LogicalPlan,
+        params: &[ScalarValue],
+    ) -> Result<PlannedStatement> {
+        let action = if let LogicalPlan::Statement(statement) = &plan {
+            runtime_filter::check_setting(statement)?;
+            Action::Setting(bind(plan, params)?)
+        } else {
+            let plan = dml::plan_mutations(bind(plan, params)?)?;
+            Action::Plan(self.ctx.state().create_physical_plan(&plan).await?)
         };
         Ok(PlannedStatement {
             kind,
@@ -959,6 +974,75 @@ impl Session {
     /// Splits a script into its statements (quote- and comment-aware).
     pub fn split_statements(sql: &str) -> Result<Vec<String>> {
         statement::split_statements(sql)
+    }
+
+    /// The session's settings (`SET` names) and their current values.
+    pub fn settings(&self) -> Vec<(String, Option<String>)> {
+        use datafusion::common::config::{ConfigExtension, ExtensionOptions};
+        let state = self.ctx.state();
+        let options = state.config_options();
+        // Extensions list their entries without their prefix.
+        let nyala = options
+            .extensions
+            .get::<runtime_filter::NyalaOptions>()
+            .map(|o| o.entries())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|entry| {
+                let prefix = runtime_filter::NyalaOptions::PREFIX;
+                (format!("{prefix}.{}", entry.key), entry.value)
+            });
+        options
+            .entries()
+            .into_iter()
+            .filter(|entry| entry.key.starts_with("datafusion."))
+            .map(|entry| (entry.key, entry.value))
+            .chain(nyala)
+            .collect()
+    }
+
+    /// `SHOW nyala.<setting>` (DataFusion's SHOW knows only its own settings), as DataFusion
+    /// answers SHOW: columns `name` and `value`. None for any other statement.
+    fn show_nyala_setting(&self, statement: &DFSqlStatement) -> Result<Option<RecordBatch>> {
+        let DFSqlStatement::ShowVariable { variable } = statement else {
+            return Ok(None);
+        };
+        let name = variable
+            .iter()
+            .map(statement::normalize_ident)
+            .collect::<Vec<_>>()
+            .join(".");
+        if !name.starts_with("nyala.") {
+            return Ok(None);
+        }
+        let value = self
+            .settings()
+            .into_iter()
+            .find(|(known, _)| *known == name)
+            .ok_or_else(|| SqlError::Invalid(format!("unknown setting '{name}'")))?
+            .1
+            .unwrap_or_default();
+        Ok(Some(string_batch(vec![
+            ("name", vec![name]),
+            ("value", vec![value]),
+        ])?))
+    }
+
+    /// `SET name = value`: refused with an error for an unknown name or a bad value.
+    pub async fn set(&self, name: &str, value: &str) -> Result<()> {
+        let name = name.to_ascii_lowercase();
+        if !self.settings().iter().any(|(known, _)| *known == name) {
+            return Err(SqlError::Invalid(format!("unknown setting '{name}'")));
+        }
+        let statement = Statement::SetVariable(datafusion::logical_expr::SetVariable {
+            variable: name,
+            value: value.to_string(),
+        });
+        runtime_filter::check_setting(&statement)?;
+        self.ctx
+            .execute_logical_plan(LogicalPlan::Statement(statement))
+            .await?;
+        Ok(())
     }
 
     /// The DataFusion context, for metadata queries (catalogs, schemas, tables).

@@ -63,6 +63,11 @@ impl NyalaTable {
         }
     }
 
+    /// The table's definition, and whether this provider reads it `AS OF` a fixed time.
+    pub(crate) fn handle(&self) -> (TableHandle, bool) {
+        (self.table.clone(), self.as_of.is_some())
+    }
+
     /// The table as it was at `snapshot` (read-only).
     pub fn pinned_at(self, snapshot: Timestamp) -> Self {
         Self {

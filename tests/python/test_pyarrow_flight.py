@@ -1,7 +1,7 @@
 """Nyala through raw `pyarrow.flight`, with no Flight SQL library: the Flight SQL commands are
-protobuf messages encoded by hand below, as a client in a language without a Flight SQL
-library would do it. Multi-endpoint results are read in parallel, each endpoint from its
-location, as a distributed reader (Spark, Dask, ...) would."""
+protobuf messages encoded by hand (flight_sql_messages.py), as a client in a language without
+a Flight SQL library would do it. Multi-endpoint results are read in parallel, each endpoint
+from its location, as a distributed reader (Spark, Dask, ...) would."""
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -9,78 +9,16 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
+from flight_sql_messages import (
+    SQL_PREFIX,
+    any_message,
+    decode_fields,
+    length_delimited,
+    statement_query,
+    statement_update,
+    varint,
+)
 from nyala_server import PASSWORD, USER, host_port
-
-SQL_PREFIX = "type.googleapis.com/arrow.flight.protocol.sql."
-
-
-# --- A tiny protobuf encoder / decoder: varints and length-delimited fields are all we need. ---
-
-def varint(n):
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def length_delimited(field, payload):
-    if isinstance(payload, str):
-        payload = payload.encode("utf-8")
-    return varint(field << 3 | 2) + varint(len(payload)) + payload
-
-
-def any_message(type_name, value):
-    """google.protobuf.Any{type_url = 1, value = 2}."""
-    return length_delimited(1, SQL_PREFIX + type_name) + length_delimited(2, value)
-
-
-def decode_fields(data):
-    """{field number: [values]}: ints for varints, bytes for length-delimited fields."""
-    fields, i = {}, 0
-
-    def read_varint():
-        nonlocal i
-        n, shift = 0, 0
-        while True:
-            b = data[i]
-            i += 1
-            n |= (b & 0x7F) << shift
-            shift += 7
-            if not b & 0x80:
-                return n
-
-    while i < len(data):
-        key = read_varint()
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value = read_varint()
-        elif wire == 2:
-            n = read_varint()
-            value, i = bytes(data[i:i + n]), i + n
-        elif wire == 1:
-            value, i = bytes(data[i:i + 8]), i + 8
-        elif wire == 5:
-            value, i = bytes(data[i:i + 4]), i + 4
-        else:
-            raise ValueError(f"unsupported wire type {wire}")
-        fields.setdefault(field, []).append(value)
-    return fields
-
-
-def statement_query(sql):
-    """A descriptor for CommandStatementQuery{query = 1}."""
-    return flight.FlightDescriptor.for_command(any_message("CommandStatementQuery", length_delimited(1, sql)))
-
-
-def statement_update(sql):
-    """A descriptor for CommandStatementUpdate{query = 1}."""
-    return flight.FlightDescriptor.for_command(any_message("CommandStatementUpdate", length_delimited(1, sql)))
-
 
 # --- A minimal Flight SQL client on pyarrow.flight ---
 

@@ -38,7 +38,7 @@ def run(shell, line, expect, prompt="nyala> "):
 
 def test_statements_commands_and_output_modes(url, home):
     shell = spawn(url, home)
-    run(shell, "CREATE TABLE shell_t (id BIGINT PRIMARY KEY, name STRING);", "OK, 0 rows")
+    run(shell, "CREATE TABLE shell_t (id BIGINT PRIMARY KEY, name STRING);", "OK")
     # A statement over several lines: the continuation prompt until the ';'.
     shell.sendline("INSERT INTO shell_t VALUES")
     shell.expect_exact("...> ")
@@ -67,7 +67,7 @@ def test_statements_commands_and_output_modes(url, home):
 
 def test_history_include_and_copy(url, home, tmp_path):
     shell = spawn(url, home)
-    run(shell, "CREATE TABLE shell_h (id BIGINT PRIMARY KEY, v DOUBLE);", "OK, 0 rows")
+    run(shell, "CREATE TABLE shell_h (id BIGINT PRIMARY KEY, v DOUBLE);", "OK")
     script = tmp_path / "load.sql"
     script.write_text("INSERT INTO shell_h VALUES (1, 0.5);\nINSERT INTO shell_h VALUES (2, 1.5);\n")
     run(shell, f"\\i {script}", "OK, 1 rows")

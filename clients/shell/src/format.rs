@@ -53,6 +53,10 @@ pub fn format_result(
     if let Some(count) = update_count(schema, batches) {
         return Ok(format!("OK, {count} rows"));
     }
+    // DDL and SET: a result without columns.
+    if schema.fields().is_empty() {
+        return Ok("OK".to_string());
+    }
     let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
     match mode {
         OutputMode::Table => {

@@ -51,6 +51,8 @@ impl FlightSqlConnection {
             .replacen("grpc+tcp://", "http://", 1);
         let channel = Channel::from_shared(endpoint.clone())
             .with_context(|| format!("invalid address {url}"))?
+            .tcp_nodelay(true)
+            .tcp_keepalive(Some(std::time::Duration::from_secs(60)))
             .connect()
             .await
             .with_context(|| format!("cannot connect to {url}"))?;

@@ -49,14 +49,15 @@ import org.junit.jupiter.api.Test;
  *
  * <p>The binary is $NYALA_BIN, else {@code debug/nyala} in $CARGO_TARGET_DIR (default
  * ~/.cache/nyala-target), else the repository's own target/. Each test uses its own tables, so
- * the tests share one server and one connection. The server's stderr goes to
- * target/nyala-server.log.
+ * the tests share one server and one connection (the session test opens a second one). The
+ * server's stderr goes to target/nyala-server.log.
  */
 class NyalaJdbcTest {
   private static final Pattern LISTENING = Pattern.compile("grpc://([^\\s:]+):(\\d+)");
 
   private static Process server;
   private static Path dataDir;
+  private static String url;
   private static Connection conn;
 
   @BeforeAll
@@ -110,7 +111,7 @@ class NyalaJdbcTest {
     drain.setDaemon(true);
     drain.start();
 
-    String url = "jdbc:arrow-flight-sql://" + m.group(1) + ":" + m.group(2) + "/?useEncryption=false";
+    url = "jdbc:arrow-flight-sql://" + m.group(1) + ":" + m.group(2) + "/?useEncryption=false";
     conn = DriverManager.getConnection(url);
   }
 
@@ -611,6 +612,57 @@ class NyalaJdbcTest {
   }
 
   // ---------------------------------------------------------------------------------------------
+  // 7. Every kind of statement through Statement.execute(): a result set when it returns true
+  //    (read to the end), else an update count. The result's schema must be the one the server
+  //    announced, or the driver fails the statement.
+
+  @Test
+  void everyStatementKindThroughExecute() throws SQLException {
+    try (Statement st = conn.createStatement()) {
+      assertNoRows(st, "CREATE TABLE kinds_t (id BIGINT NOT NULL, name STRING, PRIMARY KEY (id)) "
+          + "DISTRIBUTE BY HASH (id) INTO 2 BUCKETS");
+      assertCount(st, 3, "INSERT INTO kinds_t VALUES (1, 'a'), (2, 'b'), (3, 'c')");
+      assertCount(st, 2, "UPDATE kinds_t SET name = 'z' WHERE id <= 2");
+      assertCount(st, 1, "DELETE FROM kinds_t WHERE id = 1");
+      assertCount(st, 2, "UPSERT INTO kinds_t VALUES (1, 'again'), (4, 'd')");
+      assertEquals(
+          List.of(List.of("1", "again"), List.of("2", "z"), List.of("3", "c"), List.of("4", "d")),
+          queryRows(st, "SELECT id, name FROM kinds_t ORDER BY id"));
+      assertTrue(queryRows(st, "SHOW TABLES").contains(List.of("kinds_t")), "SHOW TABLES lists kinds_t");
+      assertFalse(queryRows(st, "DESCRIBE kinds_t").isEmpty(), "DESCRIBE has rows");
+      assertTrue(
+          queryRows(st, "SHOW CREATE TABLE kinds_t").toString().contains("kinds_t"),
+          "SHOW CREATE TABLE names the table");
+      assertFalse(queryRows(st, "SHOW PARTITIONS kinds_t").isEmpty(), "SHOW PARTITIONS has rows");
+      assertFalse(queryRows(st, "EXPLAIN SELECT id FROM kinds_t WHERE id > 1").isEmpty(), "EXPLAIN has rows");
+      assertNoRows(st, "SET datafusion.execution.batch_size = 4096");
+      assertNoRows(st, "ALTER TABLE kinds_t ADD COLUMN score DOUBLE");
+      assertNoRows(st, "DROP TABLE kinds_t");
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // 8. Each connection is its own session: a SET in one is not seen by another.
+
+  @Test
+  void settingsArePerConnection() throws SQLException {
+    String show = "SHOW datafusion.execution.batch_size";
+    try (Connection other = DriverManager.getConnection(url);
+        Statement otherSt = other.createStatement();
+        Statement st = conn.createStatement()) {
+      // The shared connection's own value (another test may have SET it).
+      List<List<String>> before = queryRows(st, show);
+      assertEquals(
+          List.of(List.of("datafusion.execution.batch_size", "8192")),
+          queryRows(otherSt, show),
+          "a new connection starts from the default");
+      assertNoRows(otherSt, "SET datafusion.execution.batch_size = 1234");
+      assertEquals(List.of(List.of("datafusion.execution.batch_size", "1234")), queryRows(otherSt, show));
+      assertEquals(before, queryRows(st, show), "the SET of another connection is not seen here");
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------------
 
   private static void assertMessageContains(SQLException e, String needle) {
     StringBuilder all = new StringBuilder();
@@ -645,6 +697,45 @@ class NyalaJdbcTest {
         assertFalse(rs.next(), what + " returns no rows");
       }
     }
+  }
+
+  /** A statement with no result: an empty result set, or an update count of 0. */
+  private static void assertNoRows(Statement st, String sql) throws SQLException {
+    if (st.execute(sql)) {
+      assertEquals(List.of(), readRows(st.getResultSet()), sql + " returns no rows");
+    } else {
+      assertEquals(0, st.getUpdateCount(), sql + " update count");
+    }
+  }
+
+  /** A DML statement: its update count, or a result set with that count as its one row. */
+  private static void assertCount(Statement st, long count, String sql) throws SQLException {
+    if (st.execute(sql)) {
+      assertEquals(List.of(List.of("" + count)), readRows(st.getResultSet()), sql + " count row");
+    } else {
+      assertEquals(count, st.getUpdateCount(), sql + " update count");
+    }
+  }
+
+  /** A query through Statement.execute(): every row, each column as a string. */
+  private static List<List<String>> queryRows(Statement st, String sql) throws SQLException {
+    assertTrue(st.execute(sql), sql + " returns a result set");
+    return readRows(st.getResultSet());
+  }
+
+  private static List<List<String>> readRows(ResultSet rs) throws SQLException {
+    List<List<String>> out = new ArrayList<>();
+    try (rs) {
+      int columns = rs.getMetaData().getColumnCount();
+      while (rs.next()) {
+        List<String> row = new ArrayList<>();
+        for (int i = 1; i <= columns; i++) {
+          row.add(rs.getString(i));
+        }
+        out.add(row);
+      }
+    }
+    return out;
   }
 
   private static List<String> column(ResultSet rs, String name) throws SQLException {

@@ -1,0 +1,535 @@
+//! Client sessions: each client has its own SQL settings, prepared statements and queries
+//! waiting to be fetched, and nothing of it is visible to other clients.
+//!
+//! A request belongs to the session named by its `arrow_flight_session_id` cookie (the Flight
+//! SQL session cookie, which the JDBC driver keeps), else to the session its bearer token was
+//! issued in, else to the session of its gRPC connection (ADBC and pyarrow send neither). A new
+//! session's first response sets the cookie. Handles (sessions, prepared statements, queries)
+//! are random, so nobody reaches another client's state by guessing. A session ends with
+//! `CloseSession`, when the connection that created it closes (unless the client used its
+//! cookie or token on another connection too), or, if no connection owns it, after
+//! `idle_timeout` without a request; it releases what it holds and its token stops working.
+//!
+//! The registry runs as a tower layer in front of the Flight service ([`SessionLayer`]): it
+//! authenticates the request, finds or creates its session and hands it to the handlers in the
+//! request's extensions ([`session_of`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use arrow::array::RecordBatch;
+use nyala_sql::{Database, PlannedStatement, PreparedStatement};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tonic::Status;
+
+use crate::auth::{Auth, Caller};
+use crate::connection::ConnectionInfo;
+
+/// The Flight SQL session cookie.
+pub const SESSION_COOKIE: &str = "arrow_flight_session_id";
+
+/// Prepared statements one session may hold open.
+pub const MAX_PREPARED: usize = 10_000;
+
+/// Queries planned by GetFlightInfo and not yet fetched that a session keeps; beyond that the
+/// oldest are forgotten (their tickets still run, planned again).
+const MAX_PENDING_QUERIES: usize = 256;
+
+/// A random handle: 128 bits as 32 hex digits.
+fn random_handle() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// All sessions of a server.
+pub struct Sessions {
+    db: Arc<Database>,
+    idle_timeout: Duration,
+    started: Instant,
+    registry: Mutex<Registry>,
+}
+
+#[derive(Default)]
+struct Registry {
+    sessions: HashMap<String, Arc<ClientSession>>,
+    /// Bearer token → the session it was issued in.
+    tokens: HashMap<String, String>,
+    /// Connection → the session of its requests that carry neither cookie nor token.
+    connections: HashMap<u64, String>,
+}
+
+/// [`ClientSession::connection`] of a session no connection owns.
+const NO_CONNECTION: u64 = 0;
+
+/// One client's session.
+pub struct ClientSession {
+    id: String,
+    sql: nyala_sql::Session,
+    /// The connection whose closing ends the session, or [`NO_CONNECTION`] once the session
+    /// was used from another connection too (by its cookie or token).
+    connection: AtomicU64,
+    /// Milliseconds since the registry started, at the last request.
+    last_used: AtomicU64,
+    state: Mutex<SessionState>,
+}
+
+#[derive(Default)]
+struct SessionState {
+    prepared: HashMap<String, Prepared>,
+    pending: HashMap<u64, Arc<PendingQuery>>,
+    pending_order: VecDeque<u64>,
+    /// Queries being fetched, for cancellation.
+    running: HashMap<u64, Weak<PendingQuery>>,
+}
+
+/// A prepared statement and the parameters last bound to it.
+#[derive(Clone)]
+pub struct Prepared {
+    pub statement: PreparedStatement,
+    pub params: Option<RecordBatch>,
+}
+
+/// A query planned at GetFlightInfo, waiting for its endpoints to be fetched: one plan per
+/// parameter row.
+pub struct PendingQuery {
+    pub plans: Vec<PlannedStatement>,
+    endpoints: usize,
+    fetched: AtomicU64,
+    cancelled: watch::Sender<bool>,
+}
+
+impl PendingQuery {
+    /// A receiver that turns true when the query is cancelled.
+    pub fn cancelled(&self) -> watch::Receiver<bool> {
+        self.cancelled.subscribe()
+    }
+}
+
+impl Sessions {
+    pub fn new(db: Arc<Database>, idle_timeout: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            db,
+            idle_timeout,
+            started: Instant::now(),
+            registry: Mutex::default(),
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn create(&self, registry: &mut Registry) -> Arc<ClientSession> {
+        let session = Arc::new(ClientSession {
+            id: random_handle(),
+            sql: self.db.session(),
+            connection: AtomicU64::new(NO_CONNECTION),
+            last_used: AtomicU64::new(self.now_ms()),
+            state: Mutex::default(),
+        });
+        registry
+            .sessions
+            .insert(session.id.clone(), session.clone());
+        session
+    }
+
+    /// The session a request belongs to (see the module comment), and whether it was created
+    /// for this request.
+    fn resolve(
+        &self,
+        cookie: Option<&str>,
+        caller: &Caller,
+        connection: Option<&ConnectionInfo>,
+    ) -> Result<(Arc<ClientSession>, bool), Status> {
+        let mut registry = self.registry.lock();
+        let by_token = match caller {
+            Caller::Token(token) => Some(registry.tokens.get(token).cloned().ok_or_else(|| {
+                Status::unauthenticated("invalid or expired token: authenticate again")
+            })?),
+            _ => None,
+        };
+        let adopted = cookie.or(by_token.as_deref());
+        let found = match adopted.and_then(|id| registry.sessions.get(id)).cloned() {
+            Some(session) => {
+                // Used from another connection: the session outlives the one that created it.
+                let owner = session.connection.load(Ordering::Relaxed);
+                if connection.is_none_or(|c| c.id != owner) {
+                    session.connection.store(NO_CONNECTION, Ordering::Relaxed);
+                }
+                Some(session)
+            }
+            None => connection
+                .and_then(|c| registry.connections.get(&c.id))
+                .and_then(|id| registry.sessions.get(id))
+                .cloned(),
+        };
+        let (session, created) = match found {
+            Some(session) => (session, false),
+            None => {
+                let session = self.create(&mut registry);
+                if let Some(connection) = connection {
+                    registry
+                        .connections
+                        .insert(connection.id, session.id.clone());
+                    session.connection.store(connection.id, Ordering::Relaxed);
+                }
+                (session, true)
+            }
+        };
+        session.last_used.store(self.now_ms(), Ordering::Relaxed);
+        Ok((session, created))
+    }
+
+    /// A new bearer token for `session` (after a successful password handshake).
+    pub fn issue_token(&self, session: &ClientSession) -> String {
+        let token = random_handle();
+        let mut registry = self.registry.lock();
+        registry.tokens.insert(token.clone(), session.id.clone());
+        // Clients may authenticate on one connection and use the token on others.
+        session.connection.store(NO_CONNECTION, Ordering::Relaxed);
+        token
+    }
+
+    /// The session with id `id`, if it is open.
+    pub fn get(&self, id: &str) -> Option<Arc<ClientSession>> {
+        self.registry.lock().sessions.get(id).cloned()
+    }
+
+    /// Ends session `id`: its prepared statements, queries and tokens are gone.
+    pub fn close(&self, id: &str) -> bool {
+        let mut registry = self.registry.lock();
+        if registry.sessions.remove(id).is_none() {
+            return false;
+        }
+        registry.tokens.retain(|_, s| s != id);
+        registry.connections.retain(|_, s| s != id);
+        true
+    }
+
+    /// A connection closed: the session it created ends, unless it was used elsewhere too.
+    pub fn connection_closed(&self, connection: u64) {
+        let mut registry = self.registry.lock();
+        let Some(id) = registry.connections.remove(&connection) else {
+            return;
+        };
+        let owned = registry
+            .sessions
+            .get(&id)
+            .is_some_and(|s| s.connection.load(Ordering::Relaxed) == connection);
+        if owned {
+            registry.sessions.remove(&id);
+            registry.tokens.retain(|_, s| *s != id);
+        }
+    }
+
+    /// Ends the sessions idle for longer than the idle timeout, but for those of open
+    /// connections (they end with their connection); how many.
+    pub fn expire_idle(&self) -> usize {
+        let now = self.now_ms();
+        let timeout = self.idle_timeout.as_millis() as u64;
+        let mut registry = self.registry.lock();
+        let before = registry.sessions.len();
+        registry.sessions.retain(|_, s| {
+            s.connection.load(Ordering::Relaxed) != NO_CONNECTION
+                || now.saturating_sub(s.last_used.load(Ordering::Relaxed)) <= timeout
+        });
+        let Registry {
+            sessions,
+            tokens,
+            connections,
+        } = &mut *registry;
+        tokens.retain(|_, id| sessions.contains_key(id));
+        connections.retain(|_, id| sessions.contains_key(id));
+        before - sessions.len()
+    }
+
+    /// Expires idle sessions every so often, as long as the registry exists.
+    pub fn spawn_expiry(self: &Arc<Self>) {
+        let period = (self.idle_timeout / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+        let sessions = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(sessions) = sessions.upgrade() else {
+                    return;
+                };
+                let expired = sessions.expire_idle();
+                if expired > 0 {
+                    tracing::debug!(expired, "idle sessions ended");
+                }
+            }
+        });
+    }
+
+    /// Cancels query `query` of session `session`; false if there is no such query.
+    pub fn cancel(&self, session: &str, query: u64) -> bool {
+        let Some(session) = self.get(session) else {
+            return false;
+        };
+        let state = session.state.lock();
+        let pending = state
+            .pending
+            .get(&query)
+            .cloned()
+            .or_else(|| state.running.get(&query).and_then(Weak::upgrade));
+        match pending {
+            Some(pending) => {
+                pending.cancelled.send_replace(true);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl ClientSession {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The session's SQL session (settings, DataFusion state).
+    pub fn sql(&self) -> &nyala_sql::Session {
+        &self.sql
+    }
+
+    /// Keeps `statement` under a new handle.
+    pub fn add_prepared(&self, statement: PreparedStatement) -> Result<String, Status> {
+        let mut state = self.state.lock();
+        if state.prepared.len() >= MAX_PREPARED {
+            return Err(Status::resource_exhausted(format!(
+                "this session holds {MAX_PREPARED} prepared statements, the most it may; close some"
+            )));
+        }
+        let handle = random_handle();
+        state.prepared.insert(
+            handle.clone(),
+            Prepared {
+                statement,
+                params: None,
+            },
+        );
+        Ok(handle)
+    }
+
+    fn unknown_prepared() -> Status {
+        Status::not_found(
+            "unknown prepared statement (closed, prepared in another session, or the session ended)",
+        )
+    }
+
+    /// The prepared statement `handle` with its bound parameters.
+    pub fn prepared(&self, handle: &[u8]) -> Result<Prepared, Status> {
+        let handle = std::str::from_utf8(handle).map_err(|_| Self::unknown_prepared())?;
+        self.state
+            .lock()
+            .prepared
+            .get(handle)
+            .cloned()
+            .ok_or_else(Self::unknown_prepared)
+    }
+
+    /// Binds `params` to the prepared statement `handle`.
+    pub fn bind(&self, handle: &[u8], params: Option<RecordBatch>) -> Result<(), Status> {
+        let handle = std::str::from_utf8(handle).map_err(|_| Self::unknown_prepared())?;
+        let mut state = self.state.lock();
+        let prepared = state
+            .prepared
+            .get_mut(handle)
+            .ok_or_else(Self::unknown_prepared)?;
+        prepared.params = params;
+        Ok(())
+    }
+
+    /// Closes the prepared statement `handle` (closing an unknown one is not an error).
+    pub fn close_prepared(&self, handle: &[u8]) {
+        if let Ok(handle) = std::str::from_utf8(handle) {
+            self.state.lock().prepared.remove(handle);
+        }
+    }
+
+    /// Keeps the plans of a query until its `endpoints` endpoints are fetched; its random id.
+    pub fn add_query(&self, plans: Vec<PlannedStatement>, endpoints: usize) -> u64 {
+        let mut state = self.state.lock();
+        let id = loop {
+            let id = rand_id();
+            if !state.pending.contains_key(&id) && !state.running.contains_key(&id) {
+                break id;
+            }
+        };
+        while state.pending.len() >= MAX_PENDING_QUERIES {
+            match state.pending_order.pop_front() {
+                Some(oldest) => {
+                    state.pending.remove(&oldest);
+                }
+                None => break,
+            }
+        }
+        let query = PendingQuery {
+            plans,
+            endpoints,
+            fetched: AtomicU64::new(0),
+            cancelled: watch::channel(false).0,
+        };
+        state.pending.insert(id, Arc::new(query));
+        state.pending_order.push_back(id);
+        id
+    }
+
+    /// The plans of query `id` for one of its endpoints (None if the session no longer has
+    /// them); the query stays cancellable while the returned value lives.
+    pub fn fetch_query(&self, id: u64) -> Result<Option<Arc<PendingQuery>>, Status> {
+        let mut state = self.state.lock();
+        let Some(query) = state.pending.get(&id).cloned() else {
+            return Ok(None);
+        };
+        if *query.cancelled.borrow() {
+            return Err(Status::cancelled("the query was cancelled"));
+        }
+        let fetched = query.fetched.fetch_add(1, Ordering::Relaxed) + 1;
+        if fetched as usize >= query.endpoints {
+            state.pending.remove(&id);
+            state.pending_order.retain(|q| *q != id);
+        }
+        state.running.retain(|_, q| q.strong_count() > 0);
+        state.running.insert(id, Arc::downgrade(&query));
+        Ok(Some(query))
+    }
+}
+
+fn rand_id() -> u64 {
+    let bytes = uuid::Uuid::new_v4();
+    let (high, _) = bytes.as_u64_pair();
+    high
+}
+
+/// The session the [`SessionLayer`] attached to a request.
+#[derive(Clone)]
+pub struct SessionRef(pub Arc<ClientSession>);
+
+/// The session of a request.
+pub fn session_of<T>(request: &tonic::Request<T>) -> Result<Arc<ClientSession>, Status> {
+    request
+        .extensions()
+        .get::<SessionRef>()
+        .map(|s| s.0.clone())
+        .ok_or_else(|| Status::internal("the request has no session"))
+}
+
+/// The caller a request was authenticated as.
+pub fn caller_of<T>(request: &tonic::Request<T>) -> Caller {
+    request
+        .extensions()
+        .get::<Caller>()
+        .cloned()
+        .unwrap_or(Caller::Anyone)
+}
+
+/// The value of cookie `name` in a request's `cookie` headers.
+fn cookie<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value.trim_matches('"'))
+}
+
+/// A `set-cookie` header value for session `id`; `expire` clears the cookie.
+pub fn session_cookie(id: &str, expire: bool) -> String {
+    match expire {
+        false => format!("{SESSION_COOKIE}={id}"),
+        true => format!("{SESSION_COOKIE}={id}; Max-Age=0"),
+    }
+}
+
+/// Authenticates every request and attaches its session (see the module comment).
+#[derive(Clone)]
+pub struct SessionLayer {
+    pub sessions: Arc<Sessions>,
+    pub auth: Auth,
+}
+
+impl<S> tower::Layer<S> for SessionLayer {
+    type Service = SessionService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        SessionService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct SessionService<S> {
+    inner: S,
+    layer: SessionLayer,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for SessionService<S>
+where
+    S: tower::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Default + Send + 'static,
+{
+    type Response = http::Response<ResBody>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<ReqBody>) -> Self::Future {
+        let attached = (|| {
+            let headers = request.headers();
+            let caller = self.layer.auth.identify(headers)?;
+            let connection = request.extensions().get::<ConnectionInfo>();
+            let (session, created) = self.layer.sessions.resolve(
+                cookie(headers, SESSION_COOKIE),
+                &caller,
+                connection,
+            )?;
+            Ok::<_, Status>((caller, session, created))
+        })();
+        let (caller, session, created) = match attached {
+            Ok(attached) => attached,
+            Err(status) => return Box::pin(std::future::ready(Ok(status.into_http()))),
+        };
+        let id = session.id.clone();
+        request.extensions_mut().insert(caller);
+        request.extensions_mut().insert(SessionRef(session));
+        // The service that was polled ready handles this request; a clone takes its place.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let mut response = inner.call(request).await?;
+            // Session ids are hex digits: always a valid header value.
+            if let (true, Ok(cookie)) = (
+                created,
+                http::HeaderValue::from_str(&session_cookie(&id, false)),
+            ) {
+                response
+                    .headers_mut()
+                    .append(http::header::SET_COOKIE, cookie);
+            }
+            Ok(response)
+        })
+    }
+}

@@ -1,0 +1,182 @@
+//! Prepared statements: a statement parsed and planned up to the point where its parameter
+//! values are needed, so each execution only binds, optimizes and builds the physical plan.
+//!
+//! A DataFusion statement (queries, DML, SET) is kept as its logical plan with placeholders.
+//! That plan holds the definitions of the tables it reads and writes as they were when it was
+//! planned; the catalog replaces a table's definition whenever DDL changes anything, so a plan
+//! whose tables are no longer the catalog's current ones is planned again from its text. So is
+//! every statement whose plan depends on the moment it is planned (`AS OF now() - ...`) and
+//! Nyala's own statements (DDL, SHOW, DESCRIBE), which are cheap to plan and change the catalog.
+//!
+//! ```ignore
+//! let lookup = session.prepare_statement("SELECT * FROM t WHERE k = $1").await?;
+//! let planned = session.plan_prepared(&lookup, &[ScalarValue::from(7i64)]).await?;
+//! let rows = planned.execute().await?;
+//! ```
+
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::ScalarValue;
+use datafusion::datasource::source_as_provider;
+use datafusion::logical_expr::LogicalPlan;
+use nyala_engine::TableHandle;
+
+use crate::statement;
+use crate::table::NyalaTable;
+use crate::{
+    empty_schema, parameter_types, PlannedStatement, Result, Session, SqlError,
+    StatementInfo, StatementKind,
+};
+
+/// A statement ready to be run many times with different parameter values.
+#[derive(Clone)]
+pub struct PreparedStatement {
+    sql: String,
+    info: StatementInfo,
+    template: Template,
+}
+
+#[derive(Clone)]
+enum Template {
+    /// DataFusion's logical plan with its placeholders, and the table definitions it used.
+    Logical {
+        plan: LogicalPlan,
+        tables: Vec<TableHandle>,
+    },
+    /// Planned from its text at every execution.
+    Text,
+}
+
+impl PreparedStatement {
+    /// The statement's text.
+    pub fn sql(&self) -> &str {
+        &self.sql
+    }
+
+    /// Its kind, result schema and parameter schema.
+    pub fn info(&self) -> &StatementInfo {
+        &self.info
+    }
+}
+
+/// A statement parsed and turned into a logical plan, or planned completely where it has no
+/// logical plan (Nyala's DDL and SHOW statements).
+pub(crate) enum Draft {
+    Logical { kind: StatementKind, plan: LogicalPlan },
+    Planned(PlannedStatement),
+}
+
+impl Session {
+    /// Parses and plans `sql` (one statement) for repeated execution.
+    pub async fn prepare_statement(&self, sql: &str) -> Result<PreparedStatement> {
+        let draft = self.draft(statement::parse(sql)?).await?;
+        let (info, template) = match draft {
+            Draft::Logical { kind, plan } => {
+                let parameters = parameter_types(&plan)?
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        Field::new(format!("${}", i + 1), t.unwrap_or(DataType::Utf8), true)
+                    })
+                    .collect::<Vec<_>>();
+                let schema = match kind {
+                    StatementKind::Ddl => empty_schema(),
+                    _ => Arc::new(plan.schema().as_arrow().clone()),
+                };
+                let info = StatementInfo {
+                    kind,
+                    schema,
+                    parameters: Arc::new(ArrowSchema::new(parameters)),
+                };
+                let template = match tables_of(&plan) {
+                    Some(tables) => Template::Logical { plan, tables },
+                    None => Template::Text,
+                };
+                (info, template)
+            }
+            Draft::Planned(planned) => {
+                let info = StatementInfo {
+                    kind: planned.kind(),
+                    schema: planned.schema(),
+                    parameters: empty_schema(),
+                };
+                (info, Template::Text)
+            }
+        };
+        Ok(PreparedStatement {
+            sql: sql.to_string(),
+            info,
+            template,
+        })
+    }
+
+    /// Plans one execution of `prepared` with `params` bound to its placeholders.
+    pub async fn plan_prepared(
+        &self,
+        prepared: &PreparedStatement,
+        params: &[ScalarValue],
+    ) -> Result<PlannedStatement> {
+        match &prepared.template {
+            Template::Logical { plan, tables } if self.is_current(tables) => {
+                self.plan_logical(prepared.info.kind, plan.clone(), params)
+                    .await
+            }
+            _ => self.plan_with_params(&prepared.sql, params).await,
+        }
+    }
+
+    /// Whether every table definition in `tables` is still the catalog's current one.
+    fn is_current(&self, tables: &[TableHandle]) -> bool {
+        tables.iter().all(|table| {
+            self.db
+                .client
+                .table(&table.name)
+                .is_ok_and(|now| Arc::ptr_eq(&now, table))
+        })
+    }
+
+    /// Plans a statement that has no parameters, from its draft.
+    pub(crate) async fn plan_draft(
+        &self,
+        draft: Draft,
+        params: &[ScalarValue],
+    ) -> Result<PlannedStatement> {
+        match draft {
+            Draft::Logical { kind, plan } => self.plan_logical(kind, plan, params).await,
+            Draft::Planned(_) if !params.is_empty() => Err(SqlError::Invalid(format!(
+                "this statement has no parameters, {} were bound",
+                params.len()
+            ))),
+            Draft::Planned(planned) => Ok(planned),
+        }
+    }
+}
+
+/// The Nyala tables a plan reads and writes, None if its plan cannot be reused (it reads a
+/// table `AS OF` a time computed when it was planned).
+fn tables_of(plan: &LogicalPlan) -> Option<Vec<TableHandle>> {
+    let mut tables = Vec::new();
+    let mut reusable = true;
+    let mut visit = |source: &Arc<dyn datafusion::logical_expr::TableSource>| {
+        if let Some(table) = source_as_provider(source)
+            .ok()
+            .and_then(|p| p.downcast_ref::<NyalaTable>().map(NyalaTable::handle))
+        {
+            match table {
+                (handle, false) => tables.push(handle),
+                (_, true) => reusable = false,
+            }
+        }
+    };
+    let walked = plan.apply_with_subqueries(|node| {
+        match node {
+            LogicalPlan::TableScan(scan) => visit(&scan.source),
+            LogicalPlan::Dml(dml) => visit(&dml.target),
+            _ => {}
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    (walked.is_ok() && reusable).then_some(tables)
+}
