@@ -201,6 +201,9 @@ pub struct Cluster {
     /// The leader each tablet had when last asked, by tablet id.
     leaders: RwLock<HashMap<String, u64>>,
     clients: Mutex<HashMap<String, RpcClient>>,
+    /// Notified after every report, for those who wait for what reports tell (a tablet's
+    /// leader, how far a replica has applied).
+    reported: tokio::sync::Notify,
     /// Replicas of a new tablet when CREATE TABLE does not say.
     default_replicas: usize,
     runtime: tokio::runtime::Handle,
@@ -213,6 +216,7 @@ impl Cluster {
             inactive_since: RwLock::default(),
             leaders: RwLock::default(),
             clients: Mutex::default(),
+            reported: tokio::sync::Notify::new(),
             default_replicas: default_replicas.max(1),
             runtime,
         })
@@ -277,7 +281,15 @@ impl Cluster {
                 }
             }
         }
+        drop((leaders, inactive));
+        self.reported.notify_waiters();
         true
+    }
+
+    /// Resolves after the next report. Enable it (see [`tokio::sync::Notified::enable`])
+    /// before looking at what reports told so far, so a report in between is not missed.
+    pub fn report_received(&self) -> tokio::sync::futures::Notified<'_> {
+        self.reported.notified()
     }
 
     /// Every live server's address and last heartbeat (for coordinators that are not masters).
@@ -369,9 +381,19 @@ impl Cluster {
         kind: request::Kind,
     ) -> Result<RpcResponse> {
         let address = self.address(server)?;
-        let result = self.client(&address).await?.call(kind).await;
+        self.call_address(&address, kind).await
+    }
+
+    /// Sends a request to the server at `address` over the connection kept for it (made
+    /// again after an error).
+    pub(crate) async fn call_address(
+        &self,
+        address: &str,
+        kind: request::Kind,
+    ) -> Result<RpcResponse> {
+        let result = self.client(address).await?.call(kind).await;
         if result.is_err() {
-            self.clients.lock().remove(&address);
+            self.clients.lock().remove(address);
         }
         result
     }
@@ -391,9 +413,14 @@ impl Cluster {
         let started = Instant::now();
         let mut last_error = String::from("no leader known");
         while started.elapsed() < LEADER_DEADLINE {
+            let reported = self.report_received();
+            let mut reported = std::pin::pin!(reported);
+            reported.as_mut().enable();
             let leader = self.leaders.read().get(tablet).copied();
             let Some(leader) = leader else {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                // Until a server's report names one.
+                let left = LEADER_DEADLINE.saturating_sub(started.elapsed());
+                let _ = tokio::time::timeout(left, reported).await;
                 continue;
             };
             match self.call_server(leader, make()).await {
@@ -414,6 +441,7 @@ impl Cluster {
                     last_error = e.to_string();
                 }
             }
+            // Before asking again, even a named leader: hints may be stale for a while.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Err(EngineError::Unavailable(format!(

@@ -4,8 +4,8 @@
 //! - [`partition::PartitionSchema`] maps a row to its tablet: hash levels, then range partitions.
 //! - [`replica::TabletReplica`] is one tablet behind its Raft log: writes are proposed, applied
 //!   deterministically, and scans read at a safe snapshot.
-//! - [`tserver::TabletServer`] hosts replicas; [`master::Master`] keeps the catalog, itself a
-//!   Raft-logged tablet (as in Kudu).
+//! - [`tserver::TabletServer`] hosts replicas, which its [`maintenance`] thread flushes and
+//!   compacts; [`master::Master`] keeps the catalog, itself a Raft-logged tablet (as in Kudu).
 //! - [`client::Client`] is what the SQL layer talks to: DDL through the master, writes routed to
 //!   tablets by partition key, scans per tablet.
 //!
@@ -16,6 +16,7 @@ pub mod client;
 pub mod clock;
 pub mod error;
 pub mod host;
+pub mod maintenance;
 pub mod master;
 pub mod partition;
 pub mod remote;

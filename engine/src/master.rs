@@ -101,6 +101,7 @@ impl Master {
                 TabletOptions::default(),
                 clock,
                 replication,
+                None,
             )?
         } else {
             if catalog_dir.exists() {
@@ -114,6 +115,7 @@ impl Master {
                 TabletOptions::default(),
                 clock,
                 replication,
+                None,
             )?
         };
         let master = Self {
@@ -461,9 +463,13 @@ impl Master {
             }
         };
         change("add_learner", target, target_address.clone()).await?;
-        // Promote once the learner has applied what the leader had committed.
-        let started = std::time::Instant::now();
+        // Promote once the learner has applied what the leader had committed, as the
+        // servers' reports tell.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
         loop {
+            let reported = cluster.report_received();
+            let mut reported = std::pin::pin!(reported);
+            reported.as_mut().enable();
             let committed = cluster
                 .leader_of(tablet)
                 .and_then(|l| cluster.replica_status(l, tablet))
@@ -476,12 +482,11 @@ impl Master {
                     break;
                 }
             }
-            if started.elapsed() > Duration::from_secs(600) {
+            if tokio::time::timeout_at(deadline, reported).await.is_err() {
                 return Err(EngineError::Unavailable(format!(
                     "the new replica of tablet {tablet} did not catch up"
                 )));
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         change("add_voter", target, target_address).await?;
         change("remove", dead, String::new()).await?;

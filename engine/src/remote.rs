@@ -1,6 +1,6 @@
 //! The catalog as a coordinator that is not a master sees it (a tablet server serving Flight
-//! SQL): tables and the cluster's tablet servers fetched from a master every 500 ms, DDL sent to
-//! the master that leads the catalog.
+//! SQL): tables and the cluster's tablet servers fetched from a master every 500 ms (over a
+//! connection kept open), DDL sent to the master that leads the catalog.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::host::Cluster;
 use crate::master::{ColumnChange, TableInfo};
 use crate::partition::{PartitionSchema, RangeSpec};
-use crate::rpc::{request, DdlRequest, RpcClient, StatusRequest};
+use crate::rpc::{request, DdlRequest, StatusRequest};
 use crate::{EngineError, Result};
 
 /// A DDL statement sent to the leading master.
@@ -83,13 +83,10 @@ impl RemoteMaster {
     pub async fn refresh(&self) -> Result<()> {
         let mut last_error = EngineError::Unavailable("no master configured".into());
         for master in &self.masters {
-            let answer = async {
-                let mut client = RpcClient::connect(master).await?;
-                client
-                    .call(request::Kind::ClusterView(StatusRequest {}))
-                    .await
-            }
-            .await;
+            let answer = self
+                .cluster
+                .call_address(master, request::Kind::ClusterView(StatusRequest {}))
+                .await;
             match answer {
                 Ok(view) if view.error.is_empty() => {
                     let tables: Vec<TableInfo> = serde_json::from_str(&view.catalog_json)
@@ -127,13 +124,13 @@ impl RemoteMaster {
             serde_json::to_string(&op).map_err(|e| EngineError::InvalidTable(e.to_string()))?;
         let mut last_error = EngineError::Unavailable("no master reachable".into());
         for master in &self.masters {
-            let answer = async {
-                let mut client = RpcClient::connect(master).await?;
-                client
-                    .call(request::Kind::Ddl(DdlRequest { json: json.clone() }))
-                    .await
-            }
-            .await;
+            let answer = self
+                .cluster
+                .call_address(
+                    master,
+                    request::Kind::Ddl(DdlRequest { json: json.clone() }),
+                )
+                .await;
             match answer {
                 Ok(r) if r.error.is_empty() => {
                     self.refresh().await?;

@@ -12,7 +12,8 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
@@ -23,6 +24,7 @@ use nyala_storage::{
 };
 
 use crate::clock::HybridClock;
+use crate::maintenance::MaintenanceSignal;
 use crate::{EngineError, Result};
 
 /// Raft node id of the only voter of a single-replica tablet.
@@ -71,14 +73,41 @@ pub struct Replication {
     pub learn: Option<Arc<dyn Fn(u64, String) + Send + Sync>>,
 }
 
-/// Timestamps of writes proposed but not yet applied.
-type Inflight = Arc<Mutex<BTreeSet<u64>>>;
+/// Timestamps of writes proposed but not yet applied; scans that must read above one of them
+/// wait on `left` until it is applied or fails.
+#[derive(Default)]
+struct InflightWrites {
+    timestamps: parking_lot::Mutex<BTreeSet<u64>>,
+    left: parking_lot::Condvar,
+}
 
-fn lock(inflight: &Inflight) -> MutexGuard<'_, BTreeSet<u64>> {
-    // The set stays consistent even if a holder panicked: every operation on it is one call.
-    inflight
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+type Inflight = Arc<InflightWrites>;
+
+impl InflightWrites {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, BTreeSet<u64>> {
+        self.timestamps.lock()
+    }
+
+    /// The write at `ts` was applied or failed.
+    fn remove(&self, ts: u64) {
+        self.timestamps.lock().remove(&ts);
+        self.left.notify_all();
+    }
+
+    /// Waits until no write at or below `snapshot` is in flight; false after `timeout`.
+    fn wait_until_applied(&self, snapshot: Timestamp, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut timestamps = self.timestamps.lock();
+        while timestamps
+            .first()
+            .is_some_and(|&oldest| oldest <= snapshot.0)
+        {
+            if self.left.wait_until(&mut timestamps, deadline).timed_out() {
+                return timestamps.first().is_none_or(|&oldest| oldest > snapshot.0);
+            }
+        }
+        true
+    }
 }
 
 /// An operation as it is stored in the Raft log: its timestamp, then the operation.
@@ -139,6 +168,8 @@ pub struct TabletStateMachine {
     /// listen; for replicated tablets.
     dir: PathBuf,
     learn: Option<Arc<dyn Fn(u64, String) + Send + Sync>>,
+    /// Told of every applied write (the tablet server's maintenance).
+    maintenance: Option<Arc<MaintenanceSignal>>,
 }
 
 impl StateMachine for TabletStateMachine {
@@ -156,7 +187,10 @@ impl StateMachine for TabletStateMachine {
             TabletOp::Write(batch) => self.tablet.apply(index, logged.ts, batch),
             TabletOp::AlterSchema(schema) => self.tablet.alter_schema(index, schema).map(|()| 0),
         };
-        lock(&self.inflight).remove(&logged.ts.0);
+        self.inflight.remove(logged.ts.0);
+        if let Some(maintenance) = &self.maintenance {
+            maintenance.wrote();
+        }
         result
     }
 
@@ -220,7 +254,8 @@ impl std::fmt::Debug for TabletReplica {
 
 impl TabletReplica {
     /// Creates a new, empty tablet replica in `dir`: a single-voter tablet, or with
-    /// `replication` one replica of a tablet replicated among its peers.
+    /// `replication` one replica of a tablet replicated among its peers. `maintenance` (the
+    /// hosting server's) hears of every write the replica applies.
     pub fn create(
         dir: &Path,
         id: &str,
@@ -228,13 +263,14 @@ impl TabletReplica {
         options: TabletOptions,
         clock: Arc<HybridClock>,
         replication: Option<Replication>,
+        maintenance: Option<Arc<MaintenanceSignal>>,
     ) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
         if let Some(r) = &replication {
             r.peers.write(dir)?;
         }
         let tablet = Tablet::create(&dir.join("data"), schema, options)?;
-        Self::start(dir, id, tablet, clock, replication)
+        Self::start(dir, id, tablet, clock, replication, maintenance)
     }
 
     /// The peers of the replica in `dir`, if it is replicated.
@@ -250,9 +286,10 @@ impl TabletReplica {
         options: TabletOptions,
         clock: Arc<HybridClock>,
         replication: Option<Replication>,
+        maintenance: Option<Arc<MaintenanceSignal>>,
     ) -> Result<Self> {
         let tablet = Tablet::open(&dir.join("data"), options)?;
-        Self::start(dir, id, tablet, clock, replication)
+        Self::start(dir, id, tablet, clock, replication, maintenance)
     }
 
     fn start(
@@ -261,6 +298,7 @@ impl TabletReplica {
         tablet: Tablet,
         clock: Arc<HybridClock>,
         replication: Option<Replication>,
+        maintenance: Option<Arc<MaintenanceSignal>>,
     ) -> Result<Self> {
         let tablet = Arc::new(tablet);
         let inflight = Inflight::default();
@@ -270,6 +308,7 @@ impl TabletReplica {
             clock: clock.clone(),
             dir: dir.to_path_buf(),
             learn: replication.as_ref().and_then(|r| r.learn.clone()),
+            maintenance,
         };
         let raft = match replication {
             None => RaftNode::open(RaftConfig::new(LOCAL_NODE_ID, dir.join("wal")), sm)?,
@@ -350,7 +389,7 @@ impl TabletReplica {
     /// Proposes the operation `encode` makes; it runs under the lock that orders proposals.
     async fn propose_with(&self, encode: impl FnOnce() -> Result<Vec<u8>>) -> Result<usize> {
         let (ts, applied) = {
-            let mut inflight = lock(&self.inflight);
+            let mut inflight = self.inflight.lock();
             let encoded = encode()?;
             let ts = self.clock.now();
             inflight.insert(ts.0);
@@ -360,7 +399,7 @@ impl TabletReplica {
         match applied.await {
             Ok(result) => Ok(result?),
             Err(e) => {
-                lock(&self.inflight).remove(&ts.0);
+                self.inflight.remove(ts.0);
                 Err(e.into())
             }
         }
@@ -383,7 +422,7 @@ impl TabletReplica {
 
     /// The newest timestamp at which a read sees every applied write and nothing can change.
     pub fn safe_snapshot(&self) -> Timestamp {
-        let inflight = lock(&self.inflight);
+        let inflight = self.inflight.lock();
         let now = self.clock.now();
         match inflight.first() {
             Some(&oldest) => Timestamp(oldest - 1),
@@ -401,15 +440,12 @@ impl TabletReplica {
             None => self.safe_snapshot(),
             Some(s) => {
                 self.clock.observe(s);
-                let started = std::time::Instant::now();
-                while self.safe_snapshot() < s {
-                    if started.elapsed() > std::time::Duration::from_secs(10) {
-                        return Err(EngineError::Busy(format!(
-                            "tablet {}: writes below snapshot {} are still being applied",
-                            self.id, s.0
-                        )));
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(1));
+                // Writes proposed from now on get timestamps above `s`.
+                if !self.inflight.wait_until_applied(s, Duration::from_secs(10)) {
+                    return Err(EngineError::Busy(format!(
+                        "tablet {}: writes below snapshot {} are still being applied",
+                        self.id, s.0
+                    )));
                 }
                 s
             }
@@ -454,6 +490,7 @@ impl TabletReplica {
         options: TabletOptions,
         clock: Arc<HybridClock>,
         replication: Replication,
+        maintenance: Option<Arc<MaintenanceSignal>>,
     ) -> Result<Self> {
         let data = dir.join("data");
         let mut learners = copy.learners.clone();
@@ -469,7 +506,7 @@ impl TabletReplica {
         )?;
         replication.peers.write(dir)?;
         let tablet = Tablet::open(&data, options)?;
-        Self::start(dir, id, tablet, clock, Some(replication))
+        Self::start(dir, id, tablet, clock, Some(replication), maintenance)
     }
 
     /// Proposes one membership change of the tablet's group (on its leader); `member_address`
@@ -503,12 +540,17 @@ impl TabletReplica {
     /// Flushes in-memory data to disk while the Raft thread goes on applying: the tablet
     /// records the last log entry its files hold, and the log behind it can be dropped.
     pub fn flush(&self) -> Result<()> {
-        Ok(self.tablet.flush()?)
+        self.tablet.flush()?;
+        self.raft.state_machine_flushed();
+        Ok(())
     }
 
-    /// Runs one compaction of the tablet's files while the Raft thread goes on applying.
+    /// Runs one compaction of the tablet's files while the Raft thread goes on applying (it
+    /// flushes first what the rewritten rowsets have in memory).
     pub fn compact(&self, kind: nyala_storage::MaintenanceKind) -> Result<()> {
-        Ok(self.tablet.compact(&kind)?)
+        self.tablet.compact(&kind)?;
+        self.raft.state_machine_flushed();
+        Ok(())
     }
 
     /// Flushes and stops the replica.

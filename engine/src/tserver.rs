@@ -1,31 +1,21 @@
-//! The tablet server: hosts tablet replicas under `<dir>/tablets/<tablet id>/` and runs their
-//! maintenance: flushing MemRowSets that grew past their threshold or whose log grew past 256 MB
-//! (a flush lets the Raft log behind it be dropped) and, while the memory of all tablets together is above 60 % of the
-//! server's limit, flushing the tablet holding the most. Writers wait while that memory is above
-//! the limit itself, so it stays bounded however many tablets are written. Then, each round, the
-//! compaction with the best score over all tablets runs (see
-//! [`nyala_storage::Tablet::maintenance_ops`]), if it is worth its I/O.
+//! The tablet server: hosts tablet replicas under `<dir>/tablets/<tablet id>/`, has the
+//! [`MaintenanceManager`](crate::maintenance) flush and compact them, and holds writers back
+//! while the in-memory data of all its tablets is above the server's limit.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use nyala_storage::{Schema, TabletOptions};
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::RwLock;
 
 use crate::clock::HybridClock;
+use crate::maintenance::MaintenanceManager;
 use crate::replica::{CopyPosition, Peers, Replication, TabletReplica};
 use crate::rpc::{RaftRouter, ReplicaStatus, ServerStatus};
 use crate::{EngineError, Result};
 
-const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(200);
-/// A replica whose log takes more than this on disk is flushed, so the log can be truncated.
-const LOG_RETENTION_BYTES: u64 = 256 << 20;
-/// The most flushes and compactions one maintenance round runs (besides memory-pressure flushes).
-const MAINTENANCE_OPS_PER_ROUND: usize = 4;
 /// How long a write waits for memory before it is refused.
 const ADMISSION_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default limit on the in-memory data (MemRowSets and deltas) of all tablets of a server.
@@ -40,11 +30,8 @@ pub struct TabletServer {
     options: TabletOptions,
     clock: Arc<HybridClock>,
     replicas: RwLock<HashMap<String, Arc<TabletReplica>>>,
-    stopping: Arc<AtomicBool>,
-    maintenance: Mutex<Option<JoinHandle<()>>>,
+    maintenance: MaintenanceManager,
     memory_limit: usize,
-    /// Wakes the maintenance thread early when writers wait for memory.
-    wake: Arc<(Mutex<bool>, Condvar)>,
 }
 
 impl TabletServer {
@@ -60,6 +47,7 @@ impl TabletServer {
         let tablets_dir = dir.join("tablets");
         std::fs::create_dir_all(&tablets_dir)?;
         let server_id = server_id(dir)?;
+        let maintenance = MaintenanceManager::new();
         let mut replicas = HashMap::new();
         for entry in std::fs::read_dir(&tablets_dir)? {
             let entry = entry?;
@@ -97,6 +85,7 @@ impl TabletServer {
                 options.clone(),
                 clock.clone(),
                 replication,
+                Some(maintenance.signal().clone()),
             )?;
             tracing::debug!(tablet = %id, "opened tablet replica");
             replicas.insert(id, Arc::new(replica));
@@ -108,97 +97,21 @@ impl TabletServer {
             options,
             clock,
             replicas: RwLock::new(replicas),
-            stopping: Arc::new(AtomicBool::new(false)),
-            maintenance: Mutex::new(None),
+            maintenance,
             memory_limit: memory_limit.max(1),
-            wake: Arc::new((Mutex::new(false), Condvar::new())),
         });
-        let weak = Arc::downgrade(&server);
-        let stopping = server.stopping.clone();
-        let wake = server.wake.clone();
-        let handle = std::thread::Builder::new()
-            .name("maintenance".into())
-            .spawn(move || {
-                while !stopping.load(Ordering::Acquire) {
-                    {
-                        let mut woken = wake.0.lock();
-                        if !*woken {
-                            wake.1.wait_for(&mut woken, MAINTENANCE_INTERVAL);
-                        }
-                        *woken = false;
-                    }
-                    let Some(server) = weak.upgrade() else { break };
-                    server.run_maintenance();
-                }
-            })?;
-        *server.maintenance.lock() = Some(handle);
+        server.maintenance.start(Arc::downgrade(&server))?;
         Ok(server)
     }
 
-    /// One round of background work (Kudu's maintenance manager). Under memory pressure (over
-    /// 60 % of the limit) the largest tablets are flushed first, until it is gone. Then the
-    /// best-scoring operation over all tablets runs, again while the best scores at least 1, a
-    /// few per round: a flush scores how full its tablet's memory is (1 at the flush threshold)
-    /// or how long its log is (1 at 256 MB), a compaction its expected benefit.
-    fn run_maintenance(&self) {
-        let replicas: Vec<_> = self.replicas.read().values().cloned().collect();
-        let mut by_memory: Vec<(usize, &Arc<TabletReplica>)> = replicas
-            .iter()
-            .map(|r| (r.tablet().memory_bytes(), r))
-            .collect();
-        by_memory.sort_by_key(|(bytes, _)| std::cmp::Reverse(*bytes));
-        let mut total: usize = by_memory.iter().map(|(bytes, _)| bytes).sum();
-        for (bytes, replica) in by_memory {
-            if total <= self.memory_limit / 10 * 6 || bytes == 0 {
-                break;
-            }
-            if self.stopping.load(Ordering::Acquire) {
-                return;
-            }
-            tracing::debug!(
-                tablet = replica.id(),
-                bytes,
-                total,
-                "flushing under memory pressure"
-            );
-            if let Err(e) = replica.flush() {
-                tracing::error!(tablet = replica.id(), error = %e, "flush failed");
-            }
-            total -= bytes;
-        }
-        for _ in 0..MAINTENANCE_OPS_PER_ROUND {
-            if self.stopping.load(Ordering::Acquire) {
-                return;
-            }
-            let best = replicas
-                .iter()
-                .flat_map(|r| {
-                    let tablet = r.tablet();
-                    // A long log counts only while a flush would let some of it go.
-                    let log = match tablet.memory_bytes() {
-                        0 => 0.0,
-                        _ => r.log_bytes() as f64 / LOG_RETENTION_BYTES as f64,
-                    };
-                    let flush = (None, tablet.flush_score().max(log));
-                    let compactions = tablet.maintenance_ops().into_iter();
-                    std::iter::once(flush)
-                        .chain(compactions.map(|op| (Some(op.kind), op.score)))
-                        .map(move |(kind, score)| (r, kind, score))
-                })
-                .max_by(|a, b| a.2.total_cmp(&b.2));
-            let Some((replica, kind, score)) = best.filter(|best| best.2 >= 1.0) else {
-                return;
-            };
-            tracing::debug!(tablet = replica.id(), ?kind, score, "maintenance");
-            let done = match kind {
-                None => replica.flush(),
-                Some(kind) => replica.compact(kind),
-            };
-            if let Err(e) = done {
-                tracing::error!(tablet = replica.id(), error = %e, "maintenance failed");
-                return;
-            }
-        }
+    /// Every replica on this server.
+    pub(crate) fn replicas(&self) -> Vec<Arc<TabletReplica>> {
+        self.replicas.read().values().cloned().collect()
+    }
+
+    /// The most in-memory data its tablets may hold together before writers wait.
+    pub(crate) fn memory_limit(&self) -> usize {
+        self.memory_limit
     }
 
     /// The in-memory data (MemRowSets and deltas) of all tablets.
@@ -213,13 +126,18 @@ impl TabletServer {
     /// Waits until the tablets' memory is below the limit (back-pressure on writers); an error
     /// if flushing does not bring it there in time.
     pub async fn admit_write(&self) -> Result<()> {
-        let started = std::time::Instant::now();
+        let deadline = tokio::time::Instant::now() + ADMISSION_TIMEOUT;
+        let signal = self.maintenance.signal();
         loop {
+            let flushed = signal.flushed();
+            let mut flushed = std::pin::pin!(flushed);
+            // Listening before looking: a flush in between wakes this writer.
+            flushed.as_mut().enable();
             let used = self.memory_bytes();
             if used <= self.memory_limit {
                 return Ok(());
             }
-            if started.elapsed() > ADMISSION_TIMEOUT {
+            if tokio::time::Instant::now() >= deadline {
                 return Err(EngineError::Busy(format!(
                     "the server holds {} MiB of unflushed data, over its limit of {} MiB, and \
                      flushing has not caught up; retry the write later",
@@ -227,9 +145,8 @@ impl TabletServer {
                     self.memory_limit >> 20
                 )));
             }
-            *self.wake.0.lock() = true;
-            self.wake.1.notify_one();
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            signal.memory_wanted();
+            let _ = tokio::time::timeout_at(deadline, flushed).await;
         }
     }
 
@@ -292,6 +209,7 @@ impl TabletServer {
             self.options.clone(),
             self.clock.clone(),
             replication,
+            Some(self.maintenance.signal().clone()),
         )?);
         replicas.insert(id.to_string(), replica.clone());
         Ok(replica)
@@ -327,6 +245,7 @@ impl TabletServer {
             self.options.clone(),
             self.clock.clone(),
             replication,
+            Some(self.maintenance.signal().clone()),
         )
         .inspect_err(|_| {
             let _ = std::fs::remove_dir_all(&dir);
@@ -403,11 +322,7 @@ impl TabletServer {
 
     /// Stops maintenance, then flushes and stops every replica.
     pub fn shutdown(&self) -> Result<()> {
-        self.stopping.store(true, Ordering::Release);
-        self.wake.1.notify_one();
-        if let Some(handle) = self.maintenance.lock().take() {
-            let _ = handle.join();
-        }
+        self.maintenance.stop();
         let replicas: Vec<_> = self.replicas.write().drain().map(|(_, r)| r).collect();
         let mut first_error = None;
         for replica in replicas {
@@ -417,12 +332,6 @@ impl TabletServer {
             }
         }
         first_error.map_or(Ok(()), Err)
-    }
-}
-
-impl Drop for TabletServer {
-    fn drop(&mut self) {
-        self.stopping.store(true, Ordering::Release);
     }
 }
 

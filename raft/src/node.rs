@@ -7,6 +7,17 @@
 //! reports durable. Callers talk to the thread through a channel; a proposal is enqueued when
 //! [`RaftNode::propose`] is called (not when its future is first polled), so callers can order
 //! their proposals by holding a lock around the call.
+//!
+//! The thread sleeps until there is something to do. A request wakes it (a proposal, a peer's
+//! message, work for the state machine, a flush that lets the log go); otherwise it wakes only
+//! when the Raft clock reaches a tick that acts: a leader's next heartbeat or quorum check, a
+//! voter's election timeout. The ticks in between only count, so they are not run one by one
+//! as they fall due: the thread applies those it slept through when it wakes, before the
+//! requests that woke it, and the clock keeps the same time as one that ticked every
+//! [`RaftConfig::tick`]. A leader without other members acts on no tick (no heartbeats to send,
+//! no quorum to check), nor does a learner (it never campaigns): their threads do not wake at
+//! all while nothing is asked of them. So an idle single-node group costs nothing, and an idle
+//! replicated one wakes once per heartbeat on each member.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -66,6 +77,8 @@ enum Request<SM: StateMachine> {
     Step(Message),
     Run(Box<dyn FnOnce(&mut SM) + Send>),
     Checkpoint(CheckpointFn<SM>),
+    /// The state machine made more entries durable: the log before them can go.
+    Flushed,
     Stop,
 }
 
@@ -266,6 +279,12 @@ impl<SM: StateMachine> RaftNode<SM> {
         let _ = self.requests.send(Request::Step(message));
     }
 
+    /// Tells the node that its state machine made more entries durable (a flush on another
+    /// thread): the log before them is dropped now, not at the group's next request.
+    pub fn state_machine_flushed(&self) {
+        let _ = self.requests.send(Request::Flushed);
+    }
+
     /// Bytes of this node's log on disk (what flushing the state machine lets go).
     pub fn log_bytes(&self) -> u64 {
         self.log_bytes.load(Ordering::Relaxed)
@@ -362,14 +381,31 @@ struct Worker<SM: StateMachine> {
 
 impl<SM: StateMachine> Worker<SM> {
     fn run(mut self, inbox: mpsc::Receiver<Request<SM>>) {
+        // When the Raft clock last ticked; while no tick can act, the time of the last request.
         let mut last_tick = Instant::now();
         loop {
             let mut requests = Vec::new();
             let tick = self.current_tick();
-            match inbox.recv_timeout(tick.saturating_sub(last_tick.elapsed())) {
+            let next_event = self.ticks_until_event();
+            let received = match next_event {
+                None => inbox.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(ticks) => {
+                    let due = last_tick + tick * ticks;
+                    inbox.recv_timeout(due.saturating_duration_since(Instant::now()))
+                }
+            };
+            match received {
                 Ok(request) => requests.push(request),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
+            }
+            if next_event.is_some() {
+                // The ticks that fell due while the thread slept, before what woke it.
+                let slept = (last_tick.elapsed().as_nanos() / tick.as_nanos().max(1)) as u32;
+                for _ in 0..slept {
+                    self.raw.tick();
+                }
+                last_tick += tick * slept;
             }
             requests.extend(inbox.try_iter());
             for request in requests {
@@ -399,10 +435,15 @@ impl<SM: StateMachine> Worker<SM> {
                         }
                     }
                     Request::Run(f) => f(&mut self.sm),
+                    // The log is truncated below, after every request.
+                    Request::Flushed => {}
                     Request::Stop => return,
                 }
             }
-            if last_tick.elapsed() >= tick {
+            // A tick that fell due while the requests were handled. (Time spent here beyond one
+            // tick is not made up: a thread that was busy for long must not take for silence
+            // the messages still queued for it.)
+            if last_tick.elapsed() >= self.current_tick() {
                 self.raw.tick();
                 last_tick = Instant::now();
             }
@@ -411,7 +452,34 @@ impl<SM: StateMachine> Worker<SM> {
                 tracing::error!(error = %e, "raft group stopped after a log failure");
                 return;
             }
+            if self.ticks_until_event().is_none() {
+                last_tick = Instant::now();
+            }
         }
+    }
+
+    /// Ticks of the Raft clock until one acts (see the module comment): the next heartbeat or
+    /// quorum check of a leader, the election timeout of a voter that does not lead. None when
+    /// no tick acts: a leader alone in its group, a learner.
+    fn ticks_until_event(&self) -> Option<u32> {
+        let raft = &self.raw.raft;
+        let left = |timeout: usize, elapsed: usize| timeout.saturating_sub(elapsed).max(1) as u32;
+        if raft.state == StateRole::Leader {
+            let conf = raft.prs().conf();
+            if conf.voters().ids().len() == 1 && conf.learners().is_empty() {
+                return None;
+            }
+            let heartbeat = left(raft.heartbeat_timeout(), raft.heartbeat_elapsed());
+            let quorum_check = left(raft.election_timeout(), raft.election_elapsed);
+            return Some(heartbeat.min(quorum_check));
+        }
+        if !raft.promotable() {
+            return None;
+        }
+        Some(left(
+            raft.randomized_election_timeout(),
+            raft.election_elapsed,
+        ))
     }
 
     fn propose(&mut self, command: Vec<u8>, reply: Reply<SM::Output>) {

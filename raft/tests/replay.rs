@@ -281,6 +281,8 @@ mod cluster {
         queue: Mutex<Vec<(Instant, Message)>>,
         rng: Mutex<StdRng>,
         loss: f64,
+        /// Every message is lost while set.
+        cut: AtomicBool,
         stop: AtomicBool,
     }
 
@@ -291,6 +293,7 @@ mod cluster {
                 queue: Mutex::new(Vec::new()),
                 rng: Mutex::new(StdRng::seed_from_u64(seed)),
                 loss,
+                cut: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
             });
             let n = net.clone();
@@ -316,6 +319,9 @@ mod cluster {
         }
 
         fn send(&self, messages: Vec<Message>) {
+            if self.cut.load(Ordering::Acquire) {
+                return;
+            }
             let mut rng = self.rng.lock();
             let mut queue = self.queue.lock();
             for message in messages {
@@ -448,6 +454,39 @@ mod cluster {
         assert_eq!(seen.len(), applied.len(), "a command applied twice");
         for v in &acknowledged {
             assert!(applied.contains(v), "acknowledged {v} lost");
+        }
+        net.stop.store(true, Ordering::Release);
+    }
+
+    /// Idle members sleep until a tick acts, but the clock keeps running: with no message to
+    /// wake anyone, a leader cut off from its followers steps down after an election timeout
+    /// (its quorum check), and the followers campaign after theirs. Joined again, the group
+    /// elects a leader and commits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cut_off_leader_steps_down_and_its_followers_campaign() {
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let net = Network::start(0.0, 5);
+        let nodes: Vec<Node> = (1..=3)
+            .map(|id| open(&net, dirs[id as usize - 1].path(), id))
+            .collect();
+        assert!(propose(&net, 1).await);
+        net.cut.store(true, Ordering::Release);
+        // Election timeouts of 15 to 30 ticks of 20 ms.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while nodes.iter().any(|n| n.leader().is_some()) {
+            let leaders: Vec<_> = nodes.iter().map(|n| n.leader()).collect();
+            assert!(
+                Instant::now() < deadline,
+                "leaders still known: {leaders:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        net.cut.store(false, Ordering::Release);
+        assert!(propose(&net, 2).await);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while nodes.iter().any(|n| items(n) != [1, 2]) {
+            assert!(Instant::now() < deadline, "the group did not recover");
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         net.stop.store(true, Ordering::Release);
     }

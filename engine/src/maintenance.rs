@@ -1,0 +1,338 @@
+//! The maintenance manager (Kudu's): one thread per tablet server that flushes and compacts the
+//! server's tablets, and the signal that tells it when to look.
+//!
+//! A round flushes first what memory pressure asks for: while the in-memory data (MemRowSets
+//! and deltas) of all tablets together is above 60 % of the server's limit, the tablet holding
+//! the most is flushed. Then the best-scoring operation over all tablets runs, again while the
+//! best scores at least 1, a few per round: a flush scores how full its tablet's memory is (1 at
+//! the flush threshold) or how long its log is (1 at 256 MB, as a flush lets the log behind it be
+//! dropped), a compaction its expected benefit (see [`nyala_storage::Tablet::maintenance_ops`]).
+//! Writers wait while the memory is above the limit itself ([`MaintenanceSignal::flushed`]), so
+//! it stays bounded however many tablets are written.
+//!
+//! Rounds follow events, not a clock. Work appears when writes are applied, so every write a
+//! replica applies (leader or follower) marks the server written ([`MaintenanceSignal::wrote`],
+//! an atomic flag when already marked); a round follows, no sooner than [`ROUND_INTERVAL`] after
+//! the previous one, so the writes of that interval are looked at together. A round that did
+//! something is followed by another at that pace, since one operation may make the next
+//! worthwhile. A writer waiting for memory gets a round at once, and is woken by each flush.
+//! Without writes the thread sleeps for [`IDLE_INTERVAL`]: all that appears then is history that
+//! ages past the retention (UNDO files to trim, deletions to apply), which can wait that long.
+//! An idle server's maintenance thread therefore wakes once a minute.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::replica::TabletReplica;
+use crate::tserver::TabletServer;
+
+/// The shortest time between two rounds that writes ask for.
+pub const ROUND_INTERVAL: Duration = Duration::from_millis(200);
+/// The longest time between two rounds.
+pub const IDLE_INTERVAL: Duration = Duration::from_secs(60);
+/// A replica whose log takes more than this on disk is flushed, so the log can be truncated.
+const LOG_RETENTION_BYTES: u64 = 256 << 20;
+/// The most flushes and compactions one round runs (besides memory-pressure flushes).
+const OPS_PER_ROUND: usize = 4;
+
+/// What wakes the maintenance thread. Replicas report the writes they apply; writers that wait
+/// for memory ask for a round and wait for flushes.
+#[derive(Default)]
+pub struct MaintenanceSignal {
+    /// A write was applied since the last round began (read without the lock: writes are many).
+    wrote: AtomicBool,
+    wake: Mutex<Wake>,
+    condvar: Condvar,
+    /// Notified after every flush and round, for writers waiting for memory.
+    flushed: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Wake {
+    memory_wanted: bool,
+    stopping: bool,
+}
+
+impl MaintenanceSignal {
+    /// A replica applied a write. Cheap when the server is marked written already.
+    pub fn wrote(&self) {
+        if self.wrote.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Taking the lock orders the flag before the thread's check-then-wait.
+        let _wake = self.wake.lock();
+        self.condvar.notify_one();
+    }
+
+    /// A writer waits for memory: run a round now.
+    pub fn memory_wanted(&self) {
+        self.wake.lock().memory_wanted = true;
+        self.condvar.notify_one();
+    }
+
+    /// Resolves after the next flush or round. Enable it (see [`tokio::sync::Notified::enable`])
+    /// before checking memory, so a flush in between is not missed.
+    pub fn flushed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.flushed.notified()
+    }
+
+    fn stopping(&self) -> bool {
+        self.wake.lock().stopping
+    }
+
+    /// Waits until a round is due, after a round began at `last` that `did_work` or not;
+    /// false once the manager stops.
+    fn wait_for_round(&self, last: Instant, did_work: bool) -> bool {
+        let mut wake = self.wake.lock();
+        loop {
+            if wake.stopping {
+                return false;
+            }
+            let wanted = did_work || self.wrote.load(Ordering::Acquire);
+            // A writer waiting for memory is served at once, unless the last round found
+            // nothing to flush: then it waits for the pace like everything else.
+            if wake.memory_wanted && did_work {
+                break;
+            }
+            let due = match wanted || wake.memory_wanted {
+                true => last + ROUND_INTERVAL,
+                false => last + IDLE_INTERVAL,
+            };
+            if Instant::now() >= due {
+                break;
+            }
+            self.condvar.wait_until(&mut wake, due);
+        }
+        wake.memory_wanted = false;
+        // Writes from here on ask for the next round.
+        self.wrote.store(false, Ordering::Release);
+        true
+    }
+}
+
+/// The maintenance thread of a tablet server; stops when dropped.
+pub struct MaintenanceManager {
+    signal: Arc<MaintenanceSignal>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl MaintenanceManager {
+    /// A manager whose thread is not started yet (see [`Self::start`]).
+    pub fn new() -> Self {
+        Self {
+            signal: Arc::default(),
+            thread: Mutex::new(None),
+        }
+    }
+
+    /// Starts the thread, which maintains `server`'s tablets for as long as `server` lives.
+    pub fn start(&self, server: Weak<TabletServer>) -> std::io::Result<()> {
+        let signal = self.signal.clone();
+        let thread = std::thread::Builder::new()
+            .name("maintenance".into())
+            .spawn(move || {
+                // The first round, soon after the start, looks at what the tablets brought
+                // from disk.
+                let mut last = Instant::now();
+                let mut did_work = true;
+                while signal.wait_for_round(last, did_work) {
+                    last = Instant::now();
+                    let Some(server) = server.upgrade() else {
+                        break;
+                    };
+                    did_work = run_round(&server.replicas(), server.memory_limit(), &signal);
+                    signal.flushed.notify_waiters();
+                }
+            })?;
+        *self.thread.lock() = Some(thread);
+        Ok(())
+    }
+
+    /// What wakes the thread: for the replicas (writes) and writers (memory).
+    pub fn signal(&self) -> &Arc<MaintenanceSignal> {
+        &self.signal
+    }
+
+    /// Stops the thread once the operation it may be running has finished.
+    pub fn stop(&self) {
+        self.signal.wake.lock().stopping = true;
+        self.signal.condvar.notify_one();
+        if let Some(thread) = self.thread.lock().take() {
+            // The thread holds the server during a round, so it may be the one dropping it.
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+impl Default for MaintenanceManager {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for MaintenanceManager {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One round over `replicas` (see the module comment); whether it flushed or compacted
+/// anything.
+fn run_round(
+    replicas: &[Arc<TabletReplica>],
+    memory_limit: usize,
+    signal: &MaintenanceSignal,
+) -> bool {
+    let mut did_work = false;
+    let mut by_memory: Vec<(usize, &Arc<TabletReplica>)> = replicas
+        .iter()
+        .map(|r| (r.tablet().memory_bytes(), r))
+        .collect();
+    by_memory.sort_by_key(|(bytes, _)| std::cmp::Reverse(*bytes));
+    let mut total: usize = by_memory.iter().map(|(bytes, _)| bytes).sum();
+    for (bytes, replica) in by_memory {
+        if total <= memory_limit / 10 * 6 || bytes == 0 {
+            break;
+        }
+        if signal.stopping() {
+            return did_work;
+        }
+        tracing::debug!(
+            tablet = replica.id(),
+            bytes,
+            total,
+            "flushing under memory pressure"
+        );
+        match replica.flush() {
+            Ok(()) => did_work = true,
+            Err(e) => tracing::error!(tablet = replica.id(), error = %e, "flush failed"),
+        }
+        signal.flushed.notify_waiters();
+        total -= bytes;
+    }
+    for _ in 0..OPS_PER_ROUND {
+        if signal.stopping() {
+            return did_work;
+        }
+        let best = replicas
+            .iter()
+            .flat_map(|r| {
+                let tablet = r.tablet();
+                // A long log counts only while a flush would let some of it go.
+                let log = match tablet.memory_bytes() {
+                    0 => 0.0,
+                    _ => r.log_bytes() as f64 / LOG_RETENTION_BYTES as f64,
+                };
+                let flush = (None, tablet.flush_score().max(log));
+                let compactions = tablet.maintenance_ops().into_iter();
+                std::iter::once(flush)
+                    .chain(compactions.map(|op| (Some(op.kind), op.score)))
+                    .map(move |(kind, score)| (r, kind, score))
+            })
+            .max_by(|a, b| a.2.total_cmp(&b.2));
+        let Some((replica, kind, score)) = best.filter(|best| best.2 >= 1.0) else {
+            return did_work;
+        };
+        tracing::debug!(tablet = replica.id(), ?kind, score, "maintenance");
+        let done = match kind {
+            None => {
+                let flushed = replica.flush();
+                signal.flushed.notify_waiters();
+                flushed
+            }
+            Some(kind) => replica.compact(kind),
+        };
+        if let Err(e) = done {
+            // Tried again at the next round that writes or the idle interval bring.
+            tracing::error!(tablet = replica.id(), error = %e, "maintenance failed");
+            return did_work;
+        }
+        did_work = true;
+    }
+    did_work
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use arrow::array::{Int64Array, RecordBatch, StringArray};
+    use nyala_storage::{ColumnSchema, ColumnType, Schema, TabletOptions, WriteBatch, WriteKind};
+
+    use crate::clock::HybridClock;
+    use crate::tserver::TabletServer;
+
+    fn schema() -> Schema {
+        Schema::new(
+            vec![
+                ColumnSchema::new("k", ColumnType::Int64, false),
+                ColumnSchema::new("v", ColumnType::String, false),
+            ],
+            vec![0],
+        )
+        .unwrap()
+    }
+
+    /// `n` rows of about 1 KB from key `first`.
+    fn rows(schema: &Schema, first: i64, n: i64) -> WriteBatch {
+        let keys = Int64Array::from_iter_values(first..first + n);
+        let values = StringArray::from_iter_values((0..n).map(|_| "x".repeat(1000)));
+        WriteBatch {
+            kind: WriteKind::Insert,
+            rows: RecordBatch::try_new(
+                schema.arrow_schema(),
+                vec![Arc::new(keys), Arc::new(values)],
+            )
+            .unwrap(),
+        }
+    }
+
+    fn server(dir: &std::path::Path, flush_threshold: usize, limit: usize) -> Arc<TabletServer> {
+        let options = TabletOptions {
+            flush_threshold_bytes: flush_threshold,
+            ..TabletOptions::default()
+        };
+        TabletServer::open(dir, options, limit, Arc::new(HybridClock::new()), None).unwrap()
+    }
+
+    /// The write itself wakes the thread: a tablet written past its flush threshold is
+    /// flushed long before the idle interval, with nothing else going on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_past_the_flush_threshold_is_flushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path(), 64 << 10, crate::tserver::DEFAULT_MEMORY_LIMIT);
+        let replica = server.create_tablet("t", &schema()).unwrap();
+        // Past the first round: the thread sleeps for the idle interval.
+        tokio::time::sleep(2 * super::ROUND_INTERVAL).await;
+        replica.write(&rows(&schema(), 0, 200)).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while replica.tablet().memory_bytes() > 0 {
+            assert!(Instant::now() < deadline, "not flushed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(replica.tablet().disk_bytes() > 0);
+        assert_eq!(replica.tablet().durable_index(), replica.last_applied());
+        server.shutdown().unwrap();
+    }
+
+    /// A writer over the memory limit asks for a round and is let in by the flush it brings.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_writer_over_the_memory_limit_waits_for_a_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path(), 1 << 30, 64 << 10);
+        let replica = server.create_tablet("t", &schema()).unwrap();
+        tokio::time::sleep(2 * super::ROUND_INTERVAL).await;
+        replica.write(&rows(&schema(), 0, 200)).await.unwrap();
+        server.admit_write().await.unwrap();
+        assert!(server.memory_bytes() <= 64 << 10);
+        assert!(replica.tablet().disk_bytes() > 0);
+        server.shutdown().unwrap();
+    }
+}
