@@ -22,6 +22,8 @@ pub struct StringListValue {
     pub values: Vec<String>,
 }
 
+/// The variants keep the names of `Flight.proto`'s oneof fields.
+#[allow(clippy::enum_variant_names)]
 #[derive(Clone, PartialEq, prost::Oneof)]
 pub enum OptionValue {
     #[prost(string, tag = "1")]
