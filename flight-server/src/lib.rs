@@ -440,6 +440,9 @@ impl NyalaFlightService {
         statement: &PreparedStatement,
         rows: &[Vec<datafusion::common::ScalarValue>],
     ) -> Result<u64, Status> {
+        if statement.info().kind == StatementKind::Ddl {
+            session.forget_statements();
+        }
         let mut total = 0;
         for (i, row) in rows.iter().enumerate() {
             let result = async {
@@ -573,11 +576,7 @@ impl FlightSqlService for NyalaFlightService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let session = session_of(&request)?;
-        let statement = session
-            .sql()
-            .prepare_statement(&query.query)
-            .await
-            .map_err(status)?;
+        let statement = session.statement(&query.query).await.map_err(status)?;
         self.info_for(&session, &statement, None, request).await
     }
 
@@ -596,11 +595,7 @@ impl FlightSqlService for NyalaFlightService {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         let session = session_of(&request)?;
-        let statement = session
-            .sql()
-            .prepare_statement(&command.query)
-            .await
-            .map_err(status)?;
+        let statement = session.statement(&command.query).await.map_err(status)?;
         self.update(&session, &statement, None).await
     }
 

@@ -23,7 +23,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
-use nyala_sql::{Database, PlannedStatement, PreparedStatement};
+use nyala_sql::{Database, PlannedStatement, PreparedStatement, SqlError};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tonic::Status;
@@ -40,6 +40,11 @@ pub const MAX_PREPARED: usize = 10_000;
 /// Queries planned by GetFlightInfo and not yet fetched that a session keeps; beyond that the
 /// oldest are forgotten (their tickets still run, planned again).
 const MAX_PENDING_QUERIES: usize = 256;
+
+/// Statements sent as text (not prepared) that a session keeps planned, by their text, so a
+/// statement sent again is only re-bound; the oldest go first. Longer statements are not kept.
+const MAX_CACHED_STATEMENTS: usize = 64;
+const MAX_CACHED_STATEMENT_BYTES: usize = 16 << 10;
 
 /// A random handle: 128 bits as 32 hex digits.
 fn random_handle() -> String {
@@ -81,6 +86,9 @@ pub struct ClientSession {
 #[derive(Default)]
 struct SessionState {
     prepared: HashMap<String, Prepared>,
+    /// Statements sent as text, planned (see [`MAX_CACHED_STATEMENTS`]).
+    statements: HashMap<String, PreparedStatement>,
+    statement_order: VecDeque<String>,
     pending: HashMap<u64, Arc<PendingQuery>>,
     pending_order: VecDeque<u64>,
     /// Queries being fetched, for cancellation.
@@ -297,6 +305,39 @@ impl ClientSession {
     /// The session's SQL session (settings, DataFusion state).
     pub fn sql(&self) -> &nyala_sql::Session {
         &self.sql
+    }
+
+    /// Statement `sql`, planned for execution: kept from an earlier time it was sent, or
+    /// planned now. Plans of tables changed by DDL since are planned again when they run.
+    pub async fn statement(&self, sql: &str) -> Result<PreparedStatement, SqlError> {
+        if let Some(statement) = self.state.lock().statements.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.sql.prepare_statement(sql).await?;
+        if sql.len() <= MAX_CACHED_STATEMENT_BYTES {
+            let mut state = self.state.lock();
+            while state.statements.len() >= MAX_CACHED_STATEMENTS {
+                let Some(oldest) = state.statement_order.pop_front() else {
+                    break;
+                };
+                state.statements.remove(&oldest);
+            }
+            if state
+                .statements
+                .insert(sql.to_string(), statement.clone())
+                .is_none()
+            {
+                state.statement_order.push_back(sql.to_string());
+            }
+        }
+        Ok(statement)
+    }
+
+    /// Forgets the kept statements (after a SET: they were optimized with other settings).
+    pub fn forget_statements(&self) {
+        let mut state = self.state.lock();
+        state.statements.clear();
+        state.statement_order.clear();
     }
 
     /// Keeps `statement` under a new handle.

@@ -196,6 +196,11 @@ pub fn plan_insert_ignore(plan: LogicalPlan) -> Result<LogicalPlan> {
 }
 
 impl MutationNode {
+    /// The table the node writes.
+    pub(crate) fn target(&self) -> &Arc<dyn TableSource> {
+        &self.target
+    }
+
     fn try_new(dml: DmlStatement) -> Result<LogicalPlan> {
         let provider = source_as_provider(&dml.target)?;
         let Some(table) = provider.downcast_ref::<NyalaTable>() else {

@@ -1,7 +1,9 @@
 //! Prepared statements: a statement parsed and planned up to the point where its parameter
 //! values are needed, so each execution only binds, optimizes and builds the physical plan.
 //!
-//! A DataFusion statement (queries, DML, SET) is kept as its logical plan with placeholders.
+//! A DataFusion statement (queries, DML, SET) is kept as its logical plan with placeholders;
+//! a query also as that plan optimized, so an execution only binds values and plans physically
+//! (when binding the optimized plan fails, the plan is optimized again after binding).
 //! That plan holds the definitions of the tables it reads and writes as they were when it was
 //! planned; the catalog replaces a table's definition whenever DDL changes anything, so a plan
 //! whose tables are no longer the catalog's current ones is planned again from its text. So is
@@ -23,10 +25,11 @@ use datafusion::datasource::source_as_provider;
 use datafusion::logical_expr::LogicalPlan;
 use nyala_engine::TableHandle;
 
+use crate::dml::MutationNode;
 use crate::statement;
 use crate::table::NyalaTable;
 use crate::{
-    empty_schema, parameter_types, PlannedStatement, Result, Session, SqlError,
+    bind, empty_schema, parameter_types, Action, PlannedStatement, Result, Session, SqlError,
     StatementInfo, StatementKind,
 };
 
@@ -40,9 +43,11 @@ pub struct PreparedStatement {
 
 #[derive(Clone)]
 enum Template {
-    /// DataFusion's logical plan with its placeholders, and the table definitions it used.
+    /// DataFusion's logical plan with its placeholders, the same optimized (queries whose
+    /// parameter types are known), and the table definitions it used.
     Logical {
         plan: LogicalPlan,
+        optimized: Option<LogicalPlan>,
         tables: Vec<TableHandle>,
     },
     /// Planned from its text at every execution.
@@ -74,24 +79,35 @@ impl Session {
         let draft = self.draft(statement::parse(sql)?).await?;
         let (info, template) = match draft {
             Draft::Logical { kind, plan } => {
-                let parameters = parameter_types(&plan)?
+                let parameters = parameter_types(&plan)?;
+                let schema = match kind {
+                    StatementKind::Ddl => empty_schema(),
+                    _ => Arc::new(plan.schema().as_arrow().clone()),
+                };
+                let typed = parameters.iter().all(|p| p.is_some());
+                let parameters = parameters
                     .into_iter()
                     .enumerate()
                     .map(|(i, t)| {
                         Field::new(format!("${}", i + 1), t.unwrap_or(DataType::Utf8), true)
                     })
                     .collect::<Vec<_>>();
-                let schema = match kind {
-                    StatementKind::Ddl => empty_schema(),
-                    _ => Arc::new(plan.schema().as_arrow().clone()),
-                };
                 let info = StatementInfo {
                     kind,
                     schema,
                     parameters: Arc::new(ArrowSchema::new(parameters)),
                 };
                 let template = match tables_of(&plan) {
-                    Some(tables) => Template::Logical { plan, tables },
+                    Some(tables) => {
+                        let optimized = (kind == StatementKind::Query && typed)
+                            .then(|| self.ctx.state().optimize(&plan).ok())
+                            .flatten();
+                        Template::Logical {
+                            plan,
+                            optimized,
+                            tables,
+                        }
+                    }
                     None => Template::Text,
                 };
                 (info, template)
@@ -119,12 +135,40 @@ impl Session {
         params: &[ScalarValue],
     ) -> Result<PlannedStatement> {
         match &prepared.template {
-            Template::Logical { plan, tables } if self.is_current(tables) => {
+            Template::Logical {
+                plan,
+                optimized,
+                tables,
+            } if self.is_current(tables) => {
+                if let Some(optimized) = optimized {
+                    if let Ok(planned) = self.plan_optimized(optimized.clone(), params).await {
+                        return Ok(planned);
+                    }
+                }
                 self.plan_logical(prepared.info.kind, plan.clone(), params)
                     .await
             }
             _ => self.plan_with_params(&prepared.sql, params).await,
         }
+    }
+
+    /// Binds `params` to an optimized query plan and plans it physically.
+    async fn plan_optimized(
+        &self,
+        plan: LogicalPlan,
+        params: &[ScalarValue],
+    ) -> Result<PlannedStatement> {
+        let plan = bind(plan, params)?;
+        let state = self.ctx.state();
+        let physical = state
+            .query_planner()
+            .create_physical_plan(&plan, &state)
+            .await?;
+        Ok(PlannedStatement {
+            kind: StatementKind::Query,
+            session: self.clone(),
+            action: Action::Plan(physical),
+        })
     }
 
     /// Whether every table definition in `tables` is still the catalog's current one.
@@ -154,26 +198,30 @@ impl Session {
     }
 }
 
-/// The Nyala tables a plan reads and writes, None if its plan cannot be reused (it reads a
-/// table `AS OF` a time computed when it was planned).
+/// The Nyala tables a plan reads and writes, None if its plan cannot be reused: it reads a
+/// table `AS OF` a time computed when it was planned, or a table that is not a Nyala table
+/// (`sys.partitions` and the like hold the rows of the moment they were planned).
 fn tables_of(plan: &LogicalPlan) -> Option<Vec<TableHandle>> {
     let mut tables = Vec::new();
     let mut reusable = true;
     let mut visit = |source: &Arc<dyn datafusion::logical_expr::TableSource>| {
-        if let Some(table) = source_as_provider(source)
+        let table = source_as_provider(source)
             .ok()
-            .and_then(|p| p.downcast_ref::<NyalaTable>().map(NyalaTable::handle))
-        {
-            match table {
-                (handle, false) => tables.push(handle),
-                (_, true) => reusable = false,
-            }
+            .and_then(|p| p.downcast_ref::<NyalaTable>().map(NyalaTable::handle));
+        match table {
+            Some((handle, false)) => tables.push(handle),
+            _ => reusable = false,
         }
     };
     let walked = plan.apply_with_subqueries(|node| {
         match node {
             LogicalPlan::TableScan(scan) => visit(&scan.source),
             LogicalPlan::Dml(dml) => visit(&dml.target),
+            LogicalPlan::Extension(extension) => {
+                if let Some(mutation) = extension.node.as_any().downcast_ref::<MutationNode>() {
+                    visit(mutation.target());
+                }
+            }
             _ => {}
         }
         Ok(TreeNodeRecursion::Continue)

@@ -174,7 +174,7 @@ impl TableProvider for NyalaTable {
     ) -> Result<Vec<TableProviderFilterPushDown>> {
         Ok(filters
             .iter()
-            .map(|f| match to_predicates(&self.table.schema, f) {
+            .map(|f| match to_predicates(&self.table.schema, &with_sample_values(f)) {
                 Some(_) => TableProviderFilterPushDown::Inexact,
                 None => TableProviderFilterPushDown::Unsupported,
             })
@@ -198,4 +198,26 @@ impl TableProvider for NyalaTable {
         };
         Ok(self.sink(input, kind))
     }
+}
+
+/// `filter` with each typed placeholder (`$1`) replaced by a value of its type: a prepared
+/// query is optimized before its parameters are bound, and a filter on a parameter is pushed
+/// into the scan when one on a value would be (the scan converts it once it is bound).
+fn with_sample_values(filter: &Expr) -> Expr {
+    use datafusion::common::tree_node::{Transformed, TreeNode};
+    filter
+        .clone()
+        .transform(|e| match &e {
+            Expr::Placeholder(p) => match p
+                .field
+                .as_ref()
+                .and_then(|f| ScalarValue::new_default(f.data_type()).ok())
+            {
+                Some(value) => Ok(Transformed::yes(Expr::Literal(value, None))),
+                None => Ok(Transformed::no(e)),
+            },
+            _ => Ok(Transformed::no(e)),
+        })
+        .map(|t| t.data)
+        .unwrap_or_else(|_| filter.clone())
 }

@@ -159,3 +159,48 @@ def test_pyarrow_error_of_a_huge_statement_is_short(raw, kind):
     assert_readable(error.value, kind)
     info = raw.get_flight_info(statement_query("SELECT 1 AS one"))
     assert raw.do_get(info.endpoints[0].ticket).read_all().column("one").to_pylist() == [1]
+
+
+def test_a_statement_sent_again_sees_what_changed_since(conn, table_name):
+    """The server keeps each session's statements planned by their text; sending one again must
+    still see new rows, new columns, a recreated table, and system tables of the moment."""
+    cur = conn.cursor()
+
+    def run(sql):
+        cur.execute(sql)
+        return cur.fetchall()
+
+    run(f"CREATE TABLE {table_name} (k BIGINT PRIMARY KEY, v STRING) DISTRIBUTE BY HASH (k) INTO 2 BUCKETS")
+    select = f"SELECT * FROM {table_name} WHERE k = 1"
+    partitions = f"SELECT count(*) FROM sys.partitions WHERE table_name = '{table_name}'"
+    assert run(select) == []
+    assert run(partitions) == [(2,)]
+    run(f"INSERT INTO {table_name} VALUES (1, 'a')")
+    assert run(select) == [(1, "a")]
+    run(f"ALTER TABLE {table_name} ADD COLUMN w BIGINT DEFAULT 7")
+    assert run(select) == [(1, "a", 7)]
+    run(f"DROP TABLE {table_name}")
+    run(f"CREATE TABLE {table_name} (k BIGINT PRIMARY KEY, s DOUBLE) DISTRIBUTE BY HASH (k) INTO 3 BUCKETS")
+    run(f"INSERT INTO {table_name} VALUES (1, 2.5)")
+    assert run(select) == [(1, 2.5)]
+    assert run(partitions) == [(3,)]
+    cur.close()
+
+
+def test_a_prepared_lookup_reads_one_tablet_and_sees_changes(conn, table_name):
+    """A prepared statement keeps its plan: a lookup bound to new keys finds them, reads the one
+    tablet that can hold the key, and DDL on its table makes it plan again."""
+    cur = conn.cursor()
+    cur.execute(f"CREATE TABLE {table_name} (k BIGINT PRIMARY KEY, v STRING) DISTRIBUTE BY HASH (k) INTO 8 BUCKETS")
+    cur.executemany(f"INSERT INTO {table_name} VALUES (?, ?)", [(i, f"v{i}") for i in range(50)])
+    lookup = f"SELECT v FROM {table_name} WHERE k = ?"
+    for key in (3, 17, 42, 99):
+        cur.execute(lookup, (key,))
+        assert cur.fetchall() == ([] if key >= 50 else [(f"v{key}",)])
+    cur.execute(f"EXPLAIN ANALYZE SELECT v FROM {table_name} WHERE k = ?", (17,))
+    plan = "\n".join(str(row) for row in cur.fetchall())
+    assert "tablets=1 of 8" in plan, plan
+    cur.execute(f"ALTER TABLE {table_name} RENAME COLUMN v TO value")
+    with pytest.raises(Exception, match="v"):
+        cur.execute(lookup, (3,))
+    cur.close()
