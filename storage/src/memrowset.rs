@@ -110,12 +110,35 @@ impl RowArena {
         columns: &[usize],
         rows: &[RowRef],
     ) -> Result<RecordBatch, StorageError> {
-        let indices: Vec<(usize, usize)> = rows.iter().map(|&r| self.index(r)).collect();
+        let projected = std::sync::Arc::new(schema.project(columns)?);
+        if rows.is_empty() {
+            return Ok(RecordBatch::new_empty(projected));
+        }
+        // Interleave only the batches the rows are in: it inspects every source array, and a
+        // lookup of one row should not touch every batch of the arena.
+        let mut slots = vec![usize::MAX; self.batches.len()];
+        let mut used = Vec::new();
+        let indices: Vec<(usize, usize)> = rows
+            .iter()
+            .map(|&r| {
+                let (batch, row) = self.index(r);
+                if slots[batch] == usize::MAX {
+                    slots[batch] = used.len();
+                    used.push(batch);
+                }
+                (slots[batch], row)
+            })
+            .collect();
         let arrays = columns
             .iter()
-            .map(|&c| interleave(&self.column_sources(c), &indices))
+            .map(|&c| {
+                let sources: Vec<&dyn arrow::array::Array> = used
+                    .iter()
+                    .map(|&b| self.batches[b].column(c).as_ref())
+                    .collect();
+                interleave(&sources, &indices)
+            })
             .collect::<Result<Vec<ArrayRef>, _>>()?;
-        let projected = std::sync::Arc::new(schema.project(columns)?);
         Ok(RecordBatch::try_new_with_options(
             projected,
             arrays,
