@@ -40,8 +40,8 @@ use arrow_flight::sql::{
     TableExistsOption, TableNotExistOption, TicketStatementQuery,
 };
 use arrow_flight::{
-    Action, ActionType, CancelFlightInfoRequest, CancelFlightInfoResult, CancelStatus, FlightDescriptor,
-    FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc, Ticket,
+    Action, ActionType, CancelFlightInfoRequest, CancelFlightInfoResult, CancelStatus,
+    FlightDescriptor, FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc, Ticket,
 };
 use futures::{Stream, StreamExt, TryStreamExt};
 use nyala_sql::{
@@ -81,8 +81,7 @@ pub struct NyalaFlightService {
 }
 
 /// How long a session may go without a request before it ends, unless configured.
-pub const DEFAULT_SESSION_IDLE_TIMEOUT: std::time::Duration =
-    std::time::Duration::from_secs(3600);
+pub const DEFAULT_SESSION_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// How a server is reached and who may use it.
 #[derive(Debug, Clone, Default)]
@@ -423,12 +422,10 @@ impl NyalaFlightService {
             return Err(invalid("no parameter rows were bound"));
         };
         // The stream keeps the query (and so its cancellation) alive until it ends.
-        let batches = futures::stream::iter(streams)
-            .flatten()
-            .map(move |batch| {
-                let _ = &plans;
-                batch
-            });
+        let batches = futures::stream::iter(streams).flatten().map(move |batch| {
+            let _ = &plans;
+            batch
+        });
         let batches = cancellable(Box::pin(batches), cancelled);
         Ok(Response::new(batch_stream(schema, batches)))
     }
@@ -518,10 +515,7 @@ impl Plans {
 }
 
 /// The stream of one planned query for `ticket`: its partition, or all of it.
-fn run_ticket(
-    planned: &PlannedStatement,
-    ticket: &QueryTicket,
-) -> Result<BatchStream, Status> {
+fn run_ticket(planned: &PlannedStatement, ticket: &QueryTicket) -> Result<BatchStream, Status> {
     let stream = match ticket.partition {
         Some(partition) if planned.tablet_partitions() == Some(ticket.partitions as usize) => {
             planned.execute_partition(partition as usize, ticket.snapshot)
@@ -813,7 +807,9 @@ impl FlightSqlService for NyalaFlightService {
     > {
         let session = session_of(&request)?;
         let action = request.into_inner();
-        let reply = |body: Vec<u8>| -> Response<<Self as arrow_flight::flight_service_server::FlightService>::DoActionStream> {
+        let reply = |body: Vec<u8>| -> Response<
+            <Self as arrow_flight::flight_service_server::FlightService>::DoActionStream,
+        > {
             let result = arrow_flight::Result { body: body.into() };
             Response::new(Box::pin(futures::stream::iter([Ok(result)])))
         };

@@ -306,10 +306,7 @@ async fn master(
         .with_context(|| format!("cannot open the master in {}", data_dir.display()))?;
     let heartbeats = tonic::transport::Server::builder()
         .add_service(InternalService::master(cluster, db.client()))
-        .serve_with_incoming_shutdown(
-            nyala_engine::rpc::incoming(rpc),
-            shutdown_signal(),
-        );
+        .serve_with_incoming_shutdown(nyala_engine::rpc::incoming(rpc), shutdown_signal());
     let heartbeats = tokio::spawn(heartbeats);
     db.start_repairs(unavailable);
     let listener = tokio::net::TcpListener::bind(flight_addr)
@@ -372,10 +369,7 @@ async fn tserver(
     }
     let rpc = tonic::transport::Server::builder()
         .add_service(InternalService::new(server.clone()))
-        .serve_with_incoming_shutdown(
-            nyala_engine::rpc::incoming(listener),
-            shutdown_signal(),
-        );
+        .serve_with_incoming_shutdown(nyala_engine::rpc::incoming(listener), shutdown_signal());
     match flight_addr {
         None => rpc.await?,
         Some(flight_addr) => {

@@ -2,7 +2,6 @@
 //! query whose plan the server keeps, and, for when that plan is gone, the SQL and its bound
 //! parameters — and, for per-tablet endpoints, the partition to read.
 
-
 use arrow::array::RecordBatch;
 use arrow::compute::concat_batches;
 use arrow::datatypes::SchemaRef;

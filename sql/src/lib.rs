@@ -541,7 +541,11 @@ fn empty_schema() -> SchemaRef {
 
 /// The result of DDL and SET: no columns, no rows.
 fn no_rows() -> Result<SendableRecordBatchStream> {
-    Ok(Box::pin(MemoryStream::try_new(vec![], empty_schema(), None)?))
+    Ok(Box::pin(MemoryStream::try_new(
+        vec![],
+        empty_schema(),
+        None,
+    )?))
 }
 
 fn one_stream(batches: Vec<RecordBatch>) -> Result<SendableRecordBatchStream> {
@@ -570,11 +574,6 @@ impl Session {
     /// Parses and plans exactly one statement (a trailing `;` is allowed).
     pub async fn plan(&self, sql: &str) -> Result<PlannedStatement> {
         self.plan_with_params(sql, &[]).await
-    }
-
-    /// Describes one statement without running it: kind, result schema and parameter schema.
-    pub async fn prepare(&self, sql: &str) -> Result<StatementInfo> {
-        Ok(self.prepare_statement(sql).await?.info().clone())
     }
 
     /// Plans one statement with `params` bound to its placeholders (`$1` or `?`, in order).

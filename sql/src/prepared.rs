@@ -69,7 +69,10 @@ impl PreparedStatement {
 /// A statement parsed and turned into a logical plan, or planned completely where it has no
 /// logical plan (Nyala's DDL and SHOW statements).
 pub(crate) enum Draft {
-    Logical { kind: StatementKind, plan: LogicalPlan },
+    Logical {
+        kind: StatementKind,
+        plan: LogicalPlan,
+    },
     Planned(PlannedStatement),
 }
 

@@ -174,10 +174,12 @@ impl TableProvider for NyalaTable {
     ) -> Result<Vec<TableProviderFilterPushDown>> {
         Ok(filters
             .iter()
-            .map(|f| match to_predicates(&self.table.schema, &with_sample_values(f)) {
-                Some(_) => TableProviderFilterPushDown::Inexact,
-                None => TableProviderFilterPushDown::Unsupported,
-            })
+            .map(
+                |f| match to_predicates(&self.table.schema, &with_sample_values(f)) {
+                    Some(_) => TableProviderFilterPushDown::Inexact,
+                    None => TableProviderFilterPushDown::Unsupported,
+                },
+            )
             .collect())
     }
 
