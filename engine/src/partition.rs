@@ -112,6 +112,19 @@ impl PartitionSchema {
                 hashed.push(c);
             }
         }
+        // Checked before anything multiplies bucket counts: seven levels of 1 024 buckets
+        // would wrap a usize.
+        let per_range = hash.iter().try_fold(1usize, |n, level| {
+            n.checked_mul(level.buckets as usize)
+                .filter(|&n| n <= MAX_TABLETS)
+        });
+        if per_range.is_none() {
+            let levels: Vec<String> = hash.iter().map(|l| l.buckets.to_string()).collect();
+            return Err(EngineError::InvalidTable(format!(
+                "the hash levels make {} tablets per range; at most {MAX_TABLETS} are allowed",
+                levels.join(" × ")
+            )));
+        }
         check_key_columns(schema, &range_columns, "range")?;
         if range_columns.is_empty() && !ranges.is_empty() {
             return Err(EngineError::InvalidTable(
@@ -161,13 +174,16 @@ impl PartitionSchema {
         partition
     }
 
-    /// Tablets per range partition: the product of the bucket counts.
+    /// Tablets per range partition: the product of the bucket counts (at most
+    /// [`MAX_TABLETS`], which [`PartitionSchema::new`] checks).
     pub fn tablets_per_range(&self) -> usize {
-        self.hash.iter().map(|l| l.buckets as usize).product()
+        self.hash
+            .iter()
+            .fold(1usize, |n, l| n.saturating_mul(l.buckets as usize))
     }
 
     pub fn num_tablets(&self) -> usize {
-        self.ranges.len() * self.tablets_per_range()
+        self.ranges.len().saturating_mul(self.tablets_per_range())
     }
 
     /// Checks `spec` against the range columns' types.
@@ -698,6 +714,29 @@ mod tests {
             vec![0, 1],
         )
         .unwrap()
+    }
+
+    #[test]
+    fn bucket_products_that_overflow_are_refused() {
+        let columns = (0..7)
+            .map(|i| ColumnSchema::new(&format!("k{i}"), ColumnType::Int64, false))
+            .collect();
+        let schema = Schema::new(columns, (0..7).collect()).unwrap();
+        let levels = |buckets| {
+            (0..7)
+                .map(|c| HashLevel {
+                    columns: vec![c],
+                    buckets,
+                })
+                .collect::<Vec<_>>()
+        };
+        let error = PartitionSchema::new(&schema, levels(1024), vec![], vec![]).unwrap_err();
+        assert!(
+            error.to_string().contains("at most 10000"),
+            "unexpected error: {error}"
+        );
+        let ok = PartitionSchema::new(&schema, levels(1), vec![], vec![]).unwrap();
+        assert_eq!(ok.num_tablets(), 1);
     }
 
     fn bound(v: i64, inclusive: bool) -> Option<BoundSpec> {
