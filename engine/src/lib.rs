@@ -1,32 +1,38 @@
-//! Nyala's engine: the pieces between SQL and storage that make tablets into a database.
+//! Nyala's engine: the pieces between SQL and storage that make tablets into a database,
+//! in folders by role as in Kudu (`src/kudu/{master,tserver,client,consensus,rpc}`).
 //!
-//! - [`clock::HybridClock`] hands out MVCC timestamps; the leader puts them in log entries.
-//! - [`partition::PartitionSchema`] maps a row to its tablet: hash levels, then range partitions.
-//! - [`replica::TabletReplica`] is one tablet behind its Raft log: writes are proposed, applied
-//!   deterministically, and scans read at a safe snapshot.
-//! - [`tserver::TabletServer`] hosts replicas, which its [`maintenance`] thread flushes and
-//!   compacts; [`master::Master`] keeps the catalog, itself a Raft-logged tablet (as in Kudu).
-//! - [`client::Client`] is what the SQL layer talks to: DDL through the master, writes routed to
-//!   tablets by partition key, scans per tablet.
-//!
-//! In `nyala serve` the master and the tablet server live in one process and the client calls
-//! them directly; the cluster issue puts RPC behind the same client API.
+//! - [`catalog`]: what a table is ([`TableInfo`]) and the DDL operations ([`DdlOp`]); the
+//!   [`catalog::Catalog`] seam through which a client reads and changes it.
+//! - [`master`]: the [`master::Master`] keeps the catalog, itself a Raft-logged tablet (as in
+//!   Kudu), places tablets ([`master::TabletPlacement`]), tracks tablet servers from their
+//!   reports ([`master::TServerRegistry`]) and re-replicates; its RPC service.
+//! - [`tserver`]: the [`tserver::TabletServer`] hosts [`tserver::replica::TabletReplica`]s (a
+//!   tablet behind its Raft log), flushes and compacts them, and serves writes, scans and
+//!   tablet copies over RPC.
+//! - [`consensus`]: Raft between servers — the transport out, the service in.
+//! - [`client`]: [`Client`] is what the SQL layer talks to: DDL through the catalog, writes
+//!   routed to tablets by partition key, scans per tablet, through the [`client::Tablets`]
+//!   seam; [`client::MetaCache`] knows where a cluster's tablets and leaders are.
+//! - [`rpc`]: the typed gRPC services generated from `engine/proto/`, and how errors cross them.
+//! - [`embedded`]: the single node of `nyala serve`, master and tablet server in one process
+//!   on the same seams.
+//! - [`clock::HybridClock`] hands out MVCC timestamps; [`partition::PartitionSchema`] maps a
+//!   row to its tablet.
 
+pub mod catalog;
 pub mod client;
 pub mod clock;
+pub mod consensus;
+pub mod embedded;
 pub mod error;
-pub mod host;
-pub mod maintenance;
 pub mod master;
 pub mod partition;
-pub mod remote;
-pub mod replica;
 pub mod rpc;
 pub mod tserver;
 
+pub use catalog::{ColumnChange, DdlOp, TableId, TableInfo};
 pub use client::{Client, TableHandle, TabletStats, WriteError};
 pub use error::EngineError;
-pub use master::{ColumnChange, TableId, TableInfo};
 pub use nyala_storage as storage;
 pub use partition::{BoundSpec, HashLevel, PartitionSchema, RangeSpec};
 

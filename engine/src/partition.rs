@@ -719,7 +719,7 @@ mod tests {
     #[test]
     fn bucket_products_that_overflow_are_refused() {
         let columns = (0..7)
-            .map(|i| ColumnSchema::new(&format!("k{i}"), ColumnType::Int64, false))
+            .map(|i| ColumnSchema::new(format!("k{i}"), ColumnType::Int64, false))
             .collect();
         let schema = Schema::new(columns, (0..7).collect()).unwrap();
         let levels = |buckets| {

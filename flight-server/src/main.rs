@@ -266,11 +266,9 @@ async fn master(
     masters: Vec<String>,
     unavailable: std::time::Duration,
 ) -> anyhow::Result<()> {
-    use nyala_engine::host::Cluster;
-    use nyala_engine::master::CATALOG_TABLET;
-    use nyala_engine::replica::{Peers, Replication};
-    use nyala_engine::rpc::{InternalService, RaftRouter};
-    let cluster = Cluster::new(default_replicas, tokio::runtime::Handle::current());
+    use nyala_engine::consensus::RaftRouter;
+    use nyala_engine::master::{MasterNode, CATALOG_TABLET};
+    use nyala_engine::tserver::replica::{Peers, Replication};
     let rpc = tokio::net::TcpListener::bind(rpc_addr)
         .await
         .with_context(|| format!("cannot listen on {rpc_addr}"))?;
@@ -301,14 +299,21 @@ async fn master(
         })
     };
     std::fs::create_dir_all(&data_dir)?;
-    let db = Database::open_cluster(&data_dir, cluster.clone(), replication)
-        .await
-        .with_context(|| format!("cannot open the master in {}", data_dir.display()))?;
+    let runtime = tokio::runtime::Handle::current();
+    let dir = data_dir.clone();
+    let node = tokio::task::spawn_blocking(move || {
+        MasterNode::open(&dir, default_replicas, replication, runtime)
+    })
+    .await?
+    .with_context(|| format!("cannot open the master in {}", data_dir.display()))?;
+    let db = Database::with_client(node.client.clone());
+    let (master_service, consensus_service) = node.services();
     let heartbeats = tonic::transport::Server::builder()
-        .add_service(InternalService::master(cluster, db.client()))
+        .add_service(master_service.into_server())
+        .add_service(consensus_service.into_server())
         .serve_with_incoming_shutdown(nyala_engine::rpc::incoming(rpc), shutdown_signal());
     let heartbeats = tokio::spawn(heartbeats);
-    db.start_repairs(unavailable);
+    node.start_repairs(unavailable);
     let listener = tokio::net::TcpListener::bind(flight_addr)
         .await
         .with_context(|| format!("cannot listen on {flight_addr}"))?;
@@ -335,7 +340,8 @@ async fn tserver(
     flight_addr: Option<SocketAddr>,
 ) -> anyhow::Result<()> {
     use nyala_engine::clock::HybridClock;
-    use nyala_engine::rpc::{InternalService, RaftRouter};
+    use nyala_engine::consensus::{ConsensusService, RaftRouter};
+    use nyala_engine::tserver::service::TabletServerService;
     use nyala_engine::tserver::TabletServer;
     let router = RaftRouter::new(tokio::runtime::Handle::current());
     let dir = data_dir.clone();
@@ -361,14 +367,15 @@ async fn tserver(
         data_dir.display()
     ));
     if !masters.is_empty() {
-        tokio::spawn(nyala_engine::rpc::heartbeat_loop(
+        tokio::spawn(nyala_engine::tserver::heartbeater::heartbeat_loop(
             server.clone(),
             addr.to_string(),
             masters.clone(),
         ));
     }
     let rpc = tonic::transport::Server::builder()
-        .add_service(InternalService::new(server.clone()))
+        .add_service(TabletServerService::new(server.clone()).into_server())
+        .add_service(ConsensusService::new(vec![server.clone()]).into_server())
         .serve_with_incoming_shutdown(nyala_engine::rpc::incoming(listener), shutdown_signal());
     match flight_addr {
         None => rpc.await?,

@@ -112,26 +112,17 @@ impl Database {
             .memory_limit_bytes
             .unwrap_or(nyala_engine::tserver::DEFAULT_MEMORY_LIMIT);
         let client = tokio::task::spawn_blocking(move || {
-            Client::open_embedded(&dir, tablet_options, memory_limit)
+            nyala_engine::embedded::open(&dir, tablet_options, memory_limit)
         })
         .await
         .map_err(|e| SqlError::Invalid(format!("opening the database failed: {e}")))??;
         Ok(Arc::new(Database { client }))
     }
 
-    /// Opens the master of a cluster: its catalog in `data_dir`, its tablets on the tablet
-    /// servers `cluster` hears from.
-    pub async fn open_cluster(
-        data_dir: &Path,
-        cluster: Arc<nyala_engine::host::Cluster>,
-        replication: Option<nyala_engine::replica::Replication>,
-    ) -> Result<Arc<Database>> {
-        let dir = data_dir.to_path_buf();
-        let client =
-            tokio::task::spawn_blocking(move || Client::open_cluster(&dir, cluster, replication))
-                .await
-                .map_err(|e| SqlError::Invalid(format!("opening the database failed: {e}")))??;
-        Ok(Arc::new(Database { client }))
+    /// The database of `client` (a master's, whose catalog is in process and whose tablets
+    /// are on the cluster's tablet servers).
+    pub fn with_client(client: Client) -> Arc<Database> {
+        Arc::new(Database { client })
     }
 
     /// A new SQL session over this database.
@@ -196,12 +187,7 @@ impl Database {
         )
     }
 
-    /// Starts re-replication (a cluster's master; see [`Client::start_repairs`]).
-    pub fn start_repairs(&self, unavailable: std::time::Duration) {
-        self.client.start_repairs(unavailable);
-    }
-
-    /// The engine client under the SQL layer (a master hands it to its internal RPC).
+    /// The engine client under the SQL layer.
     pub fn client(&self) -> Client {
         self.client.clone()
     }

@@ -926,7 +926,12 @@ mod cluster {
     use std::time::{Duration, Instant};
 
     use arrow::array::{Array, Int64Array, RecordBatch, StringArray};
-    use nyala_engine::rpc::{request, CreateReplica, Peer, RpcClient, StatusRequest, Write};
+    use nyala_engine::client::meta_cache::TServerClient;
+    use nyala_engine::rpc;
+    use nyala_engine::rpc::proto::common::{Empty, Peer, ServerStatus};
+    use nyala_engine::rpc::proto::tserver::{
+        CreateReplicaRequest, ScanNextRequest, ScanOpenRequest, WriteRequest,
+    };
     use nyala_engine::storage::{
         ColumnSchema, ColumnType, ScanSpec, Schema, Timestamp, WriteBatch, WriteKind,
     };
@@ -1247,13 +1252,7 @@ mod cluster {
     /// The members of `tablet` as the leader among `addrs` reports them.
     async fn voters(addrs: &[String], tablet: &str) -> Option<Vec<u64>> {
         for addr in addrs {
-            let Ok(mut client) = RpcClient::connect(addr).await else {
-                continue;
-            };
-            let Ok(response) = client.call(request::Kind::Status(StatusRequest {})).await else {
-                continue;
-            };
-            let Some(status) = response.status else {
+            let Some(status) = status(addr).await else {
                 continue;
             };
             if let Some(r) = status.replicas.iter().find(|r| r.tablet_id == tablet) {
@@ -1351,13 +1350,7 @@ mod cluster {
         cluster.restart_server(victim);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let mut client = RpcClient::connect(&addrs[victim]).await.unwrap();
-            let status = client
-                .call(request::Kind::Status(StatusRequest {}))
-                .await
-                .unwrap()
-                .status
-                .unwrap();
+            let status = status(&addrs[victim]).await.unwrap();
             if status.replicas.iter().all(|r| r.tablet_id != tablet) {
                 break;
             }
@@ -1590,16 +1583,21 @@ mod cluster {
         .unwrap()
     }
 
+    /// The tablet server at `addr`, if it answers.
+    async fn tserver(addr: &str) -> Option<TServerClient> {
+        Some(rpc::tserver(rpc::connect(addr).await.ok()?))
+    }
+
+    /// What the tablet server at `addr` reports of its replicas, if it answers.
+    async fn status(addr: &str) -> Option<ServerStatus> {
+        let mut client = tserver(addr).await?;
+        Some(client.status(Empty {}).await.ok()?.into_inner())
+    }
+
     /// The leader of `tablet` as the reachable servers report it.
     async fn leader(addrs: &[String], tablet: &str) -> Option<String> {
         for addr in addrs {
-            let Ok(mut client) = RpcClient::connect(addr).await else {
-                continue;
-            };
-            let Ok(response) = client.call(request::Kind::Status(StatusRequest {})).await else {
-                continue;
-            };
-            let Some(status) = response.status else {
+            let Some(status) = status(addr).await else {
                 continue;
             };
             let Some(replica) = status.replicas.iter().find(|r| r.tablet_id == tablet) else {
@@ -1639,27 +1637,29 @@ mod cluster {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             };
-            let Ok(mut client) = RpcClient::connect(&addr).await else {
+            let Some(mut client) = tserver(&addr).await else {
                 continue;
             };
             let response = client
-                .call(request::Kind::Write(Write {
+                .write(WriteRequest {
                     tablet_id: tablet.into(),
                     batch: batch.clone(),
-                }))
-                .await;
+                })
+                .await
+                .map_err(rpc::from_status);
             match response {
-                Ok(r) if r.error.is_empty() => return started.elapsed(),
-                Ok(r) if r.not_leader => {}
-                Ok(r) => panic!("write failed: {}", r.error),
-                Err(_) => {}
+                Ok(_) => return started.elapsed(),
+                Err(
+                    nyala_engine::EngineError::Raft(_) | nyala_engine::EngineError::Unavailable(_),
+                ) => {}
+                Err(e) => panic!("write failed: {e}"),
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
     async fn scan_keys(addr: &str, tablet: &str) -> Vec<i64> {
-        let mut client = RpcClient::connect(addr).await.unwrap();
+        let mut client = tserver(addr).await.unwrap();
         let spec = ScanSpec {
             projection: Some(vec![0]),
             predicates: vec![],
@@ -1667,8 +1667,26 @@ mod cluster {
             limit: None,
             batch_size: 1000,
         };
+        let mut answer = client
+            .scan_open(ScanOpenRequest {
+                tablet_id: tablet.into(),
+                spec: spec.encode().unwrap(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut batches = rpc::decode_rows(std::mem::take(&mut answer.ipc)).unwrap();
+        while !answer.done {
+            let scanner_id = answer.scanner_id;
+            answer = client
+                .scan_next(ScanNextRequest { scanner_id })
+                .await
+                .unwrap()
+                .into_inner();
+            batches.extend(rpc::decode_rows(std::mem::take(&mut answer.ipc)).unwrap());
+        }
         let mut keys = Vec::new();
-        for batch in client.scan(tablet, &spec).await.unwrap() {
+        for batch in batches {
             let k = batch
                 .column(0)
                 .as_any()
@@ -1697,16 +1715,15 @@ mod cluster {
             })
             .collect();
         for server in &servers {
-            let mut client = RpcClient::connect(&server.addr).await.unwrap();
-            let response = client
-                .call(request::Kind::CreateReplica(CreateReplica {
+            let mut client = tserver(&server.addr).await.unwrap();
+            client
+                .create_replica(CreateReplicaRequest {
                     tablet_id: tablet.into(),
                     schema_json: serde_json::to_string(&schema()).unwrap(),
                     peers: peers.clone(),
-                }))
+                })
                 .await
                 .unwrap();
-            assert!(response.error.is_empty(), "{}", response.error);
         }
         let mut next = 0i64;
         let mut failovers = Vec::new();

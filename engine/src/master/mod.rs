@@ -6,7 +6,7 @@
 //! tablets first and then commits the catalog row, so a crash in between leaves only orphan
 //! tablets, which the next start deletes.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -15,47 +15,31 @@ use nyala_storage::{
     ColumnSchema, ColumnType, ScanSpec, Schema, TabletOptions, Timestamp, WriteBatch, WriteKind,
 };
 use parking_lot::RwLock;
-use serde::{Deserialize, Serialize};
 
+use crate::catalog::{Catalog, ColumnChange, DdlOp, TableInfo};
 use crate::clock::HybridClock;
-use crate::host::{Cluster, TabletHost};
+use crate::consensus::RaftGroups;
 use crate::partition::{PartitionSchema, RangeSpec};
-use crate::remote::DdlOp;
-use crate::replica::Replication;
-use crate::replica::TabletReplica;
-use crate::rpc::{request, ChangeMembership, CopyTablet, Peer};
+use crate::tserver::replica::{Replication, TabletReplica};
 use crate::{EngineError, Result};
-use std::collections::HashMap;
-use std::time::Duration;
 
-pub type TableId = String;
+mod node;
+pub mod placement;
+pub mod registry;
+mod repair;
+pub mod service;
 
-/// A table's definition as the catalog stores it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TableInfo {
-    pub id: TableId,
-    pub name: String,
-    pub schema: Schema,
-    pub partition: PartitionSchema,
-    /// Tablet ids, in the partitioning's tablet order (see [`PartitionSchema`]).
-    pub tablets: Vec<String>,
-    /// Replicas of each tablet (0: the host's default).
-    #[serde(default)]
-    pub replicas: usize,
-    /// The tablet servers holding each tablet's replicas, in a cluster (empty in the embedded
-    /// node).
-    #[serde(default)]
-    pub placement: BTreeMap<String, Vec<u64>>,
-}
+pub use node::MasterNode;
+pub use placement::{ClusterPlacement, TabletPlacement};
+pub use registry::TServerRegistry;
 
-/// One change of `ALTER TABLE ... ADD | DROP | RENAME COLUMN`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum ColumnChange {
-    Add(ColumnSchema),
-    Drop(String),
-    Rename { name: String, new_name: String },
-}
-
+/// The master of a database: the catalog, and the lifecycle of every table's tablets.
+///
+/// ```ignore
+/// let master = Master::open(&dir, clock, placement, None)?;
+/// master.ddl(DdlOp::CreateTable { name, schema, partition, if_not_exists: false, replicas: 0 }).await?;
+/// let table = master.table("events");
+/// ```
 pub struct Master {
     catalog: Arc<TabletReplica>,
     /// The catalog entry `tables` reflects; a replicated catalog whose followers applied more
@@ -63,7 +47,7 @@ pub struct Master {
     loaded: std::sync::atomic::AtomicU64,
     /// Where the masters of a replicated catalog listen, by Raft node id.
     masters: BTreeMap<u64, String>,
-    host: TabletHost,
+    placement: Arc<dyn TabletPlacement>,
     tables: RwLock<BTreeMap<String, Arc<TableInfo>>>,
     ddl: tokio::sync::Mutex<()>,
 }
@@ -86,7 +70,7 @@ impl Master {
     pub fn open(
         dir: &Path,
         clock: Arc<HybridClock>,
-        host: TabletHost,
+        placement: Arc<dyn TabletPlacement>,
         replication: Option<Replication>,
     ) -> Result<Self> {
         let catalog_dir = dir.join("catalog");
@@ -122,7 +106,7 @@ impl Master {
             catalog: Arc::new(catalog),
             loaded: Default::default(),
             masters,
-            host,
+            placement,
             tables: RwLock::new(BTreeMap::new()),
             ddl: tokio::sync::Mutex::new(()),
         };
@@ -178,42 +162,10 @@ impl Master {
         Ok(())
     }
 
-    /// Deletes tablets no table owns (a crash during CREATE or DROP TABLE) and recreates tablets
-    /// a table owns but the server lacks.
+    /// Has the tablets match the catalog after a crash (see [`TabletPlacement::reconcile`]).
     fn reconcile_tablets(&self) -> Result<()> {
-        // In a cluster, tablet servers own their replicas (re-replication is the cluster's).
-        let TabletHost::Local(tserver) = &self.host else {
-            return Ok(());
-        };
-        let tables = self.tables.read().clone();
-        let owned: HashSet<&str> = tables
-            .values()
-            .flat_map(|t| t.tablets.iter().map(String::as_str))
-            .collect();
-        for id in tserver.tablet_ids() {
-            if !owned.contains(id.as_str()) {
-                tracing::warn!(tablet = %id, "deleting orphan tablet");
-                tserver.delete_tablet(&id)?;
-            }
-        }
-        for table in tables.values() {
-            for id in &table.tablets {
-                match tserver.replica(id) {
-                    Err(_) => {
-                        tracing::error!(table = %table.name, tablet = %id, "tablet missing; recreating it empty");
-                        tserver.create_tablet(id, &table.schema)?;
-                    }
-                    // A schema change committed to the catalog that a crash kept from this
-                    // tablet: finish it.
-                    Ok(replica) if *replica.schema() != table.schema => {
-                        tracing::warn!(table = %table.name, tablet = %id, "finishing an interrupted schema change");
-                        futures::executor::block_on(replica.alter_schema(&table.schema))?;
-                    }
-                    Ok(_) => {}
-                }
-            }
-        }
-        Ok(())
+        let tables: Vec<Arc<TableInfo>> = self.tables.read().values().cloned().collect();
+        self.placement.reconcile(&tables)
     }
 
     pub fn table(&self, name: &str) -> Option<Arc<TableInfo>> {
@@ -272,7 +224,7 @@ impl Master {
         let mut created = Ok(());
         for t in tablets {
             match self
-                .host
+                .placement
                 .create_tablet(t, &info.schema, info.replicas)
                 .await
             {
@@ -302,214 +254,10 @@ impl Master {
         Ok(())
     }
 
-    /// Re-replication, one tablet at a time (on the master that leads the catalog): a tablet
-    /// with a replica on a server silent for longer than `unavailable`, or that the tablet's
-    /// leader has not heard from for that long, gets a new replica on a
-    /// live server that has none: copied from the leader, added as a learner, promoted to voter
-    /// once it has caught up, and then the silent member is removed and the catalog updated.
-    /// Returns whether a tablet was repaired.
-    pub async fn repair_once(&self, cluster: &Cluster, unavailable: Duration) -> Result<bool> {
-        if self.catalog.group_state().leader != self.catalog.node_id() {
-            return Ok(false);
-        }
-        self.delete_stale_replicas(cluster).await;
-        for table in self.tables() {
-            for (tablet, servers) in &table.placement {
-                // A member whose server is silent, or whom the leader does not hear from.
-                let gone = |s: u64| {
-                    cluster.silent_for(s).is_none_or(|t| t > unavailable)
-                        || cluster
-                            .unreachable_for(tablet, s)
-                            .is_some_and(|t| t > unavailable)
-                };
-                let Some(&dead) = servers.iter().find(|s| gone(**s)) else {
-                    continue;
-                };
-                let Some(leader) = cluster
-                    .leader_of(tablet)
-                    .filter(|l| servers.contains(l) && *l != dead)
-                else {
-                    continue;
-                };
-                let mut candidates: Vec<(u64, String, usize)> = cluster
-                    .live_servers()
-                    .into_iter()
-                    .filter(|(id, _, _)| {
-                        !servers.contains(id) && cluster.replica_status(*id, tablet).is_none()
-                    })
-                    .collect();
-                candidates.sort_by_key(|(id, _, held)| (*held, *id));
-                let Some((target, target_address, _)) = candidates.into_iter().next() else {
-                    tracing::warn!(%tablet, "no live server to re-replicate to");
-                    continue;
-                };
-                tracing::info!(%tablet, dead, target, "re-replicating");
-                self.replace_replica(
-                    cluster,
-                    &table,
-                    tablet,
-                    servers,
-                    leader,
-                    dead,
-                    target,
-                    target_address,
-                )
-                .await?;
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    }
-
-    /// Deletes replicas that live servers hold but that belong to no table, or that their
-    /// tablet's group no longer counts as members (a server back after it was replaced, or a
-    /// copy whose re-replication failed).
-    async fn delete_stale_replicas(&self, cluster: &Cluster) {
-        // Holding the DDL lock: a table being created has replicas before the catalog has it.
-        let _ddl = self.ddl.lock().await;
-        let placement: HashMap<String, Vec<u64>> = self
-            .tables()
-            .iter()
-            .flat_map(|t| {
-                t.tablets
-                    .iter()
-                    .map(move |id| (id.clone(), t.placement.get(id).cloned().unwrap_or_default()))
-            })
-            .collect();
-        for (server, _, _) in cluster.live_servers() {
-            for replica in cluster.replicas_of(server) {
-                let tablet = &replica.tablet_id;
-                let stale = match placement.get(tablet) {
-                    None => true,
-                    Some(servers) if servers.contains(&server) => false,
-                    Some(_) => cluster
-                        .leader_of(tablet)
-                        .and_then(|l| cluster.replica_status(l, tablet))
-                        .is_some_and(|r| {
-                            !r.voters.contains(&server) && !r.learners.contains(&server)
-                        }),
-                };
-                if !stale {
-                    continue;
-                }
-                tracing::info!(%tablet, server, "deleting a stale replica");
-                let deleted = cluster
-                    .call_server(
-                        server,
-                        request::Kind::DeleteReplica(crate::rpc::TabletRef {
-                            tablet_id: tablet.clone(),
-                        }),
-                    )
-                    .await;
-                if let Err(e) = deleted {
-                    tracing::warn!(%tablet, server, error = %e, "cannot delete a stale replica");
-                }
-            }
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn replace_replica(
-        &self,
-        cluster: &Cluster,
-        table: &TableInfo,
-        tablet: &str,
-        servers: &[u64],
-        leader: u64,
-        dead: u64,
-        target: u64,
-        target_address: String,
-    ) -> Result<()> {
-        let ok = |r: crate::rpc::RpcResponse| {
-            if r.error.is_empty() {
-                Ok(())
-            } else {
-                Err(EngineError::Remote(r.error))
-            }
-        };
-        let mut peers: Vec<Peer> = Vec::new();
-        for &s in servers.iter().filter(|&&s| s != dead) {
-            peers.push(Peer {
-                server_id: s,
-                address: cluster.address(s)?,
-            });
-        }
-        peers.push(Peer {
-            server_id: target,
-            address: target_address.clone(),
-        });
-        ok(cluster
-            .call_server(
-                target,
-                request::Kind::CopyTablet(CopyTablet {
-                    tablet_id: tablet.into(),
-                    source: cluster.address(leader)?,
-                    peers,
-                }),
-            )
-            .await?)?;
-        let change = |change: &str, server: u64, address: String| {
-            let change = ChangeMembership {
-                tablet_id: tablet.into(),
-                change: change.into(),
-                server_id: server,
-                address,
-            };
-            async move {
-                cluster
-                    .call_leader(tablet, || request::Kind::ChangeMembership(change.clone()))
-                    .await
-                    .map(drop)
-            }
-        };
-        change("add_learner", target, target_address.clone()).await?;
-        // Promote once the learner has applied what the leader had committed, as the
-        // servers' reports tell.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
-        loop {
-            let reported = cluster.report_received();
-            let mut reported = std::pin::pin!(reported);
-            reported.as_mut().enable();
-            let committed = cluster
-                .leader_of(tablet)
-                .and_then(|l| cluster.replica_status(l, tablet))
-                .map(|r| r.commit);
-            let applied = cluster
-                .replica_status(target, tablet)
-                .map(|r| r.last_applied);
-            if let (Some(c), Some(a)) = (committed, applied) {
-                if a >= c {
-                    break;
-                }
-            }
-            if tokio::time::timeout_at(deadline, reported).await.is_err() {
-                return Err(EngineError::Unavailable(format!(
-                    "the new replica of tablet {tablet} did not catch up"
-                )));
-            }
-        }
-        change("add_voter", target, target_address).await?;
-        change("remove", dead, String::new()).await?;
-        let _ddl = self.ddl.lock().await;
-        let Some(current) = self.table(&table.name) else {
-            return Ok(());
-        };
-        let mut updated = (*current).clone();
-        if let Some(placed) = updated.placement.get_mut(tablet) {
-            placed.retain(|&s| s != dead);
-            placed.push(target);
-        }
-        self.write_catalog(WriteKind::Upsert, &updated).await?;
-        self.tables
-            .write()
-            .insert(updated.name.clone(), Arc::new(updated));
-        Ok(())
-    }
-
     /// Deletes tablet `id` of table `info` wherever its replicas are.
     async fn delete_tablet(&self, info: &TableInfo, id: &str) -> Result<()> {
         let servers = info.placement.get(id).cloned().unwrap_or_default();
-        self.host.delete_tablet(id, &servers).await
+        self.placement.delete_tablet(id, &servers).await
     }
 
     /// The table called `name`, or a TableNotFound error.
@@ -619,7 +367,7 @@ impl Master {
             .write()
             .insert(name.to_string(), Arc::new(altered.clone()));
         for tablet in &altered.tablets {
-            self.host.alter_schema(tablet, &altered.schema).await?;
+            self.placement.alter_schema(tablet, &altered.schema).await?;
         }
         Ok(())
     }
@@ -708,5 +456,34 @@ impl Master {
     /// Flushes and stops the catalog tablet.
     pub fn shutdown(&self) -> Result<()> {
         self.catalog.shutdown()
+    }
+}
+
+#[async_trait::async_trait]
+impl Catalog for Master {
+    async fn ddl(&self, op: DdlOp) -> Result<bool> {
+        Master::ddl(self, op).await
+    }
+
+    fn table(&self, name: &str) -> Option<Arc<TableInfo>> {
+        Master::table(self, name)
+    }
+
+    fn tables(&self) -> Vec<Arc<TableInfo>> {
+        Master::tables(self)
+    }
+
+    fn shutdown(&self) -> Result<()> {
+        Master::shutdown(self)
+    }
+}
+
+impl RaftGroups for Master {
+    fn step(&self, tablet_id: &str, message: nyala_raft::Message) -> Option<nyala_raft::Message> {
+        if tablet_id != CATALOG_TABLET {
+            return Some(message);
+        }
+        self.catalog.step(message);
+        None
     }
 }

@@ -1,6 +1,19 @@
 //! The tablet server: hosts tablet replicas under `<dir>/tablets/<tablet id>/`, has the
-//! [`MaintenanceManager`](crate::maintenance) flush and compact them, and holds writers back
-//! while the in-memory data of all its tablets is above the server's limit.
+//! [`MaintenanceManager`] flush and compact them, and holds writers back while the in-memory
+//! data of all its tablets is above the server's limit.
+//!
+//! - [`replica`]: one tablet behind its Raft log (writes proposed, applied deterministically).
+//! - [`maintenance`]: the thread that flushes and compacts the server's tablets.
+//! - [`service`]: the tablet server's RPC service (writes, scans, replica lifecycle), with
+//!   [`scanners`] (open scans) and [`tablet_copy`] (both ends of copying a replica).
+//! - [`heartbeater`]: the reports this server sends to the masters.
+
+pub mod heartbeater;
+pub mod maintenance;
+pub mod replica;
+pub mod scanners;
+pub mod service;
+pub mod tablet_copy;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -11,16 +24,24 @@ use nyala_storage::{Schema, TabletOptions};
 use parking_lot::RwLock;
 
 use crate::clock::HybridClock;
-use crate::maintenance::MaintenanceManager;
-use crate::replica::{CopyPosition, Peers, Replication, TabletReplica};
-use crate::rpc::{RaftRouter, ReplicaStatus, ServerStatus};
+use crate::consensus::{RaftGroups, RaftRouter};
+use crate::rpc::proto::common::{ReplicaStatus, ServerStatus};
 use crate::{EngineError, Result};
+use maintenance::MaintenanceManager;
+use replica::{CopyPosition, Peers, Replication, TabletReplica};
 
 /// How long a write waits for memory before it is refused.
 const ADMISSION_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default limit on the in-memory data (MemRowSets and deltas) of all tablets of a server.
 pub const DEFAULT_MEMORY_LIMIT: usize = 2 << 30;
 
+/// A tablet server: the replicas in one data directory, and their maintenance.
+///
+/// ```ignore
+/// let server = TabletServer::open(dir, TabletOptions::default(), DEFAULT_MEMORY_LIMIT, clock, None)?;
+/// server.create_tablet("t1", &schema)?;
+/// let rows = server.replica("t1")?.write(&batch).await?;
+/// ```
 pub struct TabletServer {
     /// This server's id, which is also its Raft node id in replicated tablets.
     server_id: u64,
@@ -332,6 +353,18 @@ impl TabletServer {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl RaftGroups for TabletServer {
+    fn step(&self, tablet_id: &str, message: nyala_raft::Message) -> Option<nyala_raft::Message> {
+        match self.replicas.read().get(tablet_id) {
+            Some(replica) => {
+                replica.step(message);
+                None
+            }
+            None => Some(message),
+        }
     }
 }
 

@@ -5,22 +5,23 @@
 //! part (say, a duplicate key), the parts already accepted by other tablets stay, and
 //! [`WriteError`] says how many rows were applied.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use futures::future::join_all;
-use nyala_storage::{
-    ScanIterator, ScanSpec, Schema, TabletOptions, Timestamp, WriteBatch, WriteKind,
-};
+use nyala_storage::{ScanIterator, ScanSpec, Schema, Timestamp, WriteBatch, WriteKind};
 
-use crate::clock::HybridClock;
-use crate::host::{Cluster, TabletHost};
-use crate::master::{ColumnChange, Master, TableInfo};
+use crate::catalog::{Catalog, ColumnChange, DdlOp, TableInfo};
 use crate::partition::{PartitionSchema, RangeSpec};
-use crate::remote::{DdlOp, RemoteMaster};
-use crate::tserver::TabletServer;
 use crate::{EngineError, Result};
+
+pub mod meta_cache;
+pub mod remote_catalog;
+pub mod tablets;
+
+pub use meta_cache::MetaCache;
+pub use remote_catalog::RemoteCatalog;
+pub use tablets::{RemoteTablets, TabletStats, Tablets};
 
 /// Upper bound on the Arrow memory of one replicated write; larger batches are split so a log
 /// entry never grows without bound.
@@ -35,20 +36,18 @@ pub struct WriteError {
     pub error: EngineError,
 }
 
+/// The client the SQL layer uses.
+///
+/// ```ignore
+/// let client = Client::connect_cluster(vec!["master:7051".into()]).await?;
+/// let table = client.table("events")?;
+/// client.write(&table, WriteKind::Insert, &rows).await?;
+/// let batches = client.scan_tablet(&table, 0, ScanSpec::default(), None)?;
+/// ```
 #[derive(Clone)]
 pub struct Client {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    master: MasterHandle,
-    host: TabletHost,
-}
-
-/// The catalog: this process's master, or the masters of the cluster a coordinator belongs to.
-enum MasterHandle {
-    Local(Master),
-    Remote(Arc<RemoteMaster>),
+    catalog: Arc<dyn Catalog>,
+    tablets: Arc<dyn Tablets>,
 }
 
 impl std::fmt::Debug for Client {
@@ -61,70 +60,26 @@ impl std::fmt::Debug for Client {
 pub type TableHandle = Arc<TableInfo>;
 
 impl Client {
-    /// Opens an embedded single node (master and tablet server in this process) in `data_dir`,
-    /// holding at most about `memory_limit` bytes of unflushed data over all its tablets.
-    pub fn open_embedded(
-        data_dir: &Path,
-        options: TabletOptions,
-        memory_limit: usize,
-    ) -> Result<Self> {
-        let clock = Arc::new(HybridClock::new());
-        let tserver = TabletServer::open(
-            &data_dir.join("tserver"),
-            options,
-            memory_limit,
-            clock.clone(),
-            None,
-        )?;
-        let host = TabletHost::Local(tserver);
-        let master = Master::open(&data_dir.join("master"), clock, host.clone(), None)?;
-        Ok(Self {
-            inner: Arc::new(Inner {
-                master: MasterHandle::Local(master),
-                host,
-            }),
-        })
+    /// A client of the catalog `catalog` and the tablets `tablets` (see
+    /// [`crate::embedded::open`] for the embedded node, [`crate::master::MasterNode`] for a
+    /// master, [`Client::connect_cluster`] for a coordinator).
+    pub fn new(catalog: Arc<dyn Catalog>, tablets: Arc<dyn Tablets>) -> Self {
+        Self { catalog, tablets }
     }
 
     /// A coordinator of the cluster whose masters listen at `masters`: it reads the catalog
     /// and the tablet servers from them, and sends DDL to the one that leads the catalog.
     pub async fn connect_cluster(masters: Vec<String>) -> Result<Self> {
-        let cluster = Cluster::new(3, tokio::runtime::Handle::current());
-        let remote = RemoteMaster::connect(masters, cluster.clone()).await?;
-        Ok(Self {
-            inner: Arc::new(Inner {
-                master: MasterHandle::Remote(remote),
-                host: TabletHost::Cluster(cluster),
-            }),
-        })
-    }
-
-    /// Opens the master of a cluster in `data_dir` (its catalog, replicated among the masters
-    /// with `replication`), whose tablets live on the tablet servers `cluster` knows from their
-    /// heartbeats.
-    pub fn open_cluster(
-        data_dir: &Path,
-        cluster: Arc<Cluster>,
-        replication: Option<crate::replica::Replication>,
-    ) -> Result<Self> {
-        let clock = Arc::new(HybridClock::new());
-        let host = TabletHost::Cluster(cluster);
-        let master = Master::open(&data_dir.join("master"), clock, host.clone(), replication)?;
-        Ok(Self {
-            inner: Arc::new(Inner {
-                master: MasterHandle::Local(master),
-                host,
-            }),
-        })
+        let meta = Arc::new(MetaCache::default());
+        let catalog = RemoteCatalog::connect(masters, meta.clone()).await?;
+        let tablets = RemoteTablets::new(meta, tokio::runtime::Handle::current());
+        Ok(Self::new(catalog, Arc::new(tablets)))
     }
 
     /// Runs one DDL statement on the catalog: this process's master, or the cluster's leading
     /// master; whether it did something.
     pub async fn ddl(&self, op: DdlOp) -> Result<bool> {
-        match &self.inner.master {
-            MasterHandle::Local(m) => m.ddl(op).await,
-            MasterHandle::Remote(r) => r.ddl(op).await,
-        }
+        self.catalog.ddl(op).await
     }
 
     pub async fn create_table(
@@ -179,18 +134,13 @@ impl Client {
     }
 
     pub fn table(&self, name: &str) -> Result<TableHandle> {
-        let table = match &self.inner.master {
-            MasterHandle::Local(m) => m.table(name),
-            MasterHandle::Remote(r) => r.table(name),
-        };
-        table.ok_or_else(|| EngineError::TableNotFound(name.into()))
+        self.catalog
+            .table(name)
+            .ok_or_else(|| EngineError::TableNotFound(name.into()))
     }
 
     pub fn tables(&self) -> Vec<TableHandle> {
-        match &self.inner.master {
-            MasterHandle::Local(m) => m.tables(),
-            MasterHandle::Remote(r) => r.tables(),
-        }
+        self.catalog.tables()
     }
 
     /// Writes `rows` (see [`WriteBatch`] for the columns each kind needs) to `table`.
@@ -210,8 +160,7 @@ impl Client {
             let mut applied = 0;
             for chunk in chunks(&rows) {
                 applied += self
-                    .inner
-                    .host
+                    .tablets
                     .write(tablet, &WriteBatch { kind, rows: chunk })
                     .await
                     .map_err(|error| WriteError { applied, error })?;
@@ -246,7 +195,7 @@ impl Client {
         let tablet = table.tablets.get(tablet).ok_or_else(|| {
             EngineError::TabletNotFound(format!("tablet {tablet} of table {}", table.name))
         })?;
-        self.inner.host.scan(tablet, spec, snapshot)
+        self.tablets.scan(tablet, spec, snapshot)
     }
 
     /// About how many rows tablet number `tablet` holds (all tablets: None), for planning.
@@ -257,7 +206,7 @@ impl Client {
         };
         tablets
             .iter()
-            .filter_map(|t| self.inner.host.stats(t).ok())
+            .filter_map(|t| self.tablets.stats(t).ok())
             .map(|s| s.estimated_rows)
             .sum()
     }
@@ -267,7 +216,7 @@ impl Client {
     pub fn safe_snapshot(&self, table: &TableInfo) -> Result<Timestamp> {
         let mut snapshot = Timestamp(u64::MAX);
         for t in &table.tablets {
-            snapshot = snapshot.min(self.inner.host.safe_snapshot(t)?);
+            snapshot = snapshot.min(self.tablets.safe_snapshot(t)?);
         }
         Ok(snapshot)
     }
@@ -278,7 +227,7 @@ impl Client {
             .tablets
             .iter()
             .map(|t| {
-                let mut stats = self.inner.host.stats(t)?;
+                let mut stats = self.tablets.stats(t)?;
                 // The catalog knows where every replica was placed.
                 if let Some(servers) = table.placement.get(t) {
                     stats.replicas = servers.len();
@@ -288,70 +237,11 @@ impl Client {
             .collect()
     }
 
-    /// Starts re-replication in the background (a cluster's master): replicas on tablet
-    /// servers silent for longer than `unavailable` are re-created elsewhere.
-    pub fn start_repairs(&self, unavailable: std::time::Duration) {
-        let TabletHost::Cluster(cluster) = &self.inner.host else {
-            return;
-        };
-        let cluster = cluster.clone();
-        let inner = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                let Some(inner) = inner.upgrade() else { return };
-                let MasterHandle::Local(master) = &inner.master else {
-                    return;
-                };
-                if let Err(e) = master.repair_once(&cluster, unavailable).await {
-                    tracing::warn!(error = %e, "re-replication failed; retrying");
-                }
-            }
-        });
-    }
-
-    /// The catalog's replica (None on a coordinator that is not a master).
-    pub fn catalog(&self) -> Option<Arc<crate::replica::TabletReplica>> {
-        match &self.inner.master {
-            MasterHandle::Local(m) => Some(m.catalog().clone()),
-            MasterHandle::Remote(_) => None,
-        }
-    }
-
     /// Flushes every tablet and the catalog, then stops them.
     pub fn shutdown(&self) -> Result<()> {
-        let tablets = match &self.inner.host {
-            TabletHost::Local(tserver) => tserver.shutdown(),
-            TabletHost::Cluster(_) => Ok(()),
-        };
-        let catalog = match &self.inner.master {
-            MasterHandle::Local(m) => m.shutdown(),
-            MasterHandle::Remote(_) => Ok(()),
-        };
-        tablets.and(catalog)
+        let tablets = self.tablets.shutdown();
+        tablets.and(self.catalog.shutdown())
     }
-}
-
-/// What [`Client::tablet_stats`] reports of one tablet.
-#[derive(Clone, Debug, Default)]
-pub struct TabletStats {
-    pub id: String,
-    /// Rows in memory and on disk, counting deleted and updated rows too.
-    pub estimated_rows: usize,
-    pub disk_bytes: u64,
-    /// Unflushed data.
-    pub memory_bytes: usize,
-    /// DiskRowSets.
-    pub rowsets: usize,
-    /// UNDO and REDO delta files of all rowsets.
-    pub delta_files: usize,
-    /// Column files of all rowsets (new base data of updated columns).
-    pub column_files: usize,
-    /// Compactions run since the server started.
-    pub compactions: u64,
-    /// Where its leader is ("local" in the embedded node).
-    pub leader: String,
-    pub replicas: usize,
 }
 
 /// Splits a batch into slices of at most [`MAX_WRITE_BYTES`] of Arrow memory (zero-copy).

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::replica::TabletReplica;
+use crate::tserver::replica::TabletReplica;
 use crate::tserver::TabletServer;
 
 /// The shortest time between two rounds that writes ask for.

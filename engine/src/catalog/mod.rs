@@ -1,0 +1,87 @@
+//! The catalog's vocabulary: what a table is ([`TableInfo`]), the DDL operations on tables
+//! ([`DdlOp`], defined once and used by the SQL layer, the client, the RPC between coordinator
+//! and master, and the master), and the [`Catalog`] seam through which a client reads table
+//! definitions and runs DDL — on the master in this process, or on the cluster's leading master.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use nyala_storage::{ColumnSchema, Schema};
+use serde::{Deserialize, Serialize};
+
+use crate::partition::{PartitionSchema, RangeSpec};
+use crate::Result;
+
+pub type TableId = String;
+
+/// A table's definition as the catalog stores it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TableInfo {
+    pub id: TableId,
+    pub name: String,
+    pub schema: Schema,
+    pub partition: PartitionSchema,
+    /// Tablet ids, in the partitioning's tablet order (see [`PartitionSchema`]).
+    pub tablets: Vec<String>,
+    /// Replicas of each tablet (0: the host's default).
+    #[serde(default)]
+    pub replicas: usize,
+    /// The tablet servers holding each tablet's replicas, in a cluster (empty in the embedded
+    /// node).
+    #[serde(default)]
+    pub placement: BTreeMap<String, Vec<u64>>,
+}
+
+/// One change of `ALTER TABLE ... ADD | DROP | RENAME COLUMN`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ColumnChange {
+    Add(ColumnSchema),
+    Drop(String),
+    Rename { name: String, new_name: String },
+}
+
+/// One DDL operation on the catalog.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum DdlOp {
+    CreateTable {
+        name: String,
+        schema: Schema,
+        partition: PartitionSchema,
+        if_not_exists: bool,
+        replicas: usize,
+    },
+    DropTable {
+        name: String,
+        if_exists: bool,
+    },
+    RenameTable {
+        name: String,
+        new_name: String,
+    },
+    AlterColumns {
+        name: String,
+        changes: Vec<ColumnChange>,
+    },
+    AddRangePartition {
+        name: String,
+        range: RangeSpec,
+    },
+    DropRangePartition {
+        name: String,
+        range: RangeSpec,
+    },
+}
+
+/// Where a client finds table definitions and runs DDL.
+#[async_trait::async_trait]
+pub trait Catalog: Send + Sync + 'static {
+    /// Runs one DDL operation; whether it did something (a CREATE ... IF NOT EXISTS of an
+    /// existing table, or a DROP ... IF EXISTS of a missing one, does not).
+    async fn ddl(&self, op: DdlOp) -> Result<bool>;
+    fn table(&self, name: &str) -> Option<Arc<TableInfo>>;
+    fn tables(&self) -> Vec<Arc<TableInfo>>;
+    /// Flushes and stops what this process holds of the catalog.
+    fn shutdown(&self) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,187 @@
+//! Where a client's tablets live, behind one seam ([`Tablets`]): in this process (the embedded
+//! single node, see [`crate::embedded`]) or on a cluster's tablet servers ([`RemoteTablets`]),
+//! reached over internal RPC through the [`MetaCache`]. The client does everything with
+//! tablets through it, so the embedded node and a cluster share one code path (decision 6).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use nyala_storage::{ScanIterator, ScanSpec, StorageError, Timestamp, WriteBatch};
+
+use super::meta_cache::MetaCache;
+use crate::rpc::decode_rows;
+use crate::rpc::proto::common::TabletRef;
+use crate::rpc::proto::tserver::{ScanNextRequest, ScanOpenRequest, ScanResponse, WriteRequest};
+use crate::Result;
+
+/// What [`crate::Client::tablet_stats`] reports of one tablet.
+#[derive(Clone, Debug, Default)]
+pub struct TabletStats {
+    pub id: String,
+    /// Rows in memory and on disk, counting deleted and updated rows too.
+    pub estimated_rows: usize,
+    pub disk_bytes: u64,
+    /// Unflushed data.
+    pub memory_bytes: usize,
+    /// DiskRowSets.
+    pub rowsets: usize,
+    /// UNDO and REDO delta files of all rowsets.
+    pub delta_files: usize,
+    /// Column files of all rowsets (new base data of updated columns).
+    pub column_files: usize,
+    /// Compactions run since the server started.
+    pub compactions: u64,
+    /// Where its leader is ("local" in the embedded node).
+    pub leader: String,
+    pub replicas: usize,
+}
+
+/// Reads and writes of tablets, wherever they live.
+#[async_trait::async_trait]
+pub trait Tablets: Send + Sync + 'static {
+    /// Applies one write batch to tablet `id` (on its leader); the rows applied.
+    async fn write(&self, id: &str, batch: &WriteBatch) -> Result<usize>;
+    /// Scans tablet `id` at `snapshot` (None: its leader's safe snapshot).
+    fn scan(&self, id: &str, spec: ScanSpec, snapshot: Option<Timestamp>) -> Result<ScanIterator>;
+    /// The newest snapshot at which tablet `id` has applied every write it will take below it.
+    fn safe_snapshot(&self, id: &str) -> Result<Timestamp>;
+    /// The size and shape of tablet `id` (in a cluster: as its leader last reported).
+    fn stats(&self, id: &str) -> Result<TabletStats>;
+    /// Flushes and stops what this process holds of the tablets.
+    fn shutdown(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The tablets of a cluster, on its tablet servers.
+pub struct RemoteTablets {
+    meta: Arc<MetaCache>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl RemoteTablets {
+    pub fn new(meta: Arc<MetaCache>, runtime: tokio::runtime::Handle) -> Self {
+        Self { meta, runtime }
+    }
+
+    /// Runs `future` to completion from synchronous code on a runtime thread.
+    fn blocking<T>(&self, future: impl std::future::Future<Output = T>) -> T {
+        tokio::task::block_in_place(|| self.runtime.block_on(future))
+    }
+}
+
+#[async_trait::async_trait]
+impl Tablets for RemoteTablets {
+    async fn write(&self, id: &str, batch: &WriteBatch) -> Result<usize> {
+        let encoded = batch.encode();
+        let (_, answer) = self
+            .meta
+            .call_leader(id, |mut server| {
+                let request = WriteRequest {
+                    tablet_id: id.into(),
+                    batch: encoded.clone(),
+                };
+                async move { server.write(request).await }
+            })
+            .await?;
+        Ok(answer.rows as usize)
+    }
+
+    fn scan(
+        &self,
+        id: &str,
+        mut spec: ScanSpec,
+        snapshot: Option<Timestamp>,
+    ) -> Result<ScanIterator> {
+        spec.snapshot = snapshot.unwrap_or(Timestamp(0));
+        Ok(Box::new(RemoteScan {
+            meta: self.meta.clone(),
+            runtime: self.runtime.clone(),
+            tablet: id.to_string(),
+            spec: Some(spec),
+            scanner: None,
+            batches: VecDeque::new(),
+        }))
+    }
+
+    fn safe_snapshot(&self, id: &str) -> Result<Timestamp> {
+        let (_, answer) = self.blocking(self.meta.call_leader(id, |mut server| {
+            let request = TabletRef {
+                tablet_id: id.into(),
+            };
+            async move { server.safe_snapshot(request).await }
+        }))?;
+        Ok(Timestamp(answer.snapshot))
+    }
+
+    fn stats(&self, id: &str) -> Result<TabletStats> {
+        Ok(self.meta.stats(id))
+    }
+}
+
+/// A scan of a tablet on its leader through a scanner; opened at the first batch asked for,
+/// then continued chunk by chunk.
+struct RemoteScan {
+    meta: Arc<MetaCache>,
+    runtime: tokio::runtime::Handle,
+    tablet: String,
+    spec: Option<ScanSpec>,
+    /// The server holding the open scanner, and the scanner's id.
+    scanner: Option<(u64, u64)>,
+    batches: VecDeque<RecordBatch>,
+}
+
+impl RemoteScan {
+    fn fetch(&mut self) -> Result<()> {
+        let (server, answer): (u64, ScanResponse) = match self.spec.take() {
+            Some(spec) => {
+                let encoded = spec.encode()?;
+                let tablet = self.tablet.clone();
+                let call = self.meta.call_leader(&self.tablet, |mut server| {
+                    let request = ScanOpenRequest {
+                        tablet_id: tablet.clone(),
+                        spec: encoded.clone(),
+                    };
+                    async move { server.scan_open(request).await }
+                });
+                tokio::task::block_in_place(|| self.runtime.block_on(call))?
+            }
+            None => {
+                let Some((server, scanner_id)) = self.scanner else {
+                    return Ok(());
+                };
+                let call = self.meta.call_server(server, |mut client| async move {
+                    client.scan_next(ScanNextRequest { scanner_id }).await
+                });
+                (
+                    server,
+                    tokio::task::block_in_place(|| self.runtime.block_on(call))?,
+                )
+            }
+        };
+        self.scanner = (!answer.done).then_some((server, answer.scanner_id));
+        self.batches.extend(decode_rows(answer.ipc)?);
+        Ok(())
+    }
+}
+
+impl Iterator for RemoteScan {
+    type Item = std::result::Result<RecordBatch, StorageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(batch) = self.batches.pop_front() {
+                return Some(Ok(batch));
+            }
+            if self.spec.is_none() && self.scanner.is_none() {
+                return None;
+            }
+            if let Err(e) = self.fetch() {
+                self.spec = None;
+                self.scanner = None;
+                return Some(Err(StorageError::Io(std::io::Error::other(e.to_string()))));
+            }
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The embedded single node (`nyala serve`): a master and one tablet server in this process.
+//! The master places every tablet in the local tablet server and the client reads and writes
+//! them in process, through the same seams a cluster uses over RPC
+//! ([`TabletPlacement`], [`Tablets`]).
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use nyala_storage::{ScanIterator, ScanSpec, Schema, TabletOptions, Timestamp, WriteBatch};
+
+use crate::catalog::TableInfo;
+use crate::client::{Client, TabletStats, Tablets};
+use crate::clock::HybridClock;
+use crate::master::{Master, TabletPlacement};
+use crate::tserver::TabletServer;
+use crate::{EngineError, Result};
+
+/// Opens an embedded single node in `data_dir`, holding at most about `memory_limit` bytes of
+/// unflushed data over all its tablets. Blocking: it opens every tablet.
+///
+/// ```ignore
+/// let client = nyala_engine::embedded::open(dir, TabletOptions::default(), 2 << 30)?;
+/// client.ddl(DdlOp::CreateTable { .. }).await?;
+/// ```
+pub fn open(data_dir: &Path, options: TabletOptions, memory_limit: usize) -> Result<Client> {
+    let clock = Arc::new(HybridClock::new());
+    let server = TabletServer::open(
+        &data_dir.join("tserver"),
+        options,
+        memory_limit,
+        clock.clone(),
+        None,
+    )?;
+    let local = Arc::new(LocalTablets(server));
+    let master = Master::open(&data_dir.join("master"), clock, local.clone(), None)?;
+    Ok(Client::new(Arc::new(master), local))
+}
+
+/// The tablets of this process's tablet server.
+struct LocalTablets(Arc<TabletServer>);
+
+#[async_trait::async_trait]
+impl TabletPlacement for LocalTablets {
+    async fn create_tablet(&self, id: &str, schema: &Schema, replicas: usize) -> Result<Vec<u64>> {
+        if replicas > 1 {
+            return Err(EngineError::InvalidTable(format!(
+                "replicas = {replicas}: this single node has one tablet server; run a \
+                 cluster (nyala master + nyala tserver) for more replicas"
+            )));
+        }
+        let (server, id, schema) = (self.0.clone(), id.to_string(), schema.clone());
+        crate::rpc::blocking(move || server.create_tablet(&id, &schema)).await?;
+        Ok(vec![])
+    }
+
+    async fn delete_tablet(&self, id: &str, _servers: &[u64]) -> Result<()> {
+        let (server, id) = (self.0.clone(), id.to_string());
+        crate::rpc::blocking(move || server.delete_tablet(&id)).await
+    }
+
+    async fn alter_schema(&self, id: &str, schema: &Schema) -> Result<()> {
+        self.0.replica(id)?.alter_schema(schema).await
+    }
+
+    /// Deletes tablets no table owns (a crash during CREATE or DROP TABLE), recreates tablets
+    /// a table owns but the server lacks, and finishes schema changes a crash interrupted.
+    fn reconcile(&self, tables: &[Arc<TableInfo>]) -> Result<()> {
+        let server = &self.0;
+        let owned: HashSet<&str> = tables
+            .iter()
+            .flat_map(|t| t.tablets.iter().map(String::as_str))
+            .collect();
+        for id in server.tablet_ids() {
+            if !owned.contains(id.as_str()) {
+                tracing::warn!(tablet = %id, "deleting orphan tablet");
+                server.delete_tablet(&id)?;
+            }
+        }
+        for table in tables {
+            for id in &table.tablets {
+                match server.replica(id) {
+                    Err(_) => {
+                        tracing::error!(table = %table.name, tablet = %id, "tablet missing; recreating it empty");
+                        server.create_tablet(id, &table.schema)?;
+                    }
+                    // A schema change committed to the catalog that a crash kept from this
+                    // tablet: finish it (before the node serves anything).
+                    Ok(replica) if *replica.schema() != table.schema => {
+                        tracing::warn!(table = %table.name, tablet = %id, "finishing an interrupted schema change");
+                        futures::executor::block_on(replica.alter_schema(&table.schema))?;
+                    }
+                    Ok(_) => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Tablets for LocalTablets {
+    async fn write(&self, id: &str, batch: &WriteBatch) -> Result<usize> {
+        self.0.admit_write().await?;
+        self.0.replica(id)?.write(batch).await
+    }
+
+    fn scan(&self, id: &str, spec: ScanSpec, snapshot: Option<Timestamp>) -> Result<ScanIterator> {
+        self.0.replica(id)?.scan(spec, snapshot)
+    }
+
+    fn safe_snapshot(&self, id: &str) -> Result<Timestamp> {
+        Ok(self.0.replica(id)?.safe_snapshot())
+    }
+
+    fn stats(&self, id: &str) -> Result<TabletStats> {
+        let replica = self.0.replica(id)?;
+        let tablet = replica.tablet();
+        Ok(TabletStats {
+            id: id.to_string(),
+            estimated_rows: tablet.estimated_rows(),
+            disk_bytes: tablet.disk_bytes(),
+            memory_bytes: tablet.memory_bytes(),
+            rowsets: tablet.rowset_count(),
+            delta_files: tablet.delta_file_count(),
+            column_files: tablet.column_file_count(),
+            compactions: tablet.compactions(),
+            leader: "local".into(),
+            replicas: 1,
+        })
+    }
+
+    fn shutdown(&self) -> Result<()> {
+        self.0.shutdown()
+    }
+}

@@ -1,0 +1,250 @@
+//! Internal RPC between Nyala servers (tonic gRPC, prost messages; decision 5).
+//!
+//! One gRPC service per role, declared in `engine/proto/` and generated at build time by a
+//! pure-Rust protobuf compiler (no protoc): the tablet server's ([`proto::tserver`]), the
+//! consensus service that carries Raft messages between replicas ([`proto::consensus`]), and the
+//! master's ([`proto::master`]). Every method has its own request and response.
+//!
+//! A failure travels as a gRPC status whose details hold an [`proto::common::ErrorDetail`]:
+//! [`to_status`] turns an [`EngineError`] into one, and [`from_status`] gives the caller the
+//! same error back (a replica that does not lead its tablet still names the leader it knows),
+//! so code above the RPC layer sees the errors it would see in one process.
+
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use nyala_raft::RaftError;
+use prost::Message as _;
+use tonic::transport::Channel;
+
+use crate::EngineError;
+
+/// The messages and services, as generated from `engine/proto/`.
+pub mod proto {
+    pub mod common {
+        tonic::include_proto!("nyala.common");
+    }
+    pub mod consensus {
+        tonic::include_proto!("nyala.consensus");
+    }
+    pub mod tserver {
+        tonic::include_proto!("nyala.tserver");
+    }
+    pub mod master {
+        tonic::include_proto!("nyala.master");
+    }
+}
+
+use proto::common::{ErrorCode, ErrorDetail};
+use proto::consensus::consensus_service_client::ConsensusServiceClient;
+use proto::master::master_service_client::MasterServiceClient;
+use proto::tserver::tablet_server_service_client::TabletServerServiceClient;
+
+/// Most bytes of one RPC message (a write batch or a scan result).
+pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
+
+/// How long an idle internal connection waits before TCP keepalive probes start.
+const KEEPALIVE: Duration = Duration::from_secs(60);
+
+/// The connections accepted on an internal RPC listener, with TCP_NODELAY (a small message
+/// must not wait for the peer's delayed ACK: Nagle's algorithm adds 40 ms per round trip)
+/// and keepalive.
+pub fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(KEEPALIVE))
+}
+
+/// A connection to another server's internal RPC; every service's client shares it.
+pub async fn connect(address: &str) -> Result<Channel, EngineError> {
+    tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .map_err(|e| EngineError::Unsupported(format!("bad address {address}: {e}")))?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(30))
+        .tcp_nodelay(true)
+        .tcp_keepalive(Some(KEEPALIVE))
+        .connect()
+        .await
+        .map_err(|e| EngineError::Unavailable(format!("cannot reach {address}: {e}")))
+}
+
+/// The tablet-server service over `channel`.
+pub fn tserver(channel: Channel) -> TabletServerServiceClient<Channel> {
+    TabletServerServiceClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+}
+
+/// The consensus service over `channel`.
+pub fn consensus(channel: Channel) -> ConsensusServiceClient<Channel> {
+    ConsensusServiceClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+}
+
+/// The master service over `channel`.
+pub fn master(channel: Channel) -> MasterServiceClient<Channel> {
+    MasterServiceClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+}
+
+/// `e` as a gRPC status. `leader_address` resolves a replica's leader hint to an address.
+pub fn to_status(e: &EngineError, leader_address: impl Fn(u64) -> Option<String>) -> tonic::Status {
+    use tonic::Code;
+    let mut detail = ErrorDetail::default();
+    let (code, grpc) = match e {
+        EngineError::Raft(RaftError::NotLeader { leader_hint }) => {
+            let hint = leader_hint.unwrap_or(0);
+            detail.leader_hint = hint;
+            detail.leader_address = leader_address(hint).unwrap_or_default();
+            (ErrorCode::NotLeader, Code::FailedPrecondition)
+        }
+        EngineError::NotLeaderMaster { leader } => {
+            detail.leader_address = leader.clone().unwrap_or_default();
+            (ErrorCode::NotLeaderMaster, Code::FailedPrecondition)
+        }
+        EngineError::TableNotFound(name) => {
+            detail.subject = name.clone();
+            (ErrorCode::TableNotFound, Code::NotFound)
+        }
+        EngineError::TableExists(name) => {
+            detail.subject = name.clone();
+            (ErrorCode::TableExists, Code::AlreadyExists)
+        }
+        EngineError::TabletNotFound(id) => {
+            detail.subject = id.clone();
+            (ErrorCode::TabletNotFound, Code::NotFound)
+        }
+        EngineError::InvalidTable(_) => (ErrorCode::InvalidTable, Code::InvalidArgument),
+        EngineError::NoRangePartition(_) => (ErrorCode::NoRangePartition, Code::InvalidArgument),
+        EngineError::Unsupported(_) => (ErrorCode::Unsupported, Code::InvalidArgument),
+        EngineError::Busy(_) => (ErrorCode::Busy, Code::ResourceExhausted),
+        EngineError::Unavailable(_) => (ErrorCode::ServerError, Code::Unavailable),
+        _ => (ErrorCode::ServerError, Code::Internal),
+    };
+    detail.code = code as i32;
+    tonic::Status::with_details(grpc, e.to_string(), detail.encode_to_vec().into())
+}
+
+/// A status that says a server cannot serve a request of another role.
+pub fn wrong_role(what: &str) -> tonic::Status {
+    let detail = ErrorDetail {
+        code: ErrorCode::WrongRole as i32,
+        ..ErrorDetail::default()
+    };
+    tonic::Status::with_details(
+        tonic::Code::Unimplemented,
+        format!("this server is not {what}"),
+        detail.encode_to_vec().into(),
+    )
+}
+
+/// The engine error a call's status stands for (see [`to_status`]); a status without
+/// details (the server unreachable, a deadline) is [`EngineError::Unavailable`].
+pub fn from_status(status: tonic::Status) -> EngineError {
+    let message = status.message().to_string();
+    if status.details().is_empty() {
+        return EngineError::Unavailable(message);
+    }
+    let Ok(detail) = ErrorDetail::decode(status.details()) else {
+        return EngineError::Remote(message);
+    };
+    match ErrorCode::try_from(detail.code).unwrap_or(ErrorCode::Unspecified) {
+        ErrorCode::NotLeader => EngineError::Raft(RaftError::NotLeader {
+            leader_hint: (detail.leader_hint != 0).then_some(detail.leader_hint),
+        }),
+        ErrorCode::NotLeaderMaster => EngineError::NotLeaderMaster {
+            leader: (!detail.leader_address.is_empty()).then_some(detail.leader_address),
+        },
+        ErrorCode::TableNotFound => EngineError::TableNotFound(detail.subject),
+        ErrorCode::TableExists => EngineError::TableExists(detail.subject),
+        ErrorCode::TabletNotFound => EngineError::TabletNotFound(detail.subject),
+        ErrorCode::InvalidTable => {
+            EngineError::InvalidTable(strip(&message, "invalid table definition: "))
+        }
+        ErrorCode::NoRangePartition => EngineError::NoRangePartition(message),
+        ErrorCode::Unsupported => EngineError::Unsupported(message),
+        ErrorCode::Busy => EngineError::Busy(message),
+        ErrorCode::Unspecified | ErrorCode::ServerError | ErrorCode::WrongRole => {
+            EngineError::Remote(message)
+        }
+    }
+}
+
+fn strip(message: &str, prefix: &str) -> String {
+    message.strip_prefix(prefix).unwrap_or(message).to_string()
+}
+
+/// Answers a request from a handler's result.
+pub fn respond<T>(
+    result: Result<T, EngineError>,
+    leader_address: impl Fn(u64) -> Option<String>,
+) -> Result<tonic::Response<T>, tonic::Status> {
+    result
+        .map(tonic::Response::new)
+        .map_err(|e| to_status(&e, leader_address))
+}
+
+/// A blocking handler's result, run on tokio's blocking pool.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, EngineError> + Send + 'static,
+) -> Result<T, EngineError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| EngineError::Unavailable(format!("the request's task failed: {e}")))?
+}
+
+/// Rows as one Arrow IPC stream, as scans return them (empty: no rows).
+pub fn encode_rows(batches: &[RecordBatch]) -> Result<Vec<u8>, EngineError> {
+    let mut ipc = Vec::new();
+    if let Some(first) = batches.first() {
+        let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut ipc, &first.schema())?;
+        for batch in batches {
+            writer.write(batch)?;
+        }
+        writer.finish()?;
+    }
+    Ok(ipc)
+}
+
+/// The rows [`encode_rows`] encoded.
+pub fn decode_rows(ipc: Vec<u8>) -> Result<Vec<RecordBatch>, EngineError> {
+    if ipc.is_empty() {
+        return Ok(vec![]);
+    }
+    let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(ipc), None)?;
+    Ok(reader.collect::<Result<_, _>>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_cross_the_wire_with_their_kind() {
+        let cases = [
+            EngineError::Raft(RaftError::NotLeader {
+                leader_hint: Some(3),
+            }),
+            EngineError::TableNotFound("t".into()),
+            EngineError::TabletNotFound("abc".into()),
+            EngineError::Busy("memory".into()),
+            EngineError::InvalidTable("no key".into()),
+            EngineError::NotLeaderMaster {
+                leader: Some("h:1".into()),
+            },
+        ];
+        for e in cases {
+            let back = from_status(to_status(&e, |_| Some("h:2".into())));
+            assert_eq!(back.to_string(), e.to_string());
+            assert_eq!(
+                std::mem::discriminant(&back),
+                std::mem::discriminant(&e),
+                "{e}"
+            );
+        }
+        let lost = from_status(tonic::Status::unavailable("connection refused"));
+        assert!(matches!(lost, EngineError::Unavailable(_)));
+    }
+}

@@ -1,0 +1,227 @@
+//! The tablet server's RPC service: writes and scans of its replicas, their creation, schema
+//! changes, deletion and membership changes, and tablet copies. Handlers that touch files run
+//! on tokio's blocking pool, so a slow disk never stalls the RPC threads.
+
+use std::sync::Arc;
+
+use nyala_raft::MembershipChange;
+use nyala_storage::{ScanSpec, Schema, WriteBatch};
+use tonic::{Request, Response, Status};
+
+use super::replica::Peers;
+use super::scanners::Scanners;
+use super::tablet_copy::{receive_copy, CopySessions};
+use super::TabletServer;
+use crate::rpc;
+use crate::rpc::proto::common::{Empty, ServerStatus, TabletRef};
+use crate::rpc::proto::tserver::tablet_server_service_server::{self, TabletServerServiceServer};
+use crate::rpc::proto::tserver::{
+    AlterSchemaRequest, ChangeMembershipRequest, CopyTabletRequest, CreateReplicaRequest,
+    FetchChunkRequest, FetchChunkResponse, MembershipChangeKind, SafeSnapshotResponse,
+    ScanNextRequest, ScanOpenRequest, ScanResponse, TabletFiles, WriteRequest, WriteResponse,
+};
+use crate::{EngineError, Result};
+
+/// The RPC service of one tablet server.
+pub struct TabletServerService {
+    server: Arc<TabletServer>,
+    scanners: Arc<Scanners>,
+    copies: Arc<CopySessions>,
+}
+
+impl TabletServerService {
+    pub fn new(server: Arc<TabletServer>) -> Self {
+        Self {
+            server,
+            scanners: Arc::default(),
+            copies: Arc::default(),
+        }
+    }
+
+    /// The gRPC service.
+    pub fn into_server(self) -> TabletServerServiceServer<Self> {
+        TabletServerServiceServer::new(self)
+            .max_decoding_message_size(rpc::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(rpc::MAX_MESSAGE_BYTES)
+    }
+
+    fn respond<T>(&self, result: Result<T>) -> std::result::Result<Response<T>, Status> {
+        rpc::respond(result, |id| self.server.address_of(id))
+    }
+}
+
+fn parse_schema(json: &str) -> Result<Schema> {
+    serde_json::from_str(json).map_err(|e| EngineError::InvalidTable(format!("bad schema: {e}")))
+}
+
+#[tonic::async_trait]
+impl tablet_server_service_server::TabletServerService for TabletServerService {
+    async fn create_replica(
+        &self,
+        request: Request<CreateReplicaRequest>,
+    ) -> std::result::Result<Response<Empty>, Status> {
+        let create = request.into_inner();
+        let server = self.server.clone();
+        let created = rpc::blocking(move || {
+            let schema = parse_schema(&create.schema_json)?;
+            let peers = Peers {
+                voters: create.peers.iter().map(|p| p.server_id).collect(),
+                addresses: create
+                    .peers
+                    .into_iter()
+                    .map(|p| (p.server_id, p.address))
+                    .collect(),
+            };
+            server
+                .create_replicated_tablet(&create.tablet_id, &schema, peers)
+                .map(|_| Empty {})
+        })
+        .await;
+        self.respond(created)
+    }
+
+    async fn delete_replica(
+        &self,
+        request: Request<TabletRef>,
+    ) -> std::result::Result<Response<Empty>, Status> {
+        let tablet = request.into_inner();
+        let server = self.server.clone();
+        let deleted = rpc::blocking(move || server.delete_tablet(&tablet.tablet_id)).await;
+        self.respond(deleted.map(|()| Empty {}))
+    }
+
+    async fn alter_schema(
+        &self,
+        request: Request<AlterSchemaRequest>,
+    ) -> std::result::Result<Response<Empty>, Status> {
+        let alter = request.into_inner();
+        let altered = async {
+            let schema = parse_schema(&alter.schema_json)?;
+            let replica = self.server.replica(&alter.tablet_id)?;
+            replica.alter_schema(&schema).await
+        }
+        .await;
+        self.respond(altered.map(|()| Empty {}))
+    }
+
+    async fn write(
+        &self,
+        request: Request<WriteRequest>,
+    ) -> std::result::Result<Response<WriteResponse>, Status> {
+        let write = request.into_inner();
+        let written = async {
+            let replica = self.server.replica(&write.tablet_id)?;
+            let batch = WriteBatch::decode(&write.batch)?;
+            self.server.admit_write().await?;
+            replica.write(&batch).await
+        }
+        .await;
+        self.respond(written.map(|rows| WriteResponse { rows: rows as u64 }))
+    }
+
+    async fn scan_open(
+        &self,
+        request: Request<ScanOpenRequest>,
+    ) -> std::result::Result<Response<ScanResponse>, Status> {
+        let open = request.into_inner();
+        let (server, scanners) = (self.server.clone(), self.scanners.clone());
+        let opened = rpc::blocking(move || {
+            let replica = server.replica(&open.tablet_id)?;
+            let spec = ScanSpec::decode(&open.spec)?;
+            let snapshot = (spec.snapshot.0 != 0).then_some(spec.snapshot);
+            let iter = replica.scan(spec, snapshot)?;
+            scanners.next_rows(scanners.open(iter))
+        })
+        .await;
+        self.respond(opened)
+    }
+
+    async fn scan_next(
+        &self,
+        request: Request<ScanNextRequest>,
+    ) -> std::result::Result<Response<ScanResponse>, Status> {
+        let id = request.into_inner().scanner_id;
+        let scanners = self.scanners.clone();
+        self.respond(rpc::blocking(move || scanners.next_rows(id)).await)
+    }
+
+    async fn safe_snapshot(
+        &self,
+        request: Request<TabletRef>,
+    ) -> std::result::Result<Response<SafeSnapshotResponse>, Status> {
+        let snapshot = self
+            .server
+            .replica(&request.into_inner().tablet_id)
+            .map(|r| SafeSnapshotResponse {
+                snapshot: r.safe_snapshot().0,
+            });
+        self.respond(snapshot)
+    }
+
+    async fn status(
+        &self,
+        _request: Request<Empty>,
+    ) -> std::result::Result<Response<ServerStatus>, Status> {
+        Ok(Response::new(self.server.status()))
+    }
+
+    async fn fetch_tablet(
+        &self,
+        request: Request<TabletRef>,
+    ) -> std::result::Result<Response<TabletFiles>, Status> {
+        let tablet = request.into_inner();
+        let (server, copies) = (self.server.clone(), self.copies.clone());
+        let opened = rpc::blocking(move || copies.open(&server, &tablet.tablet_id)).await;
+        self.respond(opened)
+    }
+
+    async fn fetch_chunk(
+        &self,
+        request: Request<FetchChunkRequest>,
+    ) -> std::result::Result<Response<FetchChunkResponse>, Status> {
+        let fetch = request.into_inner();
+        let copies = self.copies.clone();
+        let chunk =
+            rpc::blocking(move || copies.chunk(fetch.session, fetch.file, fetch.offset)).await;
+        self.respond(chunk.map(|chunk| FetchChunkResponse { chunk }))
+    }
+
+    async fn copy_tablet(
+        &self,
+        request: Request<CopyTabletRequest>,
+    ) -> std::result::Result<Response<Empty>, Status> {
+        let copy = request.into_inner();
+        self.respond(receive_copy(&self.server, &copy).await.map(|()| Empty {}))
+    }
+
+    async fn change_membership(
+        &self,
+        request: Request<ChangeMembershipRequest>,
+    ) -> std::result::Result<Response<Empty>, Status> {
+        let change = request.into_inner();
+        let changed = async {
+            let replica = self.server.replica(&change.tablet_id)?;
+            let kind = match MembershipChangeKind::try_from(change.change) {
+                Ok(MembershipChangeKind::AddLearner) => {
+                    MembershipChange::AddLearner(change.server_id)
+                }
+                Ok(MembershipChangeKind::AddVoter) => MembershipChange::AddVoter(change.server_id),
+                Ok(MembershipChangeKind::Remove) => MembershipChange::Remove(change.server_id),
+                _ => {
+                    return Err(EngineError::Unsupported(format!(
+                        "membership change {}",
+                        change.change
+                    )))
+                }
+            };
+            let address =
+                (!change.address.is_empty()).then_some((change.server_id, change.address));
+            if let Some((id, a)) = &address {
+                self.server.learn_address(*id, a.clone());
+            }
+            replica.change_membership(kind, address).await
+        }
+        .await;
+        self.respond(changed.map(|()| Empty {}))
+    }
+}
