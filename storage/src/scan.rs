@@ -58,6 +58,22 @@ pub struct ColumnPredicate {
     pub op: PredicateOp,
 }
 
+/// What a scan reads ([`Tablet::scan`](crate::Tablet::scan)): the rows visible at `snapshot`
+/// that pass every predicate (ANDed), with the `projection` columns, at most `limit` rows, in
+/// batches of about `batch_size` rows. Predicates pinning every key column to a few values
+/// make it a lookup of those keys.
+///
+/// ```no_run
+/// # use nyala_storage::*;
+/// # fn sketch(tablet: &Tablet, key: Scalar, snapshot: Timestamp) -> Result<(), StorageError> {
+/// let spec = ScanSpec {
+///     projection: Some(vec![0, 2]), // table columns, in output order
+///     predicates: vec![ColumnPredicate { column: 0, op: PredicateOp::Eq(key) }],
+///     snapshot, limit: None, batch_size: 1024,
+/// };
+/// for batch in tablet.scan(&spec)? { let _columns_0_and_2 = batch?; }
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct ScanSpec {
     /// Table column indexes to return, in this order; None = all columns.

@@ -1,0 +1,348 @@
+//! DiskRowSets: immutable columnar files holding flushed rows in primary-key order.
+//!
+//! A DiskRowSet is one Parquet file (page statistics; per column the encoding and compression
+//! of its schema, by default dictionary encoding and LZ4) with the table's columns. The row
+//! ordinal in the file identifies a row for its delta store. Keys are encoded from the key
+//! columns when read; in memory each rowset keeps a sparse index of its keys and a bloom filter
+//! (see [`KeyIndex`]), and its first and last key bound which lookups need it at all.
+//!
+//! A major delta compaction that rewrites only the columns updates changed adds a
+//! [`ColumnFile`]: the new base data of those columns, for the same rows in the same order and
+//! row groups. A column is read from the newest file that holds it.
+//!
+//! The files of this module: `column_file.rs` (column files, and which file a column is read
+//! from), `key_index.rs` (the key index and key lookups) and `reader.rs` (scans of the base
+//! data: pruning by statistics and key range, late materialisation).
+
+mod column_file;
+mod key_index;
+mod reader;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, BinaryArray, RecordBatch};
+use arrow::datatypes::{Field, Schema as ArrowSchema};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
+    RowSelector,
+};
+use parquet::arrow::{ArrowWriter, ProjectionMask};
+use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::file::metadata::PageIndexPolicy;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
+
+pub(crate) use crate::bloom::hash_bytes;
+pub use column_file::{ColumnFile, ColumnFileMeta};
+pub(crate) use reader::RowsetReader;
+
+use crate::cache::KeyCache;
+use crate::checksum::ChecksumWriter;
+use crate::{ColumnCompression, ColumnEncoding, ColumnType, Schema, StorageError};
+use key_index::{key_page_starts, read_keys, ExactLen, KeyIndex};
+
+/// Rows per Parquet row group: the unit of statistics pruning, and where a scan may change how
+/// it filters.
+const ROW_GROUP_ROWS: usize = 64 * 1024;
+/// Most rows per data page.
+const PAGE_ROWS: usize = 4 * 1024;
+/// Largest dictionary page: a column whose values need more falls back to plain encoding for
+/// the rest of the row group, so a key lookup never decodes a large dictionary.
+const DICTIONARY_BYTES: usize = 64 * 1024;
+
+/// An immutable rowset on disk: rows in key order, identified by their ordinal, with the key
+/// index in memory (see the module documentation). Its history lives beside it, in the
+/// tablet's [`RowsetDeltas`](crate::delta::RowsetDeltas) for it.
+///
+/// ```ignore
+/// let rowset = DiskRowSet::write(dir, id, &schema, &batches, keys, &cache)?; // or ::open
+/// if let Some(ordinal) = rowset.find(&key, hash_bytes(&key), &cache)? {
+///     let row = rowset.read_rows(&columns, &[ordinal])?; // a few rows by ordinal
+/// }
+/// let scan = rowset.reader(&schema, &columns, &hidden, &predicates, 1024)?; // skips `hidden`
+/// ```
+pub struct DiskRowSet {
+    pub id: u64,
+    path: PathBuf,
+    /// The table's key columns, in key order: keys are encoded from them.
+    key_columns: Vec<usize>,
+    /// Encoded keys, sorted; position = row ordinal.
+    keys: Arc<KeyIndex>,
+    /// Newer base data of some columns, oldest first: each column is read from the newest
+    /// file that has it, or else from the rowset's file.
+    column_files: Vec<Arc<ColumnFile>>,
+    bytes: u64,
+    /// The file's footer and page index, read once.
+    metadata: ArrowReaderMetadata,
+    /// CRC32 of the file (None for files written before checksums were recorded).
+    pub checksum: Option<u32>,
+}
+
+/// The row counts of a file's row groups.
+fn row_groups(metadata: &ArrowReaderMetadata) -> Vec<i64> {
+    let groups = metadata.metadata().row_groups();
+    groups.iter().map(|g| g.num_rows()).collect()
+}
+
+pub(crate) fn load_metadata(file: &File) -> Result<ArrowReaderMetadata, StorageError> {
+    // The offset index lets the decoder skip pages in which no row is selected.
+    let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
+    Ok(ArrowReaderMetadata::load(file, options)?)
+}
+
+impl DiskRowSet {
+    pub fn file_name(id: u64) -> String {
+        format!("rowset-{id:010}.parquet")
+    }
+
+    /// Writes `batches` (table columns, key order) with their `keys` as rowset `id` in `dir`,
+    /// synced to disk, each column with its encoding and compression. The pages of keys go
+    /// into `cache`: the rows just written are the likeliest to be looked up.
+    pub fn write(
+        dir: &Path,
+        id: u64,
+        table: &Schema,
+        batches: &[RecordBatch],
+        keys: Vec<Vec<u8>>,
+        cache: &KeyCache,
+    ) -> Result<DiskRowSet, StorageError> {
+        let path = dir.join(Self::file_name(id));
+        let all: Vec<usize> = (0..table.columns().len()).collect();
+        let checksum = write_columns(&path, table, &all, batches)?;
+        let file = File::open(&path)?;
+        let bytes = file.metadata()?.len();
+        let metadata = load_metadata(&file)?;
+        let key_columns = table.key_columns().to_vec();
+        let starts = key_page_starts(&metadata, key_columns[0]);
+        let index = KeyIndex::new(keys.iter().map(Vec::as_slice), &starts, &path)?;
+        for (p, range) in index.starts.windows(2).enumerate() {
+            let page = &keys[range[0] as usize..range[1] as usize];
+            cache.insert(
+                (index.cache_id, p as u32),
+                BinaryArray::from_iter_values(page),
+            );
+        }
+        let keys = index;
+        Ok(DiskRowSet {
+            id,
+            path,
+            key_columns,
+            keys: Arc::new(keys),
+            column_files: Vec::new(),
+            bytes,
+            metadata,
+            checksum: Some(checksum),
+        })
+    }
+
+    /// The rowset's files: its own and its column files.
+    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+        std::iter::once(self.path.as_path()).chain(self.column_files.iter().map(|f| f.path()))
+    }
+
+    /// Opens rowset `id` of a table with `schema` in `dir` with its column files, checking
+    /// each file against its checksum (when the metadata has one) and indexing the keys.
+    pub fn open(
+        dir: &Path,
+        id: u64,
+        checksum: Option<u32>,
+        column_files: &[ColumnFileMeta],
+        schema: &Schema,
+    ) -> Result<DiskRowSet, StorageError> {
+        let path = dir.join(Self::file_name(id));
+        if let Some(expected) = checksum {
+            crate::checksum::verify(&path, expected)?;
+        }
+        let file = File::open(&path)?;
+        let bytes = file.metadata()?.len();
+        let metadata = load_metadata(&file)?;
+        let key_columns = schema.key_columns().to_vec();
+        let rows: i64 = row_groups(&metadata).iter().sum();
+        let ordinals: Vec<u32> = (0..rows as u32).collect();
+        let all = read_keys(&path, &metadata, &key_columns, &ordinals)?;
+        let keys = KeyIndex::new(
+            ExactLen(all.iter().flatten(), all.len()),
+            &key_page_starts(&metadata, key_columns[0]),
+            &path,
+        )?;
+        let column_files = column_files
+            .iter()
+            .map(|meta| {
+                let file = ColumnFile::open(dir, meta.clone())?;
+                match row_groups(&file.metadata) == row_groups(&metadata) {
+                    true => Ok(Arc::new(file)),
+                    false => Err(StorageError::Corruption(format!(
+                        "{}: row groups differ from those of {}",
+                        file.path.display(),
+                        path.display()
+                    ))),
+                }
+            })
+            .collect::<Result<_, StorageError>>()?;
+        Ok(DiskRowSet {
+            id,
+            path,
+            key_columns,
+            keys: Arc::new(keys),
+            column_files,
+            bytes,
+            metadata,
+            checksum,
+        })
+    }
+
+    pub fn num_rows(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Memory held for key lookups.
+    pub fn key_index_bytes(&self) -> usize {
+        self.keys.memory_bytes()
+    }
+
+    /// Bytes on disk of the rowset's file and its column files.
+    pub fn disk_bytes(&self) -> u64 {
+        self.bytes
+            + self
+                .column_files
+                .iter()
+                .map(|f| f.disk_bytes())
+                .sum::<u64>()
+    }
+
+    /// Reads the table columns `columns` of the rows at `ordinals` (sorted, distinct).
+    pub fn read_rows(
+        &self,
+        columns: &[usize],
+        ordinals: &[u32],
+    ) -> Result<RecordBatch, StorageError> {
+        let mut arrays: Vec<Option<ArrayRef>> = vec![None; columns.len()];
+        let mut fields: Vec<Option<Field>> = vec![None; columns.len()];
+        for file in self.by_file(columns) {
+            let roots: Vec<usize> = file.columns.iter().map(|w| w.1).collect();
+            let batch = read_positions(file.path, file.metadata, &roots, ordinals)?;
+            for (j, (i, _)) in file.columns.into_iter().enumerate() {
+                arrays[i] = Some(batch.column(j).clone());
+                fields[i] = Some(batch.schema().field(j).clone());
+            }
+        }
+        Ok(RecordBatch::try_new_with_options(
+            Arc::new(ArrowSchema::new(
+                fields.into_iter().flatten().collect::<Vec<_>>(),
+            )),
+            arrays.into_iter().flatten().collect(),
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(ordinals.len())),
+        )?)
+    }
+}
+
+/// Writes the table columns `columns` (`batches` hold them, in order) as a Parquet file at
+/// `path`, synced; returns its CRC32.
+fn write_columns(
+    path: &Path,
+    table: &Schema,
+    columns: &[usize],
+    batches: &[RecordBatch],
+) -> Result<u32, StorageError> {
+    let file = ChecksumWriter::create(path)?;
+    let props = writer_properties(table, columns).build();
+    let schema = Arc::new(table.arrow_schema().project(columns)?);
+    let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
+    for batch in batches {
+        writer.write(&RecordBatch::try_new(
+            schema.clone(),
+            batch.columns().to_vec(),
+        )?)?;
+    }
+    writer.into_inner()?.finish()
+}
+
+/// Writer settings for the table columns `columns`: statistics per page, row groups and pages
+/// of fixed row counts, and for each column the encoding and compression of its schema.
+fn writer_properties(
+    table: &Schema,
+    columns: &[usize],
+) -> parquet::file::properties::WriterPropertiesBuilder {
+    let mut props = WriterProperties::builder()
+        .set_compression(Compression::LZ4_RAW)
+        .set_dictionary_enabled(true)
+        .set_statistics_enabled(EnabledStatistics::Page)
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        // Small pages: a key lookup decodes one page per column, found by the offset index.
+        .set_data_page_row_count_limit(PAGE_ROWS)
+        .set_dictionary_page_size_limit(DICTIONARY_BYTES);
+    for column in columns.iter().map(|&c| &table.columns()[c]) {
+        let path = ColumnPath::from(column.name.as_str());
+        let encoding = match column.encoding {
+            ColumnEncoding::Auto | ColumnEncoding::Dictionary => None,
+            ColumnEncoding::Rle if column.column_type != ColumnType::Bool => None,
+            ColumnEncoding::Rle => Some(Encoding::RLE),
+            ColumnEncoding::Plain => Some(Encoding::PLAIN),
+            ColumnEncoding::BitShuffle => Some(Encoding::BYTE_STREAM_SPLIT),
+            ColumnEncoding::Delta => Some(Encoding::DELTA_BINARY_PACKED),
+            ColumnEncoding::Prefix => Some(Encoding::DELTA_BYTE_ARRAY),
+        };
+        if let Some(encoding) = encoding {
+            props = props
+                .set_column_dictionary_enabled(path.clone(), false)
+                .set_column_encoding(path.clone(), encoding);
+        }
+        let compression = match column.compression {
+            ColumnCompression::Default | ColumnCompression::Lz4 => Compression::LZ4_RAW,
+            ColumnCompression::None => Compression::UNCOMPRESSED,
+            ColumnCompression::Zstd => Compression::ZSTD(ZstdLevel::default()),
+        };
+        props = props.set_column_compression(path, compression);
+    }
+    props
+}
+
+/// Reads the columns `roots` (ascending) of the rows at `positions` (sorted, distinct) of a
+/// Parquet file. Only the row groups holding them are read.
+pub(crate) fn read_positions(
+    path: &Path,
+    metadata: &ArrowReaderMetadata,
+    roots: &[usize],
+    positions: &[u32],
+) -> Result<RecordBatch, StorageError> {
+    let mut groups = Vec::new();
+    let mut selectors = Vec::new();
+    let mut group_start = 0u32;
+    let mut positions = positions.iter().copied().peekable();
+    for (g, group) in metadata.metadata().row_groups().iter().enumerate() {
+        let group_end = group_start + group.num_rows() as u32;
+        if positions.peek().is_some_and(|&o| o < group_end) {
+            groups.push(g);
+            // The first row of this group not yet covered by a selector.
+            let mut next = group_start;
+            while let Some(o) = positions.next_if(|&o| o < group_end) {
+                if o > next {
+                    selectors.push(RowSelector::skip((o - next) as usize));
+                }
+                match selectors.last_mut() {
+                    Some(last) if !last.skip && o == next => last.row_count += 1,
+                    _ => selectors.push(RowSelector::select(1)),
+                }
+                next = o + 1;
+            }
+            if group_end > next {
+                selectors.push(RowSelector::skip((group_end - next) as usize));
+            }
+        }
+        group_start = group_end;
+    }
+    let builder =
+        ParquetRecordBatchReaderBuilder::new_with_metadata(File::open(path)?, metadata.clone())
+            .with_row_groups(groups);
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
+    let reader = builder
+        .with_projection(mask)
+        .with_row_selection(RowSelection::from(selectors))
+        .with_batch_size(8 * 1024)
+        .build()?;
+    let schema = arrow::array::RecordBatchReader::schema(&reader);
+    let batches = reader.collect::<Result<Vec<_>, _>>()?;
+    Ok(arrow::compute::concat_batches(&schema, &batches)?)
+}

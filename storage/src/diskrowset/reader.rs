@@ -1,0 +1,561 @@
+//! Scans of a rowset's base data: the rows a scan reads, with hidden ordinals (rows whose
+//! deltas change them at the snapshot) skipped and predicates applied.
+//!
+//! As little as possible is decoded: key predicates narrow the ordinal range through the key
+//! index, row-group statistics skip whole row groups, and (when no column file is involved)
+//! predicate columns are decoded before the others so that pages no row passes are skipped
+//! (late materialisation). Readers open their files when created, so a scan is unaffected by
+//! the rowset being replaced while it runs.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use arrow::compute::kernels::cmp;
+use arrow::datatypes::{Schema as ArrowSchema, SchemaRef};
+use arrow::error::ArrowError;
+use bytes::Bytes;
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use parquet::arrow::arrow_reader::{
+    ArrowPredicateFn, ArrowReaderMetadata, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder, RowFilter, RowSelection, RowSelector,
+};
+use parquet::arrow::push_decoder::{ParquetPushDecoder, ParquetPushDecoderBuilder};
+use parquet::arrow::ProjectionMask;
+use parquet::file::metadata::RowGroupMetaData;
+use parquet::schema::types::{SchemaDescPtr, SchemaDescriptor};
+use parquet::DecodeResult;
+
+use super::DiskRowSet;
+use crate::scan::{predicate_mask, ColumnPredicate, PredicateOp, Scalar};
+use crate::{ColumnType, Schema, StorageError};
+
+impl DiskRowSet {
+    /// A reader of the table columns `columns` (indexes into `schema`, the predicates'
+    /// columns among them), in ordinal order, without the rows at `hidden` (sorted ordinals)
+    /// and with `predicates` applied.
+    ///
+    /// Row groups whose min/max statistics exclude a predicate are skipped unread. When all
+    /// the columns are in the rowset's own file, the predicate columns are decoded and
+    /// filtered first and the other columns only for the rows that pass (Parquet's late
+    /// materialisation, skipping whole pages where none does). The files are opened now, so
+    /// the reader keeps working if the rowset is later replaced.
+    pub(crate) fn reader(
+        &self,
+        schema: &Schema,
+        columns: &[usize],
+        hidden: &[u32],
+        predicates: &[ColumnPredicate],
+        batch_size: usize,
+    ) -> Result<RowsetReader, StorageError> {
+        if columns.iter().any(|&c| self.source(c).0.is_some()) {
+            return self
+                .zip_reader(schema, columns, hidden, predicates, batch_size)
+                .map(RowsetReader::Zip);
+        }
+        let file = File::open(&self.path)?;
+        let metadata = self.metadata.clone();
+        let parquet_schema = metadata.parquet_schema().clone();
+        // Without predicates every row is decoded in order, so hidden rows are cheaper to drop
+        // from the decoded batches than to skip one by one in the decoder.
+        let drop_after = predicates.is_empty() && !hidden.is_empty();
+        let mut skipped: Vec<(usize, usize)> = match drop_after {
+            true => Vec::new(),
+            false => hidden.iter().map(|&o| (o as usize, 1)).collect(),
+        };
+        skipped.extend(self.outside_key_range(schema, predicates));
+        let mut read_groups = Vec::new();
+        let mut start = 0;
+        for (g, group) in metadata.metadata().row_groups().iter().enumerate() {
+            let rows = group.num_rows() as usize;
+            if excluded_by_statistics(schema, g, predicates, &|_| &metadata).unwrap_or(false) {
+                skipped.push((start, rows));
+            } else {
+                read_groups.push(group);
+            }
+            start += rows;
+        }
+        // Join filter bounds that every row read is known to be within need no checking, and
+        // a join filter that is only bounds then needs no evaluation at all.
+        let mut predicates = predicates.to_vec();
+        for p in &mut predicates {
+            if let PredicateOp::JoinFilter {
+                filter,
+                check_bounds,
+            } = &mut p.op
+            {
+                if let Some(bounds) = filter.bounds() {
+                    let name = &schema.columns()[p.column].name;
+                    *check_bounds = !within_bounds(
+                        name,
+                        metadata.schema(),
+                        &parquet_schema,
+                        &read_groups,
+                        bounds,
+                    )
+                    .unwrap_or(false);
+                }
+            }
+        }
+        predicates.retain(|p| {
+            !matches!(&p.op, PredicateOp::JoinFilter { filter, check_bounds: false } if !filter.has_bloom())
+        });
+        let mut builder = ParquetPushDecoderBuilder::new_with_metadata(metadata)
+            .with_projection(ProjectionMask::roots(
+                &parquet_schema,
+                columns.iter().copied(),
+            ))
+            .with_batch_size(batch_size.max(1));
+        if !skipped.is_empty() {
+            builder = builder.with_row_selection(selection(skipped, start));
+        }
+        let mut reader = FileReader {
+            file,
+            decoder: None,
+            current: None,
+            schema: schema.clone(),
+            parquet_schema: Arc::new(parquet_schema),
+            predicates,
+            hidden: drop_after.then(|| hidden.to_vec()),
+            next_ordinal: 0,
+        };
+        reader.decoder = Some(reader.with_filter(builder).build()?);
+        Ok(RowsetReader::File(Box::new(reader)))
+    }
+
+    /// A reader for [`Self::reader`] of columns from several files: each file is decoded with
+    /// the same row selection and their batches zipped; predicates are evaluated on the
+    /// zipped rows.
+    fn zip_reader(
+        &self,
+        schema: &Schema,
+        columns: &[usize],
+        hidden: &[u32],
+        predicates: &[ColumnPredicate],
+        batch_size: usize,
+    ) -> Result<ZipReader, StorageError> {
+        let mut skipped: Vec<(usize, usize)> = hidden.iter().map(|&o| (o as usize, 1)).collect();
+        skipped.extend(self.outside_key_range(schema, predicates));
+        let mut start = 0;
+        for (g, group) in self.metadata.metadata().row_groups().iter().enumerate() {
+            let rows = group.num_rows() as usize;
+            let metadata_of = |c: usize| self.file_of(c).1;
+            if excluded_by_statistics(schema, g, predicates, &metadata_of).unwrap_or(false) {
+                skipped.push((start, rows));
+            }
+            start += rows;
+        }
+        let selection = selection(skipped, start);
+        let mut parts = Vec::new();
+        for file in self.by_file(columns) {
+            let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
+                File::open(file.path)?,
+                file.metadata.clone(),
+            );
+            let roots = file.columns.iter().map(|w| w.1);
+            let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+            let reader = builder
+                .with_projection(mask)
+                .with_row_selection(selection.clone())
+                .with_batch_size(batch_size.max(1))
+                .build()?;
+            parts.push(ZipPart {
+                reader,
+                outputs: file.columns.iter().map(|w| w.0).collect(),
+                pending: None,
+            });
+        }
+        Ok(ZipReader {
+            parts,
+            schema: schema.clone(),
+            output: Arc::new(schema.arrow_schema().project(columns)?),
+            predicates: predicates.to_vec(),
+        })
+    }
+
+    /// The (start, length) ranges of rows outside the ordinal range that key predicates allow:
+    /// rows a scan does not read at all.
+    fn outside_key_range(
+        &self,
+        schema: &Schema,
+        predicates: &[ColumnPredicate],
+    ) -> impl Iterator<Item = (usize, usize)> {
+        let (first, end) = self.key_range(schema, predicates);
+        [(0, first), (end, self.num_rows() - end)]
+            .into_iter()
+            .filter(|r| r.1 > 0)
+    }
+
+    /// The ordinals `[first, end)` outside which no row can pass `predicates`, from `=`, `<`,
+    /// `<=`, `>`, `>=` on the first key column, searched in the key index. Used where the first
+    /// key column's encoding orders keys on its own: fixed-width types, or a one-column key.
+    fn key_range(&self, schema: &Schema, predicates: &[ColumnPredicate]) -> (usize, usize) {
+        let n = self.num_rows();
+        let first_column = schema.key_columns()[0];
+        let column_type = schema.columns()[first_column].column_type;
+        let whole_key = schema.key_columns().len() == 1;
+        let variable = matches!(
+            column_type,
+            ColumnType::String | ColumnType::Varchar { .. } | ColumnType::Binary
+        );
+        if variable && !whole_key {
+            return (0, n);
+        }
+        let arrow_type = column_type.arrow_type();
+        let encode = |v: &Scalar| {
+            (v.0.data_type() == &arrow_type && v.0.len() == 1 && v.0.is_valid(0)).then(|| {
+                let mut bound = Vec::new();
+                crate::key::encode_key_columns(std::slice::from_ref(&v.0), 0, &mut bound);
+                bound
+            })
+        };
+        // How a key compares with a bound on the first key column.
+        let compare = |key: &[u8], bound: &[u8]| match whole_key {
+            true => key.cmp(bound),
+            false => key[..bound.len().min(key.len())].cmp(bound),
+        };
+        // Page-exact bounds: the predicates filter the rows of the first and last page.
+        let first_at_least = |bound: &[u8]| self.keys.lower_bound(|k| compare(k, bound).is_lt());
+        let below = |bound: &[u8]| self.keys.upper_bound(|k| compare(k, bound).is_lt());
+        let not_above = |bound: &[u8]| self.keys.upper_bound(|k| compare(k, bound).is_le());
+        let (mut first, mut end) = (0, n);
+        for p in predicates.iter().filter(|p| p.column == first_column) {
+            let (low, high) = match &p.op {
+                PredicateOp::Eq(v) => (encode(v), encode(v).map(|b| not_above(&b))),
+                PredicateOp::Gt(v) | PredicateOp::GtEq(v) => (encode(v), None),
+                PredicateOp::Lt(v) => (None, encode(v).map(|b| below(&b))),
+                PredicateOp::LtEq(v) => (None, encode(v).map(|b| not_above(&b))),
+                _ => (None, None),
+            };
+            if let Some(low) = low {
+                first = first.max(first_at_least(&low));
+            }
+            if let Some(high) = high {
+                end = end.min(high);
+            }
+        }
+        (first.min(end), end)
+    }
+}
+
+/// A selection of `total` rows without the `skipped` (start, length) ranges (in any order,
+/// possibly overlapping).
+fn selection(mut skipped: Vec<(usize, usize)>, total: usize) -> RowSelection {
+    skipped.sort_unstable();
+    let mut selectors = Vec::new();
+    let mut next = 0;
+    for (start, len) in skipped {
+        let end = (start + len).min(total);
+        if end <= next {
+            continue;
+        }
+        let start = start.max(next);
+        if start > next {
+            selectors.push(RowSelector::select(start - next));
+        }
+        selectors.push(RowSelector::skip(end - start));
+        next = end;
+    }
+    if next < total {
+        selectors.push(RowSelector::select(total - next));
+    }
+    RowSelection::from(selectors)
+}
+
+/// Whether the min/max statistics of row group `g` prove that no row passes `predicates`;
+/// `metadata_of` gives the file that holds a column.
+fn excluded_by_statistics<'a>(
+    schema: &Schema,
+    g: usize,
+    predicates: &[ColumnPredicate],
+    metadata_of: &dyn Fn(usize) -> &'a ArrowReaderMetadata,
+) -> Result<bool, StorageError> {
+    for p in predicates {
+        let name = &schema.columns()[p.column].name;
+        let metadata = metadata_of(p.column);
+        let group = &metadata.metadata().row_groups()[g];
+        let converter =
+            StatisticsConverter::try_new(name, metadata.schema(), metadata.parquet_schema())?;
+        let min = converter.row_group_mins([group])?;
+        let max = converter.row_group_maxes([group])?;
+        if min.null_count() > 0 || max.null_count() > 0 {
+            continue;
+        }
+        let s = |v: &Scalar| arrow::array::Scalar::new(v.0.clone());
+        let all = |b: BooleanArray| b.null_count() == 0 && b.true_count() == b.len();
+        let excluded = match &p.op {
+            PredicateOp::Eq(v) => all(cmp::gt(&min, &s(v))?) || all(cmp::lt(&max, &s(v))?),
+            PredicateOp::Lt(v) => all(cmp::gt_eq(&min, &s(v))?),
+            PredicateOp::LtEq(v) => all(cmp::gt(&min, &s(v))?),
+            PredicateOp::Gt(v) => all(cmp::lt_eq(&max, &s(v))?),
+            PredicateOp::GtEq(v) => all(cmp::lt(&max, &s(v))?),
+            PredicateOp::InList(values) => {
+                let mut outside = true;
+                for v in values {
+                    outside &= all(cmp::gt(&min, &s(v))?) || all(cmp::lt(&max, &s(v))?);
+                }
+                outside
+            }
+            PredicateOp::JoinFilter { filter, .. } => match filter.bounds() {
+                Some((low, high)) => all(cmp::lt(&max, &s(low))?) || all(cmp::gt(&min, &s(high))?),
+                None => false,
+            },
+            PredicateOp::IsNull | PredicateOp::IsNotNull => false,
+        };
+        if excluded {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Whether the statistics of `groups` prove every value of column `name` non-null and within
+/// `bounds`.
+fn within_bounds(
+    name: &str,
+    arrow_schema: &ArrowSchema,
+    parquet_schema: &SchemaDescriptor,
+    groups: &[&RowGroupMetaData],
+    (low, high): &(Scalar, Scalar),
+) -> Result<bool, StorageError> {
+    let converter = StatisticsConverter::try_new(name, arrow_schema, parquet_schema)?;
+    let groups = groups.iter().copied();
+    let min = converter.row_group_mins(groups.clone())?;
+    let max = converter.row_group_maxes(groups.clone())?;
+    let nulls = converter.row_group_null_counts(groups)?;
+    if min.null_count() > 0 || max.null_count() > 0 || nulls.null_count() > 0 {
+        return Ok(false);
+    }
+    let s = |v: &Scalar| arrow::array::Scalar::new(v.0.clone());
+    let all = |b: BooleanArray| b.null_count() == 0 && b.true_count() == b.len();
+    Ok(nulls.values().iter().all(|&n| n == 0)
+        && all(cmp::gt_eq(&min, &s(low))?)
+        && all(cmp::lt_eq(&max, &s(high))?))
+}
+
+/// Reads a rowset's base data for a scan (see [`DiskRowSet::reader`]).
+pub(crate) enum RowsetReader {
+    File(Box<FileReader>),
+    Zip(ZipReader),
+}
+
+impl Iterator for RowsetReader {
+    type Item = Result<RecordBatch, StorageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            RowsetReader::File(r) => r.next(),
+            RowsetReader::Zip(r) => r.next(),
+        }
+    }
+}
+
+/// Reads columns of a rowset from several files (see [`DiskRowSet::zip_reader`]).
+pub(crate) struct ZipReader {
+    parts: Vec<ZipPart>,
+    schema: Schema,
+    output: SchemaRef,
+    predicates: Vec<ColumnPredicate>,
+}
+
+struct ZipPart {
+    reader: ParquetRecordBatchReader,
+    /// The output index of each column of the file's batches.
+    outputs: Vec<usize>,
+    /// Decoded rows not yet returned.
+    pending: Option<RecordBatch>,
+}
+
+impl ZipReader {
+    /// The next rows of every file, zipped (before predicates); None at the end.
+    fn next_zipped(&mut self) -> Result<Option<RecordBatch>, StorageError> {
+        let mut n = usize::MAX;
+        for part in &mut self.parts {
+            if part.pending.as_ref().is_none_or(|b| b.num_rows() == 0) {
+                part.pending = part.reader.next().transpose()?;
+            }
+            n = n.min(part.pending.as_ref().map_or(0, |b| b.num_rows()));
+        }
+        if n == 0 {
+            return match self.parts.iter().any(|p| p.pending.is_some()) {
+                true => Err(StorageError::Corruption(
+                    "the files of a rowset hold different numbers of rows".into(),
+                )),
+                false => Ok(None),
+            };
+        }
+        let mut arrays: Vec<Option<ArrayRef>> = vec![None; self.output.fields().len()];
+        for part in &mut self.parts {
+            if let Some(batch) = part.pending.take() {
+                for (j, &o) in part.outputs.iter().enumerate() {
+                    arrays[o] = Some(batch.column(j).slice(0, n));
+                }
+                part.pending = Some(batch.slice(n, batch.num_rows() - n));
+            }
+        }
+        Ok(Some(RecordBatch::try_new_with_options(
+            self.output.clone(),
+            arrays.into_iter().flatten().collect(),
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(n)),
+        )?))
+    }
+}
+
+impl Iterator for ZipReader {
+    type Item = Result<RecordBatch, StorageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let batch = match self.next_zipped() {
+                Ok(Some(batch)) => batch,
+                Ok(None) => return None,
+                Err(e) => return Some(Err(e)),
+            };
+            if self.predicates.is_empty() {
+                return Some(Ok(batch));
+            }
+            let filtered = predicate_mask(&self.schema, &self.predicates, &batch)
+                .and_then(|mask| Ok(arrow::compute::filter_record_batch(&batch, &mask)?));
+            match filtered {
+                Ok(b) if b.num_rows() == 0 => continue,
+                other => return Some(other),
+            }
+        }
+    }
+}
+
+/// Decodes a rowset for a scan one row group at a time, so that between row groups it can drop
+/// predicates that stopped paying (join filters that switched themselves off). Predicates run
+/// as a Parquet row filter: their columns are decoded first (and kept for the output), the other
+/// columns only for the rows and pages that pass.
+pub(crate) struct FileReader {
+    file: File,
+    decoder: Option<ParquetPushDecoder>,
+    current: Option<ParquetRecordBatchReader>,
+    schema: Schema,
+    parquet_schema: SchemaDescPtr,
+    predicates: Vec<ColumnPredicate>,
+    /// Ordinals to drop from the decoded batches (sorted), when every row is decoded in order;
+    /// and the ordinal of the next row decoded.
+    hidden: Option<Vec<u32>>,
+    next_ordinal: u64,
+}
+
+impl FileReader {
+    /// `batch` (the next rows in ordinal order) without the hidden rows.
+    fn drop_hidden(&mut self, batch: RecordBatch) -> Result<RecordBatch, StorageError> {
+        let Some(hidden) = &self.hidden else {
+            return Ok(batch);
+        };
+        let n = batch.num_rows();
+        let start = self.next_ordinal;
+        self.next_ordinal += n as u64;
+        let from = hidden.partition_point(|&o| u64::from(o) < start);
+        let to = hidden.partition_point(|&o| u64::from(o) < start + n as u64);
+        if from == to {
+            return Ok(batch);
+        }
+        let mut keep = arrow::array::BooleanBufferBuilder::new(n);
+        keep.append_n(n, true);
+        for &o in &hidden[from..to] {
+            keep.set_bit((u64::from(o) - start) as usize, false);
+        }
+        let mask = BooleanArray::new(keep.finish(), None);
+        Ok(arrow::compute::filter_record_batch(&batch, &mask)?)
+    }
+
+    fn with_filter(&self, builder: ParquetPushDecoderBuilder) -> ParquetPushDecoderBuilder {
+        if self.predicates.is_empty() {
+            return builder.with_row_filter(RowFilter::new(vec![]));
+        }
+        let mut predicate_columns: Vec<usize> = self.predicates.iter().map(|p| p.column).collect();
+        predicate_columns.sort_unstable();
+        predicate_columns.dedup();
+        let schema = self.schema.clone();
+        let predicates = self.predicates.clone();
+        let filter = ArrowPredicateFn::new(
+            ProjectionMask::roots(&self.parquet_schema, predicate_columns),
+            move |batch| {
+                predicate_mask(&schema, &predicates, &batch)
+                    .map_err(|e| ArrowError::ExternalError(Box::new(e)))
+            },
+        );
+        builder.with_row_filter(RowFilter::new(vec![Box::new(filter)]))
+    }
+
+    /// Between row groups: rebuilds the decoder without bloom filters that switched off.
+    fn adapt(&mut self) -> Result<(), StorageError> {
+        let switched_off = |p: &ColumnPredicate| matches!(&p.op, PredicateOp::JoinFilter { filter, .. } if filter.stats.disabled());
+        let Some(decoder) = self
+            .decoder
+            .take_if(|d| d.is_at_row_group_boundary() && d.row_groups_remaining() > 0)
+        else {
+            return Ok(());
+        };
+        if !self.predicates.iter().any(switched_off) {
+            self.decoder = Some(decoder);
+            return Ok(());
+        }
+        self.predicates.retain(|p| !switched_off(p));
+        let builder = decoder.into_builder()?;
+        self.decoder = Some(self.with_filter(builder).build()?);
+        Ok(())
+    }
+
+    fn next_row_group(&mut self) -> Result<bool, StorageError> {
+        loop {
+            self.adapt()?;
+            let Some(decoder) = self.decoder.as_mut() else {
+                return Ok(false);
+            };
+            match decoder.try_next_reader()? {
+                DecodeResult::NeedsData(ranges) => {
+                    let data = ranges
+                        .iter()
+                        .map(|r| {
+                            let mut buf = vec![0; (r.end - r.start) as usize];
+                            self.file
+                                .read_exact_at(&mut buf, r.start)
+                                .map(|()| Bytes::from(buf))
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    decoder.push_ranges(ranges, data)?;
+                }
+                DecodeResult::Data(reader) => {
+                    self.current = Some(reader);
+                    return Ok(true);
+                }
+                DecodeResult::Finished => {
+                    self.decoder = None;
+                    return Ok(false);
+                }
+            }
+        }
+    }
+}
+
+impl Iterator for FileReader {
+    type Item = Result<RecordBatch, StorageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(batch) = self.current.as_mut().and_then(Iterator::next) {
+                return Some(
+                    batch
+                        .map_err(StorageError::from)
+                        .and_then(|b| self.drop_hidden(b)),
+                );
+            }
+            self.current = None;
+            match self.next_row_group() {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(e) => {
+                    self.decoder = None;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}

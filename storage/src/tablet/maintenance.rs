@@ -1,0 +1,119 @@
+//! Maintenance scoring: which background operations on a tablet's files are worth their I/O.
+//!
+//! Each candidate gets a score comparable across operations and tablets (1 at the point where
+//! it starts to pay), so that the engine's maintenance manager can run the best one of all its
+//! tablets first and nothing below 1. Flushes are scored by memory use; compactions by what they
+//! save later scans and lookups (REDO records to apply, expired UNDO bytes, overlapping rowsets
+//! a key lookup must consult).
+
+use std::sync::Arc;
+
+use super::Tablet;
+use crate::diskrowset::DiskRowSet;
+use crate::rowset_tree::RowSetTree;
+
+/// A background operation on a tablet's files, with the benefit it is expected to bring
+/// (comparable across operations and tablets; below 1 it is not worth its I/O).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MaintenanceOp {
+    pub kind: MaintenanceKind,
+    pub score: f64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum MaintenanceKind {
+    /// Merge a rowset's REDO files into one (minor delta compaction).
+    MergeRedo { rowset: u64 },
+    /// Rewrite a rowset with its REDO records applied to the base data (major delta
+    /// compaction); older versions become UNDO records, expired history is dropped.
+    ApplyRedo { rowset: u64 },
+    /// Drop a rowset's UNDO records older than the history retention.
+    TrimUndo { rowset: u64 },
+    /// Merge rowsets whose key ranges overlap into non-overlapping ones (rowset compaction).
+    MergeRowsets { rowsets: Vec<u64> },
+}
+
+impl Tablet {
+    pub fn needs_flush(&self) -> bool {
+        self.flush_score() >= 1.0
+    }
+
+    /// How full the in-memory data is: 1 at the flush threshold.
+    pub fn flush_score(&self) -> f64 {
+        self.memory_bytes() as f64 / self.options.flush_threshold_bytes.max(1) as f64
+    }
+
+    /// The background operations worth doing on this tablet's files now, best first.
+    pub fn maintenance_ops(&self) -> Vec<MaintenanceOp> {
+        let state = self.state.read();
+        let ancient = self.ancient_history_mark();
+        let mut ops = Vec::new();
+        for (rowset, d) in state.rowsets.iter().zip(&state.deltas) {
+            let id = rowset.id;
+            // Major delta compaction pays when many rows have REDO records: each costs a scan
+            // an extra image read and a skipped base row.
+            let records = d.applicable_redo_records(ancient);
+            let updated = records as f64 / rowset.num_rows().max(1) as f64;
+            if updated >= 0.05 {
+                ops.push(MaintenanceOp {
+                    kind: MaintenanceKind::ApplyRedo { rowset: id },
+                    score: 1.0 + updated * 10.0,
+                });
+            } else if d.redo.len() >= 2 {
+                ops.push(MaintenanceOp {
+                    kind: MaintenanceKind::MergeRedo { rowset: id },
+                    score: (d.redo.len() - 1) as f64,
+                });
+            }
+            let expired = d.undo.iter().filter(|u| u.meta.max_ts <= ancient);
+            let expired_bytes: u64 = expired.map(|u| u.disk_bytes().max(1)).sum();
+            if expired_bytes > 0 {
+                ops.push(MaintenanceOp {
+                    kind: MaintenanceKind::TrimUndo { rowset: id },
+                    score: 1.0 + expired_bytes as f64 / rowset.disk_bytes().max(1) as f64,
+                });
+            }
+        }
+        if let Some(rowsets) = overlapping_rowsets(
+            &state.rowsets,
+            &state.tree,
+            self.options.compaction_budget_bytes,
+        ) {
+            ops.push(MaintenanceOp {
+                score: (rowsets.len() - 1) as f64,
+                kind: MaintenanceKind::MergeRowsets { rowsets },
+            });
+        }
+        ops.sort_by(|a, b| b.score.total_cmp(&a.score));
+        ops
+    }
+}
+
+/// The rowsets to merge so that key lookups consult fewer rowsets: those whose key ranges
+/// cover the key covered by most rowsets, smallest first within `budget` bytes; None if fewer
+/// than two.
+fn overlapping_rowsets(
+    rowsets: &[Arc<DiskRowSet>],
+    tree: &RowSetTree,
+    budget: u64,
+) -> Option<Vec<u64>> {
+    // The deepest point is the first key of some rowset.
+    let mut best: Vec<usize> = Vec::new();
+    for (first, _) in rowsets.iter().filter_map(|r| r.key_bounds()) {
+        let covering = tree.covering(first);
+        if covering.len() > best.len() {
+            best = covering;
+        }
+    }
+    best.sort_by_key(|&i| rowsets[i].disk_bytes());
+    let mut total = 0;
+    let chosen: Vec<u64> = best
+        .into_iter()
+        .take_while(|&i| {
+            total += rowsets[i].disk_bytes();
+            total <= budget
+        })
+        .map(|i| rowsets[i].id)
+        .collect();
+    (chosen.len() >= 2).then_some(chosen)
+}

@@ -1,0 +1,329 @@
+//! The write path: a batch is validated completely (columns, types, lengths, NULLs, and every
+//! key against the tablet's state) before anything changes, so it applies entirely or not at
+//! all, and its outcome depends only on the tablet's state and the batch: replicas applying the
+//! same log agree, and a replay after a crash does what the first apply did.
+//!
+//! A key's live version is in exactly one place (see [`Location`]): rows in the MemRowSet get
+//! new versions there, rows in a DiskRowSet get them in that rowset's DeltaMemStore, keyed by
+//! ordinal. An UPDATE of a flushed row stores only the columns it sets, so it reads no row from
+//! disk.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use arrow::array::{new_null_array, Array, AsArray, RecordBatch, UInt32Array};
+use arrow::compute::{cast, interleave, take};
+
+use super::{State, Tablet};
+use crate::delta::Image;
+use crate::history;
+use crate::key::{encode_keys, format_key};
+use crate::memrowset::{RowRef, Version};
+use crate::{ColumnType, KeyCache};
+use crate::{Schema, StorageError, Timestamp, WriteBatch, WriteKind};
+
+/// Where the live version of a key is.
+enum Location {
+    Absent,
+    Mem(RowRef),
+    /// In rowset `rs` at `ordinal`.
+    Disk {
+        rs: usize,
+        ordinal: u32,
+    },
+}
+
+impl Tablet {
+    /// Applies one write batch at `ts` as log entry `index`: all rows or none.
+    pub fn apply(
+        &self,
+        index: u64,
+        ts: Timestamp,
+        batch: &WriteBatch,
+    ) -> Result<usize, StorageError> {
+        let mut state = self.state.write();
+        state.last_applied = state.last_applied.max(index);
+        self.apply_locked(&mut state, ts, batch)
+    }
+
+    fn apply_locked(
+        &self,
+        state: &mut State,
+        ts: Timestamp,
+        batch: &WriteBatch,
+    ) -> Result<usize, StorageError> {
+        let schema = state.schema.clone();
+        let rows = Self::conform(&schema, batch)?;
+        let n = rows.num_rows();
+        if n == 0 {
+            return Ok(0);
+        }
+        if let (Some(c), WriteKind::Insert | WriteKind::InsertIgnore) =
+            (schema.auto_increment_column(), batch.kind)
+        {
+            let ids = rows
+                .column_by_name(&schema.columns()[c].name)
+                .and_then(|ids| {
+                    arrow::compute::max(ids.as_primitive_opt::<arrow::datatypes::Int64Type>()?)
+                });
+            if let Some(max) = ids {
+                state.next_auto_id = state.next_auto_id.max(max.saturating_add(1));
+            }
+        }
+        let keys = encode_keys(&schema, &rows)?;
+        // Validate every row before changing anything.
+        let mut seen = HashSet::with_capacity(n);
+        let mut locations = Vec::with_capacity(n);
+        // Rows not applied: superseded by a later image of their key (UPSERT), or skipped
+        // because their key exists or came earlier in the batch (INSERT IGNORE).
+        let mut applied = vec![true; n];
+        for (row, key) in keys.iter().enumerate() {
+            if !seen.insert(key.as_slice()) {
+                match batch.kind {
+                    WriteKind::Upsert => {
+                        // The last image of a key in one UPSERT wins.
+                        for (earlier, k) in keys.iter().enumerate().take(row) {
+                            if k == key {
+                                applied[earlier] = false;
+                            }
+                        }
+                    }
+                    WriteKind::InsertIgnore => applied[row] = false,
+                    _ => {
+                        return Err(StorageError::DuplicateKey {
+                            key: format_key(&schema, &rows, row),
+                        })
+                    }
+                }
+            }
+            let location = state.locate(key, &self.options.key_cache)?;
+            match (batch.kind, &location) {
+                (WriteKind::Insert, Location::Mem(_) | Location::Disk { .. }) => {
+                    return Err(StorageError::DuplicateKey {
+                        key: format_key(&schema, &rows, row),
+                    })
+                }
+                (WriteKind::InsertIgnore, Location::Mem(_) | Location::Disk { .. }) => {
+                    applied[row] = false;
+                }
+                (WriteKind::Update | WriteKind::Delete, Location::Absent) => {
+                    return Err(StorageError::KeyNotFound {
+                        key: format_key(&schema, &rows, row),
+                    })
+                }
+                _ => {}
+            }
+            locations.push(location);
+        }
+        // New full row images: the batch's rows for INSERT/UPSERT, old rows with the changed
+        // columns replaced for UPDATE, none for DELETE.
+        let images: Option<Vec<RowRef>> = match batch.kind {
+            WriteKind::Insert | WriteKind::InsertIgnore | WriteKind::Upsert => {
+                Some(state.arena.append(rows.clone()))
+            }
+            WriteKind::Update => Some(updated_rows(state, &rows, &locations)?),
+            WriteKind::Delete => None,
+        };
+        // The columns a change of a flushed row may change: those the UPDATE sets, all but
+        // the key for an UPSERT, none for a DELETE (a deletion changes no column).
+        let changed: Vec<u32> = match batch.kind {
+            WriteKind::Delete => vec![],
+            _ => (0..schema.columns().len())
+                .filter(|&c| !schema.is_key_column(c))
+                .filter(|&c| rows.column_by_name(&schema.columns()[c].name).is_some())
+                .map(|c| c as u32)
+                .collect(),
+        };
+        for (row, (key, location)) in keys.into_iter().zip(locations).enumerate() {
+            if !applied[row] {
+                continue;
+            }
+            let version = Version {
+                ts,
+                row: images.as_ref().map(|i| i[row]),
+            };
+            match location {
+                Location::Disk { rs, ordinal, .. } => {
+                    let dms = &mut state.deltas[rs].dms;
+                    dms.push(ordinal, version);
+                    dms.changed.extend(&changed);
+                }
+                Location::Mem(_) | Location::Absent => {
+                    let frozen = state.frozen.as_ref();
+                    if frozen.is_some_and(|f| f.index.contains_key(&key))
+                        && !state.mrs.index.contains_key(&key)
+                    {
+                        state.frozen_keys_written.push(key.clone());
+                    }
+                    state.mrs.push(key, version)
+                }
+            }
+        }
+        if batch.kind == WriteKind::InsertIgnore {
+            return Ok(applied.iter().filter(|&&a| a).count());
+        }
+        Ok(n)
+    }
+
+    /// Checks a batch's columns against the schema and returns it in the shape the kind needs:
+    /// full table rows for INSERT/UPSERT, key + changed columns for UPDATE, keys for DELETE.
+    fn conform(schema: &Schema, batch: &WriteBatch) -> Result<RecordBatch, StorageError> {
+        let table = schema.arrow_schema();
+        let rows = &batch.rows;
+        for field in rows.schema().fields() {
+            if table.index_of(field.name()).is_err() {
+                return Err(StorageError::SchemaMismatch(format!(
+                    "unknown column '{}'",
+                    field.name()
+                )));
+            }
+        }
+        let wanted: Vec<usize> = match batch.kind {
+            WriteKind::Insert | WriteKind::InsertIgnore | WriteKind::Upsert => {
+                (0..table.fields().len()).collect()
+            }
+            WriteKind::Delete => schema.key_columns().to_vec(),
+            WriteKind::Update => {
+                let mut cols = schema.key_columns().to_vec();
+                for (i, f) in table.fields().iter().enumerate() {
+                    if !cols.contains(&i) && rows.column_by_name(f.name()).is_some() {
+                        cols.push(i);
+                    }
+                }
+                cols
+            }
+        };
+        let mut columns = Vec::with_capacity(wanted.len());
+        for &c in &wanted {
+            let field = table.field(c);
+            let column = rows.column_by_name(field.name()).ok_or_else(|| {
+                StorageError::SchemaMismatch(format!("missing column '{}'", field.name()))
+            })?;
+            let column = if column.data_type() == field.data_type() {
+                column.clone()
+            } else if matches!((column.data_type(), field.data_type()),
+                (arrow::datatypes::DataType::Timestamp(u1, _), arrow::datatypes::DataType::Timestamp(u2, _)) if u1 == u2)
+            {
+                cast(column, field.data_type())?
+            } else {
+                return Err(StorageError::SchemaMismatch(format!(
+                    "column '{}' is {}, got {}",
+                    field.name(),
+                    schema.columns()[c].column_type.sql_name(),
+                    column.data_type()
+                )));
+            };
+            if let ColumnType::Varchar { length: limit } = schema.columns()[c].column_type {
+                let longest = column
+                    .as_string::<i32>()
+                    .iter()
+                    .flatten()
+                    .map(|v| v.chars().count())
+                    .max()
+                    .unwrap_or(0);
+                if longest > limit as usize {
+                    return Err(StorageError::TooLong {
+                        column: field.name().clone(),
+                        length: longest,
+                        limit,
+                    });
+                }
+            }
+            if column.null_count() > 0 {
+                if schema.is_key_column(c) {
+                    return Err(StorageError::NullKey {
+                        column: field.name().clone(),
+                    });
+                }
+                if !field.is_nullable() {
+                    return Err(StorageError::NullValue {
+                        column: field.name().clone(),
+                    });
+                }
+            }
+            columns.push(column);
+        }
+        let schema = Arc::new(table.project(&wanted)?);
+        Ok(RecordBatch::try_new(schema, columns)?)
+    }
+}
+
+/// The new images of the rows an UPDATE changes (`rows`: key and changed columns), in the
+/// arena: for rows in the MemRowSet, their image with the changed columns replaced; for rows
+/// on disk, partial images of the changed columns only (per-column deltas, so an update reads
+/// no row from disk).
+fn updated_rows(
+    state: &mut State,
+    rows: &RecordBatch,
+    locations: &[Location],
+) -> Result<Vec<RowRef>, StorageError> {
+    let table = state.schema.arrow_schema();
+    let (in_memory, on_disk): (Vec<usize>, Vec<usize>) =
+        (0..locations.len()).partition(|&i| matches!(locations[i], Location::Mem(_)));
+    let mut refs = vec![RowRef { batch: 0, row: 0 }; locations.len()];
+    if !in_memory.is_empty() {
+        let picked = UInt32Array::from_iter_values(in_memory.iter().map(|&i| i as u32));
+        let old: Vec<(usize, usize)> = in_memory
+            .iter()
+            .filter_map(|&i| match locations[i] {
+                Location::Mem(r) => Some(state.arena.index(r)),
+                _ => None,
+            })
+            .collect();
+        let mut columns = Vec::with_capacity(table.fields().len());
+        for (c, field) in table.fields().iter().enumerate() {
+            columns.push(match rows.column_by_name(field.name()) {
+                Some(new) => take(new, &picked, None)?,
+                None => interleave(&state.arena.column_sources(c), &old)?,
+            });
+        }
+        let new = state
+            .arena
+            .append(RecordBatch::try_new(table.clone(), columns)?);
+        for (&i, r) in in_memory.iter().zip(new) {
+            refs[i] = r;
+        }
+    }
+    if !on_disk.is_empty() {
+        let picked = UInt32Array::from_iter_values(on_disk.iter().map(|&i| i as u32));
+        let mut columns = Vec::with_capacity(table.fields().len());
+        let mut held = Vec::new();
+        for (c, field) in table.fields().iter().enumerate() {
+            columns.push(match rows.column_by_name(field.name()) {
+                Some(new) => {
+                    held.push(c);
+                    take(new, &picked, None)?
+                }
+                None => new_null_array(field.data_type(), on_disk.len()),
+            });
+        }
+        let batch = RecordBatch::try_new(history::nullable(&table), columns)?;
+        let new = state.arena.append_partial(batch, held);
+        for (&i, r) in on_disk.iter().zip(new) {
+            refs[i] = r;
+        }
+    }
+    Ok(refs)
+}
+
+impl State {
+    fn locate(&self, key: &[u8], cache: &KeyCache) -> Result<Location, StorageError> {
+        let frozen = || self.frozen.as_ref()?.latest(key);
+        if let Some(v) = self.mrs.latest(key).or_else(frozen) {
+            return Ok(match v.row {
+                Some(r) => Location::Mem(r),
+                None => Location::Absent,
+            });
+        }
+        let hash = crate::diskrowset::hash_bytes(key);
+        for rs in self.tree.covering(key) {
+            if let Some(ordinal) = self.rowsets[rs].find(key, hash, cache)? {
+                match self.deltas[rs].latest(ordinal) {
+                    Image::Absent => continue,
+                    _ => return Ok(Location::Disk { rs, ordinal }),
+                }
+            }
+        }
+        Ok(Location::Absent)
+    }
+}
