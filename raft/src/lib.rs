@@ -8,6 +8,8 @@
 //!
 //! - [`log`](crate::log): segment files with checksums, the hard-state file, truncation.
 //! - [`node`](crate::node): the ready loop, in one place.
+//! - `wire`: the protobuf encoding of raft-rs's messages by prost (rust-protobuf 2, which raft-rs's
+//!   own types use, is under RUSTSEC-2024-0437: Nyala does not parse with it).
 //!
 //! A group has one voter (the embedded single node, which elects itself at once) or several
 //! (one per server holding a replica): messages to peers go out through a [`Transport`], and
@@ -17,6 +19,7 @@ use std::path::PathBuf;
 
 mod log;
 mod node;
+mod wire;
 
 pub use node::{Checkpoint, GroupState, RaftNode, Transport};
 pub use raft::eraftpb::Message;
@@ -113,18 +116,41 @@ pub enum RaftError {
     Busy(String),
     #[error("raft: {0}")]
     Raft(#[from] raft::Error),
-    #[error("log encoding: {0}")]
-    Encoding(#[from] protobuf::ProtobufError),
+    /// Bytes that are not a valid encoding (of a message, a log entry, the log's state).
+    #[error("raft encoding: {0}")]
+    Encoding(String),
 }
 
-/// A Raft message as bytes, for a transport between processes.
+impl From<prost::DecodeError> for RaftError {
+    fn from(e: prost::DecodeError) -> Self {
+        RaftError::Encoding(e.to_string())
+    }
+}
+
+/// A Raft message as bytes, for a transport between processes (protobuf; see the `wire` module).
 pub fn encode_message(message: &Message) -> Result<Vec<u8>, RaftError> {
-    use protobuf::Message as _;
-    Ok(message.write_to_bytes()?)
+    Ok(wire::encode(message))
 }
 
-/// The message [`encode_message`] encoded.
+/// The message [`encode_message`] (or raft-rs's rust-protobuf encoding) encoded, as received
+/// from another server. Crafted input fails with an error: decoding is bounded (see the `wire`
+/// module). Messages that never travel between Nyala's servers are refused: the local ones
+/// (raft-rs's own ticks and reports), and proposals, which only a leader takes (a follower
+/// answers NotLeader instead of forwarding) — so raft-rs never parses a proposed membership
+/// change from the network with rust-protobuf.
 pub fn decode_message(bytes: &[u8]) -> Result<Message, RaftError> {
-    use protobuf::Message as _;
-    Ok(Message::parse_from_bytes(bytes)?)
+    use raft::eraftpb::MessageType;
+    let message: Message = wire::decode(bytes)?;
+    match message.get_msg_type() {
+        MessageType::MsgHup
+        | MessageType::MsgBeat
+        | MessageType::MsgPropose
+        | MessageType::MsgUnreachable
+        | MessageType::MsgSnapStatus
+        | MessageType::MsgCheckQuorum => Err(RaftError::Encoding(format!(
+            "{:?} is not a message between servers",
+            message.get_msg_type()
+        ))),
+        _ => Ok(message),
+    }
 }

@@ -16,12 +16,11 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
-use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
 use raft::storage::MemStorage;
 use raft::Storage as _;
 
-use crate::RaftError;
+use crate::{wire, RaftError};
 
 const RECORD_HEADER: usize = 8;
 /// A record larger than this is not one we wrote: treat it as corruption, not as an allocation.
@@ -47,8 +46,8 @@ struct PersistentState {
 
 impl PersistentState {
     fn encode(&self) -> Result<Vec<u8>, RaftError> {
-        let hs = self.hard_state.write_to_bytes()?;
-        let cs = self.conf_state.write_to_bytes()?;
+        let hs = wire::encode(&self.hard_state);
+        let cs = wire::encode(&self.conf_state);
         let mut body = Vec::with_capacity(32 + hs.len() + cs.len());
         body.extend_from_slice(&self.truncated_index.to_le_bytes());
         body.extend_from_slice(&self.truncated_term.to_le_bytes());
@@ -75,8 +74,8 @@ impl PersistentState {
         }
         let (hs, cs) = rest.split_at(hl);
         Ok(Self {
-            hard_state: HardState::parse_from_bytes(hs)?,
-            conf_state: ConfState::parse_from_bytes(cs)?,
+            hard_state: wire::decode::<HardState>(hs)?,
+            conf_state: wire::decode::<ConfState>(cs)?,
             truncated_index: u64::from_le_bytes(*ti),
             truncated_term: u64::from_le_bytes(*tt),
         })
@@ -249,7 +248,7 @@ impl DurableLog {
         }
         let mut buf = Vec::new();
         for entry in entries {
-            let payload = entry.write_to_bytes()?;
+            let payload = wire::encode(entry);
             buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
             buf.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
             buf.extend_from_slice(&payload);
@@ -420,7 +419,7 @@ fn read_segment(path: &Path) -> Result<(Vec<Entry>, u64, bool), RaftError> {
         if crc32fast::hash(payload) != crc {
             return Ok((entries, pos as u64, true));
         }
-        entries.push(Entry::parse_from_bytes(payload).map_err(|e| corruption(path, e))?);
+        entries.push(wire::decode::<Entry>(payload).map_err(|e| corruption(path, e))?);
         pos += RECORD_HEADER + len;
     }
     Ok((entries, pos as u64, false))

@@ -28,14 +28,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use protobuf::Message as _;
 use raft::eraftpb::{ConfChange, ConfChangeType, Entry, EntryType, Message};
 use raft::storage::MemStorage;
 use raft::{Config, RawNode, StateRole};
 use tokio::sync::oneshot;
 
 use crate::log::DurableLog;
-use crate::{MembershipChange, RaftConfig, RaftError, StateMachine};
+use crate::{wire, MembershipChange, RaftConfig, RaftError, StateMachine};
 
 /// Entries a follower keeps beyond what its state machine made durable, for peers that lag
 /// behind should it become leader (until tablet copy lets a peer catch up from a snapshot).
@@ -537,7 +536,8 @@ impl<SM: StateMachine> Worker<SM> {
 
     /// Applies a committed membership change entry.
     fn apply_change(&mut self, entry: &Entry) -> Result<(), RaftError> {
-        let cc = ConfChange::parse_from_bytes(entry.get_data())?;
+        // raft-rs wrote it (rust-protobuf encoding, the same wire format).
+        let cc = wire::decode::<ConfChange>(entry.get_data())?;
         let conf = match self.raw.apply_conf_change(&cc) {
             Ok(conf) => conf,
             // Replayed after a restart: the membership on disk has it already.
