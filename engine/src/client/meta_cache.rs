@@ -21,8 +21,10 @@ use crate::{EngineError, Result};
 pub const SERVER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a call keeps looking for a tablet's leader.
 const LEADER_DEADLINE: Duration = Duration::from_secs(30);
-/// Before asking a tablet's leader again: hints may be stale for a while.
+/// Most time between two attempts to reach a tablet's leader when no new leader was named.
 const LEADER_RETRY: Duration = Duration::from_millis(50);
+/// Leaders named by NotLeader answers asked at once, in a row, before waiting.
+const MAX_HINTS_FOLLOWED: usize = 3;
 
 /// A tablet server's client over a kept connection.
 pub type TServerClient = TabletServerServiceClient<Channel>;
@@ -122,6 +124,7 @@ impl MetaCache {
     {
         let started = Instant::now();
         let mut last_error = String::from("no leader known");
+        let mut followed_hints = 0;
         while started.elapsed() < LEADER_DEADLINE {
             let reported = self.reported.notified();
             let mut reported = std::pin::pin!(reported);
@@ -135,12 +138,19 @@ impl MetaCache {
             match self.call_server(leader, &call).await {
                 Ok(answer) => return Ok((leader, answer)),
                 Err(e @ EngineError::Raft(nyala_raft::RaftError::NotLeader { leader_hint })) => {
+                    last_error = e.to_string();
+                    let hint = leader_hint.filter(|&hint| hint != leader);
                     let mut leaders = self.leaders.write();
-                    match leader_hint.filter(|&hint| hint != leader) {
+                    match hint {
                         Some(hint) => leaders.insert(tablet.to_string(), hint),
                         None => leaders.remove(tablet),
                     };
-                    last_error = e.to_string();
+                    drop(leaders);
+                    if hint.is_some() && followed_hints < MAX_HINTS_FOLLOWED {
+                        // A named leader is asked at once, a few times in a row.
+                        followed_hints += 1;
+                        continue;
+                    }
                 }
                 Err(e @ EngineError::Unavailable(_)) => {
                     // The leader is unreachable: wait for the next one to be reported.
@@ -149,7 +159,10 @@ impl MetaCache {
                 }
                 Err(e) => return Err(e),
             }
-            tokio::time::sleep(LEADER_RETRY).await;
+            // Until the next report (enabled above, so one that came meanwhile counts), at
+            // most LEADER_RETRY: hints may be stale for a while.
+            followed_hints = 0;
+            let _ = tokio::time::timeout(LEADER_RETRY, reported).await;
         }
         Err(EngineError::Unavailable(format!(
             "tablet {tablet} has no reachable leader: {last_error}"
