@@ -109,7 +109,7 @@ impl Tablets for LocalTablets {
         self.0.replica(id)?.scan(spec, snapshot)
     }
 
-    fn safe_snapshot(&self, id: &str) -> Result<Timestamp> {
+    async fn safe_snapshot(&self, id: &str) -> Result<Timestamp> {
         Ok(self.0.replica(id)?.safe_snapshot())
     }
 

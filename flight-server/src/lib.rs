@@ -334,7 +334,7 @@ impl NyalaFlightService {
         };
         // Every endpoint reads at one snapshot, taken now.
         let snapshot = match partitions {
-            Some(_) => first.snapshot().map_err(status)?,
+            Some(_) => first.snapshot().await.map_err(status)?,
             None => None,
         };
         ticket.params = tickets::encode_params(params)?;
@@ -413,11 +413,10 @@ impl NyalaFlightService {
                 (Plans::Planned(plans), never)
             }
         };
-        let streams = plans
-            .get()
-            .iter()
-            .map(|planned| run_ticket(planned, &ticket))
-            .collect::<Result<Vec<_>, Status>>()?;
+        let mut streams = Vec::with_capacity(plans.get().len());
+        for planned in plans.get() {
+            streams.push(run_ticket(planned, &ticket).await?);
+        }
         let Some(schema) = plans.get().first().map(PlannedStatement::schema) else {
             return Err(invalid("no parameter rows were bound"));
         };
@@ -515,15 +514,20 @@ impl Plans {
 }
 
 /// The stream of one planned query for `ticket`: its partition, or all of it.
-fn run_ticket(planned: &PlannedStatement, ticket: &QueryTicket) -> Result<BatchStream, Status> {
+async fn run_ticket(
+    planned: &PlannedStatement,
+    ticket: &QueryTicket,
+) -> Result<BatchStream, Status> {
     let stream = match ticket.partition {
         Some(partition) if planned.tablet_partitions() == Some(ticket.partitions as usize) => {
-            planned.execute_partition(partition as usize, ticket.snapshot)
+            planned
+                .execute_partition(partition as usize, ticket.snapshot)
+                .await
         }
         Some(_) => Err(SqlError::Invalid(
             "the table's tablets changed since this query was planned; run it again".into(),
         )),
-        None => planned.execute_query(),
+        None => planned.execute_query().await,
     }
     .map_err(status)?;
     Ok(Box::pin(

@@ -40,3 +40,10 @@ impl From<DataFusionError> for SqlError {
         SqlError::DataFusion(message)
     }
 }
+
+/// sqlparser's message says what was expected, what was found and where.
+impl From<datafusion::sql::sqlparser::parser::ParserError> for SqlError {
+    fn from(e: datafusion::sql::sqlparser::parser::ParserError) -> Self {
+        SqlError::Parse(e.to_string())
+    }
+}

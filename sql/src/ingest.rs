@@ -14,8 +14,9 @@ use datafusion::dataframe::DataFrameWriteOptions;
 use futures::{Stream, TryStreamExt};
 
 use crate::partitioning::PartitionSpec;
-use crate::statement::{CreateTableSpec, Nullability};
-use crate::{Action, PlannedStatement, Result, Session, SqlError, StatementKind};
+use crate::session::Session;
+use crate::statement::{CreateTableSpec, Ddl, Nullability};
+use crate::{Result, SqlError};
 
 /// What to do about the target table before loading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,13 +71,14 @@ impl Session {
         };
         if let Some(spec) = create {
             if exists {
-                self.run_ddl(Action::DropTable {
+                Ddl::DropTable {
                     name: name.clone(),
                     if_exists: true,
-                })
+                }
+                .apply(&self.db.client)
                 .await?;
             }
-            self.run_ddl(Action::CreateTable(spec)).await?;
+            Ddl::CreateTable(spec).apply(&self.db.client).await?;
         }
         let table = self.db.client.table(&name)?.schema.arrow_schema();
         let mut loaded = 0;
@@ -103,16 +105,6 @@ impl Session {
             }
         }
         Ok(loaded)
-    }
-
-    async fn run_ddl(&self, action: Action) -> Result<()> {
-        let planned = PlannedStatement {
-            kind: StatementKind::Ddl,
-            session: self.clone(),
-            action,
-        };
-        planned.execute().await?.try_collect::<Vec<_>>().await?;
-        Ok(())
     }
 }
 

@@ -26,12 +26,13 @@ use datafusion::logical_expr::LogicalPlan;
 use nyala_engine::TableHandle;
 
 use crate::dml::MutationNode;
-use crate::statement;
+use crate::params::{bind, parameter_types};
+use crate::parser::NyalaParser;
+use crate::planned::{Action, PlannedStatement, StatementInfo, StatementKind};
+use crate::results::empty_schema;
+use crate::session::Session;
 use crate::table::NyalaTable;
-use crate::{
-    bind, empty_schema, parameter_types, Action, PlannedStatement, Result, Session, SqlError,
-    StatementInfo, StatementKind,
-};
+use crate::{Result, SqlError};
 
 /// A statement ready to be run many times with different parameter values.
 #[derive(Clone)]
@@ -79,7 +80,7 @@ pub(crate) enum Draft {
 impl Session {
     /// Parses and plans `sql` (one statement) for repeated execution.
     pub async fn prepare_statement(&self, sql: &str) -> Result<PreparedStatement> {
-        let draft = self.draft(statement::parse(sql)?).await?;
+        let draft = self.draft(NyalaParser::parse_sql(sql)?).await?;
         let (info, template) = match draft {
             Draft::Logical { kind, plan } => {
                 let parameters = parameter_types(&plan)?;

@@ -67,18 +67,22 @@ pub struct NyalaScanExec {
 
 /// The snapshot a statement reads at: the oldest safe snapshot of the tables its Nyala scans
 /// read (None when it reads no table), so it sees one consistent state of all of them.
-pub fn statement_snapshot(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Timestamp>> {
-    let mut snapshot: Option<Timestamp> = None;
+pub async fn statement_snapshot(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Timestamp>> {
+    let mut scans = Vec::new();
     plan.apply(|node| {
         if let Some(scan) = node.downcast_ref::<NyalaScanExec>().filter(|s| !s.as_of) {
-            let safe = scan
-                .client
-                .safe_snapshot(&scan.table)
-                .map_err(|e| DataFusionError::External(Box::new(e)))?;
-            snapshot = Some(snapshot.map_or(safe, |s| s.min(safe)));
+            scans.push((scan.client.clone(), scan.table.clone()));
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
+    let mut snapshot: Option<Timestamp> = None;
+    for (client, table) in scans {
+        let safe = client
+            .safe_snapshot(&table)
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        snapshot = Some(snapshot.map_or(safe, |s| s.min(safe)));
+    }
     Ok(snapshot)
 }
 
@@ -101,8 +105,8 @@ pub fn with_snapshot(
 }
 
 /// `plan` with every Nyala scan reading at the statement's snapshot ([`statement_snapshot`]).
-pub fn pin_snapshot(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
-    match statement_snapshot(&plan)? {
+pub async fn pin_snapshot(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    match statement_snapshot(&plan).await? {
         Some(snapshot) => with_snapshot(plan, snapshot),
         None => Ok(plan),
     }

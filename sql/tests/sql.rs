@@ -1029,4 +1029,108 @@ async fn as_of_reads_past_versions_across_flushes_compactions_and_restarts() {
     assert!(e.contains("in the future"), "{e}");
     let e = error(&s, "SELECT * FROM nope AS OF now()").await;
     assert!(e.contains("nope"), "{e}");
+    let e = error(&s, "SELECT * FROM generate_series(1, 3) AS OF now()").await;
+    assert!(
+        e.contains("AS OF on the table function generate_series"),
+        "{e}"
+    );
+    let e = error(&s, "SELECT * FROM (SELECT 1) AS OF now()").await;
+    assert!(e.contains("follow a table name"), "{e}");
+}
+
+/// Bucket counts, replica counts and type sizes in DDL come from clients: out of range they are
+/// errors naming the number, never wrapped into another number or a panic, and nothing is
+/// created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numbers_in_ddl_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = open(dir.path()).await;
+    let table = "CREATE TABLE t (a BIGINT, b BIGINT, PRIMARY KEY (a, b))";
+    for (clause, needle) in [
+        (
+            "DISTRIBUTE BY HASH (a) INTO BUCKETS",
+            "Expected: literal int, found: BUCKETS",
+        ),
+        ("DISTRIBUTE BY HASH (a) INTO -1 BUCKETS", "found: -"),
+        (
+            "DISTRIBUTE BY HASH (a) INTO 99999999999999999999 BUCKETS",
+            "99999999999999999999",
+        ),
+        (
+            "DISTRIBUTE BY HASH (a) INTO 4294967297 BUCKETS",
+            "4294967297 is not a valid number of hash buckets",
+        ),
+        (
+            "DISTRIBUTE BY HASH (a) INTO 0 BUCKETS",
+            "between 1 and 1024, got 0",
+        ),
+        (
+            "DISTRIBUTE BY HASH (a) INTO 1025 BUCKETS",
+            "between 1 and 1024, got 1025",
+        ),
+        (
+            "DISTRIBUTE BY HASH (a) INTO 1024 BUCKETS, HASH (b) INTO 1024 BUCKETS",
+            "1024 × 1024 tablets per range; at most 10000",
+        ),
+        (
+            "WITH (replicas = 0)",
+            "replicas must be a whole number from 1",
+        ),
+        ("WITH (replicas = -3)", "got -3"),
+        (
+            "WITH (replicas = 18446744073709551616)",
+            "got 18446744073709551616",
+        ),
+    ] {
+        let sql = format!("{table} {clause}");
+        let e = error(&s, &sql).await;
+        assert!(e.contains(needle), "{sql}: {e}");
+    }
+    for (sql, needle) in [
+        (
+            "CREATE TABLE t (a VARCHAR(4294967297) PRIMARY KEY)",
+            "VARCHAR(4294967297): the length must be 1 to 65535",
+        ),
+        (
+            "CREATE TABLE t (a DECIMAL(256, 2) PRIMARY KEY)",
+            "DECIMAL(256, 2): the precision must be 1 to 38",
+        ),
+        (
+            "CREATE TABLE t (a DECIMAL(10, 266) PRIMARY KEY)",
+            "the scale 0 to the precision",
+        ),
+        (
+            "CREATE TABLE t (a BIGINT PRIMARY KEY) DISTRIBUTE BY RANGE (a) \
+             (PARTITION VALUES < 99999999999999999999)",
+            "99999999999999999999",
+        ),
+    ] {
+        let e = error(&s, sql).await;
+        assert!(e.contains(needle), "{sql}: {e}");
+    }
+    assert!(s.context().table_exist("t").is_ok_and(|exists| !exists));
+}
+
+/// Hash levels whose bucket counts multiply past what a tablet count can hold (1024^7 = 2^70)
+/// are refused like any partitioning with too many tablets. The product is the engine's
+/// (`PartitionSchema::new`); until it is computed with checked arithmetic this test fails (a
+/// debug build panics on the overflow, a release build wraps it to a table of zero tablets).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hash_levels_whose_tablet_count_overflows_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = open(dir.path()).await;
+    let columns = ["a", "b", "c", "d", "e", "f", "g"];
+    let levels: Vec<String> = columns
+        .iter()
+        .map(|c| format!("HASH ({c}) INTO 1024 BUCKETS"))
+        .collect();
+    let sql = format!(
+        "CREATE TABLE t ({}, PRIMARY KEY ({})) DISTRIBUTE BY {}",
+        columns.map(|c| format!("{c} BIGINT")).join(", "),
+        columns.join(", "),
+        levels.join(", ")
+    );
+    let e = error(&s, &sql).await;
+    assert!(e.contains("tablets"), "{e}");
+    assert!(s.context().table_exist("t").is_ok_and(|exists| !exists));
 }

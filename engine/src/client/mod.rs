@@ -9,10 +9,9 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use futures::future::join_all;
-use nyala_storage::{ScanIterator, ScanSpec, Schema, Timestamp, WriteBatch, WriteKind};
+use nyala_storage::{ScanIterator, ScanSpec, Timestamp, WriteBatch, WriteKind};
 
-use crate::catalog::{Catalog, ColumnChange, DdlOp, TableInfo};
-use crate::partition::{PartitionSchema, RangeSpec};
+use crate::catalog::{Catalog, DdlOp, TableInfo};
 use crate::{EngineError, Result};
 
 pub mod meta_cache;
@@ -80,57 +79,6 @@ impl Client {
     /// master; whether it did something.
     pub async fn ddl(&self, op: DdlOp) -> Result<bool> {
         self.catalog.ddl(op).await
-    }
-
-    pub async fn create_table(
-        &self,
-        name: &str,
-        schema: Schema,
-        partition: PartitionSchema,
-        if_not_exists: bool,
-        replicas: usize,
-    ) -> Result<bool> {
-        self.ddl(DdlOp::CreateTable {
-            name: name.into(),
-            schema,
-            partition,
-            if_not_exists,
-            replicas,
-        })
-        .await
-    }
-
-    pub async fn rename_table(&self, name: &str, new_name: &str) -> Result<()> {
-        let (name, new_name) = (name.into(), new_name.into());
-        self.ddl(DdlOp::RenameTable { name, new_name })
-            .await
-            .map(drop)
-    }
-
-    pub async fn alter_columns(&self, name: &str, changes: &[ColumnChange]) -> Result<()> {
-        let (name, changes) = (name.into(), changes.to_vec());
-        self.ddl(DdlOp::AlterColumns { name, changes })
-            .await
-            .map(drop)
-    }
-
-    pub async fn add_range_partition(&self, name: &str, range: &RangeSpec) -> Result<()> {
-        let (name, range) = (name.into(), range.clone());
-        self.ddl(DdlOp::AddRangePartition { name, range })
-            .await
-            .map(drop)
-    }
-
-    pub async fn drop_range_partition(&self, name: &str, range: &RangeSpec) -> Result<()> {
-        let (name, range) = (name.into(), range.clone());
-        self.ddl(DdlOp::DropRangePartition { name, range })
-            .await
-            .map(drop)
-    }
-
-    pub async fn drop_table(&self, name: &str, if_exists: bool) -> Result<bool> {
-        let name = name.into();
-        self.ddl(DdlOp::DropTable { name, if_exists }).await
     }
 
     pub fn table(&self, name: &str) -> Result<TableHandle> {
@@ -213,10 +161,11 @@ impl Client {
 
     /// A snapshot at which every tablet of `table` has applied every write it will ever take
     /// below it: reading all of them at it gives one consistent, repeatable view.
-    pub fn safe_snapshot(&self, table: &TableInfo) -> Result<Timestamp> {
+    pub async fn safe_snapshot(&self, table: &TableInfo) -> Result<Timestamp> {
+        let snapshots = join_all(table.tablets.iter().map(|t| self.tablets.safe_snapshot(t)));
         let mut snapshot = Timestamp(u64::MAX);
-        for t in &table.tablets {
-            snapshot = snapshot.min(self.tablets.safe_snapshot(t)?);
+        for tablet in snapshots.await {
+            snapshot = snapshot.min(tablet?);
         }
         Ok(snapshot)
     }

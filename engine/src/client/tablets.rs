@@ -45,7 +45,7 @@ pub trait Tablets: Send + Sync + 'static {
     /// Scans tablet `id` at `snapshot` (None: its leader's safe snapshot).
     fn scan(&self, id: &str, spec: ScanSpec, snapshot: Option<Timestamp>) -> Result<ScanIterator>;
     /// The newest snapshot at which tablet `id` has applied every write it will take below it.
-    fn safe_snapshot(&self, id: &str) -> Result<Timestamp>;
+    async fn safe_snapshot(&self, id: &str) -> Result<Timestamp>;
     /// The size and shape of tablet `id` (in a cluster: as its leader last reported).
     fn stats(&self, id: &str) -> Result<TabletStats>;
     /// Flushes and stops what this process holds of the tablets.
@@ -63,11 +63,6 @@ pub struct RemoteTablets {
 impl RemoteTablets {
     pub fn new(meta: Arc<MetaCache>, runtime: tokio::runtime::Handle) -> Self {
         Self { meta, runtime }
-    }
-
-    /// Runs `future` to completion from synchronous code on a runtime thread.
-    fn blocking<T>(&self, future: impl std::future::Future<Output = T>) -> T {
-        tokio::task::block_in_place(|| self.runtime.block_on(future))
     }
 }
 
@@ -105,13 +100,16 @@ impl Tablets for RemoteTablets {
         }))
     }
 
-    fn safe_snapshot(&self, id: &str) -> Result<Timestamp> {
-        let (_, answer) = self.blocking(self.meta.call_leader(id, |mut server| {
-            let request = TabletRef {
-                tablet_id: id.into(),
-            };
-            async move { server.safe_snapshot(request).await }
-        }))?;
+    async fn safe_snapshot(&self, id: &str) -> Result<Timestamp> {
+        let (_, answer) = self
+            .meta
+            .call_leader(id, |mut server| {
+                let request = TabletRef {
+                    tablet_id: id.into(),
+                };
+                async move { server.safe_snapshot(request).await }
+            })
+            .await?;
         Ok(Timestamp(answer.snapshot))
     }
 

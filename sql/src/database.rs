@@ -1,0 +1,148 @@
+//! The database: one engine client (catalog and tablets, embedded or a cluster's) shared by
+//! every SQL session opened on it.
+//!
+//! Sessions hold their own DataFusion state (settings, prepared plans) but see one catalog, so a
+//! table one session creates is visible to all; this is where that sharing is set up and where
+//! each session gets Nyala's tables, system tables and planners registered into DataFusion.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use datafusion::catalog::{CatalogProvider, MemoryCatalogProvider};
+use datafusion::execution::SessionStateBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use nyala_engine::Client;
+use nyala_storage::TabletOptions;
+
+use crate::session::Session;
+use crate::{as_of, catalog, dml, runtime_filter};
+use crate::{Result, SqlError, CATALOG_NAME, SCHEMA_NAME};
+
+/// Options for opening an embedded database.
+#[derive(Debug, Clone, Default)]
+pub struct DatabaseOptions {
+    /// MemRowSet size in bytes at which a tablet flushes to a DiskRowSet (None: storage default).
+    pub flush_threshold_bytes: Option<usize>,
+    /// Unflushed data all tablets together may hold before writers wait (None: 2 GiB).
+    pub memory_limit_bytes: Option<usize>,
+    /// How far back `AS OF` reads may go (None: storage default, 15 minutes).
+    pub history_max_age: Option<std::time::Duration>,
+}
+
+/// An open Nyala database: catalog, tablets and the SQL engine over them.
+pub struct Database {
+    pub(crate) client: Client,
+}
+
+impl Database {
+    /// Opens (creating if needed) the database stored in `data_dir`, replaying logs as needed.
+    pub async fn open(data_dir: &Path, options: DatabaseOptions) -> Result<Arc<Database>> {
+        let mut tablet_options = TabletOptions::default();
+        if let Some(bytes) = options.flush_threshold_bytes {
+            tablet_options.flush_threshold_bytes = bytes;
+        }
+        if let Some(age) = options.history_max_age {
+            tablet_options.history_max_age = age;
+        }
+        let dir = data_dir.to_path_buf();
+        let memory_limit = options
+            .memory_limit_bytes
+            .unwrap_or(nyala_engine::tserver::DEFAULT_MEMORY_LIMIT);
+        let client = tokio::task::spawn_blocking(move || {
+            nyala_engine::embedded::open(&dir, tablet_options, memory_limit)
+        })
+        .await
+        .map_err(|e| SqlError::Invalid(format!("opening the database failed: {e}")))??;
+        Ok(Arc::new(Database { client }))
+    }
+
+    /// The database of `client` (a master's, whose catalog is in process and whose tablets
+    /// are on the cluster's tablet servers).
+    pub fn with_client(client: Client) -> Arc<Database> {
+        Arc::new(Database { client })
+    }
+
+    /// A coordinator of the cluster whose masters listen at `masters` (a tablet server serving
+    /// Flight SQL): catalog from the masters, DDL through the leading one.
+    pub async fn connect_cluster(masters: Vec<String>) -> Result<Arc<Database>> {
+        let client = Client::connect_cluster(masters).await?;
+        Ok(Arc::new(Database { client }))
+    }
+
+    /// A new SQL session over this database.
+    pub fn session(self: &Arc<Self>) -> Session {
+        let config = SessionConfig::new()
+            .with_default_catalog_and_schema(CATALOG_NAME, SCHEMA_NAME)
+            .with_create_default_catalog_and_schema(false)
+            .with_information_schema(true)
+            // Tablets are the unit of scan parallelism: a scan-only plan keeps one partition per
+            // tablet, so Flight SQL can hand each tablet to a separate reader.
+            .with_round_robin_repartition(false)
+            .with_option_extension(runtime_filter::NyalaOptions::default());
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features()
+            .with_physical_optimizer_rule(Arc::new(runtime_filter::RuntimeFilterRule::default()))
+            .with_query_planner(Arc::new(dml::NyalaQueryPlanner))
+            .build();
+        let ctx = SessionContext::new_with_state(state);
+        let catalog = MemoryCatalogProvider::new();
+        // Registering a schema into a fresh in-memory catalog cannot fail.
+        let _ = catalog.register_schema(
+            SCHEMA_NAME,
+            Arc::new(catalog::NyalaSchemaProvider::new(self.client.clone())),
+        );
+        let _ = catalog.register_schema(
+            catalog::SysSchemaProvider::NAME,
+            Arc::new(catalog::SysSchemaProvider::new(self.client.clone())),
+        );
+        ctx.register_catalog(CATALOG_NAME, Arc::new(catalog));
+        ctx.register_udtf(
+            as_of::FUNCTION,
+            Arc::new(as_of::AsOfFunction {
+                client: self.client.clone(),
+            }),
+        );
+        Session {
+            db: self.clone(),
+            ctx,
+        }
+    }
+
+    /// Names and Arrow schemas of all user tables, sorted by name.
+    pub fn tables(&self) -> Vec<(String, SchemaRef)> {
+        self.client
+            .tables()
+            .iter()
+            .map(|t| (t.name.clone(), t.schema.arrow_schema()))
+            .collect()
+    }
+
+    /// Primary-key column names of `table`, in key order.
+    pub fn primary_key(&self, table: &str) -> Option<Vec<String>> {
+        let table = self.client.table(table).ok()?;
+        Some(
+            table
+                .schema
+                .key_columns()
+                .iter()
+                .map(|&i| table.schema.columns()[i].name.clone())
+                .collect(),
+        )
+    }
+
+    /// The engine client under the SQL layer.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// Flushes and stops every tablet; the database must not be used afterwards.
+    pub async fn shutdown(&self) -> Result<()> {
+        let client = self.client.clone();
+        tokio::task::spawn_blocking(move || client.shutdown())
+            .await
+            .map_err(|e| SqlError::Invalid(format!("shutdown failed: {e}")))??;
+        Ok(())
+    }
+}

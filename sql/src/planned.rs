@@ -1,0 +1,195 @@
+//! A planned statement: everything decided about a statement before it runs.
+//!
+//! Planning and running are separate so a client can learn a statement's kind and result schema
+//! first (Flight SQL answers `GetFlightInfo` before `DoGet`), run a query more than once, or read
+//! a scan-only query's tablets as separate partitions that agree on one snapshot. What a
+//! statement does when run is kept as the least that still needs doing: DDL as parsed, a result
+//! already computed, or DataFusion's physical plan.
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::logical_expr::{LogicalPlan, Statement};
+use datafusion::physical_plan::coop::CooperativeExec;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
+use nyala_storage::Timestamp;
+
+use crate::results::{count_schema, empty_schema, no_rows, one_stream};
+use crate::scan;
+use crate::session::Session;
+use crate::statement::{CreateTableSpec, Ddl};
+use crate::{Result, SqlError};
+
+/// What kind of statement a planned statement is; Flight SQL answers queries with rows and
+/// updates with a count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatementKind {
+    Query,
+    Dml,
+    Ddl,
+}
+
+/// What a client needs to know about a statement before running it (Flight SQL prepared
+/// statements): its kind, the schema of its result and of its parameters (`$1`, `$2`, ...).
+#[derive(Debug, Clone)]
+pub struct StatementInfo {
+    pub kind: StatementKind,
+    pub schema: SchemaRef,
+    pub parameters: SchemaRef,
+}
+
+/// One statement, parsed and planned, not yet run.
+pub struct PlannedStatement {
+    pub(crate) kind: StatementKind,
+    pub(crate) session: Session,
+    pub(crate) action: Action,
+}
+
+/// What running a planned statement does.
+pub(crate) enum Action {
+    /// Nyala's DDL, applied to the catalog as parsed.
+    Ddl(Ddl),
+    /// CREATE TABLE ... AS SELECT: the table, then the INSERT of the query's rows.
+    CreateTableAs {
+        spec: CreateTableSpec,
+        insert: String,
+    },
+    /// A result computed at planning time (SHOW TABLES, DESCRIBE).
+    Rows(RecordBatch),
+    /// `SET name = value`, applied to the session when run.
+    Setting(LogicalPlan),
+    Plan(Arc<dyn ExecutionPlan>),
+}
+
+impl PlannedStatement {
+    pub fn kind(&self) -> StatementKind {
+        self.kind
+    }
+
+    /// Schema of the result stream: `count: UInt64` for DML, no columns for DDL and SET.
+    pub fn schema(&self) -> SchemaRef {
+        match &self.action {
+            Action::Ddl(_) | Action::Setting(_) => empty_schema(),
+            Action::CreateTableAs { .. } => count_schema(),
+            Action::Rows(batch) => batch.schema(),
+            Action::Plan(plan) => plan.schema(),
+        }
+    }
+
+    /// For a query that only projects and filters one table's scan, the number of its output
+    /// partitions, one per tablet; each can be run on its own with [`Self::execute_partition`].
+    pub fn tablet_partitions(&self) -> Option<usize> {
+        fn scan_only(plan: &Arc<dyn ExecutionPlan>) -> bool {
+            if plan.is::<scan::NyalaScanExec>() {
+                return true;
+            }
+            let passes_through = plan.is::<ProjectionExec>()
+                || plan.is::<FilterExec>()
+                || plan.is::<CooperativeExec>();
+            let children = plan.children();
+            passes_through
+                && children.len() == 1
+                && partitions(children[0]) == partitions(plan)
+                && scan_only(children[0])
+        }
+        match &self.action {
+            Action::Plan(plan) if self.kind == StatementKind::Query && scan_only(plan) => {
+                Some(partitions(plan))
+            }
+            _ => None,
+        }
+    }
+
+    /// The snapshot this statement would read at if run now (None if it reads no table). Pass
+    /// it to [`Self::execute_partition`] so separately fetched partitions agree.
+    pub async fn snapshot(&self) -> Result<Option<u64>> {
+        match &self.action {
+            Action::Plan(plan) => Ok(scan::statement_snapshot(plan).await?.map(|t| t.0)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Runs partition `partition` of a query for which [`Self::tablet_partitions`] is `Some(n)`
+    /// with `partition < n`, at `snapshot` (from [`Self::snapshot`]; None: a fresh one).
+    pub async fn execute_partition(
+        &self,
+        partition: usize,
+        snapshot: Option<u64>,
+    ) -> Result<SendableRecordBatchStream> {
+        match (&self.action, self.tablet_partitions()) {
+            (Action::Plan(plan), Some(n)) if partition < n => {
+                let plan = match snapshot {
+                    Some(ts) => scan::with_snapshot(plan.clone(), Timestamp(ts))?,
+                    None => scan::pin_snapshot(plan.clone()).await?,
+                };
+                Ok(plan.execute(partition, self.session.ctx.task_ctx())?)
+            }
+            _ => Err(SqlError::Invalid(format!(
+                "partition {partition} does not exist for this statement (its tables changed since it was planned?)"
+            ))),
+        }
+    }
+
+    /// Runs a query (a statement of kind [`StatementKind::Query`]); it can run several times.
+    pub async fn execute_query(&self) -> Result<SendableRecordBatchStream> {
+        match (&self.action, self.kind) {
+            (Action::Plan(plan), StatementKind::Query) => {
+                let plan = scan::pin_snapshot(plan.clone()).await?;
+                Ok(execute_stream(plan, self.session.ctx.task_ctx())?)
+            }
+            (Action::Rows(batch), _) => one_stream(vec![batch.clone()]),
+            _ => Err(SqlError::Invalid(
+                "this statement is not a query: run it as an update".into(),
+            )),
+        }
+    }
+
+    /// Runs the statement; DDL and DML are applied when this returns, queries stream.
+    pub async fn execute(self) -> Result<SendableRecordBatchStream> {
+        if self.kind == StatementKind::Query {
+            return self.execute_query().await;
+        }
+        match self.action {
+            Action::Ddl(ddl) => {
+                ddl.apply(&self.session.db.client).await?;
+                no_rows()
+            }
+            Action::CreateTableAs { spec, insert } => {
+                self.session.create_table_as(spec, &insert).await
+            }
+            Action::Rows(batch) => one_stream(vec![batch]),
+            Action::Setting(plan) => {
+                self.session.ctx.execute_logical_plan(plan).await?;
+                no_rows()
+            }
+            Action::Plan(plan) => {
+                let plan = scan::pin_snapshot(plan).await?;
+                let task = self.session.ctx.task_ctx();
+                // DML is applied entirely before the statement returns.
+                let batches = collect(plan, task).await?;
+                one_stream(batches)
+            }
+        }
+    }
+}
+
+fn partitions(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    plan.properties().output_partitioning().partition_count()
+}
+
+/// The kind of a statement DataFusion planned; the kinds of statement DataFusion plans but
+/// Nyala does not run (its DDL, COPY, transactions) are refused.
+pub(crate) fn statement_kind(plan: &LogicalPlan) -> Result<StatementKind> {
+    match plan {
+        LogicalPlan::Dml(_) => Ok(StatementKind::Dml),
+        LogicalPlan::Statement(Statement::SetVariable(_)) => Ok(StatementKind::Ddl),
+        LogicalPlan::Ddl(_) | LogicalPlan::Copy(_) | LogicalPlan::Statement(_) => Err(
+            SqlError::NotSupported(format!("{} statements", plan.display())),
+        ),
+        _ => Ok(StatementKind::Query),
+    }
+}

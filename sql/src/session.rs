@@ -1,0 +1,218 @@
+//! A session: one client's conversation with the database, one statement at a time.
+//!
+//! It is where a parsed statement meets the catalog. Nyala's own statements are planned
+//! completely here (DDL is carried as parsed, SHOW is answered); everything else becomes
+//! DataFusion's logical plan, kept with its placeholders until values are bound (see
+//! [`crate::prepared`]), then planned physically with Nyala's scan and mutation operators. The
+//! session also holds the settings `SET` changes, which is why each client gets its own.
+
+use datafusion::common::ScalarValue;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder, Statement};
+use datafusion::prelude::SessionContext;
+use datafusion::sql::parser::Statement as DFStatement;
+use datafusion::sql::sqlparser::ast::{Ident, ObjectName, Statement as SqlStatement, TableObject};
+use std::sync::Arc;
+
+use crate::database::Database;
+use crate::params::bind;
+use crate::parser::NyalaParser;
+use crate::planned::{statement_kind, Action, PlannedStatement, StatementKind};
+use crate::prepared::Draft;
+use crate::statement::{object_name, NyalaStatement};
+use crate::{as_of, dml, runtime_filter};
+use crate::{Result, SqlError};
+
+/// A SQL session: DataFusion session state plus access to the database.
+#[derive(Clone)]
+pub struct Session {
+    pub(crate) db: Arc<Database>,
+    pub(crate) ctx: SessionContext,
+}
+
+impl Session {
+    /// Parses and plans exactly one statement (a trailing `;` is allowed).
+    pub async fn plan(&self, sql: &str) -> Result<PlannedStatement> {
+        self.plan_with_params(sql, &[]).await
+    }
+
+    /// Plans one statement with `params` bound to its placeholders (`$1` or `?`, in order).
+    pub async fn plan_with_params(
+        &self,
+        sql: &str,
+        params: &[ScalarValue],
+    ) -> Result<PlannedStatement> {
+        let draft = self.draft(NyalaParser::parse_sql(sql)?).await?;
+        self.plan_draft(draft, params).await
+    }
+
+    /// Plans and executes exactly one statement.
+    pub async fn execute(&self, sql: &str) -> Result<SendableRecordBatchStream> {
+        self.plan(sql).await?.execute().await
+    }
+
+    /// Splits a script into its statements (quote- and comment-aware).
+    pub fn split_statements(sql: &str) -> Result<Vec<String>> {
+        NyalaParser::split_statements(sql)
+    }
+
+    /// A parsed statement as a logical plan still to be bound, or planned completely where it
+    /// has none (Nyala's DDL and SHOW statements).
+    pub(crate) async fn draft(&self, statement: NyalaStatement) -> Result<Draft> {
+        let planned = |kind, action| {
+            Ok(Draft::Planned(PlannedStatement {
+                kind,
+                session: self.clone(),
+                action,
+            }))
+        };
+        match statement {
+            NyalaStatement::Ddl(ddl) => planned(StatementKind::Ddl, Action::Ddl(ddl)),
+            NyalaStatement::CreateTableAs(ctas) => {
+                planned(StatementKind::Dml, self.plan_create_table_as(ctas).await?)
+            }
+            NyalaStatement::Show(show) => {
+                planned(StatementKind::Query, Action::Rows(self.show(&show)?))
+            }
+            NyalaStatement::UpdateFrom { update, explain } => {
+                let mut plan = self.plan_update_from(*update).await?;
+                let mut kind = StatementKind::Dml;
+                if let Some((verbose, analyze)) = explain {
+                    plan = LogicalPlanBuilder::from(plan)
+                        .explain(verbose, analyze)?
+                        .build()?;
+                    kind = StatementKind::Query;
+                }
+                Ok(Draft::Logical { kind, plan })
+            }
+            NyalaStatement::DataFusion(statement) => {
+                let plan = self.logical_plan(statement).await?;
+                let kind = statement_kind(&plan)?;
+                Ok(Draft::Logical { kind, plan })
+            }
+            NyalaStatement::InsertIgnore(statement) => {
+                let plan = self.logical_plan(statement).await?;
+                let kind = statement_kind(&plan)?;
+                let plan = dml::plan_insert_ignore(plan)?;
+                Ok(Draft::Logical { kind, plan })
+            }
+        }
+    }
+
+    /// Binds `params` to a logical plan's placeholders and plans it physically.
+    pub(crate) async fn plan_logical(
+        &self,
+        kind: StatementKind,
+        plan: LogicalPlan,
+        params: &[ScalarValue],
+    ) -> Result<PlannedStatement> {
+        let action = if let LogicalPlan::Statement(statement) = &plan {
+            runtime_filter::check_setting(statement)?;
+            Action::Setting(bind(plan, params)?)
+        } else {
+            let plan = dml::plan_mutations(bind(plan, params)?)?;
+            Action::Plan(self.ctx.state().create_physical_plan(&plan).await?)
+        };
+        Ok(PlannedStatement {
+            kind,
+            session: self.clone(),
+            action,
+        })
+    }
+
+    /// DataFusion's plan of `statement`, its AS OF clauses turned into what DataFusion plans.
+    pub(crate) async fn logical_plan(
+        &self,
+        mut statement: Box<SqlStatement>,
+    ) -> Result<LogicalPlan> {
+        as_of::lower(&mut statement)?;
+        self.name_assigned_columns(&mut statement);
+        Ok(self
+            .ctx
+            .state()
+            .statement_to_plan(DFStatement::Statement(statement))
+            .await?)
+    }
+
+    /// An INSERT without a column list into a table with a NON UNIQUE PRIMARY KEY lists the
+    /// table's columns except auto_incrementing_id, which the database assigns.
+    fn name_assigned_columns(&self, statement: &mut SqlStatement) {
+        let insert = match statement {
+            SqlStatement::Explain { statement, .. } => match statement.as_mut() {
+                SqlStatement::Insert(insert) => insert,
+                _ => return,
+            },
+            SqlStatement::Insert(insert) => insert,
+            _ => return,
+        };
+        if !insert.columns.is_empty() {
+            return;
+        }
+        let TableObject::TableName(name) = insert.table.clone() else {
+            return;
+        };
+        let Some(table) = object_name(&name)
+            .ok()
+            .and_then(|n| self.db.client.table(&n).ok())
+        else {
+            return;
+        };
+        if let Some(hidden) = table.schema.auto_increment_column() {
+            insert.columns = table
+                .schema
+                .columns()
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != hidden)
+                .map(|(_, c)| ObjectName::from(vec![Ident::with_quote('"', &c.name)]))
+                .collect();
+        }
+    }
+
+    /// The session's settings (`SET` names) and their current values.
+    pub fn settings(&self) -> Vec<(String, Option<String>)> {
+        use datafusion::common::config::{ConfigExtension, ExtensionOptions};
+        let state = self.ctx.state();
+        let options = state.config_options();
+        // Extensions list their entries without their prefix.
+        let nyala = options
+            .extensions
+            .get::<runtime_filter::NyalaOptions>()
+            .map(|o| o.entries())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|entry| {
+                let prefix = runtime_filter::NyalaOptions::PREFIX;
+                (format!("{prefix}.{}", entry.key), entry.value)
+            });
+        options
+            .entries()
+            .into_iter()
+            .filter(|entry| entry.key.starts_with("datafusion."))
+            .map(|entry| (entry.key, entry.value))
+            .chain(nyala)
+            .collect()
+    }
+
+    /// `SET name = value`: refused with an error for an unknown name or a bad value.
+    pub async fn set(&self, name: &str, value: &str) -> Result<()> {
+        let name = name.to_ascii_lowercase();
+        if !self.settings().iter().any(|(known, _)| *known == name) {
+            return Err(SqlError::Invalid(format!("unknown setting '{name}'")));
+        }
+        let statement = Statement::SetVariable(datafusion::logical_expr::SetVariable {
+            variable: name,
+            value: value.to_string(),
+        });
+        runtime_filter::check_setting(&statement)?;
+        self.ctx
+            .execute_logical_plan(LogicalPlan::Statement(statement))
+            .await?;
+        Ok(())
+    }
+
+    /// The DataFusion context, for metadata queries (catalogs, schemas, tables).
+    pub fn context(&self) -> &SessionContext {
+        &self.ctx
+    }
+}
