@@ -23,13 +23,19 @@
 //! FROM, ...) become [`NyalaStatement`]s of their own, the rest go to DataFusion as they are,
 //! with `?` placeholders numbered `$1, $2, ...` in the order they appear (JDBC and ADBC send
 //! `?`, DataFusion binds `$n`).
+//!
+//! Expressions nest at most [`MAX_EXPRESSION_DEPTH`] levels. sqlparser builds a chain of
+//! binary operators (`a OR b OR ...`, `1 + 1 + ...`) without recursing, so a statement of
+//! 10 000 terms parses into a tree 10 000 levels deep, which every recursive walk after it
+//! (visitors, planning, dropping the tree) would follow into a stack overflow: such a
+//! statement is refused right after sqlparser returns it, before anything walks it.
 
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
     visit_expressions_mut, AlterTableOperation, ColumnDef, Expr, ObjectType, Query,
     RenameTableNameKind, SetExpr, ShowCreateObject, SqlOption, Statement, TableConstraint, Value,
-    ValueWithSpan, VisitMut,
+    ValueWithSpan, Visit, VisitMut, Visitor,
 };
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::{IsOptional, Parser, ParserError};
@@ -43,6 +49,13 @@ use crate::statement::{
     normalize_ident, object_name, CreateTableAsSpec, CreateTableSpec, Ddl, NyalaStatement, Show,
 };
 use crate::{Result, SqlError};
+
+/// Most levels of expressions and queries nested in one another in a statement.
+pub const MAX_EXPRESSION_DEPTH: usize = 512;
+
+/// Stack for tearing down a statement refused for its depth: dropping a tree is recursive,
+/// and a 1 MiB statement can nest a few hundred thousand levels.
+const TEARDOWN_STACK: usize = 256 << 20;
 
 /// Parses Nyala's SQL; see the module documentation.
 pub struct NyalaParser<'a> {
@@ -163,12 +176,23 @@ impl<'a> NyalaParser<'a> {
     }
 
     /// What sqlparser parsed, with its AS OF clauses in place and its placeholders numbered.
-    fn finish_sql<V: VisitMut>(&self, parsed: std::result::Result<V, ParserError>) -> Result<V> {
+    fn finish_sql<V: Visit + VisitMut + Send + 'static>(
+        &self,
+        parsed: std::result::Result<V, ParserError>,
+    ) -> Result<V> {
         // An AS OF clause that did not parse is the error, whatever became of the rest.
         if let Some(e) = self.dialect.time_travel_error() {
             return Err(e);
         }
         let mut node = parsed?;
+        if too_deep(&node) {
+            // Dropped on a stack of its own: the drop recurses as deep as the tree.
+            stacker::grow(TEARDOWN_STACK, move || drop(node));
+            return Err(SqlError::Invalid(format!(
+                "the statement nests expressions deeper than the {MAX_EXPRESSION_DEPTH} levels \
+                 allowed; write long lists of alternatives as `x IN (...)`"
+            )));
+        }
         self.dialect.attach_time_travel(&mut node)?;
         number_placeholders(&mut node);
         Ok(node)
@@ -759,6 +783,42 @@ fn classify(statement: Statement) -> Result<NyalaStatement> {
 
 /// JDBC and ADBC send `?` placeholders; DataFusion binds `$1`, `$2`, ...: each `?` is numbered
 /// by its place in the text, and `?n` is `$n`.
+/// Whether `node` nests expressions or queries deeper than [`MAX_EXPRESSION_DEPTH`]. The walk
+/// stops at that depth, so its own recursion is bounded.
+fn too_deep<V: Visit>(node: &V) -> bool {
+    struct Depth(usize);
+    impl Depth {
+        fn enter(&mut self) -> ControlFlow<()> {
+            self.0 += 1;
+            match self.0 > MAX_EXPRESSION_DEPTH {
+                true => ControlFlow::Break(()),
+                false => ControlFlow::Continue(()),
+            }
+        }
+        fn leave(&mut self) -> ControlFlow<()> {
+            self.0 -= 1;
+            ControlFlow::Continue(())
+        }
+    }
+    impl Visitor for Depth {
+        type Break = ();
+        fn pre_visit_expr(&mut self, _: &Expr) -> ControlFlow<()> {
+            self.enter()
+        }
+        fn post_visit_expr(&mut self, _: &Expr) -> ControlFlow<()> {
+            self.leave()
+        }
+        fn pre_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+            self.enter()
+        }
+        fn post_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+            self.leave()
+        }
+    }
+    // The walk recurses a few frames per level: room for MAX_EXPRESSION_DEPTH levels.
+    stacker::maybe_grow(64 << 10, 16 << 20, || node.visit(&mut Depth(0)).is_break())
+}
+
 fn number_placeholders<V: VisitMut>(node: &mut V) {
     fn placeholder(expr: &mut Expr) -> Option<(&mut String, Location)> {
         match expr {

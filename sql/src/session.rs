@@ -5,7 +5,12 @@
 //! DataFusion's logical plan, kept with its placeholders until values are bound (see
 //! [`crate::prepared`]), then planned physically with Nyala's scan and mutation operators. The
 //! session also holds the settings `SET` changes, which is why each client gets its own.
+//!
+//! A logical plan nests at most [`MAX_PLAN_DEPTH`] operators (CTEs that read one another and
+//! subqueries stack up): some of DataFusion's optimizer rules recurse without stack protection,
+//! so a deeper plan is refused before they run.
 
+use datafusion::common::tree_node::{TreeNodeRecursion, TreeNodeVisitor};
 use datafusion::common::ScalarValue;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder, Statement};
@@ -127,11 +132,13 @@ impl Session {
     ) -> Result<LogicalPlan> {
         as_of::lower(&mut statement)?;
         self.name_assigned_columns(&mut statement);
-        Ok(self
+        let plan = self
             .ctx
             .state()
             .statement_to_plan(DFStatement::Statement(statement))
-            .await?)
+            .await?;
+        check_plan_depth(&plan)?;
+        Ok(plan)
     }
 
     /// An INSERT without a column list into a table with a NON UNIQUE PRIMARY KEY lists the
@@ -214,5 +221,44 @@ impl Session {
     /// The DataFusion context, for metadata queries (catalogs, schemas, tables).
     pub fn context(&self) -> &SessionContext {
         &self.ctx
+    }
+}
+
+/// Most operators of a logical plan nested in one another, subqueries included.
+pub const MAX_PLAN_DEPTH: usize = 1000;
+
+/// Refuses a plan deeper than [`MAX_PLAN_DEPTH`]. The walk stops at that depth (and
+/// DataFusion's tree walks grow their stack as they go).
+fn check_plan_depth(plan: &LogicalPlan) -> Result<()> {
+    struct Depth {
+        current: usize,
+        exceeded: bool,
+    }
+    impl<'n> TreeNodeVisitor<'n> for Depth {
+        type Node = LogicalPlan;
+        fn f_down(&mut self, _: &'n LogicalPlan) -> datafusion::common::Result<TreeNodeRecursion> {
+            self.current += 1;
+            self.exceeded = self.current > MAX_PLAN_DEPTH;
+            Ok(match self.exceeded {
+                true => TreeNodeRecursion::Stop,
+                false => TreeNodeRecursion::Continue,
+            })
+        }
+        fn f_up(&mut self, _: &'n LogicalPlan) -> datafusion::common::Result<TreeNodeRecursion> {
+            self.current -= 1;
+            Ok(TreeNodeRecursion::Continue)
+        }
+    }
+    let mut depth = Depth {
+        current: 0,
+        exceeded: false,
+    };
+    plan.visit_with_subqueries(&mut depth)?;
+    match depth.exceeded {
+        true => Err(SqlError::Invalid(format!(
+            "the query nests more than {MAX_PLAN_DEPTH} operators (through CTEs that read one \
+             another, subqueries or views); simplify it"
+        ))),
+        false => Ok(()),
     }
 }

@@ -165,6 +165,51 @@ async fn bad_input_gets_clear_errors_and_changes_nothing() {
     assert!(e.contains("duplicate") && e.contains("applied"), "{e}");
 }
 
+/// Statements that nest too deep are refused with a clear error (they overflowed the stack of
+/// the thread planning them); the same shapes within the limits run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deep_statements_are_refused_not_a_stack_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = open(dir.path()).await;
+    load_metrics(&s).await;
+    let chain = |n: usize, term: &dyn Fn(usize) -> String, op: &str| {
+        (0..n).map(term).collect::<Vec<_>>().join(op)
+    };
+    let or = |n| {
+        let terms = chain(n, &|i| format!("value = {i}"), " OR ");
+        format!("SELECT count(*) FROM metrics WHERE {terms}")
+    };
+    let and = |n| {
+        let terms = chain(n, &|i| format!("host <> 'h{i}'"), " AND ");
+        format!("SELECT count(*) FROM metrics WHERE {terms}")
+    };
+    let plus = |n| format!("SELECT {}", chain(n, &|_| "1".into(), " + "));
+    let concat = |n| format!("SELECT {}", chain(n, &|_| "'a'".into(), " || "));
+    let ctes = |n: usize| {
+        let defs = chain(
+            n,
+            &|i| match i {
+                0 => "c0 AS (SELECT 1 AS x)".to_string(),
+                i => format!("c{i} AS (SELECT * FROM c{})", i - 1),
+            },
+            ", ",
+        );
+        format!("WITH {defs} SELECT * FROM c{}", n - 1)
+    };
+    for shape in [&or as &dyn Fn(usize) -> String, &and, &plus, &concat] {
+        let e = error(&s, &shape(10_000)).await;
+        assert!(e.contains("nests expressions deeper than"), "{e}");
+        run(&s, &shape(400)).await;
+    }
+    let e = error(&s, &ctes(1_000)).await;
+    assert!(e.contains("nests more than 1000 operators"), "{e}");
+    run(&s, &ctes(300)).await;
+    let nested = format!("SELECT {}1{}", "(".repeat(10_000), ")".repeat(10_000));
+    assert!(error(&s, &nested).await.contains("recursion limit"));
+    // Still serving.
+    assert!(text(&s, "SELECT count(*) FROM metrics").await.contains('5'));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_survives_reopen_with_and_without_flush() {
     let dir = tempfile::tempdir().unwrap();
