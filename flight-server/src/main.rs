@@ -13,7 +13,7 @@ use nyala_flight::auth::Credentials;
 use nyala_flight::embedded::EmbeddedConnection;
 use nyala_flight::ServerOptions;
 use nyala_shell::{Connection, FlightSqlConnection, OutputMode};
-use nyala_sql::{Database, DatabaseOptions};
+use nyala_sql::{Database, DatabaseOptions, QueryLimits};
 
 #[derive(Parser)]
 #[command(
@@ -24,6 +24,41 @@ use nyala_sql::{Database, DatabaseOptions};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// What one statement may use (see `SET statement_timeout` for a session's own timeout).
+#[derive(clap::Args, Clone, Copy)]
+struct LimitArgs {
+    /// Memory (MiB) one query's operators may use; sorts and aggregations spill to disk
+    /// beyond it, other operators fail the query.
+    #[arg(long, default_value_t = 2048)]
+    query_memory_limit_mb: usize,
+    /// Memory (MiB) all running queries together may use.
+    #[arg(long, default_value_t = 8192)]
+    query_memory_budget_mb: usize,
+    /// Queries that run at once; more wait their turn (0: twice the cores, at least 4).
+    #[arg(long, default_value_t = 0)]
+    max_running_queries: usize,
+    /// Statements running longer are cancelled, unless their session sets its own
+    /// statement_timeout (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    statement_timeout_secs: u64,
+}
+
+impl LimitArgs {
+    fn limits(self) -> QueryLimits {
+        let default = QueryLimits::default();
+        QueryLimits {
+            query_memory_bytes: self.query_memory_limit_mb << 20,
+            server_memory_bytes: self.query_memory_budget_mb << 20,
+            max_running_queries: match self.max_running_queries {
+                0 => default.max_running_queries,
+                n => n,
+            },
+            statement_timeout: (self.statement_timeout_secs > 0)
+                .then(|| std::time::Duration::from_secs(self.statement_timeout_secs)),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -59,6 +94,8 @@ enum Command {
         /// this many seconds ends; sessions of a connection also end when it closes.
         #[arg(long, default_value_t = nyala_flight::DEFAULT_SESSION_IDLE_TIMEOUT.as_secs())]
         session_idle_timeout_secs: u64,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
     /// Run a tablet server of a cluster: it hosts tablet replicas, replicated with Raft among
     /// tablet servers over internal RPC (tonic).
@@ -78,6 +115,8 @@ enum Command {
         /// Also serve Flight SQL here, as a coordinator of the cluster (needs --masters).
         #[arg(long, requires = "masters")]
         flight_addr: Option<SocketAddr>,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
     /// Run the master of a cluster: the catalog, placement of tablet replicas on the tablet
     /// servers that send it heartbeats, and Flight SQL for clients.
@@ -103,6 +142,8 @@ enum Command {
         /// servers.
         #[arg(long, default_value_t = 300)]
         follower_unavailable_secs: u64,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
     /// Run SQL: a script with -c/-f, or an interactive shell.
     Sql {
@@ -156,6 +197,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             memory_limit_mb,
             history_max_age_secs,
             session_idle_timeout_secs,
+            limits,
         } => {
             let credentials = user
                 .zip(password)
@@ -163,6 +205,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let options = DatabaseOptions {
                 memory_limit_bytes: Some(memory_limit_mb << 20),
                 history_max_age: Some(std::time::Duration::from_secs(history_max_age_secs)),
+                limits: limits.limits(),
                 ..DatabaseOptions::default()
             };
             let server = ServerOptions {
@@ -180,13 +223,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             memory_limit_mb,
             masters,
             flight_addr,
+            limits,
         } => {
             tserver(
                 data_dir,
                 rpc_addr,
                 memory_limit_mb << 20,
                 masters,
-                flight_addr,
+                flight_addr.map(|addr| (addr, limits.limits())),
             )
             .await
         }
@@ -197,14 +241,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             default_replicas,
             masters,
             follower_unavailable_secs,
+            limits,
         } => {
             master(
                 data_dir,
-                rpc_addr,
-                flight_addr,
+                (rpc_addr, flight_addr),
                 default_replicas,
                 masters,
                 std::time::Duration::from_secs(follower_unavailable_secs),
+                limits.limits(),
             )
             .await
         }
@@ -260,11 +305,11 @@ async fn shell(
 
 async fn master(
     data_dir: PathBuf,
-    rpc_addr: SocketAddr,
-    flight_addr: SocketAddr,
+    (rpc_addr, flight_addr): (SocketAddr, SocketAddr),
     default_replicas: usize,
     masters: Vec<String>,
     unavailable: std::time::Duration,
+    limits: QueryLimits,
 ) -> anyhow::Result<()> {
     use nyala_engine::consensus::RaftRouter;
     use nyala_engine::master::{MasterNode, CATALOG_TABLET};
@@ -306,7 +351,7 @@ async fn master(
     })
     .await?
     .with_context(|| format!("cannot open the master in {}", data_dir.display()))?;
-    let db = Database::with_client(node.client.clone());
+    let db = Database::with_client(node.client.clone(), limits);
     let (master_service, consensus_service) = node.services();
     let heartbeats = tonic::transport::Server::builder()
         .add_service(master_service.into_server())
@@ -337,7 +382,7 @@ async fn tserver(
     rpc_addr: SocketAddr,
     memory_limit: usize,
     masters: Vec<String>,
-    flight_addr: Option<SocketAddr>,
+    flight: Option<(SocketAddr, QueryLimits)>,
 ) -> anyhow::Result<()> {
     use nyala_engine::clock::HybridClock;
     use nyala_engine::consensus::{ConsensusService, RaftRouter};
@@ -377,11 +422,11 @@ async fn tserver(
         .add_service(TabletServerService::new(server.clone()).into_server())
         .add_service(ConsensusService::new(vec![server.clone()]).into_server())
         .serve_with_incoming_shutdown(nyala_engine::rpc::incoming(listener), shutdown_signal());
-    match flight_addr {
+    match flight {
         None => rpc.await?,
-        Some(flight_addr) => {
+        Some((flight_addr, limits)) => {
             let rpc = tokio::spawn(rpc);
-            coordinate(masters, flight_addr).await?;
+            coordinate(masters, flight_addr, limits).await?;
             rpc.abort();
         }
     }
@@ -391,11 +436,15 @@ async fn tserver(
 
 /// Serves Flight SQL at `flight_addr` as a coordinator of the cluster whose masters are
 /// `masters`, until a shutdown signal.
-async fn coordinate(masters: Vec<String>, flight_addr: SocketAddr) -> anyhow::Result<()> {
+async fn coordinate(
+    masters: Vec<String>,
+    flight_addr: SocketAddr,
+    limits: QueryLimits,
+) -> anyhow::Result<()> {
     // The masters may still be starting.
     let started = std::time::Instant::now();
     let db = loop {
-        match Database::connect_cluster(masters.clone()).await {
+        match Database::connect_cluster(masters.clone(), limits.clone()).await {
             Ok(db) => break db,
             Err(e) if started.elapsed() > std::time::Duration::from_secs(60) => {
                 return Err(e).context("cannot reach a master");

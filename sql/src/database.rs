@@ -15,7 +15,9 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use nyala_engine::Client;
 use nyala_storage::TabletOptions;
 
+use crate::limits::{Limits, QueryLimits, YieldingLeaves};
 use crate::session::Session;
+use crate::settings::NyalaOptions;
 use crate::{as_of, catalog, dml, runtime_filter};
 use crate::{Result, SqlError, CATALOG_NAME, SCHEMA_NAME};
 
@@ -28,11 +30,14 @@ pub struct DatabaseOptions {
     pub memory_limit_bytes: Option<usize>,
     /// How far back `AS OF` reads may go (None: storage default, 15 minutes).
     pub history_max_age: Option<std::time::Duration>,
+    /// What one statement may use.
+    pub limits: QueryLimits,
 }
 
 /// An open Nyala database: catalog, tablets and the SQL engine over them.
 pub struct Database {
     pub(crate) client: Client,
+    pub(crate) limits: Limits,
 }
 
 impl Database {
@@ -54,20 +59,26 @@ impl Database {
         })
         .await
         .map_err(|e| SqlError::Invalid(format!("opening the database failed: {e}")))??;
-        Ok(Arc::new(Database { client }))
+        Ok(Self::with_client(client, options.limits))
     }
 
     /// The database of `client` (a master's, whose catalog is in process and whose tablets
     /// are on the cluster's tablet servers).
-    pub fn with_client(client: Client) -> Arc<Database> {
-        Arc::new(Database { client })
+    pub fn with_client(client: Client, limits: QueryLimits) -> Arc<Database> {
+        Arc::new(Database {
+            client,
+            limits: Limits::new(limits),
+        })
     }
 
     /// A coordinator of the cluster whose masters listen at `masters` (a tablet server serving
     /// Flight SQL): catalog from the masters, DDL through the leading one.
-    pub async fn connect_cluster(masters: Vec<String>) -> Result<Arc<Database>> {
+    pub async fn connect_cluster(
+        masters: Vec<String>,
+        limits: QueryLimits,
+    ) -> Result<Arc<Database>> {
         let client = Client::connect_cluster(masters).await?;
-        Ok(Arc::new(Database { client }))
+        Ok(Self::with_client(client, limits))
     }
 
     /// A new SQL session over this database.
@@ -79,11 +90,12 @@ impl Database {
             // Tablets are the unit of scan parallelism: a scan-only plan keeps one partition per
             // tablet, so Flight SQL can hand each tablet to a separate reader.
             .with_round_robin_repartition(false)
-            .with_option_extension(runtime_filter::NyalaOptions::default());
+            .with_option_extension(NyalaOptions::default());
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
             .with_physical_optimizer_rule(Arc::new(runtime_filter::RuntimeFilterRule::default()))
+            .with_physical_optimizer_rule(Arc::new(YieldingLeaves))
             .with_query_planner(Arc::new(dml::NyalaQueryPlanner))
             .build();
         let ctx = SessionContext::new_with_state(state);

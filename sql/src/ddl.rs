@@ -7,8 +7,8 @@
 //! decided here.
 
 use datafusion::execution::SendableRecordBatchStream;
-use datafusion::physical_plan::collect;
 use datafusion::sql::sqlparser::ast::Statement;
+use futures::TryStreamExt;
 use nyala_engine::{Client, ColumnChange, DdlOp};
 
 use crate::as_of;
@@ -110,8 +110,10 @@ impl Session {
             return one_stream(vec![count_batch(0)]);
         }
         let inserted = async {
-            match self.plan(insert).await?.action {
-                Action::Plan(plan) => Ok(collect(plan, self.ctx.task_ctx()).await?),
+            let planned = self.plan(insert).await?;
+            match planned.action {
+                // Boxed: executing a statement may create a table as, statically, this does.
+                Action::Plan(_) => Ok(Box::pin(planned.execute()).await?.try_collect().await?),
                 _ => Err(SqlError::Invalid(format!("cannot run {insert}"))),
             }
         }

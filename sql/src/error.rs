@@ -25,25 +25,89 @@ pub enum SqlError {
 
 impl From<DataFusionError> for SqlError {
     fn from(e: DataFusionError) -> Self {
-        let mut message = e.find_root().strip_backtrace();
-        // DataFusion's category prefixes say nothing to a user; the message after them does.
-        for prefix in [
-            "Execution error: ",
-            "External error: ",
-            "Arrow error: ",
-            "Invalid argument error: ",
-        ] {
-            while let Some(rest) = message.strip_prefix(prefix) {
-                message = rest.to_string();
-            }
-        }
-        SqlError::DataFusion(message)
+        let message = strip_categories(&e.find_root().strip_backtrace());
+        SqlError::DataFusion(signature_mismatch(&message).unwrap_or(message))
     }
+}
+
+/// DataFusion's category prefixes ("Error during planning: Internal error: ...") say nothing to
+/// a user, and "Internal error" is wrong for their mistakes; the message after them is what
+/// went wrong. So is the request to file a bug DataFusion appends to its internal errors.
+fn strip_categories(message: &str) -> String {
+    const PREFIXES: [&str; 7] = [
+        "Error during planning: ",
+        "Resources exhausted: ",
+        "Internal error: ",
+        "Execution error: ",
+        "External error: ",
+        "Arrow error: ",
+        "Invalid argument error: ",
+    ];
+    let mut message = message.trim();
+    while let Some(rest) = PREFIXES.iter().find_map(|p| message.strip_prefix(p)) {
+        message = rest.trim_start();
+    }
+    let message = match message.find(". This issue was likely caused by a bug") {
+        Some(end) => &message[..end],
+        None => message,
+    };
+    message.to_string()
+}
+
+/// "Function 'sum' failed to match any signature, errors: ..." (an internal error, for `sum` of
+/// a string column): the function and the argument types it was given, and the first reason.
+fn signature_mismatch(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("Function '")?;
+    let (name, rest) = rest.split_once('\'')?;
+    let reasons = rest.strip_prefix(" failed to match any signature, errors: ")?;
+    let mut types: Vec<&str> = Vec::new();
+    for received in reasons.split("(DataType: ").skip(1) {
+        let Some((data_type, _)) = received.split_once(')') else {
+            continue;
+        };
+        if !types.contains(&data_type) {
+            types.push(data_type);
+        }
+    }
+    let first = reasons.split(",Error during planning: ").next()?;
+    let first = strip_categories(first);
+    let first = first.trim_end_matches('.');
+    Some(match types.is_empty() {
+        true => format!("function {name} cannot take these arguments: {first}"),
+        false => format!(
+            "function {name} cannot take arguments of type {}: {first}",
+            types.join(", ")
+        ),
+    })
 }
 
 /// sqlparser's message says what was expected, what was found and where.
 impl From<datafusion::sql::sqlparser::parser::ParserError> for SqlError {
     fn from(e: datafusion::sql::sqlparser::parser::ParserError) -> Self {
         SqlError::Parse(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_errors_of_ordinary_mistakes_become_user_errors() {
+        let e = DataFusionError::Plan(
+            "Internal error: Function 'sum' failed to match any signature, errors: Error \
+             during planning: Function 'sum' requires Decimal, but received String \
+             (DataType: Utf8).,Error during planning: Function 'sum' requires Int64, but \
+             received String (DataType: Utf8).. This issue was likely caused by a bug in \
+             DataFusion's code. Please help us to resolve this by filing a bug report"
+                .into(),
+        );
+        assert_eq!(
+            SqlError::from(e).to_string(),
+            "function sum cannot take arguments of type Utf8: Function 'sum' requires \
+             Decimal, but received String (DataType: Utf8)"
+        );
+        let e = DataFusionError::Execution("Arrow error: Divide by zero error".into());
+        assert_eq!(SqlError::from(e).to_string(), "Divide by zero error");
     }
 }

@@ -15,13 +15,15 @@ use datafusion::logical_expr::{LogicalPlan, Statement};
 use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
+use datafusion::physical_plan::{execute_stream, ExecutionPlan};
+use futures::TryStreamExt;
 use nyala_storage::Timestamp;
 
+use crate::limits::limited;
 use crate::results::{count_schema, empty_schema, no_rows, one_stream};
-use crate::scan;
 use crate::session::Session;
 use crate::statement::{CreateTableSpec, Ddl};
+use crate::{scan, settings};
 use crate::{Result, SqlError};
 
 /// What kind of statement a planned statement is; Flight SQL answers queries with rows and
@@ -126,7 +128,7 @@ impl PlannedStatement {
                     Some(ts) => scan::with_snapshot(plan.clone(), Timestamp(ts))?,
                     None => scan::pin_snapshot(plan.clone()).await?,
                 };
-                Ok(plan.execute(partition, self.session.ctx.task_ctx())?)
+                run(&self.session, plan, Some(partition), true).await
             }
             _ => Err(SqlError::Invalid(format!(
                 "partition {partition} does not exist for this statement (its tables changed since it was planned?)"
@@ -139,7 +141,7 @@ impl PlannedStatement {
         match (&self.action, self.kind) {
             (Action::Plan(plan), StatementKind::Query) => {
                 let plan = scan::pin_snapshot(plan.clone()).await?;
-                Ok(execute_stream(plan, self.session.ctx.task_ctx())?)
+                run(&self.session, plan, None, true).await
             }
             (Action::Rows(batch), _) => one_stream(vec![batch.clone()]),
             _ => Err(SqlError::Invalid(
@@ -168,13 +170,41 @@ impl PlannedStatement {
             }
             Action::Plan(plan) => {
                 let plan = scan::pin_snapshot(plan).await?;
-                let task = self.session.ctx.task_ctx();
-                // DML is applied entirely before the statement returns.
-                let batches = collect(plan, task).await?;
+                // DML is applied entirely before the statement returns; it does not wait
+                // behind queries for a turn.
+                let stream = run(&self.session, plan, None, false).await?;
+                let batches = stream.try_collect().await?;
                 one_stream(batches)
             }
         }
     }
+}
+
+/// Runs partition `partition` of `plan` (None: all of it) within the statement's limits:
+/// a memory pool of its own, its timeout, and (`queued`) a turn among running queries.
+async fn run(
+    session: &Session,
+    plan: Arc<dyn ExecutionPlan>,
+    partition: Option<usize>,
+    queued: bool,
+) -> Result<SendableRecordBatchStream> {
+    let limits = &session.db.limits;
+    let timeout = {
+        let state = session.ctx.state_ref();
+        let state = state.read();
+        settings::statement_timeout(state.config_options(), limits.default_timeout())
+    };
+    let deadline = timeout.map(|t| (tokio::time::Instant::now() + t, t));
+    let permit = match queued {
+        true => Some(limits.admit(deadline.map(|(at, _)| at)).await?),
+        false => None,
+    };
+    let task = limits.task_context(session.ctx.task_ctx())?;
+    let stream = match partition {
+        Some(partition) => plan.execute(partition, task)?,
+        None => execute_stream(plan, task)?,
+    };
+    Ok(limited(stream, deadline, permit))
 }
 
 fn partitions(plan: &Arc<dyn ExecutionPlan>) -> usize {

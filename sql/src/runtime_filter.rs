@@ -24,13 +24,13 @@ use std::task::{Context, Poll};
 
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::{DataType, SchemaRef};
-use datafusion::common::config::{ConfigExtension, ConfigOptions};
+use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{extensions_options, JoinType, NullEquality, ScalarValue};
+use datafusion::common::{JoinType, NullEquality, ScalarValue};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
 use datafusion::functions_aggregate::min_max::{MaxAccumulator, MinAccumulator};
-use datafusion::logical_expr::{Accumulator, Statement};
+use datafusion::logical_expr::Accumulator;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -46,24 +46,13 @@ use nyala_storage::{ColumnPredicate, JoinFilter, PredicateOp, Scalar};
 use tokio::sync::watch;
 
 use crate::scan::NyalaScanExec;
+use crate::settings::NyalaOptions;
 
 /// Build sides with more keys than this get a bloom filter sized for this many (its
 /// false-positive rate rises, its size does not): 4 M keys, about 5 MB.
 const MAX_BLOOM_KEYS: usize = 4 << 20;
 /// Above this many build keys no bloom filter is built at all (min/max still is).
 const MAX_KEYS_KEPT: usize = 16 << 20;
-
-extensions_options! {
-    /// Nyala's session settings (`SET nyala.<name> = <value>`).
-    pub struct NyalaOptions {
-        /// Runtime filters from hash joins into table scans: `off`, `minmax` or `bloom`.
-        pub runtime_filters: String, default = "bloom".to_string()
-    }
-}
-
-impl ConfigExtension for NyalaOptions {
-    const PREFIX: &'static str = "nyala";
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RuntimeFilterMode {
@@ -89,21 +78,6 @@ impl RuntimeFilterMode {
             .and_then(|o| Self::parse(&o.runtime_filters))
             .unwrap_or(Self::Bloom)
     }
-}
-
-/// Checks a `SET` of a Nyala setting before it is applied, so a bad value is refused
-/// with a clear message instead of being stored and ignored.
-pub fn check_setting(statement: &Statement) -> Result<()> {
-    if let Statement::SetVariable(set) = statement {
-        let name = set.variable.to_ascii_lowercase();
-        if name == "nyala.runtime_filters" && RuntimeFilterMode::parse(&set.value).is_none() {
-            return Err(DataFusionError::Plan(format!(
-                "invalid value '{}' for nyala.runtime_filters: expected off, minmax or bloom",
-                set.value
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// The filter for one join key, built from the build side's values of that key.

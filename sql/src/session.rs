@@ -24,8 +24,9 @@ use crate::params::bind;
 use crate::parser::NyalaParser;
 use crate::planned::{statement_kind, Action, PlannedStatement, StatementKind};
 use crate::prepared::Draft;
+use crate::settings::{self, NyalaOptions};
 use crate::statement::{object_name, NyalaStatement};
-use crate::{as_of, dml, runtime_filter};
+use crate::{as_of, dml};
 use crate::{Result, SqlError};
 
 /// A SQL session: DataFusion session state plus access to the database.
@@ -112,7 +113,7 @@ impl Session {
         params: &[ScalarValue],
     ) -> Result<PlannedStatement> {
         let action = if let LogicalPlan::Statement(statement) = &plan {
-            runtime_filter::check_setting(statement)?;
+            let plan = LogicalPlan::Statement(settings::checked_set(statement)?);
             Action::Setting(bind(plan, params)?)
         } else {
             let plan = dml::plan_mutations(bind(plan, params)?)?;
@@ -184,12 +185,12 @@ impl Session {
         // Extensions list their entries without their prefix.
         let nyala = options
             .extensions
-            .get::<runtime_filter::NyalaOptions>()
+            .get::<NyalaOptions>()
             .map(|o| o.entries())
             .unwrap_or_default()
             .into_iter()
             .map(|entry| {
-                let prefix = runtime_filter::NyalaOptions::PREFIX;
+                let prefix = NyalaOptions::PREFIX;
                 (format!("{prefix}.{}", entry.key), entry.value)
             });
         options
@@ -203,7 +204,7 @@ impl Session {
 
     /// `SET name = value`: refused with an error for an unknown name or a bad value.
     pub async fn set(&self, name: &str, value: &str) -> Result<()> {
-        let name = name.to_ascii_lowercase();
+        let name = settings::canonical_name(name);
         if !self.settings().iter().any(|(known, _)| *known == name) {
             return Err(SqlError::Invalid(format!("unknown setting '{name}'")));
         }
@@ -211,7 +212,7 @@ impl Session {
             variable: name,
             value: value.to_string(),
         });
-        runtime_filter::check_setting(&statement)?;
+        let statement = settings::checked_set(&statement)?;
         self.ctx
             .execute_logical_plan(LogicalPlan::Statement(statement))
             .await?;

@@ -210,6 +210,83 @@ async fn deep_statements_are_refused_not_a_stack_overflow() {
     assert!(text(&s, "SELECT count(*) FROM metrics").await.contains('5'));
 }
 
+/// A statement over its timeout is cancelled with a clear error; the session's setting
+/// overrides the server's; a bad value is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statement_timeout_cancels_a_long_query() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = open(dir.path()).await;
+    let e = error(&s, "SET statement_timeout = 'soon'").await;
+    assert!(e.contains("a duration such as 30s"), "{e}");
+    run(&s, "SET statement_timeout = '300ms'").await;
+    let started = std::time::Instant::now();
+    let e = error(&s, "SELECT sum(value) FROM generate_series(1, 3000000000)").await;
+    assert!(
+        e.contains("canceling statement due to statement timeout"),
+        "{e}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "cancelled after {:?}",
+        started.elapsed()
+    );
+    run(&s, "SET statement_timeout = 0").await;
+    assert!(text(&s, "SELECT count(*) FROM generate_series(1, 1000)")
+        .await
+        .contains("1000"));
+}
+
+/// A query over its memory limit fails with the limit in the message (or spills); other
+/// statements keep running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_over_its_memory_limit_fails_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = DatabaseOptions {
+        limits: nyala_sql::QueryLimits {
+            query_memory_bytes: 1 << 20,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let db = Database::open(dir.path(), options).await.unwrap();
+    let s = db.session();
+    let join = "SELECT count(*) FROM generate_series(1, 2000000) a \
+                JOIN generate_series(1, 2000000) b ON a.value = b.value";
+    let e = error(&s, join).await;
+    assert!(e.contains("memory limit of 1 MiB"), "{e}");
+    // Sorting spills to disk instead.
+    let sorted = "SELECT value FROM generate_series(1, 300000) ORDER BY value DESC LIMIT 1";
+    assert!(text(&s, sorted).await.contains("300000"));
+    load_metrics(&s).await;
+    assert!(text(&s, "SELECT count(*) FROM metrics").await.contains('5'));
+}
+
+/// With one query running at a time, a second waits its turn, and gives up at its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_beyond_the_running_limit_wait_their_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = DatabaseOptions {
+        limits: nyala_sql::QueryLimits {
+            max_running_queries: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let db = Database::open(dir.path(), options).await.unwrap();
+    let first = db.session();
+    let second = db.session();
+    // A query holds its turn while its stream is open.
+    let open = first
+        .execute("SELECT * FROM generate_series(1, 10)")
+        .await
+        .unwrap();
+    run(&second, "SET statement_timeout = '200ms'").await;
+    let e = error(&second, "SELECT 1").await;
+    assert!(e.contains("waiting for one of the 1 queries"), "{e}");
+    drop(open);
+    assert!(text(&second, "SELECT 41 + 1").await.contains("42"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_survives_reopen_with_and_without_flush() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,0 +1,313 @@
+//! What one statement may use, so that one client's query cannot exhaust the server for the
+//! others.
+//!
+//! - **Memory**: each query gets a pool of its own ([`QueryMemoryPool`]) inside the server's
+//!   pool for all queries. DataFusion's operators reserve from it; those that can spill (sorts,
+//!   aggregations) do when a reservation is refused, the others fail the query with a message
+//!   that names the limit. Writes hold no reservation, so a query over its budget never stops a
+//!   write.
+//! - **Time**: a statement runs at most its session's `statement_timeout` (or the server's
+//!   default); then its stream ends with an error and dropping it cancels the work. That needs
+//!   the work to yield now and then: DataFusion's operators loop over their input until it
+//!   returns Pending, and some sources never do (`generate_series` claims to cooperate with
+//!   tokio's budget but does not), so [`YieldingLeaves`] puts every such source behind a
+//!   `CooperativeExec`. Tablet scans yield by themselves (their rows come through a channel).
+//! - **Admission**: at most [`QueryLimits::max_running_queries`] queries run at once; more wait
+//!   their turn (within their timeout) instead of all competing for memory and cores.
+//!   Statements that change rows are not queued behind queries.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::{
+    GreedyMemoryPool, MemoryLimit, MemoryPool, MemoryReservation,
+};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::coop::CooperativeExec;
+use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::ExecutionPlan;
+use futures::{FutureExt, Stream, StreamExt};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+
+/// Limits on what statements may use.
+#[derive(Debug, Clone)]
+pub struct QueryLimits {
+    /// Memory one query's operators may reserve.
+    pub query_memory_bytes: usize,
+    /// Memory all running queries together may reserve.
+    pub server_memory_bytes: usize,
+    /// Queries that run at once; more wait their turn.
+    pub max_running_queries: usize,
+    /// How long a statement may run when its session does not say (None: no limit).
+    pub statement_timeout: Option<Duration>,
+}
+
+impl Default for QueryLimits {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Self {
+            query_memory_bytes: 2 << 30,
+            server_memory_bytes: 8 << 30,
+            max_running_queries: (2 * cores).max(4),
+            statement_timeout: None,
+        }
+    }
+}
+
+/// The limits of one database, and what they count against.
+pub(crate) struct Limits {
+    config: QueryLimits,
+    server: Arc<dyn MemoryPool>,
+    running: Arc<Semaphore>,
+}
+
+impl Limits {
+    pub(crate) fn new(config: QueryLimits) -> Self {
+        Self {
+            server: Arc::new(GreedyMemoryPool::new(config.server_memory_bytes)),
+            running: Arc::new(Semaphore::new(config.max_running_queries.max(1))),
+            config,
+        }
+    }
+
+    pub(crate) fn default_timeout(&self) -> Option<Duration> {
+        self.config.statement_timeout
+    }
+
+    /// `base` with a memory pool of the query's own, inside the server's.
+    pub(crate) fn task_context(&self, base: Arc<TaskContext>) -> Result<Arc<TaskContext>> {
+        let pool = QueryMemoryPool {
+            limit: self.config.query_memory_bytes,
+            server_limit: self.config.server_memory_bytes,
+            used: AtomicUsize::new(0),
+            server: self.server.clone(),
+        };
+        let runtime = RuntimeEnvBuilder::from_runtime_env(&base.runtime_env())
+            .with_memory_pool(Arc::new(pool))
+            .build_arc()?;
+        let task = Arc::try_unwrap(base).unwrap_or_else(|shared| {
+            TaskContext::new(
+                shared.task_id(),
+                shared.session_id(),
+                shared.session_config().clone(),
+                shared.scalar_functions().clone(),
+                shared.higher_order_functions().clone(),
+                shared.aggregate_functions().clone(),
+                shared.window_functions().clone(),
+                shared.runtime_env(),
+            )
+        });
+        Ok(Arc::new(task.with_runtime(runtime)))
+    }
+
+    /// Waits for a query's turn to run, at most until `deadline`; the turn lasts as long as
+    /// the permit.
+    pub(crate) async fn admit(&self, deadline: Option<Instant>) -> Result<OwnedSemaphorePermit> {
+        let turn = self.running.clone().acquire_owned();
+        let permit = match deadline {
+            None => turn.await,
+            Some(deadline) => tokio::time::timeout_at(deadline, turn)
+                .await
+                .map_err(|_| timed_out_waiting(self.config.max_running_queries))?,
+        };
+        permit.map_err(|_| DataFusionError::Execution("the server is shutting down".into()))
+    }
+}
+
+fn timed_out_waiting(running: usize) -> DataFusionError {
+    DataFusionError::ResourcesExhausted(format!(
+        "canceling statement due to statement timeout: it was still waiting for one of the \
+         {running} queries running at once to finish"
+    ))
+}
+
+/// The memory of one query: at most `limit` bytes of its own, taken from the server's pool.
+#[derive(Debug)]
+struct QueryMemoryPool {
+    limit: usize,
+    server_limit: usize,
+    used: AtomicUsize,
+    server: Arc<dyn MemoryPool>,
+}
+
+impl fmt::Display for QueryMemoryPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "query pool ({} of {} bytes)",
+            self.reserved(),
+            self.limit
+        )
+    }
+}
+
+impl MemoryPool for QueryMemoryPool {
+    fn name(&self) -> &str {
+        "query"
+    }
+
+    fn grow(&self, reservation: &MemoryReservation, additional: usize) {
+        self.used.fetch_add(additional, Ordering::Relaxed);
+        self.server.grow(reservation, additional);
+    }
+
+    fn shrink(&self, reservation: &MemoryReservation, shrink: usize) {
+        self.used.fetch_sub(shrink, Ordering::Relaxed);
+        self.server.shrink(reservation, shrink);
+    }
+
+    fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> Result<()> {
+        self.used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(additional).filter(|&n| n <= self.limit)
+            })
+            .map_err(|_| {
+                DataFusionError::ResourcesExhausted(format!(
+                    "the query exceeded its memory limit of {} MiB ({} wanted {} more bytes)",
+                    self.limit >> 20,
+                    reservation.consumer().name(),
+                    additional
+                ))
+            })?;
+        self.server.try_grow(reservation, additional).map_err(|_| {
+            self.used.fetch_sub(additional, Ordering::Relaxed);
+            DataFusionError::ResourcesExhausted(format!(
+                "the running queries together exceeded the server's query memory of {} MiB; \
+                 retry when fewer run",
+                self.server_limit >> 20
+            ))
+        })
+    }
+
+    fn reserved(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn memory_limit(&self) -> MemoryLimit {
+        MemoryLimit::Finite(self.limit)
+    }
+}
+
+/// `stream`, ended with an error at `deadline` (a statement timeout of `timeout`), holding
+/// `permit` (its turn to run) until it ends or is dropped.
+pub(crate) fn limited(
+    stream: SendableRecordBatchStream,
+    deadline: Option<(Instant, Duration)>,
+    permit: Option<OwnedSemaphorePermit>,
+) -> SendableRecordBatchStream {
+    Box::pin(Limited {
+        schema: stream.schema(),
+        stream: Some(stream),
+        deadline: deadline.map(|(at, timeout)| (Box::pin(tokio::time::sleep_until(at)), timeout)),
+        _permit: permit,
+    })
+}
+
+struct Limited {
+    schema: SchemaRef,
+    /// None once ended (by the deadline).
+    stream: Option<SendableRecordBatchStream>,
+    deadline: Option<(Pin<Box<Sleep>>, Duration)>,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Stream for Limited {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.stream.is_none() {
+            return Poll::Ready(None);
+        }
+        // The deadline first: polling the plan spends the task's tokio budget, after which
+        // the timer would not say it has elapsed.
+        if let Some((sleep, timeout)) = self.deadline.as_mut() {
+            if sleep.poll_unpin(cx).is_ready() {
+                let timeout = *timeout;
+                // Dropping the plan's stream cancels its work.
+                self.stream = None;
+                return Poll::Ready(Some(Err(statement_timeout(timeout))));
+            }
+        }
+        match self.stream.as_mut() {
+            Some(stream) => stream.poll_next_unpin(cx),
+            None => Poll::Ready(None),
+        }
+    }
+}
+
+impl RecordBatchStream for Limited {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+}
+
+/// The error of a statement cancelled by its timeout.
+pub(crate) fn statement_timeout(timeout: Duration) -> DataFusionError {
+    DataFusionError::ResourcesExhausted(format!(
+        "canceling statement due to statement timeout ({} ms; SET statement_timeout to change it)",
+        timeout.as_millis()
+    ))
+}
+
+/// Puts every source of rows except tablet scans behind a [`CooperativeExec`], so the
+/// operators above it yield to the runtime now and then (see the module documentation).
+#[derive(Debug, Default)]
+pub(crate) struct YieldingLeaves;
+
+impl YieldingLeaves {
+    fn wrap(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+        let yields = plan.is::<CooperativeExec>() || plan.is::<crate::scan::NyalaScanExec>();
+        match plan.children().is_empty() && !yields {
+            true => Arc::new(CooperativeExec::new(plan)),
+            false => plan,
+        }
+    }
+}
+
+impl PhysicalOptimizerRule for YieldingLeaves {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let plan = plan
+            .transform_down(|node| {
+                if node.is::<CooperativeExec>() {
+                    return Ok(Transformed::no(node));
+                }
+                let children: Vec<_> = node.children().into_iter().cloned().collect();
+                let wrapped: Vec<_> = children.iter().cloned().map(Self::wrap).collect();
+                if wrapped
+                    .iter()
+                    .zip(&children)
+                    .all(|(w, c)| Arc::ptr_eq(w, c))
+                {
+                    return Ok(Transformed::no(node));
+                }
+                let keep = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
+                Ok(Transformed::yes(node.replace_children(wrapped, keep)?))
+            })?
+            .data;
+        Ok(Self::wrap(plan))
+    }
+
+    fn name(&self) -> &str {
+        "nyala_yielding_leaves"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
