@@ -18,7 +18,7 @@ use nyala_storage::TabletOptions;
 use crate::limits::{Limits, QueryLimits, YieldingLeaves};
 use crate::session::Session;
 use crate::settings::NyalaOptions;
-use crate::{as_of, catalog, dml, runtime_filter};
+use crate::{as_of, catalog, dml, functions, runtime_filter};
 use crate::{Result, SqlError, CATALOG_NAME, SCHEMA_NAME};
 
 /// Options for opening an embedded database.
@@ -99,6 +99,7 @@ impl Database {
             .with_query_planner(Arc::new(dml::NyalaQueryPlanner))
             .build();
         let ctx = SessionContext::new_with_state(state);
+        functions::bound_growing_functions(&ctx);
         let catalog = MemoryCatalogProvider::new();
         // Registering a schema into a fresh in-memory catalog cannot fail.
         let _ = catalog.register_schema(

@@ -20,6 +20,7 @@ mod ddl;
 mod dialect;
 mod dml;
 mod error;
+mod functions;
 mod ingest;
 mod limits;
 mod params;
