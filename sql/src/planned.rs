@@ -16,7 +16,6 @@ use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
-use nyala_storage::Timestamp;
 
 use crate::results::{count_schema, empty_schema, no_rows, one_stream};
 use crate::scan;
@@ -114,7 +113,9 @@ impl PlannedStatement {
     }
 
     /// Runs partition `partition` of a query for which [`Self::tablet_partitions`] is `Some(n)`
-    /// with `partition < n`, at `snapshot` (from [`Self::snapshot`]; None: a fresh one).
+    /// with `partition < n`, at `snapshot` (from [`Self::snapshot`]; None: a fresh one). The
+    /// snapshot comes back from a client, so one in the future is refused
+    /// ([`scan::returned_snapshot`]).
     pub async fn execute_partition(
         &self,
         partition: usize,
@@ -123,7 +124,7 @@ impl PlannedStatement {
         match (&self.action, self.tablet_partitions()) {
             (Action::Plan(plan), Some(n)) if partition < n => {
                 let plan = match snapshot {
-                    Some(ts) => scan::with_snapshot(plan.clone(), Timestamp(ts))?,
+                    Some(ts) => scan::with_snapshot(plan.clone(), scan::returned_snapshot(ts)?)?,
                     None => scan::pin_snapshot(plan.clone()).await?,
                 };
                 Ok(plan.execute(partition, self.session.ctx.task_ctx())?)
