@@ -23,7 +23,6 @@ use std::sync::Arc;
 
 use arrow::array::{RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::FlightServiceServer;
@@ -54,14 +53,17 @@ use tonic::{Request, Response, Status, Streaming};
 pub mod auth;
 pub mod connection;
 pub mod embedded;
+pub mod limits;
 mod metadata;
 pub mod session;
 mod session_options;
 mod tickets;
+mod upload;
 
 use auth::{Auth, Caller, Credentials};
 use session::{caller_of, session_of, ClientSession, SessionLayer, Sessions};
 use tickets::QueryTicket;
+use upload::Upload;
 
 /// Request header (`true`) asking for one endpoint even where there could be one per tablet.
 pub const SINGLE_ENDPOINT_HEADER: &str = "x-nyala-single-endpoint";
@@ -206,23 +208,6 @@ fn count_batch(count: u64) -> Result<RecordBatch, Status> {
     RecordBatch::try_new(schema, vec![Arc::new(UInt64Array::from(vec![count]))]).map_err(internal)
 }
 
-/// The batches of a DoPut upload, decoded.
-fn uploaded_batches(request: Request<PeekableFlightDataStream>) -> FlightRecordBatchStream {
-    // Some clients send the command descriptor in a message of its own, with no IPC payload.
-    let messages = request
-        .into_inner()
-        .try_filter(|data| futures::future::ready(!data.data_header.is_empty()))
-        .map_err(FlightError::from);
-    FlightRecordBatchStream::new_from_flight_data(messages)
-}
-
-fn upload_error(e: FlightError) -> Status {
-    match e {
-        FlightError::Tonic(status) => *status,
-        e => invalid(format!("malformed upload: {e}")),
-    }
-}
-
 /// The parameter schema sent to clients. Timestamp parameters are declared in milliseconds:
 /// the Flight SQL JDBC driver writes epoch milliseconds into whatever timestamp vector the
 /// server declares (apache/arrow-java#838), so any other unit would store wrong instants.
@@ -242,16 +227,11 @@ fn advertised_parameters(parameters: &Schema) -> Schema {
     Schema::new(fields.collect::<Vec<_>>())
 }
 
-/// Reads an uploaded parameter set: one batch whose rows are the parameter rows.
+/// Reads the parameter rows uploaded with a DoPut: one batch whose rows are the parameter rows.
 async fn read_params(
     request: Request<PeekableFlightDataStream>,
 ) -> Result<Option<RecordBatch>, Status> {
-    let mut stream = uploaded_batches(request);
-    let mut batches = Vec::new();
-    while let Some(batch) = stream.try_next().await.map_err(upload_error)? {
-        batches.push(batch);
-    }
-    tickets::concat_params(stream.schema().cloned(), batches)
+    tickets::read_params(Upload::new(request.into_inner())).await
 }
 
 /// Stops `stream` with a `cancelled` error once `cancelled` turns true.
@@ -398,7 +378,8 @@ impl NyalaFlightService {
                 (Plans::Kept(query), cancelled)
             }
             None => {
-                let params = tickets::decode_params(&ticket.params)?;
+                limits::statement_text(&ticket.sql)?;
+                let params = tickets::decode_params(&ticket.params).await?;
                 let mut plans = Vec::new();
                 for row in tickets::param_rows(params.as_ref())? {
                     plans.push(
@@ -413,15 +394,32 @@ impl NyalaFlightService {
                 (Plans::Planned(plans), never)
             }
         };
-        let mut streams = Vec::with_capacity(plans.get().len());
-        for planned in plans.get() {
-            streams.push(run_ticket(planned, &ticket).await?);
-        }
-        let Some(schema) = plans.get().first().map(PlannedStatement::schema) else {
+        let Some(first) = plans.get().first() else {
             return Err(invalid("no parameter rows were bound"));
         };
+        let schema = first.schema();
+        // The first plan starts now, so its errors are the call's; the plans of later
+        // parameter rows start one after another as the stream reaches them (each holds a turn
+        // among running queries while it runs).
+        let first = run_ticket(first, &ticket).await?;
+        let plans = Arc::new(plans);
+        let later = {
+            let plans = plans.clone();
+            futures::stream::iter(1..plans.get().len())
+                .then(move |i| {
+                    let (plans, ticket) = (plans.clone(), ticket.clone());
+                    async move { run_ticket(&plans.get()[i], &ticket).await }
+                })
+                .map(|started| match started {
+                    Ok(stream) => stream,
+                    Err(status) => Box::pin(futures::stream::once(async move {
+                        Err(FlightError::Tonic(Box::new(status)))
+                    })),
+                })
+                .flatten()
+        };
         // The stream keeps the query (and so its cancellation) alive until it ends.
-        let batches = futures::stream::iter(streams).flatten().map(move |batch| {
+        let batches = first.chain(later).map(move |batch| {
             let _ = &plans;
             batch
         });
@@ -530,9 +528,9 @@ async fn run_ticket(
         None => planned.execute_query().await,
     }
     .map_err(status)?;
-    Ok(Box::pin(
-        stream.map_err(|e| FlightError::ExternalError(Box::new(e))),
-    ))
+    Ok(Box::pin(stream.map_err(|e| {
+        FlightError::Tonic(Box::new(status(SqlError::from(e))))
+    })))
 }
 
 #[tonic::async_trait]
@@ -574,7 +572,7 @@ impl FlightSqlService for NyalaFlightService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let session = session_of(&request)?;
-        let statement = session.statement(&query.query).await.map_err(status)?;
+        let statement = session.statement(&query.query).await?;
         self.info_for(&session, &statement, None, request).await
     }
 
@@ -593,7 +591,7 @@ impl FlightSqlService for NyalaFlightService {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         let session = session_of(&request)?;
-        let statement = session.statement(&command.query).await.map_err(status)?;
+        let statement = session.statement(&command.query).await?;
         self.update(&session, &statement, None).await
     }
 
@@ -666,16 +664,16 @@ impl FlightSqlService for NyalaFlightService {
             buckets,
         };
         let session = session_of(&request)?;
-        let mut stream = uploaded_batches(request);
-        let first = stream.try_next().await.map_err(upload_error)?;
-        let schema = match (stream.schema(), &first) {
+        let mut upload = Upload::new(request.into_inner());
+        let first = upload.try_next().await?;
+        let schema = match (upload.schema(), &first) {
             (Some(schema), _) => schema.clone(),
             (None, Some(batch)) => batch.schema(),
             (None, None) => return Err(Status::invalid_argument("ingest needs at least a schema")),
         };
         let batches = futures::stream::iter(first.map(Ok))
-            .chain(stream)
-            .map_err(|e| SqlError::Invalid(format!("malformed upload: {e}")));
+            .chain(upload)
+            .map_err(|e| SqlError::Invalid(e.message().to_string()));
         let loaded = session
             .sql()
             .ingest(&target, schema, batches)
@@ -690,11 +688,7 @@ impl FlightSqlService for NyalaFlightService {
         request: Request<Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         let session = session_of(&request)?;
-        let statement = session
-            .sql()
-            .prepare_statement(&query.query)
-            .await
-            .map_err(status)?;
+        let statement = session.prepare(&query.query).await?;
         let info = statement.info().clone();
         let ipc = |schema: &Schema| -> Result<_, Status> {
             let message: IpcMessage = SchemaAsIpc::new(schema, &Default::default())
@@ -1102,6 +1096,22 @@ impl FlightSqlService for NyalaFlightService {
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
 }
 
+/// arrow-flight answers a Flight SQL command, ticket or action whose protobuf message does not
+/// decode with an Internal error quoting a `ParseError`; the mistake is the client's, so the
+/// answer becomes an InvalidArgument error saying what did not decode.
+fn malformed_requests_are_invalid<B>(mut response: http::Response<B>) -> http::Response<B> {
+    let Some(status) = Status::from_header_map(response.headers()) else {
+        return response;
+    };
+    let problem = match status.message().strip_prefix("ParseError(\"") {
+        Some(problem) if status.code() == tonic::Code::Internal => problem.trim_end_matches("\")"),
+        _ => return response,
+    };
+    // Replacing the status headers keeps the others (a new session's cookie).
+    let _ = invalid(format!("malformed request: {problem}")).add_header(response.headers_mut());
+    response
+}
+
 /// Serves Flight SQL for `db` on `listener` until `shutdown` completes.
 pub async fn serve(
     db: Arc<Database>,
@@ -1115,13 +1125,17 @@ pub async fn serve(
     let sessions = Sessions::new(db.clone(), idle_timeout);
     sessions.spawn_expiry();
     let service = NyalaFlightService::new(db, sessions.clone(), options.location)?;
-    let server = FlightServiceServer::new(service).max_decoding_message_size(256 << 20);
+    let server =
+        FlightServiceServer::new(service).max_decoding_message_size(limits::MAX_MESSAGE_BYTES);
     let layer = SessionLayer {
         sessions: sessions.clone(),
         auth: Auth::new(options.credentials),
     };
     tonic::transport::Server::builder()
         .layer(layer)
+        .layer(tower::util::MapResponseLayer::new(
+            malformed_requests_are_invalid::<tonic::body::Body>,
+        ))
         .add_service(server)
         .serve_with_incoming_shutdown(connection::incoming(listener, &sessions), shutdown)
         .await?;

@@ -36,7 +36,8 @@ struct LimitArgs {
     /// Memory (MiB) all running queries together may use.
     #[arg(long, default_value_t = 8192)]
     query_memory_budget_mb: usize,
-    /// Queries that run at once; more wait their turn (0: twice the cores, at least 4).
+    /// Queries that run at once (an open result stream counts); more wait their turn, at most
+    /// 30 s (0: four per core, at least 16).
     #[arg(long, default_value_t = 0)]
     max_running_queries: usize,
     /// Statements running longer are cancelled, unless their session sets its own

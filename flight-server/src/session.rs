@@ -23,23 +23,17 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
-use nyala_sql::{Database, PlannedStatement, PreparedStatement, SqlError};
+use nyala_sql::{Database, PlannedStatement, PreparedStatement};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tonic::Status;
 
 use crate::auth::{Auth, Caller};
 use crate::connection::ConnectionInfo;
+use crate::limits::{self, MAX_PENDING_PLANS, MAX_PENDING_QUERIES, MAX_PREPARED_STATEMENTS};
 
 /// The Flight SQL session cookie.
 pub const SESSION_COOKIE: &str = "arrow_flight_session_id";
-
-/// Prepared statements one session may hold open.
-pub const MAX_PREPARED: usize = 10_000;
-
-/// Queries planned by GetFlightInfo and not yet fetched that a session keeps; beyond that the
-/// oldest are forgotten (their tickets still run, planned again).
-const MAX_PENDING_QUERIES: usize = 256;
 
 /// Statements sent as text (not prepared) that a session keeps planned, by their text, so a
 /// statement sent again is only re-bound; the oldest go first. Longer statements are not kept.
@@ -91,6 +85,8 @@ struct SessionState {
     statement_order: VecDeque<String>,
     pending: HashMap<u64, Arc<PendingQuery>>,
     pending_order: VecDeque<u64>,
+    /// The plans of the pending queries together.
+    pending_plans: usize,
     /// Queries being fetched, for cancellation.
     running: HashMap<u64, Weak<PendingQuery>>,
 }
@@ -309,11 +305,11 @@ impl ClientSession {
 
     /// Statement `sql`, planned for execution: kept from an earlier time it was sent, or
     /// planned now. Plans of tables changed by DDL since are planned again when they run.
-    pub async fn statement(&self, sql: &str) -> Result<PreparedStatement, SqlError> {
+    pub async fn statement(&self, sql: &str) -> Result<PreparedStatement, Status> {
         if let Some(statement) = self.state.lock().statements.get(sql) {
             return Ok(statement.clone());
         }
-        let statement = self.sql.prepare_statement(sql).await?;
+        let statement = self.prepare(sql).await?;
         if sql.len() <= MAX_CACHED_STATEMENT_BYTES {
             let mut state = self.state.lock();
             while state.statements.len() >= MAX_CACHED_STATEMENTS {
@@ -333,6 +329,18 @@ impl ClientSession {
         Ok(statement)
     }
 
+    /// Statement `sql` parsed and planned for repeated execution, within the limits on a
+    /// statement's text and parameters.
+    pub async fn prepare(&self, sql: &str) -> Result<PreparedStatement, Status> {
+        let statement = self
+            .sql
+            .prepare_statement(limits::statement_text(sql)?)
+            .await
+            .map_err(crate::status)?;
+        limits::parameter_count(statement.info().parameters.fields().len())?;
+        Ok(statement)
+    }
+
     /// Forgets the kept statements (after a SET: they were optimized with other settings).
     pub fn forget_statements(&self) {
         let mut state = self.state.lock();
@@ -343,9 +351,10 @@ impl ClientSession {
     /// Keeps `statement` under a new handle.
     pub fn add_prepared(&self, statement: PreparedStatement) -> Result<String, Status> {
         let mut state = self.state.lock();
-        if state.prepared.len() >= MAX_PREPARED {
+        if state.prepared.len() >= MAX_PREPARED_STATEMENTS {
             return Err(Status::resource_exhausted(format!(
-                "this session holds {MAX_PREPARED} prepared statements, the most it may; close some"
+                "this session holds {MAX_PREPARED_STATEMENTS} prepared statements, the most it \
+                 may; close some"
             )));
         }
         let handle = random_handle();
@@ -395,7 +404,9 @@ impl ClientSession {
         }
     }
 
-    /// Keeps the plans of a query until its `endpoints` endpoints are fetched; its random id.
+    /// Keeps the plans of a query until its `endpoints` endpoints are fetched, making room by
+    /// forgetting the oldest (a query with more plans than a session keeps is not kept); its
+    /// random id.
     pub fn add_query(&self, plans: Vec<PlannedStatement>, endpoints: usize) -> u64 {
         let mut state = self.state.lock();
         let id = loop {
@@ -404,14 +415,18 @@ impl ClientSession {
                 break id;
             }
         };
-        while state.pending.len() >= MAX_PENDING_QUERIES {
+        if plans.len() > MAX_PENDING_PLANS {
+            return id;
+        }
+        while state.pending.len() >= MAX_PENDING_QUERIES
+            || state.pending_plans + plans.len() > MAX_PENDING_PLANS
+        {
             match state.pending_order.pop_front() {
-                Some(oldest) => {
-                    state.pending.remove(&oldest);
-                }
+                Some(oldest) => state.forget_query(oldest),
                 None => break,
             }
         }
+        state.pending_plans += plans.len();
         let query = PendingQuery {
             plans,
             endpoints,
@@ -435,12 +450,21 @@ impl ClientSession {
         }
         let fetched = query.fetched.fetch_add(1, Ordering::Relaxed) + 1;
         if fetched as usize >= query.endpoints {
-            state.pending.remove(&id);
+            state.forget_query(id);
             state.pending_order.retain(|q| *q != id);
         }
         state.running.retain(|_, q| q.strong_count() > 0);
         state.running.insert(id, Arc::downgrade(&query));
         Ok(Some(query))
+    }
+}
+
+impl SessionState {
+    /// Forgets the pending query `id` (not its place in `pending_order`).
+    fn forget_query(&mut self, id: u64) {
+        if let Some(query) = self.pending.remove(&id) {
+            self.pending_plans -= query.plans.len();
+        }
     }
 }
 

@@ -1,15 +1,21 @@
 //! What travels between GetFlightInfo and DoGet: a self-contained ticket — the session and
 //! query whose plan the server keeps, and, for when that plan is gone, the SQL and its bound
-//! parameters — and, for per-tablet endpoints, the partition to read.
+//! parameters — and, for per-tablet endpoints, the partition to read. Also the parameter rows
+//! themselves, as uploaded with DoPut and as carried in tickets.
+//!
+//! A ticket comes back from the client, who may have changed any byte of it: its parameters
+//! are decoded as an upload ([`Upload`]) and its text is held to the limits of statements.
 
 use arrow::array::RecordBatch;
 use arrow::compute::concat_batches;
-use arrow::datatypes::SchemaRef;
-use arrow::ipc::reader::StreamReader;
-use arrow::ipc::writer::StreamWriter;
+use arrow_flight::FlightData;
 use datafusion::common::ScalarValue;
+use futures::TryStreamExt;
 use prost::Message;
 use tonic::Status;
+
+use crate::limits;
+use crate::upload::Upload;
 
 /// The handle inside a `TicketStatementQuery`.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -20,9 +26,10 @@ pub struct QueryTicket {
     pub id: u64,
     #[prost(string, tag = "2")]
     pub sql: String,
-    /// Bound parameter rows as an Arrow IPC stream; empty when there are none.
-    #[prost(bytes = "vec", tag = "3")]
-    pub params: Vec<u8>,
+    /// Bound parameter rows as the IPC messages of one batch (schema first); none when there
+    /// are none. (Tag 3, an IPC stream, is no longer used.)
+    #[prost(message, repeated, tag = "10")]
+    pub params: Vec<FlightData>,
     /// For a per-tablet endpoint: the partition (tablet) to read, of `partitions`.
     #[prost(uint32, optional, tag = "4")]
     pub partition: Option<u32>,
@@ -48,33 +55,42 @@ impl QueryTicket {
     }
 }
 
-/// Parameter rows (one batch, one column per placeholder) → IPC bytes, and back.
-pub fn encode_params(params: Option<&RecordBatch>) -> Result<Vec<u8>, Status> {
+/// Parameter rows (one batch, one column per placeholder) → IPC messages, and back.
+pub fn encode_params(params: Option<&RecordBatch>) -> Result<Vec<FlightData>, Status> {
     let Some(batch) = params else {
         return Ok(vec![]);
     };
-    let mut out = Vec::new();
-    let mut writer = StreamWriter::try_new(&mut out, &batch.schema())
-        .map_err(|e| Status::internal(e.to_string()))?;
-    writer
-        .write(batch)
-        .map_err(|e| Status::internal(e.to_string()))?;
-    writer
-        .finish()
-        .map_err(|e| Status::internal(e.to_string()))?;
-    drop(writer);
-    Ok(out)
+    arrow_flight::utils::batches_to_flight_data(&batch.schema(), vec![batch.clone()])
+        .map_err(|e| Status::internal(e.to_string()))
 }
 
-pub fn decode_params(bytes: &[u8]) -> Result<Option<RecordBatch>, Status> {
-    if bytes.is_empty() {
+pub async fn decode_params(messages: &[FlightData]) -> Result<Option<RecordBatch>, Status> {
+    if messages.is_empty() {
         return Ok(None);
     }
-    let malformed = |_| Status::invalid_argument("malformed parameters in ticket");
-    let reader = StreamReader::try_new(bytes, None).map_err(malformed)?;
-    let schema = reader.schema();
-    let batches = reader.collect::<Result<Vec<_>, _>>().map_err(malformed)?;
-    Ok(Some(concat_batches(&schema, &batches).map_err(malformed)?))
+    read_params(Upload::of_messages(messages.to_vec())).await
+}
+
+/// Reads uploaded parameter rows, within the limits on parameters: one batch whose rows are the
+/// parameter rows, None if there are no columns.
+pub async fn read_params(mut upload: Upload) -> Result<Option<RecordBatch>, Status> {
+    let mut batches = Vec::new();
+    let mut rows = 0;
+    while let Some(batch) = upload.try_next().await? {
+        rows += batch.num_rows();
+        limits::parameter_rows(rows, upload.bytes())?;
+        batches.push(batch);
+    }
+    let Some(schema) = upload.schema().cloned() else {
+        return Ok(None);
+    };
+    limits::parameter_count(schema.fields().len())?;
+    if schema.fields().is_empty() {
+        return Ok(None);
+    }
+    let batch =
+        concat_batches(&schema, &batches).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok(Some(batch))
 }
 
 /// The parameter sets to run a statement with: one per row of `params`, or a single empty set.
@@ -102,20 +118,4 @@ fn unwrap_union(value: ScalarValue) -> ScalarValue {
         ScalarValue::Union(None, _, _) => ScalarValue::Null,
         other => other,
     }
-}
-
-/// Concatenates the batches of a parameter upload (DoPut) into one batch, None if no rows.
-pub fn concat_params(
-    schema: Option<SchemaRef>,
-    batches: Vec<RecordBatch>,
-) -> Result<Option<RecordBatch>, Status> {
-    let Some(schema) = schema.or_else(|| batches.first().map(|b| b.schema())) else {
-        return Ok(None);
-    };
-    if schema.fields().is_empty() {
-        return Ok(None);
-    }
-    let batch =
-        concat_batches(&schema, &batches).map_err(|e| Status::invalid_argument(e.to_string()))?;
-    Ok(Some(batch))
 }

@@ -1,17 +1,25 @@
 //! Bulk ingest: Arrow batches loaded into a table (Flight SQL `CommandStatementIngest`, the
 //! shell's `\copy`), creating, appending to or replacing it.
 //!
-//! Each incoming batch is aligned to the table's columns by name, cast losslessly, and inserted
-//! through DataFusion like an `INSERT`, so a load streams: only one batch is held at a time.
-//! As with `INSERT`, a failure stops the load; the rows of earlier batches stay applied.
+//! The data's schema is matched to the table's once, before anything is written: every column
+//! of the data must be a column of the table whose type it can be cast to, and every column of
+//! the table the data leaves out must take its DEFAULT or NULL; otherwise the load is refused
+//! with one error naming every mismatch, and nothing changes. Each incoming batch is then
+//! aligned to the table's columns, cast, and inserted through DataFusion like an `INSERT`, so a
+//! load streams: only one batch is held at a time. As with `INSERT`, a failure while loading
+//! (a duplicate key, a value that does not cast) stops the load; the rows of earlier batches
+//! stay applied.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
-use arrow::array::{new_null_array, RecordBatch};
-use arrow::compute::{cast_with_options, CastOptions};
-use arrow::datatypes::SchemaRef;
+use arrow::array::{new_null_array, ArrayRef, RecordBatch};
+use arrow::compute::{can_cast_types, cast_with_options, CastOptions};
+use arrow::datatypes::{Schema, SchemaRef};
+use datafusion::common::ScalarValue;
 use datafusion::dataframe::DataFrameWriteOptions;
 use futures::{Stream, TryStreamExt};
+use nyala_storage::Schema as TableSchema;
 
 use crate::partitioning::PartitionSpec;
 use crate::session::Session;
@@ -80,22 +88,30 @@ impl Session {
             }
             Ddl::CreateTable(spec).apply(&self.db.client).await?;
         }
-        let table = self.db.client.table(&name)?.schema.arrow_schema();
+        // A created table was made from the data's schema, so only appends can fail this, and
+        // they fail before anything is written.
+        let columns = ColumnMapping::new(&name, &schema, &self.db.client.table(&name)?.schema)?;
         let mut loaded = 0;
         let mut batches = std::pin::pin!(batches);
-        while let Some(batch) = batches.try_next().await? {
-            if batch.num_rows() == 0 {
-                continue;
+        loop {
+            let result = async {
+                let Some(batch) = batches.try_next().await? else {
+                    return Ok(None);
+                };
+                if batch.num_rows() == 0 {
+                    return Ok(Some(0));
+                }
+                let counts = self
+                    .ctx
+                    .read_batch(columns.apply(&batch, &schema)?)?
+                    .write_table(&name, DataFrameWriteOptions::new())
+                    .await?;
+                Ok(Some(count_of(&counts)))
             }
-            let aligned = align(&batch, &table, &name)?;
-            let result = self
-                .ctx
-                .read_batch(aligned)?
-                .write_table(&name, DataFrameWriteOptions::new())
-                .await
-                .map_err(SqlError::from);
+            .await;
             match result {
-                Ok(counts) => loaded += count_of(&counts),
+                Ok(Some(count)) => loaded += count,
+                Ok(None) => break,
                 Err(e) if loaded > 0 => {
                     return Err(SqlError::Invalid(format!(
                         "{e}; the load stopped after {loaded} rows had been applied"
@@ -143,42 +159,134 @@ fn table_spec(name: &str, schema: &SchemaRef, target: &IngestTarget) -> Result<C
     )
 }
 
-/// `batch` with the table's columns in the table's order: matched by name, cast without loss,
-/// absent ones NULL. Columns the table does not have are an error.
-fn align(batch: &RecordBatch, table: &SchemaRef, name: &str) -> Result<RecordBatch> {
-    let source = batch.schema();
-    if let Some(extra) = source
-        .fields()
-        .iter()
-        .find(|f| table.index_of(f.name()).is_err())
-    {
-        return Err(SqlError::Invalid(format!(
-            "table '{name}' has no column '{}'",
-            extra.name()
-        )));
-    }
-    let options = CastOptions {
-        safe: false,
-        ..Default::default()
-    };
-    let columns = table
-        .fields()
-        .iter()
-        .map(|field| match source.index_of(field.name()) {
-            Ok(i) if batch.column(i).data_type() == field.data_type() => {
-                Ok(batch.column(i).clone())
-            }
-            Ok(i) => cast_with_options(batch.column(i), field.data_type(), &options).map_err(|e| {
-                SqlError::Invalid(format!(
-                    "column '{}': cannot load {} values as {}: {e}",
+/// Where each column of the table takes its values from in a load.
+enum Source {
+    /// The data's column at this index, cast to the table's type where it differs.
+    Data(usize),
+    /// The column's DEFAULT (the data leaves it out).
+    Default(ScalarValue),
+    /// NULL (the data leaves out a nullable column without DEFAULT).
+    Null,
+}
+
+/// The data's columns matched to a table's, by name.
+struct ColumnMapping {
+    table_name: String,
+    table: SchemaRef,
+    sources: Vec<Source>,
+}
+
+impl ColumnMapping {
+    /// Matches the columns of `data` to those of table `name`, or an error naming every column
+    /// the table does not have, every column left out that needs a value, and every column whose
+    /// type cannot be loaded into the table's.
+    fn new(name: &str, data: &Schema, table: &TableSchema) -> Result<Self> {
+        let arrow = table.arrow_schema();
+        let mut problems = Vec::new();
+        let mut seen = HashSet::new();
+        for field in data.fields() {
+            if !seen.insert(field.name()) {
+                problems.push(format!(
+                    "column '{}' appears twice in the data",
+                    field.name()
+                ));
+            } else if arrow.field_with_name(field.name()).is_err() {
+                problems.push(format!(
+                    "the table has no column '{}' ({} in the data)",
                     field.name(),
-                    batch.column(i).data_type(),
                     field.data_type()
-                ))
-            }),
-            Err(_) => Ok(new_null_array(field.data_type(), batch.num_rows())),
+                ));
+            }
+        }
+        let mut sources = Vec::with_capacity(arrow.fields().len());
+        for (column, field) in table.columns().iter().zip(arrow.fields()) {
+            let source = match data.index_of(field.name()) {
+                Ok(i) => {
+                    let from = data.field(i).data_type();
+                    if from != field.data_type() && !can_cast_types(from, field.data_type()) {
+                        problems.push(format!(
+                            "column '{}' is {} and cannot hold the data's {from} values",
+                            field.name(),
+                            column.column_type.sql_name()
+                        ));
+                    }
+                    Source::Data(i)
+                }
+                Err(_) => match &column.default {
+                    Some(text) => {
+                        let value = ScalarValue::try_from_string(text.clone(), field.data_type())
+                            .map_err(|e| {
+                            SqlError::Invalid(format!(
+                                "column '{}': its DEFAULT {text} is not a {}: {e}",
+                                field.name(),
+                                column.column_type.sql_name()
+                            ))
+                        })?;
+                        Source::Default(value)
+                    }
+                    None if field.is_nullable() => Source::Null,
+                    None => {
+                        problems.push(format!(
+                            "the data has no column '{}' (NOT NULL, without DEFAULT)",
+                            field.name()
+                        ));
+                        Source::Null
+                    }
+                },
+            };
+            sources.push(source);
+        }
+        if !problems.is_empty() {
+            return Err(SqlError::Invalid(format!(
+                "the data does not match table '{name}', nothing was loaded: {}",
+                problems.join("; ")
+            )));
+        }
+        Ok(Self {
+            table_name: name.to_string(),
+            table: arrow,
+            sources,
         })
-        .collect::<Result<Vec<_>>>()?;
-    RecordBatch::try_new(Arc::clone(table), columns)
-        .map_err(|e| SqlError::Invalid(format!("table '{name}': {e}")))
+    }
+
+    /// `batch` (of the load's schema `data`) as a batch of the table: its columns in the
+    /// table's order, cast without loss, left-out ones filled.
+    fn apply(&self, batch: &RecordBatch, data: &Schema) -> Result<RecordBatch> {
+        if batch.schema_ref().fields() != data.fields() {
+            return Err(SqlError::Invalid(format!(
+                "a batch's columns differ from those the load declared: {} instead of {}",
+                batch.schema_ref(),
+                data
+            )));
+        }
+        let options = CastOptions {
+            safe: false,
+            ..Default::default()
+        };
+        let rows = batch.num_rows();
+        let columns = self
+            .table
+            .fields()
+            .iter()
+            .zip(&self.sources)
+            .map(|(field, source)| match source {
+                Source::Data(i) if batch.column(*i).data_type() == field.data_type() => {
+                    Ok(batch.column(*i).clone())
+                }
+                Source::Data(i) => cast_with_options(batch.column(*i), field.data_type(), &options)
+                    .map_err(|e| {
+                        SqlError::Invalid(format!(
+                            "column '{}': cannot load {} values as {}: {e}",
+                            field.name(),
+                            batch.column(*i).data_type(),
+                            field.data_type()
+                        ))
+                    }),
+                Source::Default(value) => Ok(value.to_array_of_size(rows)?),
+                Source::Null => Ok(new_null_array(field.data_type(), rows)),
+            })
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        RecordBatch::try_new(Arc::clone(&self.table), columns)
+            .map_err(|e| SqlError::Invalid(format!("table '{}': {e}", self.table_name)))
+    }
 }

@@ -60,7 +60,7 @@ impl Default for QueryLimits {
         Self {
             query_memory_bytes: 2 << 30,
             server_memory_bytes: 8 << 30,
-            max_running_queries: (2 * cores).max(4),
+            max_running_queries: (4 * cores).max(16),
             statement_timeout: None,
         }
     }
@@ -112,26 +112,35 @@ impl Limits {
         Ok(Arc::new(task.with_runtime(runtime)))
     }
 
-    /// Waits for a query's turn to run, at most until `deadline`; the turn lasts as long as
-    /// the permit.
+    /// Waits for a query's turn to run, until the statement's `deadline` or at most
+    /// [`MAX_QUEUE_WAIT`]; the turn lasts as long as the permit. (Open result streams hold
+    /// turns, so a client that leaves many unread can keep others waiting: the wait is
+    /// bounded.)
     pub(crate) async fn admit(&self, deadline: Option<Instant>) -> Result<OwnedSemaphorePermit> {
-        let turn = self.running.clone().acquire_owned();
-        let permit = match deadline {
-            None => turn.await,
-            Some(deadline) => tokio::time::timeout_at(deadline, turn)
-                .await
-                .map_err(|_| timed_out_waiting(self.config.max_running_queries))?,
-        };
+        let queue_limit = Instant::now() + MAX_QUEUE_WAIT;
+        let until = deadline.map_or(queue_limit, |d| d.min(queue_limit));
+        let running = self.config.max_running_queries;
+        let permit = tokio::time::timeout_at(until, self.running.clone().acquire_owned())
+            .await
+            .map_err(|_| match deadline {
+                Some(deadline) if deadline <= queue_limit => {
+                    DataFusionError::ResourcesExhausted(format!(
+                        "canceling statement due to statement timeout: it was still waiting \
+                         for one of the {running} queries running at once to finish"
+                    ))
+                }
+                _ => DataFusionError::ResourcesExhausted(format!(
+                    "the server is busy: {running} queries are running and this one waited \
+                     {} s for its turn; retry later",
+                    MAX_QUEUE_WAIT.as_secs()
+                )),
+            })?;
         permit.map_err(|_| DataFusionError::Execution("the server is shutting down".into()))
     }
 }
 
-fn timed_out_waiting(running: usize) -> DataFusionError {
-    DataFusionError::ResourcesExhausted(format!(
-        "canceling statement due to statement timeout: it was still waiting for one of the \
-         {running} queries running at once to finish"
-    ))
-}
+/// Longest a query waits for its turn to run.
+const MAX_QUEUE_WAIT: Duration = Duration::from_secs(30);
 
 /// The memory of one query: at most `limit` bytes of its own, taken from the server's pool.
 #[derive(Debug)]

@@ -17,7 +17,6 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use futures::TryStreamExt;
-use nyala_storage::Timestamp;
 
 use crate::limits::limited;
 use crate::results::{count_schema, empty_schema, no_rows, one_stream};
@@ -116,7 +115,9 @@ impl PlannedStatement {
     }
 
     /// Runs partition `partition` of a query for which [`Self::tablet_partitions`] is `Some(n)`
-    /// with `partition < n`, at `snapshot` (from [`Self::snapshot`]; None: a fresh one).
+    /// with `partition < n`, at `snapshot` (from [`Self::snapshot`]; None: a fresh one). The
+    /// snapshot comes back from a client, so one in the future is refused
+    /// ([`scan::returned_snapshot`]).
     pub async fn execute_partition(
         &self,
         partition: usize,
@@ -125,7 +126,7 @@ impl PlannedStatement {
         match (&self.action, self.tablet_partitions()) {
             (Action::Plan(plan), Some(n)) if partition < n => {
                 let plan = match snapshot {
-                    Some(ts) => scan::with_snapshot(plan.clone(), Timestamp(ts))?,
+                    Some(ts) => scan::with_snapshot(plan.clone(), scan::returned_snapshot(ts)?)?,
                     None => scan::pin_snapshot(plan.clone()).await?,
                 };
                 run(&self.session, plan, Some(partition), true).await

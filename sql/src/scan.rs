@@ -104,6 +104,27 @@ pub fn with_snapshot(
     .map(|t| t.data)
 }
 
+/// How far ahead of this machine's clock a snapshot handed back by a client (in a ticket) may
+/// be: the tablets' clocks that chose it may run a little ahead of this one.
+const MAX_SNAPSHOT_AHEAD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A snapshot that came back from a client, as a [`Timestamp`] to read at, unless it lies
+/// further in the future than clocks can differ: reading at it would move the clocks of the
+/// tablets read past it, and with them the timestamps of every later write.
+pub fn returned_snapshot(snapshot: u64) -> crate::Result<Timestamp> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let latest = u64::try_from((now + MAX_SNAPSHOT_AHEAD).as_micros()).unwrap_or(u64::MAX);
+    match Timestamp(snapshot) {
+        ts if ts.micros() <= latest => Ok(ts),
+        ts => Err(crate::SqlError::Invalid(format!(
+            "snapshot {} is in the future; run the query again",
+            ts.display()
+        ))),
+    }
+}
+
 /// `plan` with every Nyala scan reading at the statement's snapshot ([`statement_snapshot`]).
 pub async fn pin_snapshot(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
     match statement_snapshot(&plan).await? {

@@ -287,6 +287,110 @@ async fn queries_beyond_the_running_limit_wait_their_turn() {
     assert!(text(&second, "SELECT 41 + 1").await.contains("42"));
 }
 
+/// `batch` as an ingest's stream.
+fn ingest_stream(
+    batches: Vec<RecordBatch>,
+) -> impl futures::Stream<Item = nyala_sql::Result<RecordBatch>> + Send {
+    futures::stream::iter(batches.into_iter().map(Ok))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_refuses_data_that_does_not_match_the_table() {
+    use arrow::array::{ArrayRef, BinaryArray, Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use nyala_sql::{IngestMode, IngestTarget};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = open(dir.path()).await;
+    run(
+        &s,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, name STRING, flag BOOL NOT NULL DEFAULT true, \
+         score DOUBLE DEFAULT 1.5)",
+    )
+    .await;
+    run(&s, "INSERT INTO t VALUES (1, 'one', false, 0.0)").await;
+    let before = text(&s, "SELECT * FROM t ORDER BY id").await;
+    let append = IngestTarget {
+        table: "t".into(),
+        mode: IngestMode::Append,
+        primary_key: vec![],
+        buckets: 1,
+    };
+    let batch = |columns: Vec<(&str, ArrayRef)>| RecordBatch::try_from_iter(columns).unwrap();
+    let ids = |ids: Vec<i64>| Arc::new(Int64Array::from(ids)) as ArrayRef;
+    let bytes = |n: usize| Arc::new(BinaryArray::from(vec![&b"x"[..]; n])) as ArrayRef;
+    let cases = [
+        // One unknown BINARY column, with and without rows.
+        (
+            batch(vec![("zz", bytes(1))]),
+            vec!["no column 'zz' (Binary", "no column 'id'"],
+        ),
+        (
+            batch(vec![("zz", bytes(0))]),
+            vec!["no column 'zz' (Binary", "no column 'id'"],
+        ),
+        (
+            batch(vec![("id", ids(vec![2])), ("flag", bytes(1))]),
+            vec!["'flag' is BOOL and cannot hold the data's Binary values"],
+        ),
+        (
+            batch(vec![
+                ("id", ids(vec![2])),
+                ("ID", ids(vec![3])),
+                ("extra", bytes(1)),
+            ]),
+            vec!["no column 'ID'", "no column 'extra'"],
+        ),
+    ];
+    for (data, needles) in cases {
+        let schema = data.schema();
+        let e = s
+            .ingest(&append, schema, ingest_stream(vec![data]))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("does not match table 't', nothing was loaded"),
+            "{e}"
+        );
+        for needle in needles {
+            assert!(e.contains(needle), "{needle}: {e}");
+        }
+    }
+    // A schema without batches is checked too; a column given twice is refused.
+    let twice = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("id", DataType::Int64, false),
+    ]));
+    let e = s
+        .ingest(&append, twice, ingest_stream(vec![]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("column 'id' appears twice"), "{e}");
+    assert_eq!(text(&s, "SELECT * FROM t ORDER BY id").await, before);
+
+    // Columns left out take their DEFAULT, else NULL; castable types are cast.
+    let data = batch(vec![
+        (
+            "id",
+            Arc::new(StringArray::from(vec!["2", "3"])) as ArrayRef,
+        ),
+        (
+            "name",
+            Arc::new(StringArray::from(vec![Some("two"), None])) as ArrayRef,
+        ),
+    ]);
+    let loaded = s
+        .ingest(&append, data.schema(), ingest_stream(vec![data]))
+        .await
+        .unwrap();
+    assert_eq!(loaded, 2);
+    let rows = text(&s, "SELECT id, name, flag, score FROM t ORDER BY id").await;
+    assert!(rows.contains("| 2  | two  | true  | 1.5   |"), "{rows}");
+    assert!(rows.contains("| 3  |      | true  | 1.5   |"), "{rows}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_survives_reopen_with_and_without_flush() {
     let dir = tempfile::tempdir().unwrap();

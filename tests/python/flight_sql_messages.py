@@ -138,6 +138,30 @@ def prepared_statement_query(handle):
     return flight.FlightDescriptor.for_command(command)
 
 
+def prepared_statement_update(handle):
+    """A descriptor for CommandPreparedStatementUpdate{prepared_statement_handle = 1}."""
+    command = any_message("CommandPreparedStatementUpdate", length_delimited(1, handle))
+    return flight.FlightDescriptor.for_command(command)
+
+
+def ticket_statement_query(handle):
+    """A ticket for TicketStatementQuery{statement_handle = 1}."""
+    return flight.Ticket(any_message("TicketStatementQuery", length_delimited(1, handle)))
+
+
+# TableDefinitionOptions.TableNotExistOption and .TableExistsOption
+NOT_EXIST_CREATE, NOT_EXIST_FAIL = 1, 2
+EXISTS_FAIL, EXISTS_APPEND, EXISTS_REPLACE = 1, 2, 3
+
+
+def statement_ingest(table, if_not_exist=NOT_EXIST_FAIL, if_exists=EXISTS_APPEND):
+    """A descriptor for CommandStatementIngest{TableDefinitionOptions{if_not_exist = 1,
+    if_exists = 2} table_definition_options = 1, table = 2}."""
+    options = varint_field(1, if_not_exist) + varint_field(2, if_exists)
+    command = length_delimited(1, options) + length_delimited(2, table)
+    return flight.FlightDescriptor.for_command(any_message("CommandStatementIngest", command))
+
+
 # --- Flight session options ---
 
 def session_option_value(value):

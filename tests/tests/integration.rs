@@ -15,10 +15,15 @@ use arrow::datatypes::{DataType, Field, Schema};
 use arrow::util::pretty::pretty_format_batches;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use arrow_flight::sql::{
-    CommandGetDbSchemas, CommandGetExportedKeys, CommandGetTables, CommandGetXdbcTypeInfo,
-    CommandStatementIngest, TableDefinitionOptions, TableExistsOption, TableNotExistOption,
+    ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult, CommandGetDbSchemas,
+    CommandGetExportedKeys, CommandGetTables, CommandGetXdbcTypeInfo,
+    CommandPreparedStatementQuery, CommandStatementIngest, ProstMessageExt, TableDefinitionOptions,
+    TableExistsOption, TableNotExistOption,
 };
-use arrow_flight::{CancelFlightInfoRequest, CancelFlightInfoResult, CancelStatus, FlightInfo};
+use arrow_flight::{
+    CancelFlightInfoRequest, CancelFlightInfoResult, CancelStatus, FlightData, FlightDescriptor,
+    FlightInfo,
+};
 use futures::TryStreamExt;
 use prost::Message;
 use tonic::transport::Channel;
@@ -707,6 +712,165 @@ async fn authentication_with_bearer_tokens() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A raw DoPut: a first message naming `command`, then `messages` as they are; the server's
+/// error, if any.
+async fn raw_put(
+    client: &mut FlightSqlServiceClient<Channel>,
+    command: &impl ProstMessageExt,
+    messages: Vec<FlightData>,
+) -> Result<(), String> {
+    let first = FlightData {
+        flight_descriptor: Some(FlightDescriptor::new_cmd(command.as_any().encode_to_vec())),
+        ..Default::default()
+    };
+    let stream = futures::stream::iter(std::iter::once(first).chain(messages));
+    let result = async {
+        let answers = client.inner_mut().do_put(stream).await?.into_inner();
+        answers.try_collect::<Vec<_>>().await
+    };
+    result.await.map(drop).map_err(|e| {
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        e.message().to_string()
+    })
+}
+
+/// Changes entry `i` — a pair of i64 — of a record batch header's buffers (offset, length) or,
+/// with `nodes`, of its field nodes (length, null count).
+fn rewrite_batch_header(
+    data: &mut FlightData,
+    nodes: bool,
+    i: usize,
+    change: impl Fn([i64; 2]) -> [i64; 2],
+) {
+    let mut header = data.data_header.to_vec();
+    let at = {
+        let message = arrow::ipc::root_as_message(&header).unwrap();
+        let batch = message.header_as_record_batch().unwrap();
+        let entries = match nodes {
+            true => batch.nodes().unwrap().bytes(),
+            false => batch.buffers().unwrap().bytes(),
+        };
+        entries.as_ptr() as usize - header.as_ptr() as usize + i * 16
+    };
+    let old = |at: usize| i64::from_le_bytes(header[at..at + 8].try_into().unwrap());
+    let values = change([old(at), old(at + 8)]);
+    header[at..at + 8].copy_from_slice(&values[0].to_le_bytes());
+    header[at + 8..at + 16].copy_from_slice(&values[1].to_le_bytes());
+    data.data_header = header.into();
+}
+
+/// Crafted Arrow IPC sent with DoPut, for a bulk ingest and for a prepared statement's
+/// parameters: each upload gets an error saying what is wrong with it, and the server goes on
+/// serving with the table as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_uploads_are_refused_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut c = server.client().await;
+    update(&mut c, "CREATE TABLE t (id BIGINT PRIMARY KEY, flag BOOL)")
+        .await
+        .unwrap();
+    update(
+        &mut c,
+        "INSERT INTO t VALUES (1, true), (2, false), (3, NULL)",
+    )
+    .await
+    .unwrap();
+    let before = text(&mut c, "SELECT * FROM t ORDER BY id").await;
+
+    // 300 rows: ids from 1000 (new keys: loaded, they would show), flags a third NULL.
+    let ids = Int64Array::from_iter_values(1000..1300);
+    let flags =
+        arrow::array::BooleanArray::from_iter((0..300).map(|i| (i % 3 != 1).then_some(i % 2 == 0)));
+    let batch =
+        RecordBatch::try_from_iter([("id", Arc::new(ids) as _), ("flag", Arc::new(flags) as _)])
+            .unwrap();
+    let valid =
+        arrow_flight::utils::batches_to_flight_data(&batch.schema(), vec![batch.clone()]).unwrap();
+    let [schema, body] = [valid[0].clone(), valid[1].clone()];
+    let changed = |f: &dyn Fn(&mut FlightData)| {
+        let mut body = body.clone();
+        f(&mut body);
+        vec![schema.clone(), body]
+    };
+    let body_len = body.data_body.len() as i64;
+    let cases: Vec<(Vec<FlightData>, &str)> = vec![
+        (
+            changed(&|m| m.data_header = vec![0x5a; 64].into()),
+            "unreadable message header",
+        ),
+        (vec![body.clone()], "prior to Schema"),
+        (
+            changed(&|m| rewrite_batch_header(m, false, 1, |_| [body_len - 8, 64])),
+            "lies outside the message body",
+        ),
+        (
+            changed(&|m| m.data_body = m.data_body.slice(..100)),
+            "lies outside the message body",
+        ),
+        // flag's validity bitmap (buffer 2) cut to a byte: arrow-buffer asserts its length.
+        (
+            changed(&|m| rewrite_batch_header(m, false, 2, |[offset, _]| [offset, 1])),
+            "malformed Arrow data",
+        ),
+        (
+            changed(&|m| rewrite_batch_header(m, true, 1, |[rows, _]| [rows, rows + 1])),
+            "with 301 nulls",
+        ),
+        (
+            changed(&|m| rewrite_batch_header(m, true, 0, |_| [1 << 40, 0])),
+            "at most 16777216 are allowed per batch",
+        ),
+    ];
+    let ingest = ingest_command("t", TableNotExistOption::Fail, TableExistsOption::Append);
+    let prepare = ActionCreatePreparedStatementRequest {
+        query: "SELECT count(*) FROM t WHERE id = ? OR flag = ?".into(),
+        transaction_id: None,
+    };
+    let action = arrow_flight::Action {
+        r#type: "CreatePreparedStatement".into(),
+        body: prepare.as_any().encode_to_vec().into(),
+    };
+    let results: Vec<arrow_flight::Result> = c
+        .inner_mut()
+        .do_action(action)
+        .await
+        .unwrap()
+        .into_inner()
+        .try_collect()
+        .await
+        .unwrap();
+    let prepared: ActionCreatePreparedStatementResult =
+        arrow_flight::sql::Any::decode(results[0].body.clone())
+            .unwrap()
+            .unpack()
+            .unwrap()
+            .unwrap();
+    let bind = CommandPreparedStatementQuery {
+        prepared_statement_handle: prepared.prepared_statement_handle,
+    };
+    for (messages, needle) in cases {
+        let e = raw_put(&mut c, &ingest, messages.clone())
+            .await
+            .unwrap_err();
+        assert!(e.contains(needle), "ingest: {needle}: {e}");
+        let e = raw_put(&mut c, &bind, messages).await.unwrap_err();
+        assert!(e.contains(needle), "parameters: {needle}: {e}");
+        assert_eq!(text(&mut c, "SELECT * FROM t ORDER BY id").await, before);
+    }
+    // An ingest whose schema the table does not have, without a batch.
+    let zz = Schema::new(vec![Field::new("zz", DataType::Binary, true)]);
+    let only_schema = arrow_flight::utils::batches_to_flight_data(&zz, vec![]).unwrap();
+    let e = raw_put(&mut c, &ingest, only_schema).await.unwrap_err();
+    assert!(e.contains("no column 'zz'"), "{e}");
+    // The valid upload is loaded, and binds.
+    raw_put(&mut c, &ingest, valid.clone()).await.unwrap();
+    assert!(text(&mut c, "SELECT count(*) AS n FROM t")
+        .await
+        .contains("| 303 |"));
+    raw_put(&mut c, &bind, valid).await.unwrap();
 }
 
 /// A 50 M-row result streams through the server: its peak memory stays far below the result's
