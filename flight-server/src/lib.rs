@@ -42,7 +42,7 @@ use arrow_flight::{
     Action, ActionType, CancelFlightInfoRequest, CancelFlightInfoResult, CancelStatus,
     FlightDescriptor, FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc, Ticket,
 };
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use nyala_sql::{
     Database, IngestMode, IngestTarget, PlannedStatement, PreparedStatement, SqlError,
     StatementKind, CATALOG_NAME, SCHEMA_NAME,
@@ -1112,6 +1112,33 @@ fn malformed_requests_are_invalid<B>(mut response: http::Response<B>) -> http::R
     response
 }
 
+/// A panic while a request is handled (a bug) becomes an Internal status naming it, instead of
+/// a stream reset without a word; tokio keeps the server running either way.
+fn catch_panics<F, E>(
+    handled: F,
+) -> impl std::future::Future<Output = Result<http::Response<tonic::body::Body>, E>>
+where
+    F: std::future::Future<Output = Result<http::Response<tonic::body::Body>, E>>,
+{
+    std::panic::AssertUnwindSafe(handled)
+        .catch_unwind()
+        .map(|handled| {
+            handled.unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                tracing::error!(panic = %what, "a Flight SQL request handler panicked");
+                let message = format!(
+                    "the server failed to handle this request (a bug; please report it): {}",
+                    excerpt(&what, 200)
+                );
+                Ok(Status::internal(message).into_http())
+            })
+        })
+}
+
 /// Serves Flight SQL for `db` on `listener` until `shutdown` completes.
 pub async fn serve(
     db: Arc<Database>,
@@ -1136,8 +1163,28 @@ pub async fn serve(
         .layer(tower::util::MapResponseLayer::new(
             malformed_requests_are_invalid::<tonic::body::Body>,
         ))
+        .layer(tower::util::MapFutureLayer::new(catch_panics))
         .add_service(server)
         .serve_with_incoming_shutdown(connection::incoming(listener, &sessions), shutdown)
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_internal() {
+        let handled = async {
+            if excerpt("x", 10) == "x" {
+                panic!("index out of bounds");
+            }
+            Ok::<_, std::convert::Infallible>(http::Response::new(tonic::body::Body::empty()))
+        };
+        let Ok(response) = catch_panics(handled).await;
+        let status = Status::from_header_map(response.headers()).expect("a gRPC status");
+        assert_eq!(status.code(), tonic::Code::Internal);
+        assert!(status.message().contains("index out of bounds"), "{status}");
+    }
 }
