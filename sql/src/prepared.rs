@@ -47,8 +47,8 @@ enum Template {
     /// DataFusion's logical plan with its placeholders, the same optimized (queries whose
     /// parameter types are known), and the table definitions it used.
     Logical {
-        plan: LogicalPlan,
-        optimized: Option<LogicalPlan>,
+        plan: Box<LogicalPlan>,
+        optimized: Option<Box<LogicalPlan>>,
         tables: Vec<TableHandle>,
     },
     /// Planned from its text at every execution.
@@ -104,10 +104,10 @@ impl Session {
                 let template = match tables_of(&plan) {
                     Some(tables) => {
                         let optimized = (kind == StatementKind::Query && typed)
-                            .then(|| self.ctx.state().optimize(&plan).ok())
+                            .then(|| self.ctx.state().optimize(&plan).ok().map(Box::new))
                             .flatten();
                         Template::Logical {
-                            plan,
+                            plan: Box::new(plan),
                             optimized,
                             tables,
                         }
@@ -145,11 +145,12 @@ impl Session {
                 tables,
             } if self.is_current(tables) => {
                 if let Some(optimized) = optimized {
-                    if let Ok(planned) = self.plan_optimized(optimized.clone(), params).await {
+                    let optimized = optimized.as_ref().clone();
+                    if let Ok(planned) = self.plan_optimized(optimized, params).await {
                         return Ok(planned);
                     }
                 }
-                self.plan_logical(prepared.info.kind, plan.clone(), params)
+                self.plan_logical(prepared.info.kind, plan.as_ref().clone(), params)
                     .await
             }
             _ => self.plan_with_params(&prepared.sql, params).await,
