@@ -54,6 +54,8 @@ use tonic::{Request, Response, Status, Streaming};
 pub mod auth;
 pub mod connection;
 pub mod embedded;
+#[cfg(test)]
+mod fuzz;
 mod metadata;
 pub mod session;
 mod session_options;

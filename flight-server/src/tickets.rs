@@ -3,9 +3,11 @@
 //! parameters — and, for per-tablet endpoints, the partition to read.
 
 use arrow::array::RecordBatch;
+use arrow::buffer::Buffer;
 use arrow::compute::concat_batches;
 use arrow::datatypes::SchemaRef;
-use arrow::ipc::reader::StreamReader;
+use arrow::error::ArrowError;
+use arrow::ipc::reader::StreamDecoder;
 use arrow::ipc::writer::StreamWriter;
 use datafusion::common::ScalarValue;
 use prost::Message;
@@ -66,22 +68,51 @@ pub fn encode_params(params: Option<&RecordBatch>) -> Result<Vec<u8>, Status> {
     Ok(out)
 }
 
+/// The parameter rows of a ticket: the client's bytes. They are decoded as they are, with
+/// arrow-ipc's `StreamDecoder`, which takes only the bytes there are: its `StreamReader`
+/// allocates the body length a message declares before reading it, so a ticket could ask for
+/// any amount of memory (an allocation failure aborts the server). Its schema decoding panics
+/// on some malformed schemas (`Int type with bit width of 320 ... not supported`, arrow-ipc 59):
+/// caught here, since a malformed ticket is the client's error.
 pub fn decode_params(bytes: &[u8]) -> Result<Option<RecordBatch>, Status> {
     if bytes.is_empty() {
         return Ok(None);
     }
     let malformed = |_| Status::invalid_argument("malformed parameters in ticket");
-    let reader = StreamReader::try_new(bytes, None).map_err(malformed)?;
-    let schema = reader.schema();
-    let batches = reader.collect::<Result<Vec<_>, _>>().map_err(malformed)?;
-    Ok(Some(concat_batches(&schema, &batches).map_err(malformed)?))
+    let decode = || -> Result<RecordBatch, ArrowError> {
+        let mut decoder = StreamDecoder::new();
+        let mut buffer = Buffer::from(bytes);
+        let mut batches = Vec::new();
+        while let Some(batch) = decoder.decode(&mut buffer)? {
+            batches.push(batch);
+        }
+        decoder.finish()?;
+        let schema = decoder
+            .schema()
+            .ok_or_else(|| ArrowError::IpcError("no schema".into()))?;
+        concat_batches(&schema, &batches)
+    };
+    match std::panic::catch_unwind(decode) {
+        Ok(batch) => Ok(Some(batch.map_err(malformed)?)),
+        Err(_) => Err(Status::invalid_argument("malformed parameters in ticket")),
+    }
 }
+
+/// The most parameter rows one statement runs with: a row of NULL-typed columns (or of no
+/// columns) takes no bytes, so the count is not bounded by what the client sent.
+pub const MAX_PARAM_ROWS: usize = 1 << 20;
 
 /// The parameter sets to run a statement with: one per row of `params`, or a single empty set.
 pub fn param_rows(params: Option<&RecordBatch>) -> Result<Vec<Vec<ScalarValue>>, Status> {
     let Some(batch) = params else {
         return Ok(vec![vec![]]);
     };
+    if batch.num_rows() > MAX_PARAM_ROWS {
+        return Err(Status::invalid_argument(format!(
+            "{} parameter rows; at most {MAX_PARAM_ROWS} may be bound at once",
+            batch.num_rows()
+        )));
+    }
     (0..batch.num_rows())
         .map(|row| {
             batch
