@@ -53,6 +53,8 @@ use tonic::{Request, Response, Status, Streaming};
 pub mod auth;
 pub mod connection;
 pub mod embedded;
+#[cfg(test)]
+mod fuzz;
 pub mod limits;
 mod metadata;
 pub mod session;

@@ -197,20 +197,37 @@ pub fn foreign_keys_schema() -> SchemaRef {
     ]))
 }
 
-/// SQL LIKE with `%` and `_`, as Flight SQL filter patterns use it.
-fn like(value: &str, pattern: &str) -> bool {
-    fn go(v: &[char], p: &[char]) -> bool {
-        match p.split_first() {
-            None => v.is_empty(),
-            Some(('%', rest)) => (0..=v.len()).any(|i| go(&v[i..], rest)),
-            Some(('_', rest)) => !v.is_empty() && go(&v[1..], rest),
-            Some((c, rest)) => v.first() == Some(c) && go(&v[1..], rest),
+/// SQL LIKE with `%` and `_`, as Flight SQL filter patterns use it. The pattern is the
+/// client's: matched in a loop (no recursion, however long it is) that goes back only to the
+/// last `%` (time at most the product of the lengths, however many `%` there are).
+pub(crate) fn like(value: &str, pattern: &str) -> bool {
+    let v: Vec<char> = value.chars().collect();
+    let p: Vec<char> = pattern.chars().collect();
+    let (mut i, mut j) = (0, 0);
+    // The last `%` passed, and where in the value what follows it is being tried.
+    let mut star: Option<(usize, usize)> = None;
+    while i < v.len() {
+        match p.get(j) {
+            Some('%') => {
+                star = Some((j, i));
+                j += 1;
+            }
+            Some(&c) if c == '_' || c == v[i] => {
+                i += 1;
+                j += 1;
+            }
+            // A mismatch: the last `%` takes one more character, if there is one.
+            _ => match star {
+                Some((s, at)) => {
+                    star = Some((s, at + 1));
+                    i = at + 1;
+                    j = s + 1;
+                }
+                None => return false,
+            },
         }
     }
-    go(
-        &value.chars().collect::<Vec<_>>(),
-        &pattern.chars().collect::<Vec<_>>(),
-    )
+    p[j..].iter().all(|&c| c == '%')
 }
 
 #[cfg(test)]
@@ -223,6 +240,14 @@ mod tests {
         assert!(like("orders", "_rders"));
         assert!(!like("orders", "order"));
         assert!(like("", "%"));
+        assert!(like("orders", "%"));
+        assert!(like("orders", "o%s"));
+        assert!(like("orders", "%r%r%"));
+        assert!(!like("orders", "%r%r%r%"));
+        assert!(like("aab", "%ab"));
+        assert!(!like("", "_"));
+        assert!(like("é", "_"));
+        assert!(!like("order", "orders"));
     }
 
     #[test]

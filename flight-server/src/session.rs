@@ -144,7 +144,7 @@ impl Sessions {
 
     /// The session a request belongs to (see the module comment), and whether it was created
     /// for this request.
-    fn resolve(
+    pub(crate) fn resolve(
         &self,
         cookie: Option<&str>,
         caller: &Caller,

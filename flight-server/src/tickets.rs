@@ -93,11 +93,21 @@ pub async fn read_params(mut upload: Upload) -> Result<Option<RecordBatch>, Stat
     Ok(Some(batch))
 }
 
+/// The most parameter rows one statement runs with: a row of NULL-typed columns (or of no
+/// columns) takes no bytes, so the count is not bounded by what the client sent.
+pub const MAX_PARAM_ROWS: usize = 1 << 20;
+
 /// The parameter sets to run a statement with: one per row of `params`, or a single empty set.
 pub fn param_rows(params: Option<&RecordBatch>) -> Result<Vec<Vec<ScalarValue>>, Status> {
     let Some(batch) = params else {
         return Ok(vec![vec![]]);
     };
+    if batch.num_rows() > MAX_PARAM_ROWS {
+        return Err(Status::invalid_argument(format!(
+            "{} parameter rows; at most {MAX_PARAM_ROWS} may be bound at once",
+            batch.num_rows()
+        )));
+    }
     (0..batch.num_rows())
         .map(|row| {
             batch

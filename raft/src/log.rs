@@ -73,13 +73,31 @@ impl PersistentState {
             return Err(bad());
         }
         let (hs, cs) = rest.split_at(hl);
-        Ok(Self {
+        let state = Self {
             hard_state: wire::decode::<HardState>(hs)?,
             conf_state: wire::decode::<ConfState>(cs)?,
             truncated_index: u64::from_le_bytes(*ti),
             truncated_term: u64::from_le_bytes(*tt),
-        })
+        };
+        check_membership(path, &state.conf_state)?;
+        Ok(state)
     }
+}
+
+/// Nyala changes a group's membership one member at a time (`ConfChange`, never a joint
+/// `ConfChangeV2`), so every membership it writes is simple: no outgoing voters, no member both
+/// voter and learner, no member 0 (raft-rs's "no node"). raft-rs panics on a membership it
+/// cannot restore, so any other is refused.
+fn check_membership(path: &Path, cs: &ConfState) -> Result<(), RaftError> {
+    let joint = !cs.voters_outgoing.is_empty() || !cs.learners_next.is_empty() || cs.auto_leave;
+    let both = cs.learners.iter().any(|l| cs.voters.contains(l));
+    if joint || both || cs.voters.contains(&0) || cs.learners.contains(&0) {
+        return Err(corruption(
+            path,
+            format!("state file holds a membership Nyala does not write: {cs:?}"),
+        ));
+    }
+    Ok(())
 }
 
 struct Segment {
@@ -181,7 +199,9 @@ impl DurableLog {
         }
         segments.sort_by_key(|s| s.first_index);
         let last = segments.len().saturating_sub(1);
-        let mut next_index = None;
+        // The index after what the mirror holds: each segment continues it or (a new leader
+        // overwrote a suffix) starts inside it. Checked here, since MemStorage panics on a gap.
+        let mut next_index = self.state.truncated_index.saturating_add(1);
         for (i, segment) in segments.iter().enumerate() {
             let (entries, valid_len, torn) = read_segment(&segment.path)?;
             if torn {
@@ -199,16 +219,26 @@ impl DurableLog {
             let mut entries: Vec<Entry> = entries;
             // Entries at or below the truncation point were applied and dropped already.
             entries.retain(|e| e.index > self.state.truncated_index);
-            if let (Some(expected), Some(first)) = (next_index, entries.first()) {
-                if first.index > expected {
-                    return Err(corruption(
-                        &segment.path,
-                        format!("gap in the log at index {expected}"),
-                    ));
-                }
+            if entries
+                .first()
+                .is_some_and(|first| first.index > next_index)
+            {
+                return Err(corruption(
+                    &segment.path,
+                    format!("gap in the log at index {next_index}"),
+                ));
+            }
+            if let Some(pair) = entries
+                .windows(2)
+                .find(|p| p[0].index.checked_add(1) != Some(p[1].index))
+            {
+                return Err(corruption(
+                    &segment.path,
+                    format!("entry {} follows entry {}", pair[1].index, pair[0].index),
+                ));
             }
             if let Some(e) = entries.last() {
-                next_index = Some(e.index + 1);
+                next_index = e.index.saturating_add(1);
             }
             self.mem.wl().append(&entries)?;
         }

@@ -149,6 +149,12 @@ impl<SM: StateMachine> RaftNode<SM> {
                 log.truncated_index()
             )));
         }
+        if durable > log.last_index() {
+            return Err(RaftError::Corruption(format!(
+                "the state machine is durable up to entry {durable}, but the log ends at {}",
+                log.last_index()
+            )));
+        }
         if log.hard_state().commit > log.last_index() {
             return Err(RaftError::Corruption(format!(
                 "committed entries up to {} are missing from the log (it ends at {})",
@@ -180,8 +186,11 @@ impl<SM: StateMachine> RaftNode<SM> {
         let leader = Arc::new(AtomicU64::new(0));
         let state = Arc::new(Mutex::new(GroupState::default()));
         let log_bytes = Arc::new(AtomicU64::new(0));
-        let single = raw.raft.prs().conf().voters().ids().len() == 1
-            && raw.raft.prs().conf().learners().is_empty();
+        // This node alone (a group whose one voter is another node waits for that node).
+        let conf = raw.raft.prs().conf();
+        let single = conf.voters().ids().len() == 1
+            && conf.voters().contains(config.node_id)
+            && conf.learners().is_empty();
         let mut worker = Worker {
             raw,
             log,
@@ -304,17 +313,25 @@ impl<SM: StateMachine> RaftNode<SM> {
     }
 
     /// Proposes `command`. It is enqueued before this returns; the future resolves with the state
-    /// machine's output once the entry is durable, committed and applied.
+    /// machine's output once the entry is durable, committed and applied. An empty command is
+    /// refused: empty entries are a new leader's no-ops, which are never applied.
     pub fn propose(
         &self,
         command: Vec<u8>,
     ) -> impl Future<Output = Result<SM::Output, RaftError>> + Send + 'static {
         let (reply, applied) = oneshot::channel();
-        let sent = self
-            .requests
-            .send(Request::Propose { command, reply })
-            .is_ok();
+        let empty = command.is_empty();
+        let sent = !empty
+            && self
+                .requests
+                .send(Request::Propose { command, reply })
+                .is_ok();
         async move {
+            if empty {
+                return Err(RaftError::Encoding(
+                    "an empty command cannot be proposed".into(),
+                ));
+            }
             if !sent {
                 return Err(RaftError::Stopped);
             }

@@ -1,6 +1,9 @@
 //! The Raft layer as a tablet uses it: proposals apply once, in order; after a crash the log
 //! replays exactly what the state machine had not made durable; torn tails are cut, damaged
-//! records are errors. Includes a randomised run against a model.
+//! records are errors. Includes a randomised run against a model, and (module `fuzz`) damaged
+//! logs opened.
+
+mod fuzz;
 
 use std::path::{Path, PathBuf};
 
@@ -189,6 +192,16 @@ async fn torn_tail_is_cut_and_damaged_middle_is_an_error() {
     .err()
     .expect("a damaged record before the tail must not open");
     assert!(err.to_string().contains("corrupt"), "{err}");
+}
+
+/// An empty entry is a new leader's no-op, never applied: an empty command would wait for ever.
+#[tokio::test]
+async fn empty_commands_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path());
+    let err = node.propose(vec![]).await.expect_err("refused");
+    assert!(err.to_string().contains("empty command"), "{err}");
+    node.propose(1u64.to_le_bytes().to_vec()).await.unwrap();
 }
 
 #[tokio::test]

@@ -808,7 +808,12 @@ fn too_deep<V: Visit>(node: &V) -> bool {
         fn post_visit_expr(&mut self, _: &Expr) -> ControlFlow<()> {
             self.leave()
         }
-        fn pre_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+        fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<()> {
+            // UNION / INTERSECT / EXCEPT chains nest too, in the query's body, which the
+            // visitor would follow recursively before reaching an expression.
+            if set_operation_depth(&query.body) > MAX_EXPRESSION_DEPTH {
+                return ControlFlow::Break(());
+            }
             self.enter()
         }
         fn post_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
@@ -817,6 +822,20 @@ fn too_deep<V: Visit>(node: &V) -> bool {
     }
     // The walk recurses a few frames per level: room for MAX_EXPRESSION_DEPTH levels.
     stacker::maybe_grow(64 << 10, 16 << 20, || node.visit(&mut Depth(0)).is_break())
+}
+
+/// How deep set operations nest in a query body (1: none), walked without recursion.
+fn set_operation_depth(body: &SetExpr) -> usize {
+    let mut deepest = 0;
+    let mut pending = vec![(body, 1)];
+    while let Some((expr, depth)) = pending.pop() {
+        deepest = deepest.max(depth);
+        if let SetExpr::SetOperation { left, right, .. } = expr {
+            pending.push((left, depth + 1));
+            pending.push((right, depth + 1));
+        }
+    }
+    deepest
 }
 
 fn number_placeholders<V: VisitMut>(node: &mut V) {

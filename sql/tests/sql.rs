@@ -1,6 +1,8 @@
 //! The SQL layer end to end in one process: statements through a `Session` over a real database
 //! directory, results checked as a user sees them, errors leave tables unchanged, data survives
-//! reopening.
+//! reopening. Module `fuzz`: random and mutated statements parsed, planned and run.
+
+mod fuzz;
 
 use std::sync::Arc;
 

@@ -236,7 +236,11 @@ impl ColumnSchema {
 /// A table's columns and primary key. Every column has a stable id (its position when the
 /// table was created, then the next free number for each added column), so a schema change can
 /// say where each column's values come from however columns were renamed or dropped.
+///
+/// A schema read back (tablet metadata, the catalog) is checked as [`Schema::new`] checks one:
+/// damaged bytes are an error there, not a panic wherever the schema is used.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(try_from = "StoredSchema")]
 pub struct Schema {
     columns: Vec<ColumnSchema>,
     key_columns: Vec<usize>,
@@ -255,6 +259,45 @@ pub struct Schema {
 
 /// The hidden key column of a table with a NON UNIQUE PRIMARY KEY (Kudu 1.17's name).
 pub const AUTO_INCREMENT_COLUMN: &str = "auto_incrementing_id";
+
+/// The fields of a [`Schema`] as stored, before they are checked.
+#[derive(Deserialize)]
+struct StoredSchema {
+    columns: Vec<ColumnSchema>,
+    key_columns: Vec<usize>,
+    #[serde(default)]
+    column_ids: Vec<u32>,
+    #[serde(default)]
+    next_column_id: u32,
+    #[serde(default)]
+    auto_increment: bool,
+}
+
+impl TryFrom<StoredSchema> for Schema {
+    type Error = StorageError;
+
+    fn try_from(stored: StoredSchema) -> Result<Schema, StorageError> {
+        let mut schema = Schema::new(stored.columns, stored.key_columns)?;
+        let ids = &stored.column_ids;
+        let distinct = ids.iter().enumerate().all(|(i, id)| !ids[..i].contains(id));
+        if !(ids.is_empty() || ids.len() == schema.columns.len() && distinct) {
+            return Err(StorageError::InvalidSchema(format!(
+                "column ids {ids:?} do not fit {} columns",
+                schema.columns.len()
+            )));
+        }
+        let last_key = schema.key_columns.last().map(|&k| &schema.columns[k]);
+        if stored.auto_increment && last_key.is_none_or(|c| c.name != AUTO_INCREMENT_COLUMN) {
+            return Err(StorageError::InvalidSchema(format!(
+                "the last key column of a NON UNIQUE PRIMARY KEY must be {AUTO_INCREMENT_COLUMN}"
+            )));
+        }
+        schema.column_ids = stored.column_ids;
+        schema.next_column_id = stored.next_column_id;
+        schema.auto_increment = stored.auto_increment;
+        Ok(schema)
+    }
+}
 
 impl PartialEq for Schema {
     fn eq(&self, other: &Self) -> bool {

@@ -1,7 +1,9 @@
 //! Randomised model-based test of a tablet: random INSERT/UPSERT/UPDATE/DELETE batches (some of
 //! which must be rejected), scans with predicates, snapshot scans, flushes and reopen, all checked
 //! against a BTreeMap. `NYALA_MODEL_ITERS` sets the number of steps (default 400),
-//! `NYALA_MODEL_SEED` the random seed (default 42).
+//! `NYALA_MODEL_SEED` the random seed (default 42). Module `fuzz`: damaged tablet files opened.
+
+mod fuzz;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

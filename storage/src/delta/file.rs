@@ -24,7 +24,7 @@ use parquet::schema::types::ColumnPath;
 use serde::{Deserialize, Serialize};
 
 use crate::checksum::ChecksumWriter;
-use crate::diskrowset::{load_metadata, read_positions};
+use crate::diskrowset::{check_columns, guard, load_metadata, read_positions};
 use crate::{Schema, StorageError, Timestamp};
 
 const ORDINAL: &str = "__ordinal";
@@ -168,18 +168,32 @@ impl DeltaFile {
             min_ts: records.iter().map(|r| r.ts).min().unwrap_or(Timestamp(0)),
             max_ts: records.iter().map(|r| r.ts).max().unwrap_or(Timestamp(0)),
         };
-        Self::open(dir, meta)
+        Self::open(dir, meta, table)
     }
 
-    /// Opens the delta file `meta` describes, checking its checksum.
-    pub fn open(dir: &Path, meta: DeltaMeta) -> Result<DeltaFile, StorageError> {
+    /// Opens the delta file `meta` describes, of a table with schema `table`, checking its
+    /// checksum and that it holds the columns `meta` says (ascending table columns).
+    pub fn open(dir: &Path, meta: DeltaMeta, table: &Schema) -> Result<DeltaFile, StorageError> {
         let path = dir.join(Self::file_name(meta.id));
         if let Some(expected) = meta.checksum {
             crate::checksum::verify(&path, expected)?;
         }
         let file = File::open(&path)?;
         let bytes = file.metadata()?.len();
-        let metadata = load_metadata(&file)?;
+        let metadata = load_metadata(&path, &file)?;
+        let width = table.columns().len();
+        if let Some(columns) = &meta.columns {
+            if columns.windows(2).any(|w| w[0] >= w[1])
+                || columns.iter().any(|&c| c as usize >= width)
+            {
+                return Err(StorageError::Corruption(format!(
+                    "{}: the metadata lists columns {columns:?} of {width}",
+                    path.display()
+                )));
+            }
+        }
+        let expected = file_schema(&table.arrow_schema(), meta.columns.as_deref());
+        check_columns(&path, &metadata, &expected)?;
         let rows: i64 = metadata
             .metadata()
             .row_groups()
@@ -244,13 +258,15 @@ impl DeltaFile {
         let mut roots = stored.clone();
         roots.extend([width, width + 1, width + 2]);
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-        let reader = builder
-            .with_projection(mask)
-            .with_batch_size(64 * 1024)
-            .build()?;
-        let schema = arrow::array::RecordBatchReader::schema(&reader);
-        let batches = reader.collect::<Result<Vec<_>, _>>()?;
-        let all = arrow::compute::concat_batches(&schema, &batches)?;
+        let all = guard(&self.path, || {
+            let reader = builder
+                .with_projection(mask)
+                .with_batch_size(64 * 1024)
+                .build()?;
+            let schema = arrow::array::RecordBatchReader::schema(&reader);
+            let batches = reader.collect::<Result<Vec<_>, _>>()?;
+            Ok(arrow::compute::concat_batches(&schema, &batches)?)
+        })?;
         let bad =
             || StorageError::Corruption(format!("{}: bad record columns", self.path.display()));
         let column = |name: &str| all.column_by_name(name).cloned().ok_or_else(bad);

@@ -81,6 +81,13 @@ impl RowsetDeltas {
 
     /// Adds a REDO file newer than the ones the rowset has.
     pub fn add_redo(&mut self, file: Arc<DeltaFile>) -> Result<(), StorageError> {
+        // Only UNDO files hold per-column records (a major delta compaction writes them).
+        if file.meta.columns.is_some() {
+            return Err(StorageError::Corruption(format!(
+                "{}: a REDO file with per-column records",
+                file.path().display()
+            )));
+        }
         let records = file.read(&[])?;
         let f = self.redo.len() as u32;
         let mut newest: Vec<Latest> = Vec::new();

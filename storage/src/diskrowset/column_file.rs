@@ -15,7 +15,7 @@ use arrow::array::RecordBatch;
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 use serde::{Deserialize, Serialize};
 
-use super::{load_metadata, row_groups, write_columns, DiskRowSet};
+use super::{check_columns, load_metadata, row_groups, write_columns, DiskRowSet};
 use crate::{Schema, StorageError};
 
 /// What the tablet metadata records of a column file.
@@ -50,13 +50,25 @@ impl ColumnFile {
         self.bytes
     }
 
-    pub(super) fn open(dir: &Path, meta: ColumnFileMeta) -> Result<ColumnFile, StorageError> {
+    /// Opens the column file `meta` describes, of a table with schema `table`, checking its
+    /// checksum and that it holds the columns `meta` says.
+    pub(super) fn open(
+        dir: &Path,
+        meta: ColumnFileMeta,
+        table: &Schema,
+    ) -> Result<ColumnFile, StorageError> {
         let path = dir.join(Self::file_name(meta.id));
         crate::checksum::verify(&path, meta.checksum)?;
         let file = File::open(&path)?;
+        let metadata = load_metadata(&path, &file)?;
+        let columns: Vec<usize> = meta.columns.iter().map(|&c| c as usize).collect();
+        let expected = table.arrow_schema().project(&columns).map_err(|_| {
+            StorageError::Corruption(format!("{}: no such columns", path.display()))
+        })?;
+        check_columns(&path, &metadata, &expected)?;
         Ok(ColumnFile {
             bytes: file.metadata()?.len(),
-            metadata: load_metadata(&file)?,
+            metadata,
             meta,
             path,
         })
@@ -82,7 +94,7 @@ impl DiskRowSet {
             columns: columns.to_vec(),
             checksum,
         };
-        let file = ColumnFile::open(dir, meta)?;
+        let file = ColumnFile::open(dir, meta, table)?;
         if row_groups(&file.metadata) != row_groups(&self.metadata) {
             return Err(StorageError::Corruption(format!(
                 "{}: row groups differ from the rowset's",

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, BinaryArray, RecordBatch};
-use arrow::datatypes::{Field, Schema as ArrowSchema};
+use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
     RowSelector,
@@ -86,10 +86,71 @@ fn row_groups(metadata: &ArrowReaderMetadata) -> Vec<i64> {
     groups.iter().map(|g| g.num_rows()).collect()
 }
 
-pub(crate) fn load_metadata(file: &File) -> Result<ArrowReaderMetadata, StorageError> {
+/// The footer of the Parquet file `file` (at `path`): its metadata and Arrow schema.
+pub(crate) fn load_metadata(path: &Path, file: &File) -> Result<ArrowReaderMetadata, StorageError> {
     // The offset index lets the decoder skip pages in which no row is selected.
     let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
-    Ok(ArrowReaderMetadata::load(file, options)?)
+    let metadata = guard(path, || Ok(ArrowReaderMetadata::load(file, options)?))?;
+    // Row ordinals are u32: row counts beyond that (or below 0) are damage.
+    let counts = metadata
+        .metadata()
+        .row_groups()
+        .iter()
+        .map(|g| g.num_rows());
+    if counts.clone().any(|n| n < 0) || counts.sum::<i64>() > u32::MAX as i64 {
+        return Err(StorageError::Corruption(format!(
+            "{}: impossible row counts",
+            path.display()
+        )));
+    }
+    Ok(metadata)
+}
+
+/// Runs `read`, a call into the Parquet reader (and the Arrow IPC decoder it uses for the
+/// schema in the footer) on the bytes of the file at `path`, turning a panic into
+/// [`StorageError::Corruption`]. Those readers panic on some damaged input instead of failing —
+/// seen: arrow-ipc 59's `Int type with bit width of 2097216 and signed of true not supported`
+/// (`convert.rs`) for a damaged `ARROW:schema` in the footer — and a damaged file must be an
+/// error, not a dead server. (Checksums catch damage on disk; this covers what they cannot: a
+/// file damaged before it was checksummed, or written before checksums were recorded.)
+pub(crate) fn guard<T>(
+    path: &Path,
+    read: impl FnOnce() -> Result<T, StorageError>,
+) -> Result<T, StorageError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|panic| {
+        let message = (panic.downcast_ref::<String>().map(String::as_str))
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("a panic");
+        Err(StorageError::Corruption(format!(
+            "{} cannot be read: {message}",
+            path.display()
+        )))
+    })
+}
+
+/// Checks that the file at `path` holds columns of the types `expected` has, in its order.
+/// The tablet metadata says what each file holds; a file that holds something else (damaged,
+/// or not written for this schema) is an error here, not a panic where a column is read as the
+/// type it should have.
+pub(crate) fn check_columns(
+    path: &Path,
+    metadata: &ArrowReaderMetadata,
+    expected: &ArrowSchema,
+) -> Result<(), StorageError> {
+    let types = |schema: &ArrowSchema| -> Vec<DataType> {
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.data_type().clone())
+            .collect()
+    };
+    if types(metadata.schema()) != types(expected) {
+        return Err(StorageError::Corruption(format!(
+            "{} does not hold the columns the tablet metadata says it holds",
+            path.display()
+        )));
+    }
+    Ok(())
 }
 
 impl DiskRowSet {
@@ -113,7 +174,7 @@ impl DiskRowSet {
         let checksum = write_columns(&path, table, &all, batches)?;
         let file = File::open(&path)?;
         let bytes = file.metadata()?.len();
-        let metadata = load_metadata(&file)?;
+        let metadata = load_metadata(&path, &file)?;
         let key_columns = table.key_columns().to_vec();
         let starts = key_page_starts(&metadata, key_columns[0]);
         let index = KeyIndex::new(keys.iter().map(Vec::as_slice), &starts, &path)?;
@@ -157,7 +218,8 @@ impl DiskRowSet {
         }
         let file = File::open(&path)?;
         let bytes = file.metadata()?.len();
-        let metadata = load_metadata(&file)?;
+        let metadata = load_metadata(&path, &file)?;
+        check_columns(&path, &metadata, &schema.arrow_schema())?;
         let key_columns = schema.key_columns().to_vec();
         let rows: i64 = row_groups(&metadata).iter().sum();
         let ordinals: Vec<u32> = (0..rows as u32).collect();
@@ -170,7 +232,7 @@ impl DiskRowSet {
         let column_files = column_files
             .iter()
             .map(|meta| {
-                let file = ColumnFile::open(dir, meta.clone())?;
+                let file = ColumnFile::open(dir, meta.clone(), schema)?;
                 match row_groups(&file.metadata) == row_groups(&metadata) {
                     true => Ok(Arc::new(file)),
                     false => Err(StorageError::Corruption(format!(
@@ -337,12 +399,14 @@ pub(crate) fn read_positions(
         ParquetRecordBatchReaderBuilder::new_with_metadata(File::open(path)?, metadata.clone())
             .with_row_groups(groups);
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
-    let reader = builder
-        .with_projection(mask)
-        .with_row_selection(RowSelection::from(selectors))
-        .with_batch_size(8 * 1024)
-        .build()?;
-    let schema = arrow::array::RecordBatchReader::schema(&reader);
-    let batches = reader.collect::<Result<Vec<_>, _>>()?;
-    Ok(arrow::compute::concat_batches(&schema, &batches)?)
+    guard(path, || {
+        let reader = builder
+            .with_projection(mask)
+            .with_row_selection(RowSelection::from(selectors))
+            .with_batch_size(8 * 1024)
+            .build()?;
+        let schema = arrow::array::RecordBatchReader::schema(&reader);
+        let batches = reader.collect::<Result<Vec<_>, _>>()?;
+        Ok(arrow::compute::concat_batches(&schema, &batches)?)
+    })
 }

@@ -9,6 +9,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
@@ -27,7 +28,7 @@ use parquet::file::metadata::RowGroupMetaData;
 use parquet::schema::types::{SchemaDescPtr, SchemaDescriptor};
 use parquet::DecodeResult;
 
-use super::DiskRowSet;
+use super::{guard, DiskRowSet};
 use crate::scan::{predicate_mask, ColumnPredicate, PredicateOp, Scalar};
 use crate::{ColumnType, Schema, StorageError};
 
@@ -111,6 +112,7 @@ impl DiskRowSet {
             builder = builder.with_row_selection(selection(skipped, start));
         }
         let mut reader = FileReader {
+            path: self.path.clone(),
             file,
             decoder: None,
             current: None,
@@ -161,6 +163,7 @@ impl DiskRowSet {
                 .with_batch_size(batch_size.max(1))
                 .build()?;
             parts.push(ZipPart {
+                path: file.path.to_path_buf(),
                 reader,
                 outputs: file.columns.iter().map(|w| w.0).collect(),
                 pending: None,
@@ -240,17 +243,17 @@ impl DiskRowSet {
 }
 
 /// A selection of `total` rows without the `skipped` (start, length) ranges (in any order,
-/// possibly overlapping).
+/// possibly overlapping, possibly beyond `total`: the ordinals of a damaged delta file).
 fn selection(mut skipped: Vec<(usize, usize)>, total: usize) -> RowSelection {
     skipped.sort_unstable();
     let mut selectors = Vec::new();
     let mut next = 0;
     for (start, len) in skipped {
-        let end = (start + len).min(total);
-        if end <= next {
+        let end = start.saturating_add(len).min(total);
+        let start = start.max(next);
+        if end <= start {
             continue;
         }
-        let start = start.max(next);
         if start > next {
             selectors.push(RowSelector::select(start - next));
         }
@@ -360,6 +363,7 @@ pub(crate) struct ZipReader {
 }
 
 struct ZipPart {
+    path: PathBuf,
     reader: ParquetRecordBatchReader,
     /// The output index of each column of the file's batches.
     outputs: Vec<usize>,
@@ -373,7 +377,8 @@ impl ZipReader {
         let mut n = usize::MAX;
         for part in &mut self.parts {
             if part.pending.as_ref().is_none_or(|b| b.num_rows() == 0) {
-                part.pending = part.reader.next().transpose()?;
+                let reader = &mut part.reader;
+                part.pending = guard(&part.path, || Ok(reader.next().transpose()?))?;
             }
             n = n.min(part.pending.as_ref().map_or(0, |b| b.num_rows()));
         }
@@ -430,6 +435,7 @@ impl Iterator for ZipReader {
 /// as a Parquet row filter: their columns are decoded first (and kept for the output), the other
 /// columns only for the rows and pages that pass.
 pub(crate) struct FileReader {
+    path: PathBuf,
     file: File,
     decoder: Option<ParquetPushDecoder>,
     current: Option<ParquetRecordBatchReader>,
@@ -511,6 +517,15 @@ impl FileReader {
             };
             match decoder.try_next_reader()? {
                 DecodeResult::NeedsData(ranges) => {
+                    // The ranges come from the footer: beyond the file, it is damaged (and a
+                    // buffer of that size must not be allocated).
+                    let len = self.file.metadata()?.len();
+                    if ranges.iter().any(|r| r.start > r.end || r.end > len) {
+                        return Err(StorageError::Corruption(format!(
+                            "{}: the footer points past the end of the file",
+                            self.path.display()
+                        )));
+                    }
                     let data = ranges
                         .iter()
                         .map(|r| {
@@ -539,6 +554,18 @@ impl Iterator for FileReader {
     type Item = Result<RecordBatch, StorageError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        let path = self.path.clone();
+        guard(&path, || Ok(self.next_unguarded())).unwrap_or_else(|e| {
+            self.decoder = None;
+            self.current = None;
+            Some(Err(e))
+        })
+    }
+}
+
+impl FileReader {
+    /// [`Iterator::next`], where the Parquet decoder may panic (see [`guard`]).
+    fn next_unguarded(&mut self) -> Option<Result<RecordBatch, StorageError>> {
         loop {
             if let Some(batch) = self.current.as_mut().and_then(Iterator::next) {
                 return Some(

@@ -138,5 +138,6 @@ pub(super) fn read_metadata(dir: &Path) -> Result<Metadata, StorageError> {
     if crc32fast::hash(json) != crc {
         return Err(bad());
     }
-    serde_json::from_slice(json).map_err(|_| bad())
+    serde_json::from_slice(json)
+        .map_err(|e| StorageError::Corruption(format!("{} is damaged: {e}", path.display())))
 }

@@ -178,7 +178,7 @@ impl Tablet {
             let files = meta.deltas.remove(&id).unwrap_or_default();
             let mut open = |m: DeltaMeta| -> Result<Arc<DeltaFile>, StorageError> {
                 names.insert(DeltaFile::file_name(m.id));
-                Ok(Arc::new(DeltaFile::open(dir, m)?))
+                Ok(Arc::new(DeltaFile::open(dir, m, &meta.schema)?))
             };
             let undo = files
                 .undo
