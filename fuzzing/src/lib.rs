@@ -404,3 +404,23 @@ pub fn sample_or_noise(u: &mut Unstructured, samples: &[Vec<u8>]) -> arbitrary::
         false => Ok(edited(sample, &some_edits(u, 3)?)),
     }
 }
+
+/// The files directly in `dir`, by name, with their bytes, sorted by name: the sample a target
+/// damages.
+pub fn files_in(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .expect("the directory to sample")
+        .map(|e| e.expect("a directory entry").path())
+        .map(|p| {
+            let name = p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            let bytes = std::fs::read(&p).expect("a sample file");
+            (name, bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}

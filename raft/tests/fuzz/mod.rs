@@ -94,14 +94,7 @@ fn valid_log() -> &'static ValidLog {
             durable
         });
         drop(node);
-        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&wal)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .map(|p| {
-                let name = p.file_name().unwrap().to_string_lossy().into_owned();
-                (name, std::fs::read(&p).unwrap())
-            })
-            .collect();
+        let mut files = nyala_fuzzing::files_in(&wal);
         files.sort_by_key(|(name, _)| (name == "state", name.clone()));
         assert!(files.len() > 3, "several segments and the state file");
         ValidLog { files, durable }

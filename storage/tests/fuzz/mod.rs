@@ -115,16 +115,7 @@ fn valid_tablet() -> &'static Vec<(String, Vec<u8>)> {
         }
         assert!(tablet.column_file_count() > 0 && tablet.delta_file_count() > 2);
         drop(tablet);
-        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .map(|p| {
-                let name = p.file_name().unwrap().to_string_lossy().into_owned();
-                (name, std::fs::read(&p).unwrap())
-            })
-            .collect();
-        files.sort();
-        files
+        nyala_fuzzing::files_in(dir.path())
     })
 }
 
