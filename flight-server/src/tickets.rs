@@ -85,7 +85,9 @@ pub async fn read_params(mut upload: Upload) -> Result<Option<RecordBatch>, Stat
         return Ok(None);
     };
     limits::parameter_count(schema.fields().len())?;
-    if schema.fields().is_empty() {
+    // A schema without rows binds nothing (and arrow's empty batch of some uploaded types
+    // panics: `ArrayData::new_null`).
+    if schema.fields().is_empty() || batches.is_empty() {
         return Ok(None);
     }
     let batch =
