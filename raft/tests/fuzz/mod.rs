@@ -223,12 +223,22 @@ fn ids(ids: &[u8]) -> Vec<u64> {
     ids.iter().map(|&id| id as u64 % 5).collect()
 }
 
+/// The segment a damage picks: its index in `files` (segments sort before the state file).
+fn segment(files: &[(String, Vec<u8>)], file: u8) -> Option<usize> {
+    let segments = files.iter().filter(|(n, _)| n.ends_with(".seg")).count();
+    (segments > 0).then(|| file as usize % segments)
+}
+
+/// The record a damage picks: its segment's index in `files` and its (offset, length).
+fn record_at(files: &[(String, Vec<u8>)], file: u8, record: u8) -> Option<(usize, (usize, usize))> {
+    let file = segment(files, file)?;
+    let records = records(&files[file].1);
+    let picked = *records.get(record as usize % records.len().max(1))?;
+    Some((file, picked))
+}
+
 /// `files` with `damage` done to them.
 fn damaged(mut files: Vec<(String, Vec<u8>)>, damage: &[Damage]) -> Vec<(String, Vec<u8>)> {
-    let segment = |files: &[(String, Vec<u8>)], file: u8| {
-        let segments = files.iter().filter(|(n, _)| n.ends_with(".seg")).count();
-        (segments > 0).then(|| file as usize % segments)
-    };
     for damage in damage {
         if files.is_empty() {
             break;
@@ -243,15 +253,10 @@ fn damaged(mut files: Vec<(String, Vec<u8>)>, damage: &[Damage]) -> Vec<(String,
                 record,
                 edits,
             } => {
-                let Some(file) = segment(&files, *file) else {
+                let Some((file, (start, len))) = record_at(&files, *file, *record) else {
                     continue;
                 };
                 let bytes = &mut files[file].1;
-                let records = records(bytes);
-                let Some(&(start, len)) = records.get(*record as usize % records.len().max(1))
-                else {
-                    continue;
-                };
                 let payload = nyala_fuzzing::edited(&bytes[start + 8..start + 8 + len], edits);
                 replace_payload(bytes, (start, len), &payload);
             }
@@ -263,15 +268,10 @@ fn damaged(mut files: Vec<(String, Vec<u8>)>, damage: &[Damage]) -> Vec<(String,
                 entry_type,
                 data,
             } => {
-                let Some(file) = segment(&files, *file) else {
+                let Some((file, (start, len))) = record_at(&files, *file, *record) else {
                     continue;
                 };
                 let bytes = &mut files[file].1;
-                let records = records(bytes);
-                let Some(&(start, len)) = records.get(*record as usize % records.len().max(1))
-                else {
-                    continue;
-                };
                 let Ok(mut entry) = Entry::parse_from_bytes(&bytes[start + 8..start + 8 + len])
                 else {
                     continue;
