@@ -7,7 +7,9 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use nyala_storage::{ScanIterator, ScanSpec, Schema, TabletOptions, Timestamp, WriteBatch};
+use nyala_storage::{
+    ScanIterator, ScanSpec, Schema, TabletOptions, Timestamp, WriteBatch, WriteOutcome,
+};
 
 use crate::catalog::TableInfo;
 use crate::client::{Client, TabletStats, Tablets};
@@ -100,7 +102,7 @@ impl TabletPlacement for LocalTablets {
 
 #[async_trait::async_trait]
 impl Tablets for LocalTablets {
-    async fn write(&self, id: &str, batch: &WriteBatch) -> Result<usize> {
+    async fn write(&self, id: &str, batch: &WriteBatch) -> Result<WriteOutcome> {
         self.0.admit_write().await?;
         self.0.replica(id)?.write(batch).await
     }

@@ -31,7 +31,7 @@ pub mod rpc;
 pub mod tserver;
 
 pub use catalog::{ColumnChange, DdlOp, TableId, TableInfo};
-pub use client::{Client, TableHandle, TabletStats, WriteError};
+pub use client::{Client, TableHandle, TabletStats, WriteError, Written};
 pub use error::EngineError;
 pub use nyala_storage as storage;
 pub use partition::{BoundSpec, HashLevel, PartitionSchema, RangeSpec};

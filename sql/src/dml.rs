@@ -7,6 +7,9 @@
 //!   included) and yields their key columns, plus for an UPDATE the new values of the assigned
 //!   columns; they become `Update` or `Delete` mutations by key.
 //!
+//! UPDATE and DELETE run in [`crate::mutation::ConditionalMutationExec`], which writes each
+//! row only if it has not changed since the statement read it and reads the others again.
+//!
 //! Rows go to the tablets batch by batch. Each tablet applies its part of a batch entirely or not
 //! at all, but a statement is not atomic across batches and tablets: when one part is rejected,
 //! the error says how many rows of the statement were applied before it.
@@ -25,7 +28,7 @@ use datafusion::common::{Column, DFSchemaRef, TableReference};
 use datafusion::datasource::sink::DataSink;
 use datafusion::datasource::source_as_provider;
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::context::QueryPlanner;
+use datafusion::execution::context::{QueryPlanner, SessionState};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::InsertOp;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
@@ -36,8 +39,8 @@ use datafusion::logical_expr::{
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 use futures::StreamExt;
-use nyala_engine::{Client, TableHandle};
-use nyala_storage::WriteKind;
+use nyala_engine::{Client, TableHandle, Written};
+use nyala_storage::{Timestamp, WriteKind};
 
 use crate::table::NyalaTable;
 
@@ -60,7 +63,7 @@ impl NyalaSink {
         }
     }
 
-    fn verb(&self) -> &'static str {
+    pub(crate) fn verb(&self) -> &'static str {
         match self.kind {
             WriteKind::Insert => "INSERT",
             WriteKind::InsertIgnore => "INSERT IGNORE",
@@ -94,22 +97,47 @@ impl DataSink for NyalaSink {
             if batch.num_rows() == 0 {
                 continue;
             }
-            let batch = self
-                .with_table_types(batch)
-                .map_err(|e| self.failed(applied, e.find_root().strip_backtrace()))?;
-            match self.client.write(&self.table, self.kind, &batch).await {
-                Ok(n) => applied += n,
-                Err(e) => {
-                    applied += e.applied;
-                    return Err(self.failed(applied, e.error.to_string()));
-                }
-            }
+            applied += self.write_batch(batch, None, applied).await?.rows;
         }
         Ok(applied as u64)
     }
 }
 
 impl NyalaSink {
+    pub(crate) fn table_id(&self) -> &str {
+        &self.table.id
+    }
+
+    pub(crate) fn table_schema(&self) -> &nyala_storage::Schema {
+        &self.table.schema
+    }
+
+    /// Writes one batch of the statement's rows (after `applied` rows of it): unconditionally,
+    /// or only where the rows are unchanged since `unchanged_since` (the others come back as
+    /// conflicts, see [`Client::write_unchanged_since`]).
+    pub(crate) async fn write_batch(
+        &self,
+        batch: RecordBatch,
+        unchanged_since: Option<Timestamp>,
+        applied: usize,
+    ) -> Result<Written> {
+        let batch = self
+            .with_table_types(batch)
+            .map_err(|e| self.failed(applied, e.find_root().strip_backtrace()))?;
+        let written = match unchanged_since {
+            None => (self.client.write(&self.table, self.kind, &batch).await).map(|rows| Written {
+                rows,
+                conflicts: Vec::new(),
+            }),
+            Some(snapshot) => {
+                (self.client)
+                    .write_unchanged_since(&self.table, self.kind, &batch, snapshot)
+                    .await
+            }
+        };
+        written.map_err(|e| self.failed(applied + e.applied, e.error.to_string()))
+    }
+
     /// Wraps an error so the client learns what the statement left behind.
     fn failed(&self, applied: usize, error: String) -> DataFusionError {
         let rows = if applied == 1 { "row" } else { "rows" };
@@ -362,9 +390,9 @@ impl ExtensionPlanner for MutationPlanner {
         &self,
         _planner: &dyn PhysicalPlanner,
         node: &dyn UserDefinedLogicalNode,
-        _logical_inputs: &[&LogicalPlan],
+        logical_inputs: &[&LogicalPlan],
         physical_inputs: &[Arc<dyn ExecutionPlan>],
-        _session: &dyn Session,
+        session: &dyn Session,
         _planning_ctx: &PhysicalPlanningContext,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         let Some(mutation) = node.as_any().downcast_ref::<MutationNode>() else {
@@ -379,7 +407,25 @@ impl ExtensionPlanner for MutationPlanner {
                 mutation.table
             )));
         };
-        Ok(Some(table.sink(input.clone(), mutation.kind)))
+        if mutation.kind == WriteKind::InsertIgnore {
+            return Ok(Some(table.sink(input.clone(), mutation.kind)));
+        }
+        let (Some(state), [logical]) = (
+            session.as_any().downcast_ref::<SessionState>(),
+            logical_inputs,
+        ) else {
+            return Err(DataFusionError::Internal(format!(
+                "cannot plan {} of '{}' outside a session",
+                mutation.kind_name(),
+                mutation.table
+            )));
+        };
+        Ok(Some(table.conditional_sink(
+            input.clone(),
+            mutation.kind,
+            Arc::new((*logical).clone()),
+            Arc::new(state.clone()),
+        )))
     }
 }
 

@@ -134,6 +134,21 @@ pub async fn pin_snapshot(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn Execut
 }
 
 impl NyalaScanExec {
+    /// The id of the table scanned.
+    pub fn table_id(&self) -> &str {
+        &self.table.id
+    }
+
+    /// The snapshot the scan reads at, once pinned.
+    pub fn snapshot(&self) -> Option<Timestamp> {
+        self.snapshot
+    }
+
+    /// Whether the scan reads the table `AS OF` a time the user chose.
+    pub fn is_as_of(&self) -> bool {
+        self.as_of
+    }
+
     pub fn try_new(
         client: Client,
         table: TableHandle,

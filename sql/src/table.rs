@@ -17,12 +17,14 @@ use datafusion::datasource::sink::DataSinkExec;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::dml::InsertOp;
-use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::execution::context::SessionState;
+use datafusion::logical_expr::{Expr, LogicalPlan, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 use nyala_engine::{Client, TableHandle};
 use nyala_storage::{ScanSpec, Timestamp, WriteKind};
 
 use crate::dml::NyalaSink;
+use crate::mutation::ConditionalMutationExec;
 use crate::predicate::to_predicates;
 use crate::scan::NyalaScanExec;
 
@@ -133,6 +135,29 @@ impl NyalaTable {
             input.schema(),
         );
         Arc::new(DataSinkExec::new(input, Arc::new(sink), None))
+    }
+
+    /// The sink of an UPDATE or DELETE: writes the rows on condition that they have not changed
+    /// since the statement read them, and reads the others again (see [`crate::mutation`]).
+    pub(crate) fn conditional_sink(
+        &self,
+        input: Arc<dyn ExecutionPlan>,
+        kind: WriteKind,
+        logical: Arc<LogicalPlan>,
+        state: Arc<SessionState>,
+    ) -> Arc<dyn ExecutionPlan> {
+        let sink = NyalaSink::new(
+            self.client.clone(),
+            self.table.clone(),
+            kind,
+            input.schema(),
+        );
+        Arc::new(ConditionalMutationExec::new(
+            input,
+            logical,
+            state,
+            Arc::new(sink),
+        ))
     }
 }
 

@@ -174,10 +174,7 @@ fn main() {
     let mut flushing = Duration::ZERO;
     let start = Instant::now();
     for chunk in keys.chunks(BATCH) {
-        let batch = WriteBatch {
-            kind: WriteKind::Insert,
-            rows: rows(&schema, chunk),
-        };
+        let batch = WriteBatch::new(WriteKind::Insert, rows(&schema, chunk));
         let (index, ts) = clock.next();
         let t = Instant::now();
         tablet.apply(index, ts, &batch).expect("insert");
@@ -369,17 +366,14 @@ fn main() {
     updated.shuffle(&mut rng);
     let start = Instant::now();
     for chunk in updated.chunks(BATCH) {
-        let batch = WriteBatch {
-            kind: WriteKind::Update,
-            rows: RecordBatch::try_new(
+        let batch = WriteBatch::new(WriteKind::Update, RecordBatch::try_new(
                 Arc::new(schema.arrow_schema().project(&[0, 1]).expect("projection")),
                 vec![
                     Arc::new(Int64Array::from(chunk.to_vec())) as ArrayRef,
                     Arc::new(Int64Array::from(vec![-1i64; chunk.len()])),
                 ],
             )
-            .expect("batch"),
-        };
+            .expect("batch"));
         let (index, ts) = clock.next();
         tablet.apply(index, ts, &batch).expect("update");
     }
@@ -495,10 +489,7 @@ fn sustained_ingest(
     let start = Instant::now();
     let update_schema = Arc::new(schema.arrow_schema().project(&[0, 1]).expect("projection"));
     for (i, chunk) in keys.chunks(BATCH).enumerate() {
-        let mut batches = vec![WriteBatch {
-            kind: WriteKind::Insert,
-            rows: rows(schema, chunk),
-        }];
+        let mut batches = vec![WriteBatch::new(WriteKind::Insert, rows(schema, chunk))];
         // And as many updates of v, of random rows inserted before.
         if updates && i > 0 {
             let inserted = &keys[..i * BATCH];
@@ -510,10 +501,7 @@ fn sustained_ingest(
             let values = Int64Array::from(vec![-1i64; targets.len()]);
             let columns: Vec<ArrayRef> =
                 vec![Arc::new(Int64Array::from(targets)), Arc::new(values)];
-            batches.push(WriteBatch {
-                kind: WriteKind::Update,
-                rows: RecordBatch::try_new(update_schema.clone(), columns).expect("batch"),
-            });
+            batches.push(WriteBatch::new(WriteKind::Update, RecordBatch::try_new(update_schema.clone(), columns).expect("batch")));
         }
         for batch in batches {
             let (index, ts) = clock.next();

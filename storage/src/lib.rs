@@ -32,4 +32,4 @@ pub use schema::{
     ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema, AUTO_INCREMENT_COLUMN,
 };
 pub use tablet::{FailPoint, MaintenanceKind, MaintenanceOp, Tablet, TabletOptions};
-pub use write::{TabletOp, Timestamp, WriteBatch, WriteKind};
+pub use write::{TabletOp, Timestamp, WriteBatch, WriteKind, WriteOutcome};

@@ -75,15 +75,55 @@ impl TabletOp {
     }
 }
 
+/// Write-kind byte flag: an 8-byte `unchanged_since` timestamp follows the kind byte.
+const CONDITIONAL: u8 = 0x40;
+
+/// Rows a tablet applies atomically, with what they mean ([`WriteKind`]).
 #[derive(Clone, Debug)]
 pub struct WriteBatch {
     pub kind: WriteKind,
     pub rows: RecordBatch,
+    /// For UPDATE and DELETE: the snapshot the rows were read at. A row whose key changed after
+    /// it (a newer version, or deleted) is not applied but reported as a conflict, so the
+    /// statement can read it again: no update is lost to a concurrent one.
+    pub unchanged_since: Option<crate::Timestamp>,
+}
+
+/// What applying a [`WriteBatch`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteOutcome {
+    /// Rows applied.
+    pub rows: usize,
+    /// Rows (indices into the batch) not applied because their key changed after the batch's
+    /// `unchanged_since`.
+    pub conflicts: Vec<u32>,
 }
 
 impl WriteBatch {
+    pub fn new(kind: WriteKind, rows: RecordBatch) -> Self {
+        Self {
+            kind,
+            rows,
+            unchanged_since: None,
+        }
+    }
+
+    /// The batch, applied only to rows unchanged since `snapshot` (see `unchanged_since`).
+    pub fn unchanged_since(mut self, snapshot: Timestamp) -> Self {
+        self.unchanged_since = Some(snapshot);
+        self
+    }
+
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = vec![self.kind as u8];
+        let mut out = match self.unchanged_since {
+            None => vec![self.kind as u8],
+            Some(ts) => {
+                let mut out = vec![self.kind as u8 | CONDITIONAL];
+                out.extend_from_slice(&ts.0.to_le_bytes());
+                out
+            }
+        };
+        let header = out.len();
         // Writing to a Vec only fails for batches that don't match their own schema, which a
         // RecordBatch cannot be; an empty payload then decodes as an error, never as data.
         let ok = (|| -> Result<(), arrow::error::ArrowError> {
@@ -92,16 +132,26 @@ impl WriteBatch {
             writer.finish()
         })();
         if ok.is_err() {
-            out.truncate(1);
+            out.truncate(header);
         }
         out
     }
 
     pub fn decode(bytes: &[u8]) -> Result<WriteBatch, StorageError> {
-        let (kind, payload) = bytes
+        let (&tag, mut payload) = bytes
             .split_first()
             .ok_or_else(|| StorageError::Corruption("empty write batch".into()))?;
-        let kind = match kind {
+        let unchanged_since = match tag & CONDITIONAL {
+            0 => None,
+            _ => {
+                let (ts, rest) = payload.split_first_chunk::<8>().ok_or_else(|| {
+                    StorageError::Corruption("write batch shorter than its snapshot".into())
+                })?;
+                payload = rest;
+                Some(Timestamp(u64::from_le_bytes(*ts)))
+            }
+        };
+        let kind = match tag & !CONDITIONAL {
             0 => WriteKind::Insert,
             1 => WriteKind::Upsert,
             2 => WriteKind::Update,
@@ -117,6 +167,10 @@ impl WriteBatch {
         let rows = reader
             .next()
             .ok_or_else(|| StorageError::Corruption("write batch without rows".into()))??;
-        Ok(WriteBatch { kind, rows })
+        Ok(WriteBatch {
+            kind,
+            rows,
+            unchanged_since,
+        })
     }
 }

@@ -270,7 +270,7 @@ fn run_model(iterations: usize, seed: u64) {
                 continue;
             }
         };
-        let result = tablet.apply(index, Timestamp(ts), &WriteBatch { kind, rows: batch });
+        let result = tablet.apply(index, Timestamp(ts), &WriteBatch::new(kind, batch));
         assert_eq!(result.is_ok(), expect_ok, "{kind:?} {keys:?}: {result:?}");
         if let (Some(expected), Ok(count)) = (ignored_count, &result) {
             assert_eq!(*count, expected, "rows INSERT IGNORE reports for {keys:?}");
@@ -381,10 +381,7 @@ fn files_of_an_interrupted_flush_are_ignored_and_removed() {
         .apply(
             1,
             Timestamp(1),
-            &WriteBatch {
-                kind: WriteKind::Insert,
-                rows: rows(&schema, &[(1, None, 1)]),
-            },
+            &WriteBatch::new(WriteKind::Insert, rows(&schema, &[(1, None, 1)])),
         )
         .unwrap();
     tablet.flush().unwrap();
@@ -444,7 +441,7 @@ fn a_crash_at_any_step_of_a_flush_compaction_or_schema_change_leaves_the_old_or_
                         _ => batch,
                     };
                     tablet
-                        .apply(index, Timestamp(index), &WriteBatch { kind, rows })
+                        .apply(index, Timestamp(index), &WriteBatch::new(kind, rows))
                         .unwrap();
                 };
                 write(1, WriteKind::Insert, (0..3000).map(entry).collect());
@@ -511,10 +508,7 @@ fn a_crash_at_any_step_of_a_flush_compaction_or_schema_change_leaves_the_old_or_
                 // The tablet keeps working: new rows, a flush (new rowset ids) and a reopen.
                 if tablet.schema().columns().len() == 3 {
                     let rows = rows(&schema, &[entry(9000)]);
-                    let batch = WriteBatch {
-                        kind: WriteKind::Insert,
-                        rows,
-                    };
+                    let batch = WriteBatch::new(WriteKind::Insert, rows);
                     tablet.apply(100, Timestamp(100), &batch).unwrap();
                 }
                 tablet.flush().unwrap();
@@ -545,7 +539,7 @@ fn history_beyond_the_retention_is_refused_and_dropped() {
             WriteKind::Delete => batch.project(&[1]).unwrap(),
             _ => batch,
         };
-        tablet.apply(index, ts, &WriteBatch { kind, rows }).unwrap();
+        tablet.apply(index, ts, &WriteBatch::new(kind, rows)).unwrap();
     };
     // Two hours ago: 100 rows, 10 of them deleted. Half an hour ago: 20 rows changed.
     write(
@@ -633,10 +627,7 @@ fn damaged_files_are_reported_on_open() {
         let dir = tempfile::tempdir().unwrap();
         let tablet = Tablet::create(dir.path(), schema.clone(), TabletOptions::default()).unwrap();
         let entries: Vec<_> = (0..1000).map(|k| (k, Some(format!("s{k}")), k)).collect();
-        let batch = WriteBatch {
-            kind: WriteKind::Insert,
-            rows: rows(&schema, &entries),
-        };
+        let batch = WriteBatch::new(WriteKind::Insert, rows(&schema, &entries));
         tablet.apply(1, now(), &batch).unwrap();
         tablet.flush().unwrap();
         drop(tablet);
@@ -683,7 +674,7 @@ fn major_delta_compaction_rewrites_only_the_updated_columns() {
         };
         index += 1;
         let ts = now();
-        tablet.apply(index, ts, &WriteBatch { kind, rows }).unwrap();
+        tablet.apply(index, ts, &WriteBatch::new(kind, rows)).unwrap();
         tablet.flush().unwrap();
         ts
     };
@@ -783,10 +774,7 @@ fn major_delta_compaction_rewrites_only_the_updated_columns() {
             .collect::<Vec<_>>(),
     );
     let t4 = now();
-    let batch = WriteBatch {
-        kind: WriteKind::Update,
-        rows: update_s.project(&[0, 1]).unwrap(),
-    };
+    let batch = WriteBatch::new(WriteKind::Update, update_s.project(&[0, 1]).unwrap());
     tablet.apply(100, t4, &batch).unwrap();
     tablet.flush().unwrap();
     let mut snapshots = snapshots;
@@ -827,10 +815,7 @@ fn the_sparse_key_index_finds_keys_and_ranges_across_pages() {
     let schema = schema();
     let tablet = Tablet::create(dir.path(), schema.clone(), TabletOptions::default()).unwrap();
     let entries: Vec<_> = (0..100_000).step_by(2).map(|k| (k, None, k)).collect();
-    let batch = WriteBatch {
-        kind: WriteKind::Insert,
-        rows: rows(&schema, &entries),
-    };
+    let batch = WriteBatch::new(WriteKind::Insert, rows(&schema, &entries));
     tablet.apply(1, now(), &batch).unwrap();
     tablet.flush().unwrap();
     let model: Model = entries.iter().map(|e| (e.0, (None, e.2))).collect();
@@ -897,15 +882,9 @@ fn writes_go_on_while_a_flush_writes_its_files() {
                 let tablet = hook_me.get().and_then(Weak::upgrade).unwrap();
                 let schema = hook_schema.clone();
                 let writer = std::thread::spawn(move || {
-                    let batch = WriteBatch {
-                        kind: WriteKind::Insert,
-                        rows: rows(&schema, &[(1000, None, 1)]),
-                    };
+                    let batch = WriteBatch::new(WriteKind::Insert, rows(&schema, &[(1000, None, 1)]));
                     tablet.apply(3, now(), &batch).unwrap();
-                    let update = WriteBatch {
-                        kind: WriteKind::Update,
-                        rows: rows(&schema, &[(1, None, -1)]).project(&[1, 2]).unwrap(),
-                    };
+                    let update = WriteBatch::new(WriteKind::Update, rows(&schema, &[(1, None, -1)]).project(&[1, 2]).unwrap());
                     tablet.apply(4, now(), &update).unwrap();
                 });
                 let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -921,15 +900,9 @@ fn writes_go_on_while_a_flush_writes_its_files() {
     let tablet = Arc::new(Tablet::create(dir.path(), schema.clone(), options).unwrap());
     me.set(Arc::downgrade(&tablet)).unwrap();
     let entries: Vec<_> = (0..100).map(|k| (k, None, k)).collect();
-    let batch = WriteBatch {
-        kind: WriteKind::Insert,
-        rows: rows(&schema, &entries),
-    };
+    let batch = WriteBatch::new(WriteKind::Insert, rows(&schema, &entries));
     tablet.apply(1, now(), &batch).unwrap();
-    let update = WriteBatch {
-        kind: WriteKind::Update,
-        rows: rows(&schema, &[(2, None, -2)]).project(&[1, 2]).unwrap(),
-    };
+    let update = WriteBatch::new(WriteKind::Update, rows(&schema, &[(2, None, -2)]).project(&[1, 2]).unwrap());
     tablet.apply(2, now(), &update).unwrap();
     tablet.flush().unwrap();
     assert_eq!(
@@ -1025,7 +998,7 @@ fn random_writes_during_flushes_and_compactions_match_a_model() {
                 )
             }
         };
-        let result = tablet.apply(index, ts, &WriteBatch { kind, rows: batch });
+        let result = tablet.apply(index, ts, &WriteBatch::new(kind, batch));
         assert_eq!(result.is_ok(), ok, "{kind:?} {keys:?}: {result:?}");
         if ok {
             for e in &entries {
@@ -1101,18 +1074,12 @@ fn recent_deletions_alone_do_not_trigger_rewrites() {
     let tablet = Tablet::create(dir.path(), schema.clone(), options).unwrap();
     let hours_ago = |h: f64| Timestamp(now().0 - Timestamp::from_micros((h * 3.6e9) as u64).0);
     let entries: Vec<_> = (0..100).map(|k| (k, None, k)).collect();
-    let insert = WriteBatch {
-        kind: WriteKind::Insert,
-        rows: rows(&schema, &entries),
-    };
+    let insert = WriteBatch::new(WriteKind::Insert, rows(&schema, &entries));
     tablet.apply(1, hours_ago(3.0), &insert).unwrap();
     tablet.flush().unwrap();
     let delete = |index, ts, keys: std::ops::Range<i64>| {
         let gone: Vec<_> = keys.map(|k| (k, None, k)).collect();
-        let batch = WriteBatch {
-            kind: WriteKind::Delete,
-            rows: rows(&schema, &gone).project(&[1]).unwrap(),
-        };
+        let batch = WriteBatch::new(WriteKind::Delete, rows(&schema, &gone).project(&[1]).unwrap());
         tablet.apply(index, ts, &batch).unwrap();
         tablet.flush().unwrap();
     };
@@ -1136,4 +1103,97 @@ fn recent_deletions_alone_do_not_trigger_rewrites() {
     );
     assert_eq!(rewrites(&tablet), 0);
     assert_eq!(scan(&tablet, Timestamp(u64::MAX), None).len(), 80);
+}
+
+/// Conditional UPDATEs and DELETEs (`WriteBatch::unchanged_since`) among random writes,
+/// flushes and compactions: every row whose key changed after the batch's snapshot, or is
+/// gone, is refused and reported; the other rows are applied as unconditional ones would be.
+/// (A refusal of an unchanged row is allowed: the check is conservative for rows just
+/// flushed.)
+#[test]
+fn conditional_writes_refuse_rows_changed_after_their_snapshot() {
+    for seed in 1..=env_or("NYALA_MODEL_SEEDS", 4) {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = schema();
+        let options = TabletOptions {
+            flush_threshold_bytes: 1 << 20,
+            rowset_target_bytes: 4 << 10,
+            ..TabletOptions::default()
+        };
+        let tablet = Tablet::create(dir.path(), schema.clone(), options).unwrap();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut model = Model::new();
+        // The timestamp of each key's last write.
+        let mut changed: BTreeMap<i64, u64> = BTreeMap::new();
+        let mut ts = now().0;
+        let (mut refused, mut spurious) = (0, 0);
+        for index in 1..=600u64 {
+            ts += 1;
+            let keys: Vec<i64> = {
+                let mut k: Vec<i64> = (0..rng.random_range(1..6))
+                    .map(|_| rng.random_range(0..30))
+                    .collect();
+                k.sort_unstable();
+                k.dedup();
+                k
+            };
+            let entries: Vec<(i64, Option<String>, i64)> = keys
+                .iter()
+                .map(|&k| (k, Some(format!("s{index}")), rng.random_range(-100..100)))
+                .collect();
+            match rng.random_range(0..8) {
+                0 | 1 => {
+                    let batch = WriteBatch::new(WriteKind::Upsert, rows(&schema, &entries));
+                    tablet.apply(index, Timestamp(ts), &batch).unwrap();
+                    for e in &entries {
+                        model.insert(e.0, (e.1.clone(), e.2));
+                        changed.insert(e.0, ts);
+                    }
+                }
+                2 => tablet.flush().unwrap(),
+                3 => {
+                    if let Some(op) = tablet.maintenance_ops().first() {
+                        tablet.compact(&op.kind).unwrap();
+                    }
+                }
+                op => {
+                    let snapshot = ts - rng.random_range(1..20);
+                    let delete = op == 7;
+                    let full = rows(&schema, &entries);
+                    let (kind, batch) = match delete {
+                        true => (WriteKind::Delete, full.project(&[1]).unwrap()),
+                        false => (WriteKind::Update, full.project(&[1, 2]).unwrap()),
+                    };
+                    let batch = WriteBatch::new(kind, batch).unchanged_since(Timestamp(snapshot));
+                    let outcome = tablet.apply_write(index, Timestamp(ts), &batch).unwrap();
+                    for (row, e) in entries.iter().enumerate() {
+                        let conflict = outcome.conflicts.contains(&(row as u32));
+                        let must = !model.contains_key(&e.0)
+                            || changed.get(&e.0).is_some_and(|&at| at > snapshot);
+                        assert!(
+                            conflict || !must,
+                            "seed {seed}: key {} changed at {:?} (snapshot {snapshot}) was not refused",
+                            e.0,
+                            changed.get(&e.0)
+                        );
+                        if conflict {
+                            refused += 1;
+                            spurious += usize::from(!must);
+                            continue;
+                        }
+                        changed.insert(e.0, ts);
+                        if delete {
+                            model.remove(&e.0);
+                        } else {
+                            model.get_mut(&e.0).unwrap().1 = e.2;
+                        }
+                    }
+                    assert_eq!(outcome.rows + outcome.conflicts.len(), entries.len());
+                }
+            }
+            assert_eq!(scan(&tablet, Timestamp(u64::MAX), None), model, "seed {seed}, step {index}");
+        }
+        assert!(refused > 0, "seed {seed}: no conditional write conflicted");
+        assert!(spurious < refused, "seed {seed}: {spurious} of {refused} refusals were spurious");
+    }
 }

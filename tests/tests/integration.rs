@@ -1787,10 +1787,7 @@ mod cluster {
             ],
         )
         .unwrap();
-        let batch = WriteBatch {
-            kind: WriteKind::Upsert,
-            rows,
-        }
+        let batch = WriteBatch::new(WriteKind::Upsert, rows)
         .encode();
         loop {
             assert!(

@@ -7,7 +7,8 @@
 
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
+use arrow::array::{RecordBatch, UInt32Array};
+use arrow::compute::take_record_batch;
 use futures::future::join_all;
 use nyala_storage::{ScanIterator, ScanSpec, Timestamp, WriteBatch, WriteKind};
 
@@ -33,6 +34,14 @@ pub struct WriteError {
     pub applied: usize,
     #[source]
     pub error: EngineError,
+}
+
+/// What a write did: the rows applied, and the rows refused because they changed after the
+/// snapshot they were read at (see [`Client::write_unchanged_since`]).
+#[derive(Debug, Default)]
+pub struct Written {
+    pub rows: usize,
+    pub conflicts: Vec<RecordBatch>,
 }
 
 /// The client the SQL layer uses.
@@ -91,44 +100,89 @@ impl Client {
         self.catalog.tables()
     }
 
-    /// Writes `rows` (see [`WriteBatch`] for the columns each kind needs) to `table`.
-    /// Returns the number of rows applied.
+    /// Writes `rows` (see [`WriteBatch`] for the columns each kind needs) to `table`. Returns the
+    /// number of rows applied.
     pub async fn write(
         &self,
         table: &TableInfo,
         kind: WriteKind,
         rows: &RecordBatch,
     ) -> Result<usize, WriteError> {
+        self.write_rows(table, kind, rows, None).await.map(|w| w.rows)
+    }
+
+    /// Updates or deletes the rows `rows` name, read at `snapshot`, where they have not changed
+    /// since: the rows that did (or are gone) come back in [`Written::conflicts`] for the caller
+    /// to read again (see [`WriteBatch::unchanged_since`]).
+    pub async fn write_unchanged_since(
+        &self,
+        table: &TableInfo,
+        kind: WriteKind,
+        rows: &RecordBatch,
+        snapshot: Timestamp,
+    ) -> Result<Written, WriteError> {
+        self.write_rows(table, kind, rows, Some(snapshot)).await
+    }
+
+    async fn write_rows(
+        &self,
+        table: &TableInfo,
+        kind: WriteKind,
+        rows: &RecordBatch,
+        unchanged_since: Option<Timestamp>,
+    ) -> Result<Written, WriteError> {
         let parts = table
             .partition
             .split(&table.schema, rows)
             .map_err(|error| WriteError { applied: 0, error })?;
         let writes = parts.into_iter().map(|(tablet, rows)| async move {
             let tablet = &table.tablets[tablet];
-            let mut applied = 0;
+            let mut written = Written::default();
             for chunk in chunks(&rows) {
-                applied += self
+                let mut batch = WriteBatch::new(kind, chunk);
+                batch.unchanged_since = unchanged_since;
+                let outcome = self
                     .tablets
-                    .write(tablet, &WriteBatch { kind, rows: chunk })
+                    .write(tablet, &batch)
                     .await
-                    .map_err(|error| WriteError { applied, error })?;
+                    .map_err(|error| WriteError {
+                        applied: written.rows,
+                        error,
+                    })?;
+                written.rows += outcome.rows;
+                if !outcome.conflicts.is_empty() {
+                    let refused = UInt32Array::from(outcome.conflicts);
+                    let refused = take_record_batch(&batch.rows, &refused).map_err(|e| {
+                        WriteError {
+                            applied: written.rows,
+                            error: e.into(),
+                        }
+                    })?;
+                    written.conflicts.push(refused);
+                }
             }
-            Ok::<usize, WriteError>(applied)
+            Ok::<Written, WriteError>(written)
         });
-        let mut applied = 0;
+        let mut written = Written::default();
         let mut first_error = None;
         for result in join_all(writes).await {
             match result {
-                Ok(n) => applied += n,
+                Ok(part) => {
+                    written.rows += part.rows;
+                    written.conflicts.extend(part.conflicts);
+                }
                 Err(e) => {
-                    applied += e.applied;
+                    written.rows += e.applied;
                     first_error.get_or_insert(e.error);
                 }
             }
         }
         match first_error {
-            None => Ok(applied),
-            Some(error) => Err(WriteError { applied, error }),
+            None => Ok(written),
+            Some(error) => Err(WriteError {
+                applied: written.rows,
+                error,
+            }),
         }
     }
 

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
-use nyala_storage::{ScanIterator, ScanSpec, StorageError, Timestamp, WriteBatch};
+use nyala_storage::{ScanIterator, ScanSpec, StorageError, Timestamp, WriteBatch, WriteOutcome};
 
 use super::meta_cache::MetaCache;
 use crate::rpc::decode_rows;
@@ -40,8 +40,9 @@ pub struct TabletStats {
 /// Reads and writes of tablets, wherever they live.
 #[async_trait::async_trait]
 pub trait Tablets: Send + Sync + 'static {
-    /// Applies one write batch to tablet `id` (on its leader); the rows applied.
-    async fn write(&self, id: &str, batch: &WriteBatch) -> Result<usize>;
+    /// Applies one write batch to tablet `id` (on its leader): the rows applied, and the rows
+    /// refused as conflicts.
+    async fn write(&self, id: &str, batch: &WriteBatch) -> Result<WriteOutcome>;
     /// Scans tablet `id` at `snapshot` (None: its leader's safe snapshot).
     fn scan(&self, id: &str, spec: ScanSpec, snapshot: Option<Timestamp>) -> Result<ScanIterator>;
     /// The newest snapshot at which tablet `id` has applied every write it will take below it.
@@ -68,7 +69,7 @@ impl RemoteTablets {
 
 #[async_trait::async_trait]
 impl Tablets for RemoteTablets {
-    async fn write(&self, id: &str, batch: &WriteBatch) -> Result<usize> {
+    async fn write(&self, id: &str, batch: &WriteBatch) -> Result<WriteOutcome> {
         let encoded = batch.encode();
         let (_, answer) = self
             .meta
@@ -80,7 +81,10 @@ impl Tablets for RemoteTablets {
                 async move { server.write(request).await }
             })
             .await?;
-        Ok(answer.rows as usize)
+        Ok(WriteOutcome {
+            rows: answer.rows as usize,
+            conflicts: answer.conflicts,
+        })
     }
 
     fn scan(

@@ -432,7 +432,7 @@ impl Master {
                 Arc::new(StringArray::from(vec![json])),
             ],
         )?;
-        match self.catalog.write(&WriteBatch { kind, rows }).await {
+        match self.catalog.write(&WriteBatch::new(kind, rows)).await {
             Ok(_) => {
                 // Our own change is in `tables` already.
                 self.loaded.fetch_max(

@@ -20,7 +20,7 @@ use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
 use nyala_raft::{RaftConfig, RaftNode, StateMachine};
 use nyala_storage::{
     ScanIterator, ScanSpec, Schema, StorageError, Tablet, TabletOp, TabletOptions, Timestamp,
-    WriteBatch, WriteKind, AUTO_INCREMENT_COLUMN,
+    WriteBatch, WriteKind, WriteOutcome, AUTO_INCREMENT_COLUMN,
 };
 
 use crate::clock::HybridClock;
@@ -173,7 +173,7 @@ pub struct TabletStateMachine {
 }
 
 impl StateMachine for TabletStateMachine {
-    type Output = Result<usize, StorageError>;
+    type Output = Result<WriteOutcome, StorageError>;
 
     fn durable_index(&self) -> u64 {
         self.tablet.durable_index()
@@ -184,8 +184,9 @@ impl StateMachine for TabletStateMachine {
         // A replayed entry may carry a timestamp ahead of this process's clock.
         self.clock.observe(logged.ts);
         let result = match &logged.op {
-            TabletOp::Write(batch) => self.tablet.apply(index, logged.ts, batch),
-            TabletOp::AlterSchema(schema) => self.tablet.alter_schema(index, schema).map(|()| 0),
+            TabletOp::Write(batch) => self.tablet.apply_write(index, logged.ts, batch),
+            TabletOp::AlterSchema(schema) => (self.tablet.alter_schema(index, schema))
+                .map(|()| WriteOutcome::default()),
         };
         self.inflight.remove(logged.ts.0);
         if let Some(maintenance) = &self.maintenance {
@@ -345,11 +346,12 @@ impl TabletReplica {
         &self.tablet
     }
 
-    /// Replicates and applies one write batch; returns the number of rows applied. The batch is
-    /// applied entirely or not at all.
+    /// Replicates and applies one write batch; returns the rows applied and those refused as
+    /// conflicts (see [`WriteBatch::unchanged_since`]). The batch is applied entirely or not at
+    /// all.
     /// In a table with a NON UNIQUE PRIMARY KEY, inserted rows get their auto_incrementing_id
     /// here, on the leader, in log order.
-    pub async fn write(&self, batch: &WriteBatch) -> Result<usize> {
+    pub async fn write(&self, batch: &WriteBatch) -> Result<WriteOutcome> {
         let schema = self.tablet.schema();
         match (schema.auto_increment_column(), batch.kind) {
             (Some(_), WriteKind::Insert | WriteKind::InsertIgnore) => {
@@ -362,11 +364,7 @@ impl TabletReplica {
                     let first = (*next).max(self.tablet.next_auto_id());
                     *next = first + n;
                     let rows = with_auto_ids(&batch.rows, first, n)?;
-                    Ok(WriteBatch {
-                        kind: batch.kind,
-                        rows,
-                    }
-                    .encode())
+                    Ok(WriteBatch::new(batch.kind, rows).encode())
                 })
                 .await
             }
@@ -387,7 +385,10 @@ impl TabletReplica {
     }
 
     /// Proposes the operation `encode` makes; it runs under the lock that orders proposals.
-    async fn propose_with(&self, encode: impl FnOnce() -> Result<Vec<u8>>) -> Result<usize> {
+    async fn propose_with(
+        &self,
+        encode: impl FnOnce() -> Result<Vec<u8>>,
+    ) -> Result<WriteOutcome> {
         let (ts, applied) = {
             let mut inflight = self.inflight.lock();
             let encoded = encode()?;

@@ -116,7 +116,10 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
             replica.write(&batch).await
         }
         .await;
-        self.respond(written.map(|rows| WriteResponse { rows: rows as u64 }))
+        self.respond(written.map(|outcome| WriteResponse {
+            rows: outcome.rows as u64,
+            conflicts: outcome.conflicts,
+        }))
     }
 
     async fn scan_open(

@@ -179,6 +179,24 @@ impl RowsetDeltas {
         }
     }
 
+    /// Whether the row at `ordinal` has a version newer than `snapshot`. Its base image counts as
+    /// newer when any UNDO file of the rowset holds a record newer than the snapshot (the rowset
+    /// was written from versions after it): a cheap check that may answer yes for a row that did
+    /// not change, never no for one that did.
+    pub fn changed_after(&self, ordinal: u32, snapshot: Timestamp) -> bool {
+        let in_memory = (self.dms.by_ordinal.get(&ordinal).and_then(|v| v.last())).or_else(|| {
+            let frozen = self.frozen.as_ref()?;
+            frozen.by_ordinal.get(&ordinal)?.last()
+        });
+        if let Some(v) = in_memory {
+            return v.ts > snapshot;
+        }
+        match self.latest.binary_search_by_key(&ordinal, |l| l.ordinal) {
+            Ok(i) => self.latest[i].ts > snapshot,
+            Err(_) => self.undo.iter().any(|u| u.meta.max_ts > snapshot),
+        }
+    }
+
     /// The state of the row at `ordinal` as a scan at `snapshot` sees it.
     pub fn at(&self, ordinal: u32, snapshot: Timestamp) -> Result<Image, StorageError> {
         if let Some(v) = visible(&self.dms_versions(ordinal), snapshot) {

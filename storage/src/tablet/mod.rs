@@ -108,7 +108,7 @@ impl Default for TabletOptions {
 /// # fn sketch(dir: &std::path::Path, schema: Schema, rows: arrow::array::RecordBatch,
 /// #     ts: Timestamp, spec: ScanSpec) -> Result<(), StorageError> {
 /// let tablet = Tablet::create(dir, schema, TabletOptions::default())?; // later: Tablet::open
-/// tablet.apply(1, ts, &WriteBatch { kind: WriteKind::Insert, rows })?; // log entry 1, atomic
+/// tablet.apply(1, ts, &WriteBatch::new(WriteKind::Insert, rows))?; // log entry 1, atomic
 /// for batch in tablet.scan(&ScanSpec { snapshot: ts, ..spec })? { let _rows = batch?; }
 /// if tablet.needs_flush() { tablet.flush()?; } // MemRowSet -> DiskRowSets; durable_index 1
 /// for op in tablet.maintenance_ops() { tablet.compact(&op.kind)?; } // best first

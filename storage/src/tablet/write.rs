@@ -20,7 +20,7 @@ use crate::history;
 use crate::key::{encode_keys, format_key};
 use crate::memrowset::{RowRef, Version};
 use crate::{ColumnType, KeyCache};
-use crate::{Schema, StorageError, Timestamp, WriteBatch, WriteKind};
+use crate::{Schema, StorageError, Timestamp, WriteBatch, WriteKind, WriteOutcome};
 
 /// Where the live version of a key is.
 enum Location {
@@ -34,13 +34,26 @@ enum Location {
 }
 
 impl Tablet {
-    /// Applies one write batch at `ts` as log entry `index`: all rows or none.
+    /// Applies one write batch at `ts` as log entry `index`: all rows or none. Returns the
+    /// number of rows applied.
     pub fn apply(
         &self,
         index: u64,
         ts: Timestamp,
         batch: &WriteBatch,
     ) -> Result<usize, StorageError> {
+        self.apply_write(index, ts, batch).map(|outcome| outcome.rows)
+    }
+
+    /// [`Self::apply`], also reporting the rows of a conditional batch (`unchanged_since`) that
+    /// were not applied because their key changed after its snapshot. The other rows are
+    /// applied all or none.
+    pub fn apply_write(
+        &self,
+        index: u64,
+        ts: Timestamp,
+        batch: &WriteBatch,
+    ) -> Result<WriteOutcome, StorageError> {
         let mut state = self.state.write();
         state.last_applied = state.last_applied.max(index);
         self.apply_locked(&mut state, ts, batch)
@@ -51,15 +64,59 @@ impl Tablet {
         state: &mut State,
         ts: Timestamp,
         batch: &WriteBatch,
-    ) -> Result<usize, StorageError> {
+    ) -> Result<WriteOutcome, StorageError> {
         let schema = state.schema.clone();
         let rows = Self::conform(&schema, batch)?;
+        let (rows, conflicts) = match batch.unchanged_since {
+            Some(snapshot) if matches!(batch.kind, WriteKind::Update | WriteKind::Delete) => {
+                self.without_conflicts(state, rows, snapshot)?
+            }
+            _ => (rows, Vec::new()),
+        };
+        let rows = self.apply_rows(state, ts, batch.kind, rows)?;
+        Ok(WriteOutcome { rows, conflicts })
+    }
+
+    /// `rows` without those whose key changed after `snapshot` or is gone, and the indices of
+    /// those.
+    fn without_conflicts(
+        &self,
+        state: &State,
+        rows: RecordBatch,
+        snapshot: Timestamp,
+    ) -> Result<(RecordBatch, Vec<u32>), StorageError> {
+        let keys = encode_keys(&state.schema, &rows)?;
+        let mut conflicts = Vec::new();
+        for (row, key) in keys.iter().enumerate() {
+            if state.changed_after(key, snapshot, &self.options.key_cache)? {
+                conflicts.push(row as u32);
+            }
+        }
+        if conflicts.is_empty() {
+            return Ok((rows, conflicts));
+        }
+        let mut keep = vec![true; rows.num_rows()];
+        for &row in &conflicts {
+            keep[row as usize] = false;
+        }
+        let rows = arrow::compute::filter_record_batch(&rows, &keep.into())?;
+        Ok((rows, conflicts))
+    }
+
+    fn apply_rows(
+        &self,
+        state: &mut State,
+        ts: Timestamp,
+        kind: WriteKind,
+        rows: RecordBatch,
+    ) -> Result<usize, StorageError> {
+        let schema = state.schema.clone();
         let n = rows.num_rows();
         if n == 0 {
             return Ok(0);
         }
         if let (Some(c), WriteKind::Insert | WriteKind::InsertIgnore) =
-            (schema.auto_increment_column(), batch.kind)
+            (schema.auto_increment_column(), kind)
         {
             let ids = rows
                 .column_by_name(&schema.columns()[c].name)
@@ -79,7 +136,7 @@ impl Tablet {
         let mut applied = vec![true; n];
         for (row, key) in keys.iter().enumerate() {
             if !seen.insert(key.as_slice()) {
-                match batch.kind {
+                match kind {
                     WriteKind::Upsert => {
                         // The last image of a key in one UPSERT wins.
                         for (earlier, k) in keys.iter().enumerate().take(row) {
@@ -97,7 +154,7 @@ impl Tablet {
                 }
             }
             let location = state.locate(key, &self.options.key_cache)?;
-            match (batch.kind, &location) {
+            match (kind, &location) {
                 (WriteKind::Insert, Location::Mem(_) | Location::Disk { .. }) => {
                     return Err(StorageError::DuplicateKey {
                         key: format_key(&schema, &rows, row),
@@ -117,7 +174,7 @@ impl Tablet {
         }
         // New full row images: the batch's rows for INSERT/UPSERT, old rows with the changed
         // columns replaced for UPDATE, none for DELETE.
-        let images: Option<Vec<RowRef>> = match batch.kind {
+        let images: Option<Vec<RowRef>> = match kind {
             WriteKind::Insert | WriteKind::InsertIgnore | WriteKind::Upsert => {
                 Some(state.arena.append(rows.clone()))
             }
@@ -126,7 +183,7 @@ impl Tablet {
         };
         // The columns a change of a flushed row may change: those the UPDATE sets, all but
         // the key for an UPSERT, none for a DELETE (a deletion changes no column).
-        let changed: Vec<u32> = match batch.kind {
+        let changed: Vec<u32> = match kind {
             WriteKind::Delete => vec![],
             _ => (0..schema.columns().len())
                 .filter(|&c| !schema.is_key_column(c))
@@ -159,7 +216,7 @@ impl Tablet {
                 }
             }
         }
-        if batch.kind == WriteKind::InsertIgnore {
+        if kind == WriteKind::InsertIgnore {
             return Ok(applied.iter().filter(|&&a| a).count());
         }
         Ok(n)
@@ -307,6 +364,30 @@ fn updated_rows(
 }
 
 impl State {
+    /// Whether the row with `key` has a version newer than `snapshot`, or no live version (see
+    /// [`crate::delta::RowsetDeltas::changed_after`] for rows on disk).
+    fn changed_after(
+        &self,
+        key: &[u8],
+        snapshot: Timestamp,
+        cache: &KeyCache,
+    ) -> Result<bool, StorageError> {
+        let frozen = || self.frozen.as_ref()?.latest(key);
+        if let Some(v) = self.mrs.latest(key).or_else(frozen) {
+            return Ok(v.ts > snapshot || v.row.is_none());
+        }
+        let hash = crate::diskrowset::hash_bytes(key);
+        for rs in self.tree.covering(key) {
+            if let Some(ordinal) = self.rowsets[rs].find(key, hash, cache)? {
+                match self.deltas[rs].latest(ordinal) {
+                    Image::Absent => continue,
+                    _ => return Ok(self.deltas[rs].changed_after(ordinal, snapshot)),
+                }
+            }
+        }
+        Ok(true)
+    }
+
     fn locate(&self, key: &[u8], cache: &KeyCache) -> Result<Location, StorageError> {
         let frozen = || self.frozen.as_ref()?.latest(key);
         if let Some(v) = self.mrs.latest(key).or_else(frozen) {

@@ -102,7 +102,7 @@ fn valid_tablet() -> &'static Vec<(String, Vec<u8>)> {
             };
             let index = i as u64 + 1;
             tablet
-                .apply(index, ts(index), &WriteBatch { kind, rows })
+                .apply(index, ts(index), &WriteBatch::new(kind, rows))
                 .unwrap();
             tablet.flush().unwrap();
             if i == 4 {
@@ -363,10 +363,7 @@ fn open_and_use(dir: &Path) -> Option<nyala_storage::StorageError> {
     let row = rows(&schema(), &[(2000, Some("new".to_string()), 1)]);
     if let Ok(rows) = RecordBatch::try_new(tablet.schema().arrow_schema(), row.columns().to_vec()) {
         let index = tablet.durable_index().saturating_add(1);
-        let batch = WriteBatch {
-            kind: WriteKind::Upsert,
-            rows,
-        };
+        let batch = WriteBatch::new(WriteKind::Upsert, rows);
         let _ = tablet.apply(index, ts(7), &batch);
     }
     let _ = tablet.flush();

@@ -663,6 +663,61 @@ class NyalaJdbcTest {
   }
 
   // ---------------------------------------------------------------------------------------------
+  // 9. Concurrent read-modify-write: no lost update, no spurious 0-row update.
+
+  @Test
+  void concurrentIncrementsAreNotLost() throws Exception {
+    int clients = 16;
+    int increments = 30;
+    int keys = 10;
+    try (Statement st = conn.createStatement()) {
+      assertNoRows(st, "CREATE TABLE incr_t (k BIGINT PRIMARY KEY, v BIGINT) DISTRIBUTE BY HASH (k) INTO 4 BUCKETS");
+      assertCount(st, keys, "INSERT INTO incr_t SELECT value, 0 FROM generate_series(0, " + (keys - 1) + ")");
+    }
+    long[] expected = new long[keys];
+    List<String> failures = java.util.Collections.synchronizedList(new ArrayList<>());
+    List<Thread> threads = new ArrayList<>();
+    for (int c = 0; c < clients; c++) {
+      int client = c;
+      Thread t =
+          new Thread(
+              () -> {
+                java.util.Random random = new java.util.Random(client);
+                try (Connection own = DriverManager.getConnection(url);
+                    PreparedStatement ps = own.prepareStatement("UPDATE incr_t SET v = v + 1 WHERE k = ?")) {
+                  for (int i = 0; i < increments; i++) {
+                    int k = random.nextInt(keys);
+                    ps.setLong(1, k);
+                    int updated = ps.executeUpdate();
+                    if (updated != 1) {
+                      failures.add("UPDATE of key " + k + " reported " + updated + " rows");
+                    }
+                    synchronized (expected) {
+                      expected[k] += 1;
+                    }
+                  }
+                } catch (SQLException e) {
+                  failures.add(e.toString());
+                }
+              });
+      threads.add(t);
+      t.start();
+    }
+    for (Thread t : threads) {
+      t.join();
+    }
+    assertEquals(List.of(), failures, "every increment succeeds and reports one row");
+    List<List<String>> want = new ArrayList<>();
+    for (int k = 0; k < keys; k++) {
+      want.add(List.of("" + k, "" + expected[k]));
+    }
+    try (Statement st = conn.createStatement()) {
+      assertEquals(want, queryRows(st, "SELECT k, v FROM incr_t ORDER BY k"), "no increment is lost");
+      assertNoRows(st, "DROP TABLE incr_t");
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------------
 
   private static void assertMessageContains(SQLException e, String needle) {
     StringBuilder all = new StringBuilder();
