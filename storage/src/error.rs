@@ -27,6 +27,10 @@ pub enum StorageError {
     InvalidPredicate(String),
     #[error("snapshot {snapshot} is older than the history retention allows (history before {oldest} is not kept)")]
     SnapshotTooOld { snapshot: String, oldest: String },
+    #[error("row with primary key {key} is being changed by a transaction in progress; try again")]
+    Locked { key: String },
+    #[error("{0}")]
+    TxnState(String),
     #[error("storage I/O error: {0}")]
     Io(#[from] std::io::Error),
     #[error("storage corrupted: {0}")]

@@ -31,5 +31,5 @@ pub use scan::{
 pub use schema::{
     ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema, AUTO_INCREMENT_COLUMN,
 };
-pub use tablet::{FailPoint, MaintenanceKind, MaintenanceOp, Tablet, TabletOptions};
+pub use tablet::{FailPoint, MaintenanceKind, MaintenanceOp, Tablet, TabletOptions, TxnState};
 pub use write::{TabletOp, Timestamp, WriteBatch, WriteKind, WriteOutcome};

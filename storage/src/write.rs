@@ -47,15 +47,34 @@ pub enum WriteKind {
     InsertIgnore = 4,
 }
 
-/// What a tablet's log entry holds after its timestamp: a write, or a schema change (a tag byte
-/// no write kind uses, then the new schema as JSON).
+/// What a tablet's log entry holds after its timestamp: a write, a schema change, or a step of
+/// a transaction (each a tag byte no write kind uses, then its fields).
 #[derive(Clone, Debug)]
 pub enum TabletOp {
     Write(WriteBatch),
     AlterSchema(crate::Schema),
+    /// A write of transaction `txn`, kept aside until it commits.
+    TxnWrite { txn: u64, batch: WriteBatch },
+    /// Transaction `txn` is committing, at a timestamp at least this entry's.
+    TxnPrepare { txn: u64 },
+    /// Transaction `txn` commits at `commit_ts`.
+    TxnCommit { txn: u64, commit_ts: Timestamp },
+    TxnAbort { txn: u64 },
 }
 
 const ALTER_SCHEMA: u8 = 0x80;
+const TXN_WRITE: u8 = 0x81;
+const TXN_PREPARE: u8 = 0x82;
+const TXN_COMMIT: u8 = 0x83;
+const TXN_ABORT: u8 = 0x84;
+
+/// A transaction entry's id and the bytes after it.
+fn txn(rest: &[u8]) -> Result<(u64, &[u8]), StorageError> {
+    let (txn, rest) = rest
+        .split_first_chunk::<8>()
+        .ok_or_else(|| StorageError::Corruption("transaction entry shorter than its id".into()))?;
+    Ok((u64::from_le_bytes(*txn), rest))
+}
 
 impl TabletOp {
     pub fn encode_alter_schema(schema: &crate::Schema) -> Vec<u8> {
@@ -65,11 +84,53 @@ impl TabletOp {
         out
     }
 
+    /// The entry of a transaction step (any op but a plain write or a schema change).
+    pub fn encode(&self) -> Vec<u8> {
+        let tagged = |tag: u8, txn: u64| {
+            let mut out = vec![tag];
+            out.extend_from_slice(&txn.to_le_bytes());
+            out
+        };
+        match self {
+            TabletOp::Write(batch) => batch.encode(),
+            TabletOp::AlterSchema(schema) => Self::encode_alter_schema(schema),
+            TabletOp::TxnWrite { txn, batch } => {
+                let mut out = tagged(TXN_WRITE, *txn);
+                out.extend(batch.encode());
+                out
+            }
+            TabletOp::TxnPrepare { txn } => tagged(TXN_PREPARE, *txn),
+            TabletOp::TxnCommit { txn, commit_ts } => {
+                let mut out = tagged(TXN_COMMIT, *txn);
+                out.extend_from_slice(&commit_ts.0.to_le_bytes());
+                out
+            }
+            TabletOp::TxnAbort { txn } => tagged(TXN_ABORT, *txn),
+        }
+    }
+
     pub fn decode(bytes: &[u8]) -> Result<TabletOp, StorageError> {
         match bytes.split_first() {
             Some((&ALTER_SCHEMA, json)) => serde_json::from_slice(json)
                 .map(TabletOp::AlterSchema)
                 .map_err(|e| StorageError::Corruption(format!("schema change entry: {e}"))),
+            Some((&TXN_WRITE, rest)) => {
+                let (txn, rest) = txn(rest)?;
+                let batch = WriteBatch::decode(rest)?;
+                Ok(TabletOp::TxnWrite { txn, batch })
+            }
+            Some((&TXN_PREPARE, rest)) => Ok(TabletOp::TxnPrepare { txn: txn(rest)?.0 }),
+            Some((&TXN_COMMIT, rest)) => {
+                let (txn, rest) = txn(rest)?;
+                let ts = rest.first_chunk::<8>().ok_or_else(|| {
+                    StorageError::Corruption("commit entry without its timestamp".into())
+                })?;
+                Ok(TabletOp::TxnCommit {
+                    txn,
+                    commit_ts: Timestamp(u64::from_le_bytes(*ts)),
+                })
+            }
+            Some((&TXN_ABORT, rest)) => Ok(TabletOp::TxnAbort { txn: txn(rest)?.0 }),
             _ => WriteBatch::decode(bytes).map(TabletOp::Write),
         }
     }

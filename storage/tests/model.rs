@@ -12,7 +12,7 @@ use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArra
 use arrow::datatypes::Int64Type;
 use nyala_storage::{
     ColumnPredicate, ColumnSchema, ColumnType, FailPoint, MaintenanceKind, PredicateOp, Scalar,
-    ScanSpec, Schema, Tablet, TabletOptions, Timestamp, WriteBatch, WriteKind,
+    ScanSpec, Schema, StorageError, Tablet, TabletOptions, Timestamp, WriteBatch, WriteKind,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -1196,4 +1196,85 @@ fn conditional_writes_refuse_rows_changed_after_their_snapshot() {
         assert!(refused > 0, "seed {seed}: no conditional write conflicted");
         assert!(spurious < refused, "seed {seed}: {spurious} of {refused} refusals were spurious");
     }
+}
+
+/// A transaction's writes: checked when written (against the tablet and its own earlier
+/// writes), invisible and locked until the commit applies them at the commit timestamp,
+/// dropped by an abort, and kept across a flush and a reopen.
+#[test]
+fn transactions_apply_at_commit_and_survive_flush_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = schema();
+    let options = TabletOptions::default();
+    let mut tablet = Tablet::create(dir.path(), schema.clone(), options.clone()).unwrap();
+    let row = |k: i64, v: i64| (k, Some(format!("s{k}")), v);
+    let t0 = now().0;
+    let insert = |rows: &[(i64, Option<String>, i64)]| {
+        WriteBatch::new(WriteKind::Insert, self::rows(&schema, rows))
+    };
+    tablet.apply(1, Timestamp(t0), &insert(&[row(1, 10)])).unwrap();
+    // Transaction 7 inserts 2 and 3, then updates 3 and deletes 1.
+    tablet.apply_txn_write(2, Timestamp(t0 + 1), 7, &insert(&[row(2, 20), row(3, 30)])).unwrap();
+    let update = WriteBatch::new(
+        WriteKind::Update,
+        rows(&schema, &[row(3, 31)]).project(&[1, 2]).unwrap(),
+    );
+    tablet.apply_txn_write(3, Timestamp(t0 + 2), 7, &update).unwrap();
+    let delete = WriteBatch::new(WriteKind::Delete, rows(&schema, &[row(1, 0)]).project(&[1]).unwrap());
+    tablet.apply_txn_write(4, Timestamp(t0 + 3), 7, &delete).unwrap();
+    // Its own checks: 2 exists for it now; 9 does not.
+    let again = tablet.apply_txn_write(5, Timestamp(t0 + 4), 7, &insert(&[row(2, 0)]));
+    assert!(matches!(again, Err(StorageError::DuplicateKey { .. })), "{again:?}");
+    let missing = WriteBatch::new(WriteKind::Delete, rows(&schema, &[row(9, 0)]).project(&[1]).unwrap());
+    let missing = tablet.apply_txn_write(6, Timestamp(t0 + 5), 7, &missing);
+    assert!(matches!(missing, Err(StorageError::KeyNotFound { .. })), "{missing:?}");
+    let before: Model = [(1, (Some("s1".into()), 10))].into();
+    assert_eq!(scan(&tablet, Timestamp(u64::MAX), None), before, "pending rows are invisible");
+    // Other writes to its keys are refused; a conditional one reports a conflict.
+    let other = tablet.apply(7, Timestamp(t0 + 6), &insert(&[row(2, 0)]));
+    assert!(matches!(other, Err(StorageError::Locked { .. })), "{other:?}");
+    let conditional = WriteBatch::new(
+        WriteKind::Update,
+        rows(&schema, &[row(1, 11)]).project(&[1, 2]).unwrap(),
+    )
+    .unchanged_since(Timestamp(t0 + 6));
+    let outcome = tablet.apply_write(8, Timestamp(t0 + 7), &conditional).unwrap();
+    assert_eq!((outcome.rows, outcome.conflicts), (0, vec![0]));
+    let other_txn = tablet.apply_txn_write(9, Timestamp(t0 + 8), 8, &insert(&[row(3, 0)]));
+    assert!(matches!(other_txn, Err(StorageError::Locked { .. })), "{other_txn:?}");
+    // Transaction 8 inserts 5 and aborts.
+    tablet.apply_txn_write(10, Timestamp(t0 + 9), 8, &insert(&[row(5, 50)])).unwrap();
+    tablet.abort_txn(11, 8);
+    // A flush and a reopen keep transaction 7 (prepared) pending, with its locks.
+    tablet.prepare_txn(12, Timestamp(t0 + 10), 7).unwrap();
+    tablet.apply(13, Timestamp(t0 + 11), &insert(&[row(6, 60)])).unwrap();
+    tablet.flush().unwrap();
+    drop(tablet);
+    tablet = Tablet::open(dir.path(), options).unwrap();
+    assert_eq!(tablet.durable_index(), 13);
+    let pending = tablet.pending_txns();
+    assert_eq!(pending.len(), 1);
+    assert_eq!((pending[0].txn, pending[0].prepared), (7, Some(Timestamp(t0 + 10))));
+    let locked = tablet.apply(14, Timestamp(t0 + 12), &insert(&[row(3, 0)]));
+    assert!(matches!(locked, Err(StorageError::Locked { .. })), "{locked:?}");
+    let committed = t0 + 13;
+    assert_eq!(tablet.commit_txn(15, Timestamp(committed), 7).unwrap(), 4);
+    assert!(tablet.pending_txns().is_empty());
+    let after: Model = [
+        (2, (Some("s2".into()), 20)),
+        (3, (Some("s3".into()), 31)),
+        (6, (Some("s6".into()), 60)),
+    ]
+    .into();
+    assert_eq!(scan(&tablet, Timestamp(committed), None), after);
+    let just_before: Model = [(1, (Some("s1".into()), 10)), (6, (Some("s6".into()), 60))].into();
+    assert_eq!(scan(&tablet, Timestamp(committed - 1), None), just_before);
+    // The keys are free again.
+    tablet.apply(16, Timestamp(t0 + 14), &insert(&[row(1, 1)])).unwrap();
+    // And the committed rows survive a flush and a reopen like any.
+    tablet.flush().unwrap();
+    drop(tablet);
+    let tablet = Tablet::open(dir.path(), TabletOptions::default()).unwrap();
+    assert_eq!(scan(&tablet, Timestamp(u64::MAX), None).len(), 4);
+    assert!(tablet.pending_txns().is_empty());
 }

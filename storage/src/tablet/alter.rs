@@ -23,6 +23,12 @@ impl Tablet {
     /// (Writes wait meanwhile: they come in log order after this entry.)
     pub fn alter_schema(&self, index: u64, schema: &Schema) -> Result<(), StorageError> {
         let _rewriting = self.rewriting.lock();
+        if !self.state.read().txns.is_empty() {
+            return Err(StorageError::TxnState(
+                "the table has transactions in progress; change its schema again when they end"
+                    .into(),
+            ));
+        }
         let old = self.schema();
         let sources = schema.sources_in(&old);
         let key_ids = |s: &Schema| -> Vec<u32> {

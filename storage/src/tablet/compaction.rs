@@ -14,7 +14,7 @@ use std::sync::Arc;
 use arrow::array::RecordBatch;
 
 use super::rewrite::{Carry, Output, Snapshot};
-use super::{MaintenanceKind, Tablet};
+use super::{txn, MaintenanceKind, Tablet};
 use crate::delta::{Layout, RowsetDeltas};
 use crate::history::{self, Chain};
 use crate::{StorageError, Timestamp};
@@ -29,13 +29,19 @@ impl Tablet {
 
     /// [`Tablet::flush`], with `rewriting` held.
     pub(super) fn flush_rewriting(&self) -> Result<(), StorageError> {
-        let (snapshot, durable) = {
+        let (mut snapshot, durable, pending) = {
             let mut state = self.state.write();
             let durable = state.last_applied;
             let dirty = !state.mrs.is_empty() || state.deltas.iter().any(|d| !d.dms.is_empty());
             if !dirty && state.durable_index == durable {
                 return Ok(());
             }
+            // Transactions pending now have log entries at or before `durable`: the files
+            // must hold their writes too, in a file of their own.
+            let pending = (!state.txns.is_empty()).then(|| {
+                state.next_rowset_id += 1;
+                (state.next_rowset_id - 1, state.txns.clone())
+            });
             // Writes from now on go to a new MemRowSet and new DeltaMemStores; these are
             // written out.
             let frozen = std::mem::take(&mut state.mrs);
@@ -43,8 +49,18 @@ impl Tablet {
             for d in state.deltas.iter_mut().filter(|d| !d.dms.is_empty()) {
                 d.frozen = Some(Arc::new(std::mem::take(&mut d.dms)));
             }
-            (Snapshot::of(&state), durable)
+            (Snapshot::of(&state), durable, pending)
         };
+        snapshot.txns_file = None;
+        if let Some((id, txns)) = pending {
+            let path = self.dir.join(txn::file_name(id));
+            if let Err(e) = txn::write_file(&path, &txns) {
+                let _ = std::fs::remove_file(&path);
+                self.state.write().thaw();
+                return Err(e);
+            }
+            snapshot.txns_file = Some(id);
+        }
         let ancient = self.ancient_history_mark();
         let schema = snapshot.schema.clone();
         self.rewrite(&snapshot, &schema, durable, Carry::Flush, |snap, files| {

@@ -39,6 +39,9 @@ pub(super) struct Metadata {
     /// Above every auto_incrementing_id written so far.
     #[serde(default)]
     pub(super) next_auto_id: i64,
+    /// The file with the transactions pending as of `durable_index` (`txns-<id>`), if any.
+    #[serde(default)]
+    pub(super) txns_file: Option<u64>,
 }
 
 impl Metadata {
@@ -50,6 +53,7 @@ impl Metadata {
         next_rowset_id: u64,
         durable_index: u64,
         next_auto_id: i64,
+        txns_file: Option<u64>,
     ) -> Metadata {
         Metadata {
             schema: schema.clone(),
@@ -75,6 +79,7 @@ impl Metadata {
             next_rowset_id,
             durable_index,
             next_auto_id,
+            txns_file,
         }
     }
 }

@@ -31,9 +31,10 @@ mod maintenance;
 mod metadata;
 mod rewrite;
 mod scan;
+mod txn;
 mod write;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +49,7 @@ use crate::KeyCache;
 use crate::{Schema, StorageError, Timestamp};
 
 pub use maintenance::{MaintenanceKind, MaintenanceOp};
+pub use txn::TxnState;
 use metadata::{read_metadata, write_metadata, Metadata, METADATA};
 
 #[derive(Clone, Debug)]
@@ -143,6 +145,12 @@ struct State {
     last_applied: u64,
     durable_index: u64,
     next_auto_id: i64,
+    /// Transactions with writes here not yet committed or aborted, and the keys they locked
+    /// (see `txn.rs`).
+    txns: BTreeMap<u64, txn::PendingTxn>,
+    locks: HashMap<Vec<u8>, u64>,
+    /// The file holding the pending transactions as of `durable_index`, if there were any.
+    txns_file: Option<u64>,
 }
 
 impl Tablet {
@@ -153,9 +161,9 @@ impl Tablet {
     ) -> Result<Tablet, StorageError> {
         std::fs::create_dir_all(dir)?;
         // No rowsets yet; rowset ids and auto_incrementing_ids start at 1.
-        let meta = Metadata::of(&schema, &[], &[], 1, 0, 1);
+        let meta = Metadata::of(&schema, &[], &[], 1, 0, 1, None);
         write_metadata(dir, &meta, &|_| Ok(()))?;
-        Ok(Tablet::opened(dir, options, meta, vec![], vec![]))
+        Ok(Tablet::opened(dir, options, meta, vec![], vec![], Default::default()))
     }
 
     pub fn open(dir: &Path, options: TabletOptions) -> Result<Tablet, StorageError> {
@@ -188,6 +196,13 @@ impl Tablet {
             let redo = files.redo.into_iter().map(open).collect::<Result<_, _>>()?;
             deltas.push(RowsetDeltas::new(undo, redo)?);
         }
+        let pending = match meta.txns_file {
+            Some(id) => {
+                names.insert(txn::file_name(id));
+                txn::read_file(&dir.join(txn::file_name(id)), &meta.schema)?
+            }
+            None => Default::default(),
+        };
         for entry in std::fs::read_dir(dir)? {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().to_string();
@@ -196,17 +211,18 @@ impl Tablet {
                 std::fs::remove_file(entry.path())?;
             }
         }
-        Ok(Tablet::opened(dir, options, meta, rowsets, deltas))
+        Ok(Tablet::opened(dir, options, meta, rowsets, deltas, pending))
     }
 
     /// The tablet of `dir` with the files `meta` names (`rowsets`, and their `deltas`
-    /// parallel), opened, and nothing in memory.
+    /// parallel), opened, and nothing in memory but the `pending` transactions.
     fn opened(
         dir: &Path,
         options: TabletOptions,
         meta: Metadata,
         rowsets: Vec<Arc<DiskRowSet>>,
         deltas: Vec<RowsetDeltas>,
+        pending: txn::Pending,
     ) -> Tablet {
         Tablet {
             dir: dir.to_path_buf(),
@@ -226,6 +242,9 @@ impl Tablet {
                 last_applied: meta.durable_index,
                 durable_index: meta.durable_index,
                 next_auto_id: meta.next_auto_id.max(1),
+                txns: pending.0,
+                locks: pending.1,
+                txns_file: meta.txns_file,
             }),
         }
     }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::metadata::Metadata;
-use super::{key_ranges, State, Tablet};
+use super::{key_ranges, txn, State, Tablet};
 use crate::delta::{Image, RowsetDeltas};
 use crate::diskrowset::DiskRowSet;
 use crate::history::{self, NewFiles};
@@ -48,6 +48,10 @@ impl Tablet {
             fail: &fail,
             key_cache: &self.options.key_cache,
         };
+        if snap.txns_file.is_some() && snap.txns_file != self.state.read().txns_file {
+            // A flush's new file of pending transactions: removed with the others on failure.
+            (files.paths).extend(snap.txns_file.map(|id| self.dir.join(txn::file_name(id))));
+        }
         let mut result = f(snap, &mut files);
         // Where the rows changed in memory so far went, found before taking the write lock
         // (reading keys); the switch looks up only rows changed after this.
@@ -71,10 +75,13 @@ impl Tablet {
             }
         };
         let named: HashSet<&Path> = paths(&next.rowsets, &next.deltas).collect();
-        let old_files: Vec<PathBuf> = paths(&state.rowsets, &state.deltas)
+        let mut old_files: Vec<PathBuf> = paths(&state.rowsets, &state.deltas)
             .filter(|p| !named.contains(p))
             .map(Path::to_path_buf)
             .collect();
+        if state.txns_file != snap.txns_file {
+            old_files.extend(state.txns_file.map(|id| self.dir.join(txn::file_name(id))));
+        }
         let written = self.write_metadata(&Metadata::of(
             schema,
             &next.rowsets,
@@ -82,6 +89,7 @@ impl Tablet {
             state.next_rowset_id,
             durable_index,
             state.next_auto_id,
+            snap.txns_file,
         ));
         if let Err(e) = written {
             state.thaw();
@@ -132,6 +140,7 @@ impl Tablet {
         }
         state.durable_index = durable_index;
         state.last_applied = state.last_applied.max(durable_index);
+        state.txns_file = snap.txns_file;
         Ok(())
     }
 
@@ -276,6 +285,8 @@ pub(super) struct Snapshot {
     pub(super) arena: RowArena,
     pub(super) next_rowset_id: u64,
     pub(super) durable_index: u64,
+    /// The file of pending transactions the new metadata names (a flush writes a new one).
+    pub(super) txns_file: Option<u64>,
 }
 
 impl Snapshot {
@@ -295,6 +306,7 @@ impl Snapshot {
             arena: state.arena.clone(),
             next_rowset_id: state.next_rowset_id,
             durable_index: state.durable_index,
+            txns_file: state.txns_file,
         }
     }
 }
@@ -379,7 +391,7 @@ fn paths<'a>(
 
 impl State {
     /// Undoes a flush's freeze: the frozen MemRowSet's versions go back before the newer ones.
-    fn thaw(&mut self) {
+    pub(super) fn thaw(&mut self) {
         self.frozen_keys_written.clear();
         for d in &mut self.deltas {
             d.thaw();

@@ -23,7 +23,7 @@ use crate::{ColumnType, KeyCache};
 use crate::{Schema, StorageError, Timestamp, WriteBatch, WriteKind, WriteOutcome};
 
 /// Where the live version of a key is.
-enum Location {
+pub(super) enum Location {
     Absent,
     Mem(RowRef),
     /// In rowset `rs` at `ordinal`.
@@ -71,14 +71,25 @@ impl Tablet {
             Some(snapshot) if matches!(batch.kind, WriteKind::Update | WriteKind::Delete) => {
                 self.without_conflicts(state, rows, snapshot)?
             }
-            _ => (rows, Vec::new()),
+            _ => {
+                let keys = match state.locks.is_empty() {
+                    true => Vec::new(),
+                    false => encode_keys(&schema, &rows)?,
+                };
+                if let Some(row) = state.locked_row(&keys) {
+                    return Err(StorageError::Locked {
+                        key: format_key(&schema, &rows, row),
+                    });
+                }
+                (rows, Vec::new())
+            }
         };
         let rows = self.apply_rows(state, ts, batch.kind, rows)?;
         Ok(WriteOutcome { rows, conflicts })
     }
 
-    /// `rows` without those whose key changed after `snapshot` or is gone, and the indices of
-    /// those.
+    /// `rows` without those whose key changed after `snapshot`, is gone or is locked by a
+    /// pending transaction, and the indices of those.
     fn without_conflicts(
         &self,
         state: &State,
@@ -88,7 +99,9 @@ impl Tablet {
         let keys = encode_keys(&state.schema, &rows)?;
         let mut conflicts = Vec::new();
         for (row, key) in keys.iter().enumerate() {
-            if state.changed_after(key, snapshot, &self.options.key_cache)? {
+            if state.locks.contains_key(key)
+                || state.changed_after(key, snapshot, &self.options.key_cache)?
+            {
                 conflicts.push(row as u32);
             }
         }
@@ -103,7 +116,7 @@ impl Tablet {
         Ok((rows, conflicts))
     }
 
-    fn apply_rows(
+    pub(super) fn apply_rows(
         &self,
         state: &mut State,
         ts: Timestamp,
@@ -224,7 +237,7 @@ impl Tablet {
 
     /// Checks a batch's columns against the schema and returns it in the shape the kind needs:
     /// full table rows for INSERT/UPSERT, key + changed columns for UPDATE, keys for DELETE.
-    fn conform(schema: &Schema, batch: &WriteBatch) -> Result<RecordBatch, StorageError> {
+    pub(super) fn conform(schema: &Schema, batch: &WriteBatch) -> Result<RecordBatch, StorageError> {
         let table = schema.arrow_schema();
         let rows = &batch.rows;
         for field in rows.schema().fields() {
@@ -366,7 +379,7 @@ fn updated_rows(
 impl State {
     /// Whether the row with `key` has a version newer than `snapshot`, or no live version (see
     /// [`crate::delta::RowsetDeltas::changed_after`] for rows on disk).
-    fn changed_after(
+    pub(super) fn changed_after(
         &self,
         key: &[u8],
         snapshot: Timestamp,
@@ -388,7 +401,11 @@ impl State {
         Ok(true)
     }
 
-    fn locate(&self, key: &[u8], cache: &KeyCache) -> Result<Location, StorageError> {
+    pub(super) fn locate(
+        &self,
+        key: &[u8],
+        cache: &KeyCache,
+    ) -> Result<Location, StorageError> {
         let frozen = || self.frozen.as_ref()?.latest(key);
         if let Some(v) = self.mrs.latest(key).or_else(frozen) {
             return Ok(match v.row {

@@ -1,0 +1,317 @@
+//! One tablet's part of a transaction (Kudu's multi-row transactions, KUDU-2612).
+//!
+//! A transaction's writes arrive through the log like any write and are checked the same way,
+//! against the tablet and the transaction's own earlier writes, but they are kept aside and
+//! their keys locked: the rows become visible only when the commit applies them all at the
+//! transaction's commit timestamp; an abort drops them. Another write to a locked key fails
+//! with [`StorageError::Locked`] (a conditional UPDATE or DELETE outside a transaction reports
+//! the row as a conflict instead and reads it again later). Prepare marks the transaction as
+//! committing: it takes no more writes, and its prepare timestamp bounds the commit timestamp
+//! from below (the replica holds back snapshots at and above it until the commit or abort).
+//!
+//! Pending transactions survive flushes: a flush that makes entries of a pending transaction
+//! durable writes the transaction's writes to a file the metadata names (`txns-<id>`), read
+//! back on open. Every step is deterministic, so replicas and replays agree.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write;
+use std::path::Path;
+
+use super::{State, Tablet};
+use crate::key::{encode_keys, format_key};
+use crate::{StorageError, Timestamp, WriteBatch, WriteKind, WriteOutcome};
+
+/// A transaction's writes in this tablet, not yet committed or aborted.
+#[derive(Clone)]
+pub(super) struct PendingTxn {
+    /// The writes, checked and in order, as the commit applies them.
+    writes: Vec<WriteBatch>,
+    /// Whether each key the transaction wrote exists after its writes.
+    present: HashMap<Vec<u8>, bool>,
+    /// The prepare timestamp, once prepared.
+    prepared: Option<Timestamp>,
+    /// The timestamp of its first write here.
+    started: Timestamp,
+}
+
+/// Pending transactions and the keys they locked.
+pub(super) type Pending = (BTreeMap<u64, PendingTxn>, HashMap<Vec<u8>, u64>);
+
+/// A pending transaction as others see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxnState {
+    pub txn: u64,
+    pub started: Timestamp,
+    pub prepared: Option<Timestamp>,
+}
+
+impl Tablet {
+    /// Applies log entry `index` at `ts`: a write of transaction `txn`, checked now and kept
+    /// aside until the transaction commits. Rows of a conditional batch changed since its
+    /// snapshot are reported as conflicts, not kept.
+    pub fn apply_txn_write(
+        &self,
+        index: u64,
+        ts: Timestamp,
+        txn: u64,
+        batch: &WriteBatch,
+    ) -> Result<WriteOutcome, StorageError> {
+        let mut state = self.state.write();
+        state.last_applied = state.last_applied.max(index);
+        let schema = state.schema.clone();
+        if state.txns.get(&txn).is_some_and(|t| t.prepared.is_some()) {
+            return Err(StorageError::TxnState(format!(
+                "transaction {txn} is committing and takes no more writes"
+            )));
+        }
+        let rows = Self::conform(&schema, batch)?;
+        let keys = encode_keys(&schema, &rows)?;
+        let own = state.txns.get(&txn);
+        let conditional = match batch.kind {
+            WriteKind::Update | WriteKind::Delete => batch.unchanged_since,
+            _ => None,
+        };
+        let mut keep = vec![true; rows.num_rows()];
+        let mut conflicts = Vec::new();
+        for (row, key) in keys.iter().enumerate() {
+            if state.locks.get(key).is_some_and(|&owner| owner != txn) {
+                return Err(StorageError::Locked {
+                    key: format_key(&schema, &rows, row),
+                });
+            }
+            let written_here = own.is_some_and(|t| t.present.contains_key(key));
+            if let Some(snapshot) = conditional {
+                if !written_here && state.changed_after(key, snapshot, &self.options.key_cache)? {
+                    keep[row] = false;
+                    conflicts.push(row as u32);
+                }
+            }
+        }
+        // Whether a key exists: as the transaction left it, else as the tablet has it.
+        let exists = |key: &[u8]| -> Result<bool, StorageError> {
+            match own.and_then(|t| t.present.get(key)) {
+                Some(&present) => Ok(present),
+                None => state.exists(key, &self.options.key_cache),
+            }
+        };
+        let mut seen: HashSet<&[u8]> = HashSet::new();
+        for (row, key) in keys.iter().enumerate() {
+            if !keep[row] {
+                continue;
+            }
+            let repeated = !seen.insert(key.as_slice());
+            let duplicate = || StorageError::DuplicateKey {
+                key: format_key(&schema, &rows, row),
+            };
+            match batch.kind {
+                WriteKind::Insert if repeated || exists(key)? => return Err(duplicate()),
+                WriteKind::InsertIgnore if repeated || exists(key)? => keep[row] = false,
+                WriteKind::Update | WriteKind::Delete if repeated => return Err(duplicate()),
+                WriteKind::Update | WriteKind::Delete if !exists(key)? => {
+                    return Err(StorageError::KeyNotFound {
+                        key: format_key(&schema, &rows, row),
+                    })
+                }
+                _ => {}
+            }
+        }
+        let kept = keep.iter().filter(|&&k| k).count();
+        let rows = match kept == rows.num_rows() {
+            true => rows,
+            false => arrow::compute::filter_record_batch(&rows, &keep.clone().into())?,
+        };
+        let present = batch.kind != WriteKind::Delete;
+        let kept_keys: Vec<Vec<u8>> = (keys.into_iter().zip(&keep))
+            .filter(|(_, &k)| k)
+            .map(|(key, _)| key)
+            .collect();
+        let pending = state.txns.entry(txn).or_insert_with(|| PendingTxn {
+            writes: Vec::new(),
+            present: HashMap::new(),
+            prepared: None,
+            started: ts,
+        });
+        if kept > 0 {
+            pending.writes.push(WriteBatch::new(batch.kind, rows));
+        }
+        for key in &kept_keys {
+            pending.present.insert(key.clone(), present);
+        }
+        for key in kept_keys {
+            state.locks.insert(key, txn);
+        }
+        Ok(WriteOutcome {
+            rows: kept,
+            conflicts,
+        })
+    }
+
+    /// Applies log entry `index`: transaction `txn` is committing at a timestamp of at least
+    /// `ts`. A transaction without writes here is an error (its writes were lost, so it must
+    /// not commit).
+    pub fn prepare_txn(&self, index: u64, ts: Timestamp, txn: u64) -> Result<(), StorageError> {
+        let mut state = self.state.write();
+        state.last_applied = state.last_applied.max(index);
+        match state.txns.get_mut(&txn) {
+            Some(pending) => {
+                pending.prepared.get_or_insert(ts);
+                Ok(())
+            }
+            None => Err(StorageError::TxnState(format!(
+                "transaction {txn} has no writes in this tablet"
+            ))),
+        }
+    }
+
+    /// Applies log entry `index`: transaction `txn` commits at `ts`, its writes become visible
+    /// and its keys unlocked. Returns the rows applied (0 for a transaction unknown here: one
+    /// already finished).
+    pub fn commit_txn(&self, index: u64, ts: Timestamp, txn: u64) -> Result<usize, StorageError> {
+        let mut state = self.state.write();
+        state.last_applied = state.last_applied.max(index);
+        let Some(pending) = state.txns.remove(&txn) else {
+            return Ok(0);
+        };
+        for key in pending.present.keys() {
+            state.locks.remove(key);
+        }
+        let mut rows = 0;
+        for write in pending.writes {
+            // Checked when written, and their keys were locked since: this cannot fail but
+            // on damaged storage.
+            rows += self.apply_rows(&mut state, ts, write.kind, write.rows)?;
+        }
+        Ok(rows)
+    }
+
+    /// Applies log entry `index`: transaction `txn` aborts; its writes here are dropped.
+    pub fn abort_txn(&self, index: u64, txn: u64) {
+        let mut state = self.state.write();
+        state.last_applied = state.last_applied.max(index);
+        if let Some(pending) = state.txns.remove(&txn) {
+            for key in pending.present.keys() {
+                state.locks.remove(key);
+            }
+        }
+    }
+
+    /// The transactions with pending writes here.
+    pub fn pending_txns(&self) -> Vec<TxnState> {
+        let state = self.state.read();
+        (state.txns.iter())
+            .map(|(&txn, p)| TxnState {
+                txn,
+                started: p.started,
+                prepared: p.prepared,
+            })
+            .collect()
+    }
+}
+
+impl State {
+    /// Whether `key` has a live version.
+    fn exists(&self, key: &[u8], cache: &crate::KeyCache) -> Result<bool, StorageError> {
+        Ok(!matches!(
+            self.locate(key, cache)?,
+            super::write::Location::Absent
+        ))
+    }
+
+    /// The first of `keys` (rows of `rows`) that a pending transaction has locked.
+    pub(super) fn locked_row(&self, keys: &[Vec<u8>]) -> Option<usize> {
+        if self.locks.is_empty() {
+            return None;
+        }
+        keys.iter().position(|k| self.locks.contains_key(k))
+    }
+}
+
+/// File holding the pending transactions a flush made durable.
+pub(super) fn file_name(id: u64) -> String {
+    format!("txns-{id}")
+}
+
+const MAGIC: &[u8; 8] = b"NYTXNS01";
+
+/// Writes `txns` to `path`: magic, then per transaction its id, start, prepare timestamp (0:
+/// none) and writes (length-prefixed encoded batches), then a CRC32 of all that.
+pub(super) fn write_file(
+    path: &Path,
+    txns: &BTreeMap<u64, PendingTxn>,
+) -> Result<(), StorageError> {
+    let mut out = MAGIC.to_vec();
+    out.extend_from_slice(&(txns.len() as u64).to_le_bytes());
+    for (&txn, pending) in txns {
+        out.extend_from_slice(&txn.to_le_bytes());
+        out.extend_from_slice(&pending.started.0.to_le_bytes());
+        out.extend_from_slice(&pending.prepared.map_or(0, |t| t.0).to_le_bytes());
+        out.extend_from_slice(&(pending.writes.len() as u64).to_le_bytes());
+        for write in &pending.writes {
+            let bytes = write.encode();
+            out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+            out.extend_from_slice(&bytes);
+        }
+    }
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    let mut file = std::fs::File::create(path)?;
+    file.write_all(&out)?;
+    file.sync_all()?;
+    Ok(())
+}
+
+/// Reads a file [`write_file`] wrote: the pending transactions and their locks.
+pub(super) fn read_file(
+    path: &Path,
+    schema: &crate::Schema,
+) -> Result<Pending, StorageError> {
+    let bytes = std::fs::read(path)?;
+    let bad = |what: &str| StorageError::Corruption(format!("{} is damaged: {what}", path.display()));
+    let (body, crc) = bytes.split_last_chunk::<4>().ok_or_else(|| bad("too short"))?;
+    if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
+        return Err(bad("checksum mismatch"));
+    }
+    let mut reader = Reader(body.strip_prefix(MAGIC).ok_or_else(|| bad("not a transactions file"))?);
+    let truncated = || bad("truncated");
+    let mut txns = BTreeMap::new();
+    let mut locks = HashMap::new();
+    for _ in 0..reader.u64().ok_or_else(truncated)? {
+        let mut field = || reader.u64().ok_or_else(truncated);
+        let (txn, started, prepared, writes) = (field()?, field()?, field()?, field()?);
+        let mut pending = PendingTxn {
+            writes: Vec::new(),
+            present: HashMap::new(),
+            prepared: Some(Timestamp(prepared)).filter(|t| t.0 != 0),
+            started: Timestamp(started),
+        };
+        for _ in 0..writes {
+            let len = reader.u64().ok_or_else(truncated)?;
+            let encoded = reader.bytes(len).ok_or_else(truncated)?;
+            let write = WriteBatch::decode(encoded)?;
+            for key in encode_keys(schema, &write.rows)? {
+                locks.insert(key.clone(), txn);
+                pending.present.insert(key, write.kind != WriteKind::Delete);
+            }
+            pending.writes.push(write);
+        }
+        txns.insert(txn, pending);
+    }
+    Ok((txns, locks))
+}
+
+/// Reads a transactions file's fields in order.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn u64(&mut self) -> Option<u64> {
+        let (n, rest) = self.0.split_first_chunk::<8>()?;
+        self.0 = rest;
+        Some(u64::from_le_bytes(*n))
+    }
+
+    fn bytes(&mut self, len: u64) -> Option<&'a [u8]> {
+        let (bytes, rest) = self.0.split_at_checked(usize::try_from(len).ok()?)?;
+        self.0 = rest;
+        Some(bytes)
+    }
+}
