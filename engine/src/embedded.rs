@@ -35,8 +35,20 @@ pub fn open(data_dir: &Path, options: TabletOptions, memory_limit: usize) -> Res
         None,
     )?;
     let local = Arc::new(LocalTablets(server));
-    let master = Master::open(&data_dir.join("master"), clock, local.clone(), None)?;
-    Ok(Client::new(Arc::new(master), local))
+    let master = Arc::new(Master::open(&data_dir.join("master"), clock, local.clone(), None)?);
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let (weak_master, weak_local) = (Arc::downgrade(&master), Arc::downgrade(&local));
+        let client = move || {
+            let (master, local) = (weak_master.upgrade(), weak_local.upgrade());
+            let client = master.zip(local).map(|(m, l)| Client::new(m, l));
+            std::future::ready(client)
+        };
+        runtime.spawn(crate::tserver::txns::resolve_abandoned(
+            Arc::downgrade(&local.0),
+            client,
+        ));
+    }
+    Ok(Client::new(master, local))
 }
 
 /// The tablets of this process's tablet server.
@@ -105,6 +117,19 @@ impl Tablets for LocalTablets {
     async fn write(&self, id: &str, batch: &WriteBatch) -> Result<WriteOutcome> {
         self.0.admit_write().await?;
         self.0.replica(id)?.write(batch).await
+    }
+
+    async fn txn_write(&self, id: &str, txn: u64, batch: &WriteBatch) -> Result<WriteOutcome> {
+        self.0.admit_write().await?;
+        self.0.replica(id)?.txn_write(txn, batch).await
+    }
+
+    async fn prepare_txn(&self, id: &str, txn: u64) -> Result<Timestamp> {
+        self.0.replica(id)?.prepare_txn(txn).await
+    }
+
+    async fn finish_txn(&self, id: &str, txn: u64, commit: Option<Timestamp>) -> Result<usize> {
+        self.0.replica(id)?.finish_txn(txn, commit).await
     }
 
     fn scan(&self, id: &str, spec: ScanSpec, snapshot: Option<Timestamp>) -> Result<ScanIterator> {

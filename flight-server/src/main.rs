@@ -418,6 +418,20 @@ async fn tserver(
             addr.to_string(),
             masters.clone(),
         ));
+        // Ends transactions abandoned in the tablets this server leads; the client of the
+        // cluster it needs for that is connected the first time there is one.
+        let cluster = Arc::new(tokio::sync::OnceCell::new());
+        let masters = masters.clone();
+        tokio::spawn(nyala_engine::tserver::txns::resolve_abandoned(
+            Arc::downgrade(&server),
+            move || {
+                let (cluster, masters) = (cluster.clone(), masters.clone());
+                async move {
+                    let connect = || nyala_engine::Client::connect_cluster(masters);
+                    cluster.get_or_try_init(connect).await.ok().cloned()
+                }
+            },
+        ));
     }
     let rpc = tonic::transport::Server::builder()
         .add_service(TabletServerService::new(server.clone()).into_server())

@@ -10,9 +10,9 @@
 //! UPDATE and DELETE run in [`crate::mutation::ConditionalMutationExec`], which writes each
 //! row only if it has not changed since the statement read it and reads the others again.
 //!
-//! Rows go to the tablets batch by batch. Each tablet applies its part of a batch entirely or not
-//! at all, but a statement is not atomic across batches and tablets: when one part is rejected,
-//! the error says how many rows of the statement were applied before it.
+//! A statement is atomic: rows that fit in one write to one tablet are that write, which the
+//! tablet applies entirely or not at all; more rows, or rows of several tablets, are written in
+//! a transaction that commits at one timestamp in all of them (or aborts in all).
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -39,7 +39,7 @@ use datafusion::logical_expr::{
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 use futures::StreamExt;
-use nyala_engine::{Client, TableHandle, Written};
+use nyala_engine::{Client, EngineError, TableHandle, Written};
 use nyala_storage::{Timestamp, WriteKind};
 
 use crate::table::NyalaTable;
@@ -88,19 +88,27 @@ impl DataSink for NyalaSink {
 
     async fn write_all(
         &self,
-        mut data: SendableRecordBatchStream,
+        data: SendableRecordBatchStream,
         _context: &Arc<TaskContext>,
     ) -> Result<u64> {
-        let mut applied = 0usize;
-        while let Some(batch) = data.next().await {
-            let batch = batch.map_err(|e| self.failed(applied, e.find_root().strip_backtrace()))?;
-            if batch.num_rows() == 0 {
-                continue;
-            }
-            applied += self.write_batch(batch, None, applied).await?.rows;
+        match self.write_statement(data, None).await? {
+            Outcome::Written(rows) => Ok(rows),
+            // Unconditional writes have no conflicts.
+            Outcome::Conflict => Err(DataFusionError::Internal(format!(
+                "{} met a conflict",
+                self.verb()
+            ))),
         }
-        Ok(applied as u64)
     }
+}
+
+/// What writing a statement's rows did.
+pub(crate) enum Outcome {
+    /// All its rows were written, this many.
+    Written(u64),
+    /// A row changed after the statement's snapshot, or is locked by a transaction in
+    /// progress: nothing was written, the statement must read its rows again.
+    Conflict,
 }
 
 impl NyalaSink {
@@ -108,43 +116,92 @@ impl NyalaSink {
         &self.table.id
     }
 
-    pub(crate) fn table_schema(&self) -> &nyala_storage::Schema {
-        &self.table.schema
-    }
-
-    /// Writes one batch of the statement's rows (after `applied` rows of it): unconditionally,
-    /// or only where the rows are unchanged since `unchanged_since` (the others come back as
-    /// conflicts, see [`Client::write_unchanged_since`]).
-    pub(crate) async fn write_batch(
+    /// Writes all rows of `data` as one statement: entirely or not at all. Rows that fit in
+    /// one write to one tablet are that write; more become a transaction (see
+    /// [`nyala_engine::Transaction`]). With `unchanged_since`, a row changed since that snapshot
+    /// (or locked by a transaction in progress) makes the statement write nothing and report
+    /// [`Outcome::Conflict`].
+    pub(crate) async fn write_statement(
         &self,
-        batch: RecordBatch,
+        mut data: SendableRecordBatchStream,
         unchanged_since: Option<Timestamp>,
-        applied: usize,
-    ) -> Result<Written> {
-        let batch = self
-            .with_table_types(batch)
-            .map_err(|e| self.failed(applied, e.find_root().strip_backtrace()))?;
-        let written = match unchanged_since {
-            None => (self.client.write(&self.table, self.kind, &batch).await).map(|rows| Written {
-                rows,
-                conflicts: Vec::new(),
-            }),
-            Some(snapshot) => {
-                (self.client)
-                    .write_unchanged_since(&self.table, self.kind, &batch, snapshot)
-                    .await
-            }
+    ) -> Result<Outcome> {
+        let Some(first) = self.next_batch(&mut data).await? else {
+            return Ok(Outcome::Written(0));
         };
-        written.map_err(|e| self.failed(applied + e.applied, e.error.to_string()))
+        let second = self.next_batch(&mut data).await?;
+        let single = second.is_none()
+            && (self.client.is_single_write(&self.table, &first)).map_err(|e| self.failed(e))?;
+        if single {
+            let written = match unchanged_since {
+                None => (self.client.write(&self.table, self.kind, &first).await).map(|rows| {
+                    Written {
+                        rows,
+                        conflicts: Vec::new(),
+                    }
+                }),
+                Some(snapshot) => {
+                    (self.client)
+                        .write_unchanged_since(&self.table, self.kind, &first, snapshot)
+                        .await
+                }
+            };
+            return match written {
+                Ok(w) if w.conflicts.is_empty() => Ok(Outcome::Written(w.rows as u64)),
+                Ok(_) => Ok(Outcome::Conflict),
+                Err(e) => Err(self.failed(e.error)),
+            };
+        }
+        let txn = self.client.begin();
+        let written = async {
+            let mut rows = 0u64;
+            let mut batch = Some(first);
+            let mut next = second;
+            while let Some(rows_now) = batch {
+                let written = txn.write(&self.table, self.kind, &rows_now, unchanged_since).await;
+                match written {
+                    Ok(w) if w.conflicts.is_empty() => rows += w.rows as u64,
+                    Ok(_) => return Ok(Outcome::Conflict),
+                    Err(e) if unchanged_since.is_some() && is_locked(&e.error) => {
+                        return Ok(Outcome::Conflict)
+                    }
+                    Err(e) => return Err(self.failed(e.error)),
+                }
+                batch = next.take();
+                if batch.is_some() {
+                    next = self.next_batch(&mut data).await?;
+                }
+            }
+            Ok(Outcome::Written(rows))
+        }
+        .await;
+        match written {
+            Ok(Outcome::Written(rows)) => {
+                txn.commit().await.map_err(|e| self.failed(e))?;
+                Ok(Outcome::Written(rows))
+            }
+            other => {
+                txn.abort().await;
+                other
+            }
+        }
     }
 
-    /// Wraps an error so the client learns what the statement left behind.
-    fn failed(&self, applied: usize, error: String) -> DataFusionError {
-        let rows = if applied == 1 { "row" } else { "rows" };
-        DataFusionError::Execution(format!(
-            "{error}; {} failed after {applied} {rows} had been applied",
-            self.verb()
-        ))
+    /// The next batch of `data` with rows, in the table's types.
+    async fn next_batch(&self, data: &mut SendableRecordBatchStream) -> Result<Option<RecordBatch>> {
+        while let Some(batch) = data.next().await {
+            let batch = batch.map_err(|e| self.failed(e.find_root().strip_backtrace()))?;
+            if batch.num_rows() > 0 {
+                let batch = self.with_table_types(batch);
+                return batch.map(Some).map_err(|e| self.failed(e.find_root().strip_backtrace()));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Wraps an error of the statement, which wrote nothing.
+    fn failed(&self, error: impl fmt::Display) -> DataFusionError {
+        DataFusionError::Execution(format!("{error}; the {} changed nothing", self.verb()))
     }
 
     /// Re-labels the batch with the table's field definitions (names, nullability, timezone),
@@ -175,6 +232,11 @@ impl NyalaSink {
             DataFusionError::Execution(e.to_string().replace("Invalid argument error: ", ""))
         })
     }
+}
+
+/// Whether `error` is a write meeting a row a transaction in progress has locked.
+fn is_locked(error: &EngineError) -> bool {
+    matches!(error, EngineError::Storage(nyala_storage::StorageError::Locked { .. }))
 }
 
 /// A DELETE, an UPDATE or an INSERT IGNORE of a Nyala table in a logical plan. Its input yields

@@ -1,48 +1,45 @@
-//! UPDATE and DELETE as PostgreSQL runs them at READ COMMITTED.
+//! UPDATE and DELETE as PostgreSQL runs them at READ COMMITTED, made atomic by restarting.
 //!
 //! The statement reads its target rows at its snapshot and writes them on condition that they
 //! have not changed since ([`nyala_storage::WriteBatch::unchanged_since`]); the tablet checks
-//! the condition when it applies the write, in log order. A row that did change (a concurrent
-//! statement updated or deleted it after the snapshot) is read again at a newer snapshot, where
-//! the WHERE clause and the assignments are evaluated on its newest version; a row that no
-//! longer matches is left alone. So no update is lost to a concurrent one, and no statement
-//! reports 0 rows for a row that exists.
+//! the condition when it applies the write, in log order. If a row did change (a concurrent
+//! statement updated or deleted it after the snapshot), or a transaction in progress holds
+//! it, the statement writes nothing and starts again at a newer snapshot, where the WHERE
+//! clause and the assignments see the row's newest version (Oracle restarts statements the
+//! same way). So no update is lost to a concurrent one, no statement reports 0 rows for a row
+//! that exists, and every statement changes its rows at one timestamp.
 //!
-//! Rows are read again by planning the statement's input once more with the conflicting keys
-//! as a filter (pushed into the scans like any key predicate), so joins and subqueries see the
-//! newer snapshot too.
+//! A restart plans the statement's input again from its logical plan, so joins, subqueries
+//! and runtime filters start afresh.
 
-use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::{BooleanArray, RecordBatch, UInt64Array};
+use arrow::array::{RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, ScalarValue};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::SessionState;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::logical_expr::{lit, Expr, LogicalPlan, LogicalPlanBuilder};
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     execute_stream, DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, PlanProperties,
 };
-use futures::StreamExt;
-use nyala_storage::{encode_keys, Timestamp};
+use nyala_storage::Timestamp;
 
-use crate::dml::NyalaSink;
+use crate::dml::{NyalaSink, Outcome};
 use crate::scan::{self, NyalaScanExec};
 
-/// How often a statement reads rows again before it gives up on them: each round, a
-/// concurrent statement that changed one of them has committed, so rounds only repeat under
-/// a stream of writes to the same rows.
-const MAX_REREADS: u32 = 1_000;
+/// How often a statement starts again before it gives up: each time, a concurrent statement
+/// that changed one of its rows has committed, so restarts only repeat under a stream of
+/// writes to the same rows.
+const MAX_RESTARTS: u32 = 1_000;
 
-/// Longest pause between two rounds (the pause grows with the rounds, with jitter, so
+/// Longest pause before a restart (the pause grows with the restarts, with jitter, so
 /// statements contending for one row take turns instead of colliding again).
 const MAX_PAUSE: Duration = Duration::from_millis(20);
 
@@ -87,95 +84,28 @@ impl ConditionalMutationExec {
         }
     }
 
-    /// Writes the input's rows, then reads again and writes the rows that conflicted, until
-    /// none does. Returns the number of rows changed.
+    /// Runs the statement, starting again at a newer snapshot after a conflict. Returns the
+    /// number of rows changed.
     async fn run(&self, context: Arc<TaskContext>) -> Result<u64> {
-        let mut snapshot = read_snapshot(&self.input, self.sink.table_id());
-        let mut stream = self.input.execute(0, context.clone())?;
-        let mut wanted: Option<HashSet<Vec<u8>>> = None;
-        let mut applied = 0usize;
-        for round in 0..=MAX_REREADS {
-            let mut conflicts = Vec::new();
-            while let Some(batch) = stream.next().await {
-                let mut batch = batch?;
-                if let Some(keys) = &wanted {
-                    batch = self.only(batch, keys)?;
-                }
-                if batch.num_rows() == 0 {
-                    continue;
-                }
-                let written = self.sink.write_batch(batch, snapshot, applied).await?;
-                applied += written.rows;
-                conflicts.extend(written.conflicts);
+        let mut plan = self.input.clone();
+        for restart in 0..=MAX_RESTARTS {
+            let snapshot = read_snapshot(&plan, self.sink.table_id());
+            let rows = execute_stream(plan, context.clone())?;
+            match self.sink.write_statement(rows, snapshot).await? {
+                Outcome::Written(rows) => return Ok(rows),
+                Outcome::Conflict if restart == MAX_RESTARTS => break,
+                Outcome::Conflict => {}
             }
-            if conflicts.is_empty() {
-                return Ok(applied as u64);
-            }
-            if round == MAX_REREADS {
-                break;
-            }
-            tokio::time::sleep(pause(round)).await;
-            let (plan, keys) = self.reread(&conflicts)?;
-            let plan = self.state.create_physical_plan(&plan).await?;
-            let at = scan::statement_snapshot(&plan).await?;
-            let plan = match at {
-                Some(at) => scan::with_snapshot(plan, at)?,
-                None => plan,
-            };
-            snapshot = at;
-            stream = execute_stream(plan, context.clone())?;
-            wanted = Some(keys);
+            tokio::time::sleep(pause(restart)).await;
+            plan = self.state.create_physical_plan(&self.logical).await?;
+            plan = scan::pin_snapshot(plan).await?;
         }
         Err(DataFusionError::Execution(format!(
             "{} could not finish: rows it changes were changed by other statements {} times in \
              a row; run it again",
             self.sink.verb(),
-            MAX_REREADS
+            MAX_RESTARTS
         )))
-    }
-
-    /// The statement's input restricted to the keys of `conflicts` (each key column IN its
-    /// values; the exact keys are picked by [`Self::only`]), and those keys.
-    fn reread(&self, conflicts: &[RecordBatch]) -> Result<(LogicalPlan, HashSet<Vec<u8>>)> {
-        let schema = self.sink.table_schema();
-        let mut keys = HashSet::new();
-        for batch in conflicts {
-            keys.extend(encode_keys(schema, batch).map_err(external)?);
-        }
-        let mut predicate: Option<Expr> = None;
-        for &c in schema.key_columns() {
-            let name = &schema.columns()[c].name;
-            let mut values = HashSet::new();
-            let mut list = Vec::new();
-            for batch in conflicts {
-                let column = batch.column_by_name(name).ok_or_else(|| {
-                    DataFusionError::Internal(format!("conflicting rows without key column {name}"))
-                })?;
-                for row in 0..batch.num_rows() {
-                    let value = ScalarValue::try_from_array(column, row)?;
-                    if values.insert(value.clone()) {
-                        list.push(lit(value));
-                    }
-                }
-            }
-            let column = Expr::Column(Column::from_name(name)).in_list(list, false);
-            predicate = Some(match predicate {
-                None => column,
-                Some(p) => p.and(column),
-            });
-        }
-        let mut plan = LogicalPlanBuilder::from(self.logical.as_ref().clone());
-        if let Some(predicate) = predicate {
-            plan = plan.filter(predicate)?;
-        }
-        Ok((plan.build()?, keys))
-    }
-
-    /// The rows of `batch` whose key is one of `keys`.
-    fn only(&self, batch: RecordBatch, keys: &HashSet<Vec<u8>>) -> Result<RecordBatch> {
-        let encoded = encode_keys(self.sink.table_schema(), &batch).map_err(external)?;
-        let keep: BooleanArray = encoded.iter().map(|k| Some(keys.contains(k))).collect();
-        Ok(arrow::compute::filter_record_batch(&batch, &keep)?)
     }
 }
 
@@ -195,15 +125,11 @@ fn read_snapshot(plan: &Arc<dyn ExecutionPlan>, table_id: &str) -> Option<Timest
     snapshot
 }
 
-/// The pause before re-reading round `round` + 1: random, up to a bound that doubles each
-/// round from 100 µs to [`MAX_PAUSE`].
-fn pause(round: u32) -> Duration {
-    let bound = Duration::from_micros(100u64 << round.min(16)).min(MAX_PAUSE);
+/// The pause before restart `restart` + 1: random, up to a bound that doubles each time from
+/// 100 µs to [`MAX_PAUSE`].
+fn pause(restart: u32) -> Duration {
+    let bound = Duration::from_micros(100u64 << restart.min(16)).min(MAX_PAUSE);
     bound.mul_f64(rand::random::<f64>())
-}
-
-fn external(e: nyala_storage::StorageError) -> DataFusionError {
-    DataFusionError::External(Box::new(e))
 }
 
 fn count_schema() -> SchemaRef {

@@ -163,8 +163,13 @@ async fn bad_input_gets_clear_errors_and_changes_nothing() {
         text(&s, "SELECT * FROM metrics ORDER BY host, metric, ts").await,
         before
     );
+    // A new row in one tablet and a duplicate in another: the statement changes nothing.
     let e = error(&s, "INSERT INTO metrics VALUES ('q', '2026-01-01T00:00:00', 'cpu', 1.0), ('a', '2026-01-01T00:00:00', 'cpu', 9.0)").await;
-    assert!(e.contains("duplicate") && e.contains("applied"), "{e}");
+    assert!(e.contains("duplicate") && e.contains("changed nothing"), "{e}");
+    assert_eq!(
+        text(&s, "SELECT * FROM metrics ORDER BY host, metric, ts").await,
+        before
+    );
 }
 
 /// Statements that nest too deep are refused with a clear error (they overflowed the stack of

@@ -144,9 +144,10 @@ const CONDITIONAL: u8 = 0x40;
 pub struct WriteBatch {
     pub kind: WriteKind,
     pub rows: RecordBatch,
-    /// For UPDATE and DELETE: the snapshot the rows were read at. A row whose key changed after
-    /// it (a newer version, or deleted) is not applied but reported as a conflict, so the
-    /// statement can read it again: no update is lost to a concurrent one.
+    /// For UPDATE and DELETE: the snapshot the rows were read at. If a row's key changed after
+    /// it (a newer version, or deleted), nothing is applied and the row is reported as a
+    /// conflict, so the statement can read its rows again: no update is lost to a concurrent
+    /// one.
     pub unchanged_since: Option<crate::Timestamp>,
 }
 
@@ -155,8 +156,8 @@ pub struct WriteBatch {
 pub struct WriteOutcome {
     /// Rows applied.
     pub rows: usize,
-    /// Rows (indices into the batch) not applied because their key changed after the batch's
-    /// `unchanged_since`.
+    /// Rows (indices into the batch) whose key changed after the batch's `unchanged_since`
+    /// (then no row was applied).
     pub conflicts: Vec<u32>,
 }
 

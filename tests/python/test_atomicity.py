@@ -4,6 +4,7 @@ import random
 import threading
 
 import adbc_driver_flightsql.dbapi as flightsql
+import pytest
 
 
 def execute_update(cur, sql):
@@ -85,3 +86,84 @@ def test_concurrent_deletes_and_updates_agree(server, table_name):
     with flightsql.connect(server, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute(f"SELECT count(*) FROM {table_name}")
         assert cur.fetchall() == [(0,)]
+
+
+def test_failed_statements_change_nothing(server, table_name):
+    """A statement that fails for any of its rows changes no row, in any number of tablets."""
+    with flightsql.connect(server, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE {table_name} (k BIGINT PRIMARY KEY, v VARCHAR(3)) "
+                    "DISTRIBUTE BY HASH (k) INTO 4 BUCKETS")
+        cur.execute(f"INSERT INTO {table_name} SELECT value, 'a' FROM generate_series(1, 20)")
+
+        def contents():
+            cur.execute(f"SELECT k, v FROM {table_name} ORDER BY k")
+            return cur.fetchall()
+
+        before = contents()
+        failing = [
+            # A new key in one tablet, an existing key in another.
+            (f"INSERT INTO {table_name} VALUES (100, 'x'), (101, 'y'), (102, 'z'), (5, 'dup')",
+             "duplicate"),
+            # Thousands of rows, one key repeated far apart.
+            (f"INSERT INTO {table_name} SELECT value, 'z' FROM generate_series(1000, 30999) "
+             f"UNION ALL SELECT 1003, 'z'", "duplicate"),
+            # One value too long for VARCHAR(3).
+            (f"INSERT INTO {table_name} VALUES (200, 'ok'), (201, 'too long'), (202, 'ok')",
+             "too long"),
+            # A NULL key among good rows (refused while planning).
+            (f"INSERT INTO {table_name} VALUES (300, 'a'), (NULL, 'b')", "null"),
+            # A NULL key computed from the rows (refused while writing).
+            (f"INSERT INTO {table_name} SELECT CASE WHEN value < 50 THEN value END, 'n' "
+             "FROM generate_series(40, 60)", "null"),
+            # An UPDATE of every tablet that fails for some rows.
+            (f"UPDATE {table_name} SET v = CASE WHEN k > 15 THEN 'too long' ELSE 'b' END", "too long"),
+        ]
+        for sql, error in failing:
+            with pytest.raises(Exception) as failure:
+                cur.execute(sql)
+            assert error in str(failure.value).lower(), sql
+            assert contents() == before, f"{sql} left rows behind"
+
+
+def test_rows_outside_every_range_leave_nothing(server, table_name):
+    with flightsql.connect(server, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE {table_name} (k BIGINT PRIMARY KEY) DISTRIBUTE BY "
+                    "RANGE (k) (PARTITION VALUES < 100, PARTITION 100 <= VALUES < 200)")
+        with pytest.raises(Exception):
+            cur.execute(f"INSERT INTO {table_name} VALUES (1), (150), (500)")
+        cur.execute(f"SELECT count(*) FROM {table_name}")
+        assert cur.fetchall() == [(0,)]
+
+
+def test_a_statement_over_several_tablets_commits_at_one_timestamp(server, table_name):
+    """Readers running while multi-tablet UPDATEs commit never see half of one: every
+    snapshot sees all rows with the same value."""
+    rows = 64
+    with flightsql.connect(server, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE {table_name} (k BIGINT PRIMARY KEY, v BIGINT) "
+                    "DISTRIBUTE BY HASH (k) INTO 8 BUCKETS")
+        cur.execute(f"INSERT INTO {table_name} SELECT value, 0 FROM generate_series(1, {rows})")
+    stop = threading.Event()
+    seen = []
+    errors = []
+
+    def reader():
+        try:
+            with flightsql.connect(server, autocommit=True) as conn, conn.cursor() as cur:
+                while not stop.is_set():
+                    cur.execute(f"SELECT count(DISTINCT v), count(*) FROM {table_name}")
+                    seen.append(cur.fetchall()[0])
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        with flightsql.connect(server, autocommit=True) as conn, conn.cursor() as cur:
+            for i in range(1, 30):
+                assert execute_update(cur, f"UPDATE {table_name} SET v = {i}") == rows
+    finally:
+        stop.set()
+        thread.join()
+    assert errors == []
+    assert seen and all(s == (1, rows) for s in seen), [s for s in seen if s != (1, rows)][:5]

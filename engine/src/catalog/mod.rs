@@ -72,6 +72,21 @@ pub enum DdlOp {
     },
 }
 
+impl DdlOp {
+    /// The tables the operation names.
+    pub fn table_names(&self) -> impl Iterator<Item = &str> {
+        let (name, other) = match self {
+            DdlOp::CreateTable { name, .. }
+            | DdlOp::DropTable { name, .. }
+            | DdlOp::AlterColumns { name, .. }
+            | DdlOp::AddRangePartition { name, .. }
+            | DdlOp::DropRangePartition { name, .. } => (name, None),
+            DdlOp::RenameTable { name, new_name } => (name, Some(new_name)),
+        };
+        std::iter::once(name.as_str()).chain(other.map(String::as_str))
+    }
+}
+
 /// Where a client finds table definitions and runs DDL.
 #[async_trait::async_trait]
 pub trait Catalog: Send + Sync + 'static {

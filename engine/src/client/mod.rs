@@ -10,7 +10,7 @@ use std::sync::Arc;
 use arrow::array::{RecordBatch, UInt32Array};
 use arrow::compute::take_record_batch;
 use futures::future::join_all;
-use nyala_storage::{ScanIterator, ScanSpec, Timestamp, WriteBatch, WriteKind};
+use nyala_storage::{ScanIterator, ScanSpec, Timestamp, WriteBatch, WriteKind, WriteOutcome};
 
 use crate::catalog::{Catalog, DdlOp, TableInfo};
 use crate::{EngineError, Result};
@@ -18,10 +18,12 @@ use crate::{EngineError, Result};
 pub mod meta_cache;
 pub mod remote_catalog;
 pub mod tablets;
+mod txn;
 
 pub use meta_cache::MetaCache;
 pub use remote_catalog::RemoteCatalog;
 pub use tablets::{RemoteTablets, TabletStats, Tablets};
+pub use txn::{Transaction, STATUS_TABLE};
 
 /// Upper bound on the Arrow memory of one replicated write; larger batches are split so a log
 /// entry never grows without bound.
@@ -42,6 +44,25 @@ pub struct WriteError {
 pub struct Written {
     pub rows: usize,
     pub conflicts: Vec<RecordBatch>,
+}
+
+impl Written {
+    /// Adds what writing `batch` did.
+    fn absorb(&mut self, batch: &WriteBatch, outcome: WriteOutcome) -> Result<()> {
+        self.rows += outcome.rows;
+        if !outcome.conflicts.is_empty() {
+            let refused = UInt32Array::from(outcome.conflicts);
+            self.conflicts.push(take_record_batch(&batch.rows, &refused)?);
+        }
+        Ok(())
+    }
+}
+
+/// The names of the database's own tables begin with this.
+pub const SYSTEM_PREFIX: &str = "__nyala_";
+
+fn is_system_table(name: &str) -> bool {
+    name.starts_with(SYSTEM_PREFIX)
 }
 
 /// The client the SQL layer uses.
@@ -86,18 +107,27 @@ impl Client {
 
     /// Runs one DDL statement on the catalog: this process's master, or the cluster's leading
     /// master; whether it did something.
+    /// Tables named with [`SYSTEM_PREFIX`] are the database's own, out of users' reach.
     pub async fn ddl(&self, op: DdlOp) -> Result<bool> {
+        if op.table_names().any(is_system_table) {
+            return Err(EngineError::InvalidTable(format!(
+                "table names beginning with {SYSTEM_PREFIX} are reserved"
+            )));
+        }
         self.catalog.ddl(op).await
     }
 
     pub fn table(&self, name: &str) -> Result<TableHandle> {
-        self.catalog
-            .table(name)
+        (self.catalog.table(name))
+            .filter(|_| !is_system_table(name))
             .ok_or_else(|| EngineError::TableNotFound(name.into()))
     }
 
+    /// The users' tables.
     pub fn tables(&self) -> Vec<TableHandle> {
-        self.catalog.tables()
+        let mut tables = self.catalog.tables();
+        tables.retain(|t| !is_system_table(&t.name));
+        tables
     }
 
     /// Writes `rows` (see [`WriteBatch`] for the columns each kind needs) to `table`. Returns the
@@ -109,6 +139,13 @@ impl Client {
         rows: &RecordBatch,
     ) -> Result<usize, WriteError> {
         self.write_rows(table, kind, rows, None).await.map(|w| w.rows)
+    }
+
+    /// Whether `rows` go to one tablet in one write (which applies entirely or not at all; more
+    /// need a [`Transaction`] to be atomic).
+    pub fn is_single_write(&self, table: &TableInfo, rows: &RecordBatch) -> Result<bool> {
+        let parts = table.partition.split(&table.schema, rows)?;
+        Ok(parts.len() <= 1 && parts.iter().all(|(_, rows)| chunks(rows).len() == 1))
     }
 
     /// Updates or deletes the rows `rows` name, read at `snapshot`, where they have not changed
@@ -141,25 +178,11 @@ impl Client {
             for chunk in chunks(&rows) {
                 let mut batch = WriteBatch::new(kind, chunk);
                 batch.unchanged_since = unchanged_since;
-                let outcome = self
-                    .tablets
-                    .write(tablet, &batch)
-                    .await
-                    .map_err(|error| WriteError {
-                        applied: written.rows,
-                        error,
-                    })?;
-                written.rows += outcome.rows;
-                if !outcome.conflicts.is_empty() {
-                    let refused = UInt32Array::from(outcome.conflicts);
-                    let refused = take_record_batch(&batch.rows, &refused).map_err(|e| {
-                        WriteError {
-                            applied: written.rows,
-                            error: e.into(),
-                        }
-                    })?;
-                    written.conflicts.push(refused);
-                }
+                let applied = written.rows;
+                let outcome = (self.tablets.write(tablet, &batch).await)
+                    .and_then(|outcome| written.absorb(&batch, outcome))
+                    .map_err(|error| WriteError { applied, error });
+                outcome?;
             }
             Ok::<Written, WriteError>(written)
         });

@@ -12,7 +12,10 @@ use nyala_storage::{ScanIterator, ScanSpec, StorageError, Timestamp, WriteBatch,
 use super::meta_cache::MetaCache;
 use crate::rpc::decode_rows;
 use crate::rpc::proto::common::TabletRef;
-use crate::rpc::proto::tserver::{ScanNextRequest, ScanOpenRequest, ScanResponse, WriteRequest};
+use crate::rpc::proto::tserver::{
+    ScanNextRequest, ScanOpenRequest, ScanResponse, TxnFinishRequest, TxnRequest, TxnWriteRequest,
+    WriteRequest,
+};
 use crate::Result;
 
 /// What [`crate::Client::tablet_stats`] reports of one tablet.
@@ -43,6 +46,14 @@ pub trait Tablets: Send + Sync + 'static {
     /// Applies one write batch to tablet `id` (on its leader): the rows applied, and the rows
     /// refused as conflicts.
     async fn write(&self, id: &str, batch: &WriteBatch) -> Result<WriteOutcome>;
+    /// Applies one write batch of transaction `txn` to tablet `id`, kept aside until the
+    /// transaction commits.
+    async fn txn_write(&self, id: &str, txn: u64, batch: &WriteBatch) -> Result<WriteOutcome>;
+    /// Tablet `id` prepares transaction `txn` to commit; the prepare timestamp.
+    async fn prepare_txn(&self, id: &str, txn: u64) -> Result<Timestamp>;
+    /// Transaction `txn` commits at `commit` in tablet `id` (see
+    /// [`crate::tserver::TabletReplica::finish_txn`]) or, with None, aborts.
+    async fn finish_txn(&self, id: &str, txn: u64, commit: Option<Timestamp>) -> Result<usize>;
     /// Scans tablet `id` at `snapshot` (None: its leader's safe snapshot).
     fn scan(&self, id: &str, spec: ScanSpec, snapshot: Option<Timestamp>) -> Result<ScanIterator>;
     /// The newest snapshot at which tablet `id` has applied every write it will take below it.
@@ -102,6 +113,55 @@ impl Tablets for RemoteTablets {
             scanner: None,
             batches: VecDeque::new(),
         }))
+    }
+
+    async fn txn_write(&self, id: &str, txn: u64, batch: &WriteBatch) -> Result<WriteOutcome> {
+        let encoded = batch.encode();
+        let (_, answer) = self
+            .meta
+            .call_leader(id, |mut server| {
+                let request = TxnWriteRequest {
+                    tablet_id: id.into(),
+                    txn_id: txn,
+                    batch: encoded.clone(),
+                };
+                async move { server.txn_write(request).await }
+            })
+            .await?;
+        Ok(WriteOutcome {
+            rows: answer.rows as usize,
+            conflicts: answer.conflicts,
+        })
+    }
+
+    async fn prepare_txn(&self, id: &str, txn: u64) -> Result<Timestamp> {
+        let (_, answer) = self
+            .meta
+            .call_leader(id, |mut server| {
+                let request = TxnRequest {
+                    tablet_id: id.into(),
+                    txn_id: txn,
+                };
+                async move { server.txn_prepare(request).await }
+            })
+            .await?;
+        Ok(Timestamp(answer.prepare_ts))
+    }
+
+    async fn finish_txn(&self, id: &str, txn: u64, commit: Option<Timestamp>) -> Result<usize> {
+        let (_, answer) = self
+            .meta
+            .call_leader(id, |mut server| {
+                let request = TxnFinishRequest {
+                    tablet_id: id.into(),
+                    txn_id: txn,
+                    commit: commit.is_some(),
+                    commit_ts: commit.map_or(0, |t| t.0),
+                };
+                async move { server.txn_finish(request).await }
+            })
+            .await?;
+        Ok(answer.rows as usize)
     }
 
     async fn safe_snapshot(&self, id: &str) -> Result<Timestamp> {

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use arrow::array::RecordBatch;
 use nyala_raft::RaftError;
+use nyala_storage::StorageError;
 use prost::Message as _;
 use tonic::transport::Channel;
 
@@ -121,6 +122,14 @@ pub fn to_status(e: &EngineError, leader_address: impl Fn(u64) -> Option<String>
         EngineError::Unsupported(_) => (ErrorCode::Unsupported, Code::InvalidArgument),
         EngineError::Busy(_) => (ErrorCode::Busy, Code::ResourceExhausted),
         EngineError::Unavailable(_) => (ErrorCode::ServerError, Code::Unavailable),
+        EngineError::Storage(StorageError::Locked { key }) => {
+            detail.subject = key.clone();
+            (ErrorCode::Locked, Code::Aborted)
+        }
+        EngineError::Storage(StorageError::DuplicateKey { key }) => {
+            detail.subject = key.clone();
+            (ErrorCode::DuplicateKey, Code::AlreadyExists)
+        }
         _ => (ErrorCode::ServerError, Code::Internal),
     };
     detail.code = code as i32;
@@ -166,6 +175,12 @@ pub fn from_status(status: tonic::Status) -> EngineError {
         ErrorCode::NoRangePartition => EngineError::NoRangePartition(message),
         ErrorCode::Unsupported => EngineError::Unsupported(message),
         ErrorCode::Busy => EngineError::Busy(message),
+        ErrorCode::Locked => EngineError::Storage(StorageError::Locked {
+            key: detail.subject,
+        }),
+        ErrorCode::DuplicateKey => EngineError::Storage(StorageError::DuplicateKey {
+            key: detail.subject,
+        }),
         ErrorCode::Unspecified | ErrorCode::ServerError | ErrorCode::WrongRole => {
             EngineError::Remote(message)
         }

@@ -14,6 +14,7 @@ pub mod replica;
 pub mod scanners;
 pub mod service;
 pub mod tablet_copy;
+pub mod txns;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

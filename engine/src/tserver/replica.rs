@@ -88,6 +88,11 @@ impl InflightWrites {
         self.timestamps.lock()
     }
 
+    /// A transaction prepared at `ts`: snapshots at and above it wait for its commit or abort.
+    fn hold(&self, ts: u64) {
+        self.timestamps.lock().insert(ts);
+    }
+
     /// The write at `ts` was applied or failed.
     fn remove(&self, ts: u64) {
         self.timestamps.lock().remove(&ts);
@@ -183,12 +188,55 @@ impl StateMachine for TabletStateMachine {
         let logged = LoggedOp::decode(command)?;
         // A replayed entry may carry a timestamp ahead of this process's clock.
         self.clock.observe(logged.ts);
-        let result = match &logged.op {
-            TabletOp::Write(batch) => self.tablet.apply_write(index, logged.ts, batch),
-            TabletOp::AlterSchema(schema) => (self.tablet.alter_schema(index, schema))
-                .map(|()| WriteOutcome::default()),
+        let tablet = &self.tablet;
+        let rows = |rows| WriteOutcome {
+            rows,
+            conflicts: Vec::new(),
         };
-        self.inflight.remove(logged.ts.0);
+        let result = match &logged.op {
+            TabletOp::Write(batch) => tablet.apply_write(index, logged.ts, batch),
+            TabletOp::AlterSchema(schema) => {
+                (tablet.alter_schema(index, schema)).map(|()| WriteOutcome::default())
+            }
+            TabletOp::TxnWrite { txn, batch } => {
+                tablet.apply_txn_write(index, logged.ts, *txn, batch)
+            }
+            TabletOp::TxnPrepare { txn } => {
+                let prepared = tablet.prepare_txn(index, logged.ts, *txn);
+                if prepared.is_ok() {
+                    // Held until the commit or abort (on every replica, and on replay).
+                    self.inflight.hold(logged.ts.0);
+                }
+                prepared.map(|()| WriteOutcome::default())
+            }
+            TabletOp::TxnCommit { txn, commit_ts } => {
+                let prepared = tablet.txn_state(*txn).and_then(|t| t.prepared);
+                // A commit without prepare (one participant) commits at its own timestamp.
+                let at = match commit_ts.0 {
+                    0 => logged.ts,
+                    _ => *commit_ts,
+                };
+                self.clock.observe(at);
+                let committed = tablet.commit_txn(index, at, *txn).map(rows);
+                if let Some(p) = prepared {
+                    self.inflight.remove(p.0);
+                }
+                committed
+            }
+            TabletOp::TxnAbort { txn } => {
+                let prepared = tablet.txn_state(*txn).and_then(|t| t.prepared);
+                tablet.abort_txn(index, *txn);
+                if let Some(p) = prepared {
+                    self.inflight.remove(p.0);
+                }
+                Ok(WriteOutcome::default())
+            }
+        };
+        // A prepare's timestamp stays in flight until the transaction ends.
+        let holds = matches!(logged.op, TabletOp::TxnPrepare { .. }) && result.is_ok();
+        if !holds {
+            self.inflight.remove(logged.ts.0);
+        }
         if let Some(maintenance) = &self.maintenance {
             maintenance.wrote();
         }
@@ -303,6 +351,12 @@ impl TabletReplica {
     ) -> Result<Self> {
         let tablet = Arc::new(tablet);
         let inflight = Inflight::default();
+        // Transactions prepared before the last flush (their prepare is not replayed).
+        for txn in tablet.pending_txns() {
+            if let Some(p) = txn.prepared {
+                inflight.hold(p.0);
+            }
+        }
         let sm = TabletStateMachine {
             tablet: tablet.clone(),
             inflight: inflight.clone(),
@@ -352,29 +406,76 @@ impl TabletReplica {
     /// In a table with a NON UNIQUE PRIMARY KEY, inserted rows get their auto_incrementing_id
     /// here, on the leader, in log order.
     pub async fn write(&self, batch: &WriteBatch) -> Result<WriteOutcome> {
-        let schema = self.tablet.schema();
-        match (schema.auto_increment_column(), batch.kind) {
-            (Some(_), WriteKind::Insert | WriteKind::InsertIgnore) => {
-                self.propose_with(|| {
-                    let n = batch.rows.num_rows() as i64;
-                    let mut next = self
-                        .next_auto_id
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner());
-                    let first = (*next).max(self.tablet.next_auto_id());
-                    *next = first + n;
-                    let rows = with_auto_ids(&batch.rows, first, n)?;
-                    Ok(WriteBatch::new(batch.kind, rows).encode())
-                })
-                .await
-            }
+        self.check_auto_ids(batch)?;
+        self.propose_with(|| Ok(self.with_auto_ids(batch)?.encode()))
+            .await
+            .map(|(_, outcome)| outcome)
+    }
+
+    /// Refuses an UPSERT into a table with a NON UNIQUE PRIMARY KEY.
+    fn check_auto_ids(&self, batch: &WriteBatch) -> Result<()> {
+        match (self.tablet.schema().auto_increment_column(), batch.kind) {
             (Some(_), WriteKind::Upsert) => Err(EngineError::Unsupported(
                 "UPSERT needs a unique primary key; this table has a NON UNIQUE PRIMARY KEY \
                  (INSERT adds rows, UPDATE changes them)"
                     .into(),
             )),
-            _ => self.propose_with(|| Ok(batch.encode())).await,
+            _ => Ok(()),
         }
+    }
+
+    /// `batch`, its inserted rows with their auto_incrementing_ids in a table with a NON
+    /// UNIQUE PRIMARY KEY. Runs under the lock that orders proposals.
+    fn with_auto_ids(&self, batch: &WriteBatch) -> Result<WriteBatch> {
+        match (self.tablet.schema().auto_increment_column(), batch.kind) {
+            (Some(_), WriteKind::Insert | WriteKind::InsertIgnore) => {
+                let n = batch.rows.num_rows() as i64;
+                let mut next = self
+                    .next_auto_id
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                let first = (*next).max(self.tablet.next_auto_id());
+                *next = first + n;
+                let rows = with_auto_ids(&batch.rows, first, n)?;
+                Ok(WriteBatch::new(batch.kind, rows))
+            }
+            _ => Ok(batch.clone()),
+        }
+    }
+
+    /// Replicates and applies a write of transaction `txn`, kept aside until it commits (see
+    /// [`Tablet::apply_txn_write`]).
+    pub async fn txn_write(&self, txn: u64, batch: &WriteBatch) -> Result<WriteOutcome> {
+        self.check_auto_ids(batch)?;
+        self.propose_with(|| {
+            let batch = self.with_auto_ids(batch)?;
+            Ok(TabletOp::TxnWrite { txn, batch }.encode())
+        })
+        .await
+        .map(|(_, outcome)| outcome)
+    }
+
+    /// Replicates that transaction `txn` is committing; returns the prepare timestamp, a lower
+    /// bound of the commit timestamp.
+    pub async fn prepare_txn(&self, txn: u64) -> Result<Timestamp> {
+        let op = TabletOp::TxnPrepare { txn };
+        self.propose_with(|| Ok(op.encode())).await.map(|(ts, _)| ts)
+    }
+
+    /// Replicates the end of transaction `txn`: its commit at `commit` (None: an abort; a
+    /// timestamp of 0: at the commit entry's own, for a transaction with one participant that
+    /// was not prepared). Returns the rows it applied.
+    pub async fn finish_txn(&self, txn: u64, commit: Option<Timestamp>) -> Result<usize> {
+        let op = match commit {
+            Some(commit_ts) => TabletOp::TxnCommit { txn, commit_ts },
+            None => TabletOp::TxnAbort { txn },
+        };
+        self.propose_with(|| Ok(op.encode())).await.map(|(_, o)| o.rows)
+    }
+
+    /// The transactions with writes here that have not ended.
+    pub fn pending_txns(&self) -> Vec<nyala_storage::TxnState> {
+        self.tablet.pending_txns()
     }
 
     /// Replicates and applies a schema change (see [`Tablet::alter_schema`]).
@@ -385,10 +486,11 @@ impl TabletReplica {
     }
 
     /// Proposes the operation `encode` makes; it runs under the lock that orders proposals.
+    /// Returns the entry's timestamp and what applying it did.
     async fn propose_with(
         &self,
         encode: impl FnOnce() -> Result<Vec<u8>>,
-    ) -> Result<WriteOutcome> {
+    ) -> Result<(Timestamp, WriteOutcome)> {
         let (ts, applied) = {
             let mut inflight = self.inflight.lock();
             let encoded = encode()?;
@@ -398,7 +500,7 @@ impl TabletReplica {
             (ts, self.raft.propose(LoggedOp::encode(ts, &encoded)))
         };
         match applied.await {
-            Ok(result) => Ok(result?),
+            Ok(result) => Ok((ts, result?)),
             Err(e) => {
                 self.inflight.remove(ts.0);
                 Err(e.into())
@@ -409,6 +511,11 @@ impl TabletReplica {
     /// Hands the replica a Raft message from a peer.
     pub fn step(&self, message: nyala_raft::Message) {
         self.raft.step(message);
+    }
+
+    /// Whether this replica leads its tablet.
+    pub fn is_leader(&self) -> bool {
+        self.raft.is_leader()
     }
 
     /// The server id of the replica's leader, if known.

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use nyala_raft::MembershipChange;
-use nyala_storage::{ScanSpec, Schema, WriteBatch};
+use nyala_storage::{ScanSpec, Schema, Timestamp, WriteBatch, WriteOutcome};
 use tonic::{Request, Response, Status};
 
 use super::replica::Peers;
@@ -18,7 +18,8 @@ use crate::rpc::proto::tserver::tablet_server_service_server::{self, TabletServe
 use crate::rpc::proto::tserver::{
     AlterSchemaRequest, ChangeMembershipRequest, CopyTabletRequest, CreateReplicaRequest,
     FetchChunkRequest, FetchChunkResponse, MembershipChangeKind, SafeSnapshotResponse,
-    ScanNextRequest, ScanOpenRequest, ScanResponse, TabletFiles, WriteRequest, WriteResponse,
+    ScanNextRequest, ScanOpenRequest, ScanResponse, TabletFiles, TxnFinishRequest,
+    TxnPrepareResponse, TxnRequest, TxnWriteRequest, WriteRequest, WriteResponse,
 };
 use crate::{EngineError, Result};
 
@@ -116,9 +117,51 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
             replica.write(&batch).await
         }
         .await;
-        self.respond(written.map(|outcome| WriteResponse {
-            rows: outcome.rows as u64,
-            conflicts: outcome.conflicts,
+        self.respond(written.map(write_response))
+    }
+
+    async fn txn_write(
+        &self,
+        request: Request<TxnWriteRequest>,
+    ) -> std::result::Result<Response<WriteResponse>, Status> {
+        let write = request.into_inner();
+        let written = async {
+            let replica = self.server.replica(&write.tablet_id)?;
+            let batch = WriteBatch::decode(&write.batch)?;
+            self.server.admit_write().await?;
+            replica.txn_write(write.txn_id, &batch).await
+        }
+        .await;
+        self.respond(written.map(write_response))
+    }
+
+    async fn txn_prepare(
+        &self,
+        request: Request<TxnRequest>,
+    ) -> std::result::Result<Response<TxnPrepareResponse>, Status> {
+        let prepare = request.into_inner();
+        let prepared = async {
+            let replica = self.server.replica(&prepare.tablet_id)?;
+            replica.prepare_txn(prepare.txn_id).await
+        }
+        .await;
+        self.respond(prepared.map(|ts| TxnPrepareResponse { prepare_ts: ts.0 }))
+    }
+
+    async fn txn_finish(
+        &self,
+        request: Request<TxnFinishRequest>,
+    ) -> std::result::Result<Response<WriteResponse>, Status> {
+        let finish = request.into_inner();
+        let finished = async {
+            let replica = self.server.replica(&finish.tablet_id)?;
+            let commit = finish.commit.then_some(Timestamp(finish.commit_ts));
+            replica.finish_txn(finish.txn_id, commit).await
+        }
+        .await;
+        self.respond(finished.map(|rows| WriteResponse {
+            rows: rows as u64,
+            conflicts: Vec::new(),
         }))
     }
 
@@ -226,5 +269,12 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
         }
         .await;
         self.respond(changed.map(|()| Empty {}))
+    }
+}
+
+fn write_response(outcome: WriteOutcome) -> WriteResponse {
+    WriteResponse {
+        rows: outcome.rows as u64,
+        conflicts: outcome.conflicts,
     }
 }

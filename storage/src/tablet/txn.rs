@@ -30,8 +30,8 @@ pub(super) struct PendingTxn {
     present: HashMap<Vec<u8>, bool>,
     /// The prepare timestamp, once prepared.
     prepared: Option<Timestamp>,
-    /// The timestamp of its first write here.
-    started: Timestamp,
+    /// The timestamp of its latest write here.
+    last_write: Timestamp,
 }
 
 /// Pending transactions and the keys they locked.
@@ -41,14 +41,15 @@ pub(super) type Pending = (BTreeMap<u64, PendingTxn>, HashMap<Vec<u8>, u64>);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TxnState {
     pub txn: u64,
-    pub started: Timestamp,
+    /// Its latest write here.
+    pub last_write: Timestamp,
     pub prepared: Option<Timestamp>,
 }
 
 impl Tablet {
     /// Applies log entry `index` at `ts`: a write of transaction `txn`, checked now and kept
     /// aside until the transaction commits. Rows of a conditional batch changed since its
-    /// snapshot are reported as conflicts, not kept.
+    /// snapshot are reported as conflicts, and then nothing is kept.
     pub fn apply_txn_write(
         &self,
         index: u64,
@@ -86,6 +87,9 @@ impl Tablet {
                     conflicts.push(row as u32);
                 }
             }
+        }
+        if !conflicts.is_empty() {
+            return Ok(WriteOutcome { rows: 0, conflicts });
         }
         // Whether a key exists: as the transaction left it, else as the tablet has it.
         let exists = |key: &[u8]| -> Result<bool, StorageError> {
@@ -129,8 +133,9 @@ impl Tablet {
             writes: Vec::new(),
             present: HashMap::new(),
             prepared: None,
-            started: ts,
+            last_write: ts,
         });
+        pending.last_write = ts;
         if kept > 0 {
             pending.writes.push(WriteBatch::new(batch.kind, rows));
         }
@@ -195,13 +200,23 @@ impl Tablet {
         }
     }
 
+    /// Transaction `txn`, if it has pending writes here.
+    pub fn txn_state(&self, txn: u64) -> Option<TxnState> {
+        let state = self.state.read();
+        state.txns.get(&txn).map(|p| TxnState {
+            txn,
+            last_write: p.last_write,
+            prepared: p.prepared,
+        })
+    }
+
     /// The transactions with pending writes here.
     pub fn pending_txns(&self) -> Vec<TxnState> {
         let state = self.state.read();
         (state.txns.iter())
             .map(|(&txn, p)| TxnState {
                 txn,
-                started: p.started,
+                last_write: p.last_write,
                 prepared: p.prepared,
             })
             .collect()
@@ -233,7 +248,7 @@ pub(super) fn file_name(id: u64) -> String {
 
 const MAGIC: &[u8; 8] = b"NYTXNS01";
 
-/// Writes `txns` to `path`: magic, then per transaction its id, start, prepare timestamp (0:
+/// Writes `txns` to `path`: magic, then per transaction its id, latest write, prepare timestamp (0:
 /// none) and writes (length-prefixed encoded batches), then a CRC32 of all that.
 pub(super) fn write_file(
     path: &Path,
@@ -243,7 +258,7 @@ pub(super) fn write_file(
     out.extend_from_slice(&(txns.len() as u64).to_le_bytes());
     for (&txn, pending) in txns {
         out.extend_from_slice(&txn.to_le_bytes());
-        out.extend_from_slice(&pending.started.0.to_le_bytes());
+        out.extend_from_slice(&pending.last_write.0.to_le_bytes());
         out.extend_from_slice(&pending.prepared.map_or(0, |t| t.0).to_le_bytes());
         out.extend_from_slice(&(pending.writes.len() as u64).to_le_bytes());
         for write in &pending.writes {
@@ -277,12 +292,12 @@ pub(super) fn read_file(
     let mut locks = HashMap::new();
     for _ in 0..reader.u64().ok_or_else(truncated)? {
         let mut field = || reader.u64().ok_or_else(truncated);
-        let (txn, started, prepared, writes) = (field()?, field()?, field()?, field()?);
+        let (txn, last_write, prepared, writes) = (field()?, field()?, field()?, field()?);
         let mut pending = PendingTxn {
             writes: Vec::new(),
             present: HashMap::new(),
             prepared: Some(Timestamp(prepared)).filter(|t| t.0 != 0),
-            started: Timestamp(started),
+            last_write: Timestamp(last_write),
         };
         for _ in 0..writes {
             let len = reader.u64().ok_or_else(truncated)?;

@@ -45,9 +45,8 @@ impl Tablet {
         self.apply_write(index, ts, batch).map(|outcome| outcome.rows)
     }
 
-    /// [`Self::apply`], also reporting the rows of a conditional batch (`unchanged_since`) that
-    /// were not applied because their key changed after its snapshot. The other rows are
-    /// applied all or none.
+    /// [`Self::apply`], also reporting the rows of a conditional batch (`unchanged_since`)
+    /// whose key changed after its snapshot: if there is any, nothing is applied.
     pub fn apply_write(
         &self,
         index: u64,
@@ -84,6 +83,9 @@ impl Tablet {
                 (rows, Vec::new())
             }
         };
+        if !conflicts.is_empty() {
+            return Ok(WriteOutcome { rows: 0, conflicts });
+        }
         let rows = self.apply_rows(state, ts, batch.kind, rows)?;
         Ok(WriteOutcome { rows, conflicts })
     }

@@ -1,0 +1,249 @@
+//! Transactions across tablets, coordinated by the client, as Kudu coordinates its multi-row
+//! transactions: each tablet written becomes a participant and keeps the transaction's writes
+//! aside (their keys locked) through its own log; the commit prepares every participant
+//! (through its log), takes the largest prepare timestamp as the one commit timestamp, records
+//! the decision in the transaction status table, and then has every participant apply the
+//! writes at that timestamp. A transaction with one participant commits through that tablet's
+//! log alone.
+//!
+//! The decision is an INSERT of the transaction's row into the status table (a replicated
+//! table like any other): the first decision recorded holds, so a coordinator committing and a
+//! participant aborting an abandoned transaction ([`Client::resolve_txn`]) cannot both win.
+//! A participant holding a transaction that was never decided for long aborts it there.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use arrow::array::{AsArray, Int64Array, RecordBatch};
+use arrow::datatypes::Int64Type;
+use futures::future::join_all;
+use nyala_storage::{
+    ColumnPredicate, ColumnSchema, ColumnType, PredicateOp, Scalar, ScanSpec, Schema,
+    StorageError, Timestamp, WriteBatch, WriteKind,
+};
+use parking_lot::Mutex;
+
+use super::{chunks, Client, TableHandle, WriteError, Written};
+use crate::catalog::DdlOp;
+use crate::partition::PartitionSchema;
+use crate::{EngineError, Result};
+
+/// The transaction status table: one row per decided transaction (its commit timestamp, or
+/// -1 for an abort). Not visible to users.
+pub const STATUS_TABLE: &str = "__nyala_transactions";
+
+/// A transaction in progress: the tablets it wrote.
+pub struct Transaction {
+    id: u64,
+    client: Client,
+    participants: Mutex<BTreeSet<String>>,
+}
+
+impl Client {
+    /// Starts a transaction; its writes become visible together when it commits.
+    pub fn begin(&self) -> Transaction {
+        Transaction {
+            // Never 0 (0 means "no transaction" on the wire).
+            id: rand::random::<u64>() | 1,
+            client: self.clone(),
+            participants: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    /// Records `commit` (a commit timestamp, or None for an abort) as the decision on
+    /// transaction `txn`, unless a decision is recorded already; returns the one that holds.
+    pub async fn decide_txn(&self, txn: u64, commit: Option<Timestamp>) -> Result<Option<Timestamp>> {
+        let table = self.status_table().await?;
+        let value = commit.map_or(-1, |t| t.0 as i64);
+        let row = RecordBatch::try_new(
+            table.schema.arrow_schema(),
+            vec![
+                Arc::new(Int64Array::from(vec![txn as i64])),
+                Arc::new(Int64Array::from(vec![value])),
+            ],
+        )?;
+        match self.write(&table, WriteKind::Insert, &row).await {
+            Ok(_) => Ok(commit),
+            Err(WriteError {
+                error: EngineError::Storage(StorageError::DuplicateKey { .. }),
+                ..
+            }) => self.txn_decision(&table, txn).await?.ok_or_else(|| {
+                EngineError::Remote(format!("transaction {txn} has a decision that cannot be read"))
+            }),
+            Err(e) => Err(e.error),
+        }
+    }
+
+    /// The decision recorded on transaction `txn`: None if there is none, else its commit
+    /// timestamp (None inside: aborted).
+    async fn txn_decision(&self, table: &TableHandle, txn: u64) -> Result<Option<Option<Timestamp>>> {
+        let spec = ScanSpec {
+            projection: Some(vec![1]),
+            predicates: vec![ColumnPredicate {
+                column: 0,
+                op: PredicateOp::Eq(Scalar(Arc::new(Int64Array::from(vec![txn as i64])))),
+            }],
+            snapshot: Timestamp(0),
+            limit: None,
+            batch_size: 16,
+        };
+        let (client, table) = (self.clone(), table.clone());
+        crate::rpc::blocking(move || {
+            for batch in client.scan_tablet(&table, 0, spec, None)? {
+                let batch = batch?;
+                if let Some(values) = batch.column(0).as_primitive_opt::<Int64Type>() {
+                    if !values.is_empty() {
+                        let value = values.value(0);
+                        return Ok(Some((value >= 0).then_some(Timestamp(value as u64))));
+                    }
+                }
+            }
+            Ok(None)
+        })
+        .await
+    }
+
+    /// The status table, created the first time a transaction needs it.
+    async fn status_table(&self) -> Result<TableHandle> {
+        if let Some(table) = self.catalog.table(STATUS_TABLE) {
+            return Ok(table);
+        }
+        let schema = Schema::new(
+            vec![
+                ColumnSchema::new("txn_id", ColumnType::Int64, false),
+                ColumnSchema::new("commit_ts", ColumnType::Int64, false),
+            ],
+            vec![0],
+        )?;
+        self.catalog
+            .ddl(DdlOp::CreateTable {
+                name: STATUS_TABLE.into(),
+                schema,
+                partition: PartitionSchema::single(),
+                if_not_exists: true,
+                replicas: 0,
+            })
+            .await?;
+        self.catalog
+            .table(STATUS_TABLE)
+            .ok_or_else(|| EngineError::TableNotFound(STATUS_TABLE.into()))
+    }
+
+    /// Ends transaction `txn`, abandoned in tablet `tablet` (its coordinator is gone): as
+    /// decided, or, if nothing was decided, by recording an abort. Returns whether it committed.
+    pub async fn resolve_txn(&self, tablet: &str, txn: u64) -> Result<bool> {
+        let decision = self.decide_txn(txn, None).await?;
+        self.tablets.finish_txn(tablet, txn, decision).await?;
+        Ok(decision.is_some())
+    }
+}
+
+impl Transaction {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Writes `rows` in the transaction (see [`Client::write_unchanged_since`] for
+    /// `unchanged_since`). A write that fails leaves the transaction to be aborted.
+    pub async fn write(
+        &self,
+        table: &TableHandle,
+        kind: WriteKind,
+        rows: &RecordBatch,
+        unchanged_since: Option<Timestamp>,
+    ) -> Result<Written, WriteError> {
+        let parts = table
+            .partition
+            .split(&table.schema, rows)
+            .map_err(|error| WriteError { applied: 0, error })?;
+        self.participants
+            .lock()
+            .extend(parts.iter().map(|(t, _)| table.tablets[*t].clone()));
+        let writes = parts.into_iter().map(|(tablet, rows)| async move {
+            let tablet = &table.tablets[tablet];
+            let mut written = Written::default();
+            for chunk in chunks(&rows) {
+                let mut batch = WriteBatch::new(kind, chunk);
+                batch.unchanged_since = unchanged_since;
+                let outcome = (self.client.tablets)
+                    .txn_write(tablet, self.id, &batch)
+                    .await
+                    .map_err(|error| WriteError { applied: 0, error })?;
+                written.absorb(&batch, outcome).map_err(|error| WriteError { applied: 0, error })?;
+            }
+            Ok::<Written, WriteError>(written)
+        });
+        let mut written = Written::default();
+        for result in join_all(writes).await {
+            let part = result?;
+            written.rows += part.rows;
+            written.conflicts.extend(part.conflicts);
+        }
+        Ok(written)
+    }
+
+    /// Commits: every write becomes visible at one timestamp, or, if this fails, none does
+    /// (unless the failure came after the decision to commit, which then completes).
+    pub async fn commit(self) -> Result<()> {
+        let participants: Vec<String> = self.participants.lock().iter().cloned().collect();
+        let tablets = &self.client.tablets;
+        match participants.as_slice() {
+            [] => Ok(()),
+            [only] => tablets
+                .finish_txn(only, self.id, Some(Timestamp(0)))
+                .await
+                .map(drop),
+            _ => {
+                let prepared = join_all(participants.iter().map(|t| tablets.prepare_txn(t, self.id)));
+                let mut commit_ts = Timestamp(0);
+                for prepared in prepared.await {
+                    match prepared {
+                        Ok(ts) => commit_ts = commit_ts.max(ts),
+                        Err(e) => {
+                            self.abort().await;
+                            return Err(e);
+                        }
+                    }
+                }
+                match self.client.decide_txn(self.id, Some(commit_ts)).await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => {
+                        self.abort().await;
+                        return Err(EngineError::Remote(
+                            "the transaction was aborted while it committed (it took too long)".into(),
+                        ));
+                    }
+                    Err(e) => {
+                        // Undecided: whoever resolves it first decides (an abort, then).
+                        self.abort().await;
+                        return Err(e);
+                    }
+                }
+                let finished = join_all(
+                    participants.iter().map(|t| tablets.finish_txn(t, self.id, Some(commit_ts))),
+                );
+                for (tablet, result) in participants.iter().zip(finished.await) {
+                    if let Err(e) = result {
+                        // Decided: the tablet completes the commit when it resolves the
+                        // transaction.
+                        tracing::warn!(tablet, txn = self.id, error = %e, "commit not delivered");
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Aborts: no write of the transaction becomes visible.
+    pub async fn abort(&self) {
+        let participants: Vec<String> = self.participants.lock().iter().cloned().collect();
+        let tablets = &self.client.tablets;
+        let aborted = join_all(participants.iter().map(|t| tablets.finish_txn(t, self.id, None)));
+        for (tablet, result) in participants.iter().zip(aborted.await) {
+            if let Err(e) = result {
+                // The tablet aborts it when it finds it abandoned.
+                tracing::warn!(tablet, txn = self.id, error = %e, "abort not delivered");
+            }
+        }
+    }
+}
