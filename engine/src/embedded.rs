@@ -16,14 +16,21 @@ use crate::master::{Master, TabletPlacement};
 use crate::tserver::TabletServer;
 use crate::{EngineError, Result};
 
+/// An embedded single node: the client of its catalog and tablets, and its tablet server
+/// (for operators: its maintenance, its replicas' state).
+pub struct EmbeddedNode {
+    pub client: Client,
+    pub server: Arc<TabletServer>,
+}
+
 /// Opens an embedded single node in `data_dir`, holding at most about `memory_limit` bytes of
 /// unflushed data over all its tablets. Blocking: it opens every tablet.
 ///
 /// ```ignore
-/// let client = nyala_engine::embedded::open(dir, TabletOptions::default(), 2 << 30)?;
-/// client.ddl(DdlOp::CreateTable { .. }).await?;
+/// let node = nyala_engine::embedded::open(dir, TabletOptions::default(), 2 << 30)?;
+/// node.client.ddl(DdlOp::CreateTable { .. }).await?;
 /// ```
-pub fn open(data_dir: &Path, options: TabletOptions, memory_limit: usize) -> Result<Client> {
+pub fn open(data_dir: &Path, options: TabletOptions, memory_limit: usize) -> Result<EmbeddedNode> {
     let clock = Arc::new(HybridClock::new());
     let server = TabletServer::open(
         &data_dir.join("tserver"),
@@ -32,9 +39,12 @@ pub fn open(data_dir: &Path, options: TabletOptions, memory_limit: usize) -> Res
         clock.clone(),
         None,
     )?;
-    let local = Arc::new(LocalTablets(server));
+    let local = Arc::new(LocalTablets(server.clone()));
     let master = Master::open(&data_dir.join("master"), clock, local.clone(), None)?;
-    Ok(Client::new(Arc::new(master), local))
+    Ok(EmbeddedNode {
+        client: Client::new(Arc::new(master), local),
+        server,
+    })
 }
 
 /// The tablets of this process's tablet server.

@@ -14,10 +14,12 @@ use nyala_storage::{ScanIterator, ScanSpec, Timestamp, WriteBatch, WriteKind};
 use crate::catalog::{Catalog, DdlOp, TableInfo};
 use crate::{EngineError, Result};
 
+pub mod admin;
 pub mod meta_cache;
 pub mod remote_catalog;
 pub mod tablets;
 
+pub use admin::AdminClient;
 pub use meta_cache::MetaCache;
 pub use remote_catalog::RemoteCatalog;
 pub use tablets::{RemoteTablets, TabletStats, Tablets};
