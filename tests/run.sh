@@ -12,6 +12,16 @@ cargo build -p nyala-flight --bin nyala
 export NYALA_BIN="$CARGO_TARGET_DIR/debug/nyala"
 cargo test --workspace
 
+# The web UI tests load pages in headless Chromium (Debian's package); as root or with sudo.
+if ! command -v chromium >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && apt-get install -y -qq chromium
+    else
+        sudo -n apt-get update -qq && sudo -n apt-get install -y -qq chromium
+    fi
+fi
+command -v chromium >/dev/null || { echo "chromium is missing and could not be installed" >&2; exit 1; }
+
 python3 -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 python3 -m pip install --quiet --disable-pip-version-check -e clients/python
 python3 -m pytest -q tests/python clients/python/tests

@@ -18,14 +18,21 @@ use crate::master::{Master, TabletPlacement};
 use crate::tserver::TabletServer;
 use crate::{EngineError, Result};
 
+/// An embedded single node: the client of its catalog and tablets, and its tablet server
+/// (for operators: its maintenance, its replicas' state).
+pub struct EmbeddedNode {
+    pub client: Client,
+    pub server: Arc<TabletServer>,
+}
+
 /// Opens an embedded single node in `data_dir`, holding at most about `memory_limit` bytes of
 /// unflushed data over all its tablets. Blocking: it opens every tablet.
 ///
 /// ```ignore
-/// let client = nyala_engine::embedded::open(dir, TabletOptions::default(), 2 << 30)?;
-/// client.ddl(DdlOp::CreateTable { .. }).await?;
+/// let node = nyala_engine::embedded::open(dir, TabletOptions::default(), 2 << 30)?;
+/// node.client.ddl(DdlOp::CreateTable { .. }).await?;
 /// ```
-pub fn open(data_dir: &Path, options: TabletOptions, memory_limit: usize) -> Result<Client> {
+pub fn open(data_dir: &Path, options: TabletOptions, memory_limit: usize) -> Result<EmbeddedNode> {
     let clock = Arc::new(HybridClock::new());
     let server = TabletServer::open(
         &data_dir.join("tserver"),
@@ -34,7 +41,7 @@ pub fn open(data_dir: &Path, options: TabletOptions, memory_limit: usize) -> Res
         clock.clone(),
         None,
     )?;
-    let local = Arc::new(LocalTablets(server));
+    let local = Arc::new(LocalTablets(server.clone()));
     let master = Arc::new(Master::open(&data_dir.join("master"), clock, local.clone(), None)?);
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         let (weak_master, weak_local) = (Arc::downgrade(&master), Arc::downgrade(&local));
@@ -44,11 +51,14 @@ pub fn open(data_dir: &Path, options: TabletOptions, memory_limit: usize) -> Res
             std::future::ready(client)
         };
         runtime.spawn(crate::tserver::txns::resolve_abandoned(
-            Arc::downgrade(&local.0),
+            Arc::downgrade(&server),
             client,
         ));
     }
-    Ok(Client::new(master, local))
+    Ok(EmbeddedNode {
+        client: Client::new(master, local),
+        server,
+    })
 }
 
 /// The tablets of this process's tablet server.

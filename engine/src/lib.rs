@@ -13,6 +13,8 @@
 //! - [`client`]: [`Client`] is what the SQL layer talks to: DDL through the catalog, writes
 //!   routed to tablets by partition key, scans per tablet, through the [`client::Tablets`]
 //!   seam; [`client::MetaCache`] knows where a cluster's tablets and leaders are.
+//! - [`metrics`]: the engine's Prometheus metrics (events counted where they happen, tablet
+//!   and Raft state read at scrape time) and the RPC metrics layer.
 //! - [`rpc`]: the typed gRPC services generated from `engine/proto/`, and how errors cross them.
 //! - [`embedded`]: the single node of `nyala serve`, master and tablet server in one process
 //!   on the same seams.
@@ -26,6 +28,7 @@ pub mod consensus;
 pub mod embedded;
 pub mod error;
 pub mod master;
+pub mod metrics;
 pub mod partition;
 pub mod rpc;
 pub mod tserver;

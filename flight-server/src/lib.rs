@@ -50,6 +50,8 @@ use nyala_sql::{
 use prost::Message;
 use tonic::{Request, Response, Status, Streaming};
 
+pub mod activity;
+pub mod admin;
 pub mod auth;
 pub mod connection;
 pub mod embedded;
@@ -61,7 +63,9 @@ pub mod session;
 mod session_options;
 mod tickets;
 mod upload;
+pub mod web;
 
+use activity::{Activity, TrackedStatement};
 use auth::{Auth, Caller, Credentials};
 use session::{caller_of, session_of, ClientSession, SessionLayer, Sessions};
 use tickets::QueryTicket;
@@ -82,6 +86,10 @@ pub struct NyalaFlightService {
     location: Option<String>,
     sql_info: SqlInfoData,
     xdbc_types: XdbcTypeInfoData,
+    /// The statements running and run, for operators.
+    activity: Arc<Activity>,
+    /// Who the clients are, as statements are shown to operators.
+    user: String,
 }
 
 /// How long a session may go without a request before it ends, unless configured.
@@ -96,6 +104,8 @@ pub struct ServerOptions {
     pub credentials: Option<Credentials>,
     /// Sessions (and their tokens) idle for longer end; None: [`DEFAULT_SESSION_IDLE_TIMEOUT`].
     pub session_idle_timeout: Option<std::time::Duration>,
+    /// Where the statements run are recorded (the web UI shows them); None: nowhere shown.
+    pub activity: Option<Arc<Activity>>,
 }
 
 impl NyalaFlightService {
@@ -110,9 +120,33 @@ impl NyalaFlightService {
             location,
             sql_info: metadata::sql_info()?,
             xdbc_types: metadata::xdbc_types()?,
+            activity: Arc::default(),
+            user: ANONYMOUS.into(),
         })
     }
+
+    /// Records statements in `activity`, as run by `user`.
+    pub fn with_activity(self, activity: Arc<Activity>, user: String) -> Self {
+        Self {
+            activity,
+            user,
+            ..self
+        }
+    }
+
+    /// Registers a statement of `kind` that starts to run.
+    fn track(&self, sql: &str, kind: StatementKind) -> TrackedStatement {
+        let kind = match kind {
+            StatementKind::Query => "query",
+            StatementKind::Dml => "dml",
+            StatementKind::Ddl => "ddl",
+        };
+        self.activity.start(sql, &self.user, kind)
+    }
 }
+
+/// The user statements are shown as run by when the server does not authenticate.
+pub const ANONYMOUS: &str = "anonymous";
 
 /// Longest error message a client gets: a statement quoted in an error (a parse error's
 /// token, say) is cut to its start and end, so a huge statement never makes a huge error.
@@ -400,10 +434,18 @@ impl NyalaFlightService {
             return Err(invalid("no parameter rows were bound"));
         };
         let schema = first.schema();
+        // Each endpoint of a query read tablet by tablet is fetched (and shown) on its own.
+        let text = match ticket.partition {
+            Some(i) => format!("[tablet {} of {}] {}", i + 1, ticket.partitions, ticket.sql),
+            None => ticket.sql.clone(),
+        };
+        let tracked = self.track(&text, StatementKind::Query);
         // The first plan starts now, so its errors are the call's; the plans of later
         // parameter rows start one after another as the stream reaches them (each holds a turn
         // among running queries while it runs).
-        let first = run_ticket(first, &ticket).await?;
+        let first = run_ticket(first, &ticket)
+            .await
+            .inspect_err(|status| tracked.failed(status))?;
         let plans = Arc::new(plans);
         let later = {
             let plans = plans.clone();
@@ -426,7 +468,17 @@ impl NyalaFlightService {
             batch
         });
         let batches = cancellable(Box::pin(batches), cancelled);
-        Ok(Response::new(batch_stream(schema, batches)))
+        let batches = cancellable(batches, tracked.cancellation());
+        // The stream carries the statement: it is finished when the stream ends or is dropped.
+        let batches = batches.map(move |batch| {
+            match &batch {
+                Ok(batch) => tracked.add_rows(batch.num_rows() as u64),
+                Err(FlightError::Tonic(status)) => tracked.failed(status),
+                Err(e) => tracked.failed(&Status::internal(e.to_string())),
+            }
+            batch
+        });
+        Ok(Response::new(batch_stream(schema, Box::pin(batches))))
     }
 
     /// Runs a DDL or DML statement once per parameter row; returns the total count.
@@ -436,9 +488,23 @@ impl NyalaFlightService {
         statement: &PreparedStatement,
         rows: &[Vec<datafusion::common::ScalarValue>],
     ) -> Result<u64, Status> {
-        if statement.info().kind == StatementKind::Ddl {
+        let kind = statement.info().kind;
+        if kind == StatementKind::Ddl {
             session.forget_statements();
         }
+        let tracked = self.track(statement.sql(), kind);
+        tracked
+            .run(self.run_rows(session, statement, rows), |total| *total)
+            .await
+    }
+
+    /// Runs a DDL or DML statement once per parameter row (see [`Self::run_update`]).
+    async fn run_rows(
+        &self,
+        session: &ClientSession,
+        statement: &PreparedStatement,
+        rows: &[Vec<datafusion::common::ScalarValue>],
+    ) -> Result<u64, Status> {
         let mut total = 0;
         for (i, row) in rows.iter().enumerate() {
             let result = async {
@@ -676,11 +742,19 @@ impl FlightSqlService for NyalaFlightService {
         let batches = futures::stream::iter(first.map(Ok))
             .chain(upload)
             .map_err(|e| SqlError::Invalid(e.message().to_string()));
-        let loaded = session
-            .sql()
-            .ingest(&target, schema, batches)
-            .await
-            .map_err(status)?;
+        let tracked = self.activity.start(
+            &format!("INGEST INTO {}", target.table),
+            &self.user,
+            "ingest",
+        );
+        let ingest = async {
+            session
+                .sql()
+                .ingest(&target, schema, batches)
+                .await
+                .map_err(status)
+        };
+        let loaded = tracked.run(ingest, |loaded| *loaded).await?;
         Ok(loaded as i64)
     }
 
@@ -1153,7 +1227,14 @@ pub async fn serve(
         .unwrap_or(DEFAULT_SESSION_IDLE_TIMEOUT);
     let sessions = Sessions::new(db.clone(), idle_timeout);
     sessions.spawn_expiry();
-    let service = NyalaFlightService::new(db, sessions.clone(), options.location)?;
+    let activity = options.activity.unwrap_or_default();
+    activity.watch_sessions(&sessions);
+    let user = options
+        .credentials
+        .as_ref()
+        .map_or_else(|| ANONYMOUS.to_string(), |c| c.username.clone());
+    let service = NyalaFlightService::new(db, sessions.clone(), options.location)?
+        .with_activity(activity, user);
     let server =
         FlightServiceServer::new(service).max_decoding_message_size(limits::MAX_MESSAGE_BYTES);
     let layer = SessionLayer {
@@ -1166,6 +1247,7 @@ pub async fn serve(
             malformed_requests_are_invalid::<tonic::body::Body>,
         ))
         .layer(tower::util::MapFutureLayer::new(catch_panics))
+        .layer(nyala_engine::metrics::RpcMetricsLayer)
         .add_service(server)
         .serve_with_incoming_shutdown(connection::incoming(listener, &sessions), shutdown)
         .await?;

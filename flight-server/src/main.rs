@@ -1,7 +1,8 @@
 //! The `nyala` binary: `serve` runs an embedded single node with Flight SQL; `sql` runs
 //! statements against a server (`--connect`) or an embedded database (`--data-dir`); `master`
 //! and `tserver` run the processes of a cluster, whose tablets replicate with Raft over internal
-//! RPC.
+//! RPC; `admin` has the operators' commands. Every server also serves its web UI and metrics
+//! on `--http-addr`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,11 +10,15 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use nyala_flight::activity::Activity;
+use nyala_flight::admin::AdminArgs;
 use nyala_flight::auth::Credentials;
 use nyala_flight::embedded::EmbeddedConnection;
+use nyala_flight::web::WebState;
 use nyala_flight::ServerOptions;
 use nyala_shell::{Connection, FlightSqlConnection, OutputMode};
 use nyala_sql::{Database, DatabaseOptions, QueryLimits};
+use prometheus_client::registry::Registry;
 
 #[derive(Parser)]
 #[command(
@@ -70,6 +75,10 @@ enum Command {
         data_dir: PathBuf,
         #[arg(long, default_value = "127.0.0.1:50051")]
         listen: SocketAddr,
+        /// Where the web UI and /metrics listen (port 0: any free port; the line printed at
+        /// start says which).
+        #[arg(long, default_value = "127.0.0.1:8051")]
+        http_addr: SocketAddr,
         /// Address clients should use to reach this server (per-tablet endpoints carry it);
         /// defaults to the listen address.
         #[arg(long)]
@@ -107,6 +116,9 @@ enum Command {
         /// says which).
         #[arg(long, default_value = "127.0.0.1:7050")]
         rpc_addr: SocketAddr,
+        /// Where the web UI and /metrics listen (none unless given; port 0: any free port).
+        #[arg(long)]
+        http_addr: Option<SocketAddr>,
         /// Unflushed data (MiB) all tablets together may hold; writers wait above it.
         #[arg(long, default_value_t = 2048)]
         memory_limit_mb: usize,
@@ -130,6 +142,9 @@ enum Command {
         /// Where Flight SQL listens.
         #[arg(long, default_value = "127.0.0.1:50051")]
         flight_addr: SocketAddr,
+        /// Where the web UI and /metrics listen (none unless given; port 0: any free port).
+        #[arg(long)]
+        http_addr: Option<SocketAddr>,
         /// Replicas of each tablet when CREATE TABLE does not say (fewer if fewer tablet
         /// servers are alive).
         #[arg(long, default_value_t = 3)]
@@ -146,6 +161,8 @@ enum Command {
         #[command(flatten)]
         limits: LimitArgs,
     },
+    /// Operators' commands against a cluster's masters (ksck, tables, rebalance, ...).
+    Admin(AdminArgs),
     /// Run SQL: a script with -c/-f, or an interactive shell.
     Sql {
         /// Flight SQL server to talk to, e.g. grpc://127.0.0.1:50051; without it an embedded
@@ -192,6 +209,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve {
             data_dir,
             listen,
+            http_addr,
             advertise,
             user,
             password,
@@ -216,11 +234,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 )),
                 ..ServerOptions::default()
             };
-            serve(data_dir, listen, advertise, server, options).await
+            serve(data_dir, (listen, http_addr), advertise, server, options).await
         }
         Command::Tserver {
             data_dir,
             rpc_addr,
+            http_addr,
             memory_limit_mb,
             masters,
             flight_addr,
@@ -228,7 +247,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             tserver(
                 data_dir,
-                rpc_addr,
+                (rpc_addr, http_addr),
                 memory_limit_mb << 20,
                 masters,
                 flight_addr.map(|addr| (addr, limits.limits())),
@@ -239,6 +258,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             data_dir,
             rpc_addr,
             flight_addr,
+            http_addr,
             default_replicas,
             masters,
             follower_unavailable_secs,
@@ -246,13 +266,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             master(
                 data_dir,
-                (rpc_addr, flight_addr),
+                (rpc_addr, flight_addr, http_addr),
                 default_replicas,
                 masters,
                 std::time::Duration::from_secs(follower_unavailable_secs),
                 limits.limits(),
             )
             .await
+        }
+        Command::Admin(args) => {
+            let healthy = nyala_flight::admin::run(args, &mut std::io::stdout()).await?;
+            if !healthy {
+                std::process::exit(1);
+            }
+            Ok(())
         }
         Command::Sql {
             connect,
@@ -306,7 +333,7 @@ async fn shell(
 
 async fn master(
     data_dir: PathBuf,
-    (rpc_addr, flight_addr): (SocketAddr, SocketAddr),
+    (rpc_addr, flight_addr, http_addr): (SocketAddr, SocketAddr, Option<SocketAddr>),
     default_replicas: usize,
     masters: Vec<String>,
     unavailable: std::time::Duration,
@@ -355,6 +382,7 @@ async fn master(
     let db = Database::with_client(node.client.clone(), limits);
     let (master_service, consensus_service) = node.services();
     let heartbeats = tonic::transport::Server::builder()
+        .layer(nyala_engine::metrics::RpcMetricsLayer)
         .add_service(master_service.into_server())
         .add_service(consensus_service.into_server())
         .serve_with_incoming_shutdown(nyala_engine::rpc::incoming(rpc), shutdown_signal());
@@ -364,12 +392,29 @@ async fn master(
         .await
         .with_context(|| format!("cannot listen on {flight_addr}"))?;
     let addr = listener.local_addr()?;
+    let activity = Arc::new(Activity::default());
+    let mut metrics = registry_with_engine_metrics();
+    nyala_engine::metrics::register_master(&mut metrics, &node.master, &node.registry);
+    activity.register(&mut metrics);
+    let web = WebState {
+        role: "master",
+        metrics,
+        db: Some(db.clone()),
+        tablet_server: None,
+        master: Some((node.master.clone(), node.registry.clone())),
+        activity: Some(activity.clone()),
+    };
+    let http = match http_addr {
+        Some(http_addr) => format!(" and {}", start_web(http_addr, web).await?),
+        None => String::new(),
+    };
     announce(&format!(
-        "Nyala master listening on grpc://{addr} (internal RPC {rpc_addr}, data: {})",
+        "Nyala master listening on grpc://{addr}{http} (internal RPC {rpc_addr}, data: {})",
         data_dir.display()
     ));
     let options = ServerOptions {
         location: Some(format!("grpc+tcp://{addr}")),
+        activity: Some(activity),
         ..ServerOptions::default()
     };
     nyala_flight::serve(db.clone(), listener, options, shutdown_signal()).await?;
@@ -380,7 +425,7 @@ async fn master(
 
 async fn tserver(
     data_dir: PathBuf,
-    rpc_addr: SocketAddr,
+    (rpc_addr, http_addr): (SocketAddr, Option<SocketAddr>),
     memory_limit: usize,
     masters: Vec<String>,
     flight: Option<(SocketAddr, QueryLimits)>,
@@ -407,8 +452,26 @@ async fn tserver(
         .await
         .with_context(|| format!("cannot listen on {rpc_addr}"))?;
     let addr = listener.local_addr()?;
+    let activity = Arc::new(Activity::default());
+    let mut metrics = registry_with_engine_metrics();
+    nyala_engine::metrics::register_tablet_server(&mut metrics, &server);
+    if flight.is_some() {
+        activity.register(&mut metrics);
+    }
+    let web = WebState {
+        role: "tserver",
+        metrics,
+        db: None,
+        tablet_server: Some(server.clone()),
+        master: None,
+        activity: flight.is_some().then(|| activity.clone()),
+    };
+    let http = match http_addr {
+        Some(http_addr) => format!(" and {}", start_web(http_addr, web).await?),
+        None => String::new(),
+    };
     announce(&format!(
-        "Nyala tablet server {} listening on {addr} (data: {})",
+        "Nyala tablet server {} listening on {addr}{http} (data: {})",
         server.server_id(),
         data_dir.display()
     ));
@@ -434,6 +497,7 @@ async fn tserver(
         ));
     }
     let rpc = tonic::transport::Server::builder()
+        .layer(nyala_engine::metrics::RpcMetricsLayer)
         .add_service(TabletServerService::new(server.clone()).into_server())
         .add_service(ConsensusService::new(vec![server.clone()]).into_server())
         .serve_with_incoming_shutdown(nyala_engine::rpc::incoming(listener), shutdown_signal());
@@ -441,7 +505,7 @@ async fn tserver(
         None => rpc.await?,
         Some((flight_addr, limits)) => {
             let rpc = tokio::spawn(rpc);
-            coordinate(masters, flight_addr, limits).await?;
+            coordinate(masters, flight_addr, limits, activity).await?;
             rpc.abort();
         }
     }
@@ -455,6 +519,7 @@ async fn coordinate(
     masters: Vec<String>,
     flight_addr: SocketAddr,
     limits: QueryLimits,
+    activity: Arc<Activity>,
 ) -> anyhow::Result<()> {
     // The masters may still be starting.
     let started = std::time::Instant::now();
@@ -474,10 +539,32 @@ async fn coordinate(
     announce(&format!("Nyala coordinator listening on grpc://{addr}"));
     let options = ServerOptions {
         location: Some(format!("grpc+tcp://{addr}")),
+        activity: Some(activity),
         ..ServerOptions::default()
     };
     nyala_flight::serve(db, listener, options, shutdown_signal()).await?;
     Ok(())
+}
+
+/// A metrics registry with the engine's event metrics (see [`nyala_engine::metrics`]).
+fn registry_with_engine_metrics() -> Registry {
+    let mut registry = Registry::default();
+    nyala_engine::metrics::register(&mut registry);
+    registry
+}
+
+/// Starts the web UI and /metrics at `addr` until a shutdown signal; the URL it serves.
+async fn start_web(addr: SocketAddr, state: WebState) -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for the web UI (see --http-addr)"))?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        if let Err(e) = nyala_flight::web::serve(listener, state, shutdown_signal()).await {
+            tracing::error!(error = %e, "the web UI stopped");
+        }
+    });
+    Ok(url)
 }
 
 /// Prints a status line (where a server listens) to stdout; a closed stdout is not an error.
@@ -498,7 +585,7 @@ async fn shutdown_signal() {
 
 async fn serve(
     data_dir: PathBuf,
-    listen: SocketAddr,
+    (listen, http_addr): (SocketAddr, SocketAddr),
     advertise: Option<String>,
     server: ServerOptions,
     options: DatabaseOptions,
@@ -510,8 +597,23 @@ async fn serve(
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
+    let activity = Arc::new(Activity::default());
+    let mut metrics = registry_with_engine_metrics();
+    if let Some(server) = db.tablet_server() {
+        nyala_engine::metrics::register_tablet_server(&mut metrics, server);
+    }
+    activity.register(&mut metrics);
+    let web = WebState {
+        role: "serve",
+        metrics,
+        db: Some(db.clone()),
+        tablet_server: db.tablet_server().cloned(),
+        master: None,
+        activity: Some(activity.clone()),
+    };
+    let http = start_web(http_addr, web).await?;
     announce(&format!(
-        "Nyala listening on grpc://{addr} (data: {})",
+        "Nyala listening on grpc://{addr} and {http} (data: {})",
         data_dir.display()
     ));
     let advertised = advertise.unwrap_or_else(|| addr.to_string());
@@ -522,6 +624,7 @@ async fn serve(
                 .trim_start_matches("grpc://")
                 .trim_start_matches("grpc+tcp://")
         )),
+        activity: Some(activity),
         ..server
     };
     nyala_flight::serve(db.clone(), listener, options, shutdown_signal()).await?;

@@ -272,6 +272,11 @@ impl Sessions {
         });
     }
 
+    /// Sessions open now.
+    pub fn count(&self) -> usize {
+        self.registry.lock().sessions.len()
+    }
+
     /// Cancels query `query` of session `session`; false if there is no such query.
     pub fn cancel(&self, session: &str, query: u64) -> bool {
         let Some(session) = self.get(session) else {

@@ -74,6 +74,8 @@ enum Request<SM: StateMachine> {
         reply: Reply<()>,
     },
     Step(Message),
+    /// Hand leadership to a member (on the leader).
+    TransferLeadership(u64),
     Run(Box<dyn FnOnce(&mut SM) + Send>),
     Checkpoint(CheckpointFn<SM>),
     /// The state machine made more entries durable: the log before them can go.
@@ -282,6 +284,16 @@ impl<SM: StateMachine> RaftNode<SM> {
         rx.recv().map_err(|_| RaftError::Stopped)
     }
 
+    /// Asks the leader to hand leadership to voter `to`: it does once `to` has caught up with
+    /// its log, within an election timeout, and stops taking proposals meanwhile. Not a
+    /// promise: a node that does not lead, or a `to` that is no voter, ignores it; watch
+    /// [`Self::leader`] for the outcome.
+    pub fn transfer_leadership(&self, to: u64) -> Result<(), RaftError> {
+        self.requests
+            .send(Request::TransferLeadership(to))
+            .map_err(|_| RaftError::Stopped)
+    }
+
     /// Hands the node a message from a peer (ignored once the node is stopped).
     pub fn step(&self, message: Message) {
         let _ = self.requests.send(Request::Step(message));
@@ -448,6 +460,11 @@ impl<SM: StateMachine> Worker<SM> {
                         // ignores; nothing to do about them here.
                         if let Err(e) = self.raw.step(message) {
                             tracing::debug!(error = %e, "raft message ignored");
+                        }
+                    }
+                    Request::TransferLeadership(to) => {
+                        if self.raw.raft.state == StateRole::Leader && to != self.raw.raft.id {
+                            self.raw.transfer_leader(to);
                         }
                     }
                     Request::Run(f) => f(&mut self.sm),

@@ -12,6 +12,7 @@ use arrow::datatypes::SchemaRef;
 use datafusion::catalog::{CatalogProvider, MemoryCatalogProvider};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
+use nyala_engine::tserver::TabletServer;
 use nyala_engine::Client;
 use nyala_storage::TabletOptions;
 
@@ -38,6 +39,8 @@ pub struct DatabaseOptions {
 pub struct Database {
     pub(crate) client: Client,
     pub(crate) limits: Limits,
+    /// The tablet server of an embedded database (None: the tablets are a cluster's).
+    tablet_server: Option<Arc<TabletServer>>,
 }
 
 impl Database {
@@ -54,12 +57,16 @@ impl Database {
         let memory_limit = options
             .memory_limit_bytes
             .unwrap_or(nyala_engine::tserver::DEFAULT_MEMORY_LIMIT);
-        let client = tokio::task::spawn_blocking(move || {
+        let node = tokio::task::spawn_blocking(move || {
             nyala_engine::embedded::open(&dir, tablet_options, memory_limit)
         })
         .await
         .map_err(|e| SqlError::Invalid(format!("opening the database failed: {e}")))??;
-        Ok(Self::with_client(client, options.limits))
+        Ok(Arc::new(Database {
+            client: node.client,
+            limits: Limits::new(options.limits),
+            tablet_server: Some(node.server),
+        }))
     }
 
     /// The database of `client` (a master's, whose catalog is in process and whose tablets
@@ -68,6 +75,7 @@ impl Database {
         Arc::new(Database {
             client,
             limits: Limits::new(limits),
+            tablet_server: None,
         })
     }
 
@@ -143,6 +151,11 @@ impl Database {
                 .map(|&i| table.schema.columns()[i].name.clone())
                 .collect(),
         )
+    }
+
+    /// The tablet server of an embedded database, which holds its tablets.
+    pub fn tablet_server(&self) -> Option<&Arc<TabletServer>> {
+        self.tablet_server.as_ref()
     }
 
     /// The engine client under the SQL layer.

@@ -25,28 +25,49 @@ def nyala_bin():
     return next((p for p in paths if os.path.exists(p)), paths[0])
 
 
-@contextlib.contextmanager
-def nyala_server(*args):
-    """Runs `nyala serve` with extra `args`; yields its grpc:// URL; kills it afterwards."""
+def start_process(args, expect):
+    """Starts `nyala ARGS`; returns the process and the words of the first line it prints,
+    which must contain `expect`."""
     binary = nyala_bin()
     if not os.path.exists(binary):
         raise RuntimeError(f"no nyala binary at {binary}: build it or set NYALA_BIN")
+    proc = subprocess.Popen([binary, *args], stdout=subprocess.PIPE, text=True)
+    ready, _, _ = select.select([proc.stdout], [], [], STARTUP_TIMEOUT)
+    line = proc.stdout.readline() if ready else ""
+    if expect not in line:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"nyala {args[0]} did not start (exit code {proc.poll()}): {line!r}")
+    return proc, line.split()
+
+
+def url_in(words, scheme):
+    """The first word of a startup line that is a `scheme` URL."""
+    return next(w.rstrip(",)") for w in words if w.startswith(scheme))
+
+
+@contextlib.contextmanager
+def nyala_serve(*args):
+    """Runs `nyala serve` with extra `args`; yields its (grpc://, http://) URLs; kills it
+    afterwards."""
     with tempfile.TemporaryDirectory() as data_dir:
-        proc = subprocess.Popen(
-            [binary, "serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0", *args],
-            stdout=subprocess.PIPE,
-            text=True,
+        proc, words = start_process(
+            ["serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0",
+             "--http-addr", "127.0.0.1:0", *args],
+            "grpc://",
         )
         try:
-            ready, _, _ = select.select([proc.stdout], [], [], STARTUP_TIMEOUT)
-            line = proc.stdout.readline() if ready else ""
-            urls = [w for w in line.split() if w.startswith("grpc://")]
-            if not urls:
-                raise RuntimeError(f"nyala serve did not start (exit code {proc.poll()}): {line!r}")
-            yield urls[0]
+            yield url_in(words, "grpc://"), url_in(words, "http://")
         finally:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def nyala_server(*args):
+    """Runs `nyala serve` with extra `args`; yields its grpc:// URL; kills it afterwards."""
+    with nyala_serve(*args) as (url, _):
+        yield url
 
 
 def host_port(url):

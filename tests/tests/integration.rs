@@ -66,7 +66,13 @@ impl Server {
     }
 
     fn start_with(data_dir: &Path, args: &[&str]) -> Server {
-        let mut all = vec!["serve", "--listen", "127.0.0.1:0"];
+        let mut all = vec![
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ];
         all.extend(args);
         let (child, line) = spawn_nyala(&all, data_dir);
         let addr = line

@@ -30,7 +30,8 @@ def start(*args):
         raise RuntimeError(f"no nyala binary at {binary}: build it or set NYALA_BIN")
     data_dir = tempfile.TemporaryDirectory()
     proc = subprocess.Popen(
-        [binary, "serve", "--data-dir", data_dir.name, "--listen", "127.0.0.1:0", *args],
+        [binary, "serve", "--data-dir", data_dir.name, "--listen", "127.0.0.1:0",
+         "--http-addr", "127.0.0.1:0", *args],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -1,10 +1,12 @@
 //! `nyala sql`: run SQL scripts or an interactive shell against a Nyala database.
 //!
 //! The shell knows nothing of the server: it talks to a [`Connection`], either Flight SQL
-//! ([`FlightSqlConnection`]) or an embedded database supplied by the `nyala` binary.
+//! ([`FlightSqlConnection`]) or an embedded database supplied by the `nyala` binary. A
+//! statement that runs longer than a second shows a progress line, and the interactive shell
+//! prints each statement's time.
 
 use std::io::Write;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use arrow::array::RecordBatch;
@@ -16,6 +18,7 @@ use arrow_flight::sql::{
 };
 use futures::stream::BoxStream;
 use futures::TryStreamExt;
+use indicatif::{ProgressBar, ProgressStyle};
 use tonic::transport::Channel;
 
 pub mod copy;
@@ -232,7 +235,7 @@ impl Shell<'_> {
     /// Runs one SQL statement and formats its result.
     async fn statement(&self, sql: &str) -> anyhow::Result<String> {
         let start = Instant::now();
-        let (schema, batches) = self.conn.execute(sql).await?;
+        let (schema, batches) = with_progress(self.conn.execute(sql)).await?;
         let mut text = format_result(&schema, &batches, self.mode)?;
         if self.timing {
             text.push_str(&format!(
@@ -277,8 +280,30 @@ impl Shell<'_> {
     }
 }
 
+/// A statement running longer than this gets a progress line (on a terminal).
+const PROGRESS_AFTER: Duration = Duration::from_secs(1);
+
+/// Awaits `work`; once it has run for [`PROGRESS_AFTER`], a spinner on stderr says for how
+/// long (indicatif draws nothing when stderr is no terminal), cleared when it is done.
+async fn with_progress<T>(work: impl std::future::Future<Output = T>) -> T {
+    let mut work = std::pin::pin!(work);
+    tokio::select! {
+        done = &mut work => return done,
+        () = tokio::time::sleep(PROGRESS_AFTER) => {}
+    }
+    let spinner = ProgressBar::new_spinner();
+    if let Ok(style) = ProgressStyle::with_template("{spinner} running for {elapsed}") {
+        spinner.set_style(style);
+    }
+    spinner.enable_steady_tick(Duration::from_millis(100));
+    let done = work.await;
+    spinner.finish_and_clear();
+    done
+}
+
 /// The interactive shell: line editing and history, multi-line statements ended by `;`,
 /// backslash commands (see `\?`); Ctrl-C cancels the running statement or clears the line.
+/// Each statement's time is shown (`\timing` turns it off).
 pub async fn run_interactive(conn: &dyn Connection, mode: OutputMode) -> anyhow::Result<()> {
     let mut editor = rustyline::DefaultEditor::new()?;
     let history =
@@ -290,7 +315,7 @@ pub async fn run_interactive(conn: &dyn Connection, mode: OutputMode) -> anyhow:
     let mut shell = Shell {
         conn,
         mode,
-        timing: false,
+        timing: true,
     };
     let mut buffer = String::new();
     loop {

@@ -15,11 +15,13 @@ use nyala_storage::{ScanIterator, ScanSpec, Timestamp, WriteBatch, WriteKind, Wr
 use crate::catalog::{Catalog, DdlOp, TableInfo};
 use crate::{EngineError, Result};
 
+pub mod admin;
 pub mod meta_cache;
 pub mod remote_catalog;
 pub mod tablets;
 mod txn;
 
+pub use admin::AdminClient;
 pub use meta_cache::MetaCache;
 pub use remote_catalog::RemoteCatalog;
 pub use tablets::{RemoteTablets, TabletStats, Tablets};

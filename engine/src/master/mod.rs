@@ -23,6 +23,8 @@ use crate::partition::{PartitionSchema, RangeSpec};
 use crate::tserver::replica::{Replication, TabletReplica};
 use crate::{EngineError, Result};
 
+pub mod admin;
+pub mod ksck;
 mod node;
 pub mod placement;
 pub mod registry;
@@ -31,7 +33,7 @@ pub mod service;
 
 pub use node::MasterNode;
 pub use placement::{ClusterPlacement, TabletPlacement};
-pub use registry::TServerRegistry;
+pub use registry::{ServerSummary, TServerRegistry};
 
 /// The master of a database: the catalog, and the lifecycle of every table's tablets.
 ///
@@ -50,6 +52,8 @@ pub struct Master {
     placement: Arc<dyn TabletPlacement>,
     tables: RwLock<BTreeMap<String, Arc<TableInfo>>>,
     ddl: tokio::sync::Mutex<()>,
+    /// Held while a replica moves (re-replication, rebalancing): one move at a time.
+    moves: tokio::sync::Mutex<()>,
 }
 
 /// The tablet id of the catalog.
@@ -109,6 +113,7 @@ impl Master {
             placement,
             tables: RwLock::new(BTreeMap::new()),
             ddl: tokio::sync::Mutex::new(()),
+            moves: tokio::sync::Mutex::new(()),
         };
         master.load()?;
         master.reconcile_tablets()?;
@@ -442,14 +447,19 @@ impl Master {
                 Ok(())
             }
             Err(EngineError::Raft(nyala_raft::RaftError::NotLeader { leader_hint })) => {
-                Err(EngineError::NotLeaderMaster {
-                    leader: leader_hint.map(|l| match self.masters.get(&l) {
-                        Some(address) => format!("the master at {address}"),
-                        None => format!("master {l}"),
-                    }),
-                })
+                Err(self.not_leader(leader_hint))
             }
             Err(e) => Err(e),
+        }
+    }
+
+    /// The error of a master that does not lead the catalog; `leader` is the one it knows.
+    fn not_leader(&self, leader: Option<u64>) -> EngineError {
+        EngineError::NotLeaderMaster {
+            leader: leader.map(|l| match self.masters.get(&l) {
+                Some(address) => format!("the master at {address}"),
+                None => format!("master {l}"),
+            }),
         }
     }
 

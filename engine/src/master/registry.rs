@@ -16,6 +16,19 @@ use crate::rpc::proto::common::{ReplicaStatus, ServerStatus};
 use crate::rpc::proto::master::ServerReport;
 use crate::Result;
 
+/// A tablet server as the master knows it, for operators (the cluster page, `nyala admin`).
+#[derive(Clone, Debug)]
+pub struct ServerSummary {
+    pub id: u64,
+    pub address: String,
+    /// Heard from within [`SERVER_TIMEOUT`].
+    pub live: bool,
+    pub silent_for: Duration,
+    /// Replicas it last reported, and how many of them lead their tablet.
+    pub replicas: usize,
+    pub leaders: usize,
+}
+
 /// What the master knows of one tablet server.
 struct ServerEntry {
     address: String,
@@ -120,6 +133,22 @@ impl TServerRegistry {
             .map(|s| ServerReport {
                 address: s.address.clone(),
                 status: Some(s.status.clone()),
+            })
+            .collect()
+    }
+
+    /// Every server that ever reported to this master, live or not, by id.
+    pub fn servers(&self) -> Vec<ServerSummary> {
+        self.servers
+            .read()
+            .iter()
+            .map(|(id, s)| ServerSummary {
+                id: *id,
+                address: s.address.clone(),
+                live: s.last_seen.elapsed() < SERVER_TIMEOUT,
+                silent_for: s.last_seen.elapsed(),
+                replicas: s.status.replicas.len(),
+                leaders: s.status.replicas.iter().filter(|r| r.leader == *id).count(),
             })
             .collect()
     }

@@ -88,6 +88,7 @@ impl Master {
                     continue;
                 };
                 tracing::info!(%tablet, dead, target, "re-replicating");
+                crate::metrics::engine().replica_moves.inc();
                 self.replace_replica(
                     registry,
                     &table,
@@ -155,20 +156,24 @@ impl Master {
         }
     }
 
+    /// Replaces the replica of `tablet` on `leaving` by a new one on `target`: copied from
+    /// the leader, added as a learner, promoted once caught up; then `leaving` is removed from
+    /// the group and the catalog updated. One move at a time (`moves`).
     #[allow(clippy::too_many_arguments)]
-    async fn replace_replica(
+    pub(super) async fn replace_replica(
         &self,
         registry: &TServerRegistry,
         table: &TableInfo,
         tablet: &str,
         servers: &[u64],
         leader: u64,
-        dead: u64,
+        leaving: u64,
         target: u64,
         target_address: String,
     ) -> Result<()> {
+        let _move = self.moves.lock().await;
         let mut peers: Vec<Peer> = Vec::new();
-        for &s in servers.iter().filter(|&&s| s != dead) {
+        for &s in servers.iter().filter(|&&s| s != leaving) {
             peers.push(Peer {
                 server_id: s,
                 address: registry.address(s)?,
@@ -238,14 +243,14 @@ impl Master {
             }
         }
         change(MembershipChangeKind::AddVoter, target, target_address).await?;
-        change(MembershipChangeKind::Remove, dead, String::new()).await?;
+        change(MembershipChangeKind::Remove, leaving, String::new()).await?;
         let _ddl = self.ddl.lock().await;
         let Some(current) = self.table(&table.name) else {
             return Ok(());
         };
         let mut updated = (*current).clone();
         if let Some(placed) = updated.placement.get_mut(tablet) {
-            placed.retain(|&s| s != dead);
+            placed.retain(|&s| s != leaving);
             placed.push(target);
         }
         self.write_catalog(WriteKind::Upsert, &updated).await?;

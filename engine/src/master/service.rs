@@ -1,6 +1,7 @@
 //! The master's RPC service: tablet servers' reports in, the cluster view and DDL for
 //! coordinators. DDL runs only on the master that leads the replicated catalog; the others
-//! answer NotLeaderMaster, and the coordinator tries the next.
+//! answer NotLeaderMaster, and the coordinator tries the next. So do rebalancing and leader
+//! step-downs, which operators ask for (`nyala admin`).
 
 use std::sync::Arc;
 
@@ -13,7 +14,9 @@ use crate::rpc;
 use crate::rpc::proto::master::master_service_server::{self, MasterServiceServer};
 use crate::rpc::proto::master::{
     ClusterViewRequest, ClusterViewResponse, DdlRequest, DdlResponse, HeartbeatRequest,
-    HeartbeatResponse,
+    HeartbeatResponse, LeaderStepDownRequest, LeaderStepDownResponse, ListServersRequest,
+    ListServersResponse, ListTabletsRequest, ListTabletsResponse, RebalanceRequest,
+    RebalanceResponse,
 };
 use crate::{EngineError, Result};
 
@@ -88,5 +91,40 @@ impl master_service_server::MasterService for MasterService {
         }
         .await;
         self.respond(done.map(|applied| DdlResponse { applied }))
+    }
+
+    async fn list_tablets(
+        &self,
+        request: Request<ListTabletsRequest>,
+    ) -> std::result::Result<Response<ListTabletsResponse>, Status> {
+        let table = request.into_inner().table;
+        self.respond(self.master.list_tablets(&self.registry, &table))
+    }
+
+    async fn list_servers(
+        &self,
+        _request: Request<ListServersRequest>,
+    ) -> std::result::Result<Response<ListServersResponse>, Status> {
+        Ok(Response::new(super::admin::list_servers(&self.registry)))
+    }
+
+    async fn rebalance_once(
+        &self,
+        _request: Request<RebalanceRequest>,
+    ) -> std::result::Result<Response<RebalanceResponse>, Status> {
+        let moved = self.master.rebalance_once(&self.registry).await;
+        self.respond(moved.map(|moved| RebalanceResponse { moved }))
+    }
+
+    async fn leader_step_down(
+        &self,
+        request: Request<LeaderStepDownRequest>,
+    ) -> std::result::Result<Response<LeaderStepDownResponse>, Status> {
+        let tablet = request.into_inner().tablet_id;
+        let done = self.master.leader_step_down(&self.registry, &tablet).await;
+        self.respond(done.map(|(old_leader, new_leader)| LeaderStepDownResponse {
+            old_leader,
+            new_leader,
+        }))
     }
 }

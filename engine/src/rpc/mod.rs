@@ -58,10 +58,18 @@ pub fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::
 
 /// A connection to another server's internal RPC; every service's client shares it.
 pub async fn connect(address: &str) -> Result<Channel, EngineError> {
+    connect_with_timeout(address, Duration::from_secs(30)).await
+}
+
+/// A connection like [`connect`]'s on which a call may take up to `timeout`.
+pub async fn connect_with_timeout(
+    address: &str,
+    timeout: Duration,
+) -> Result<Channel, EngineError> {
     tonic::transport::Endpoint::from_shared(format!("http://{address}"))
         .map_err(|e| EngineError::Unsupported(format!("bad address {address}: {e}")))?
         .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(30))
+        .timeout(timeout)
         .tcp_nodelay(true)
         .tcp_keepalive(Some(KEEPALIVE))
         .connect()

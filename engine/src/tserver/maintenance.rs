@@ -19,12 +19,18 @@
 //! Without writes the thread sleeps for [`IDLE_INTERVAL`]: all that appears then is history that
 //! ages past the retention (UNDO files to trim, deletions to apply), which can wait that long.
 //! An idle server's maintenance thread therefore wakes once a minute.
+//!
+//! What the thread does is kept for operators: the operation running now and the last
+//! [`RECENT_OPS`] done ([`MaintenanceLog`]), each with its score and duration, and counted in
+//! the engine's metrics.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
+use nyala_storage::MaintenanceKind;
 use parking_lot::{Condvar, Mutex};
 
 use crate::tserver::replica::TabletReplica;
@@ -38,6 +44,8 @@ pub const IDLE_INTERVAL: Duration = Duration::from_secs(60);
 const LOG_RETENTION_BYTES: u64 = 256 << 20;
 /// The most flushes and compactions one round runs (besides memory-pressure flushes).
 const OPS_PER_ROUND: usize = 4;
+/// Finished operations the [`MaintenanceLog`] keeps.
+pub const RECENT_OPS: usize = 100;
 
 /// What wakes the maintenance thread. Replicas report the writes they apply; writers that wait
 /// for memory ask for a round and wait for flushes.
@@ -117,7 +125,111 @@ impl MaintenanceSignal {
 /// The maintenance thread of a tablet server; stops when dropped.
 pub struct MaintenanceManager {
     signal: Arc<MaintenanceSignal>,
+    log: Arc<MaintenanceLog>,
     thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// One flush or compaction: running, or done.
+#[derive(Clone, Debug)]
+pub struct MaintenanceRecord {
+    pub tablet: String,
+    /// `flush`, or the compaction (with the rowsets it rewrites).
+    pub operation: String,
+    /// Why it ran: its score, or memory pressure (the share of the limit the server held).
+    pub score: f64,
+    pub memory_pressure: bool,
+    pub started: SystemTime,
+    /// None while it runs.
+    pub duration: Option<Duration>,
+    pub error: Option<String>,
+}
+
+/// The operation the maintenance thread runs now and the last ones it ran.
+#[derive(Default)]
+pub struct MaintenanceLog {
+    running: Mutex<Option<MaintenanceRecord>>,
+    recent: Mutex<VecDeque<MaintenanceRecord>>,
+}
+
+impl MaintenanceLog {
+    /// The operation running now, if any.
+    pub fn running(&self) -> Option<MaintenanceRecord> {
+        self.running.lock().clone()
+    }
+
+    /// The last operations done, newest first.
+    pub fn recent(&self) -> Vec<MaintenanceRecord> {
+        self.recent.lock().iter().rev().cloned().collect()
+    }
+
+    /// Runs `op` (one operation of `replica`) and records it, in the log and the metrics.
+    fn record(
+        &self,
+        replica: &TabletReplica,
+        kind: Option<&MaintenanceKind>,
+        (score, memory_pressure): (f64, bool),
+        op: impl FnOnce() -> crate::Result<()>,
+    ) -> crate::Result<()> {
+        let mut record = MaintenanceRecord {
+            tablet: replica.id().to_string(),
+            operation: kind.map_or_else(|| "flush".to_string(), |k| format!("{k:?}")),
+            score,
+            memory_pressure,
+            started: SystemTime::now(),
+            duration: None,
+            error: None,
+        };
+        *self.running.lock() = Some(record.clone());
+        let started = Instant::now();
+        let done = op();
+        let elapsed = started.elapsed();
+        crate::metrics::engine().maintenance_done(
+            kind.map_or("flush", MaintenanceKind::name),
+            elapsed,
+            done.is_ok(),
+        );
+        record.duration = Some(elapsed);
+        record.error = done.as_ref().err().map(|e| e.to_string());
+        *self.running.lock() = None;
+        let mut recent = self.recent.lock();
+        if recent.len() == RECENT_OPS {
+            recent.pop_front();
+        }
+        recent.push_back(record);
+        done
+    }
+}
+
+/// A flush (`kind` None) or compaction of one replica, and its score.
+pub struct MaintenanceCandidate {
+    pub replica: Arc<TabletReplica>,
+    pub kind: Option<MaintenanceKind>,
+    pub score: f64,
+}
+
+/// Every flush and compaction of `replicas` with its score now (see the module comment); the
+/// thread runs the best while it scores at least 1.
+pub fn candidates(replicas: &[Arc<TabletReplica>]) -> Vec<MaintenanceCandidate> {
+    replicas
+        .iter()
+        .flat_map(|r| {
+            let tablet = r.tablet();
+            // A long log counts only while a flush would let some of it go.
+            let log = match tablet.memory_bytes() {
+                0 => 0.0,
+                _ => r.log_bytes() as f64 / LOG_RETENTION_BYTES as f64,
+            };
+            let flush = (None, tablet.flush_score().max(log));
+            let compactions = tablet.maintenance_ops().into_iter();
+            std::iter::once(flush)
+                .chain(compactions.map(|op| (Some(op.kind), op.score)))
+                .map(move |(kind, score)| MaintenanceCandidate {
+                    replica: r.clone(),
+                    kind,
+                    score,
+                })
+        })
+        .collect()
 }
 
 impl MaintenanceManager {
@@ -125,6 +237,7 @@ impl MaintenanceManager {
     pub fn new() -> Self {
         Self {
             signal: Arc::default(),
+            log: Arc::default(),
             thread: Mutex::new(None),
         }
     }
@@ -132,6 +245,7 @@ impl MaintenanceManager {
     /// Starts the thread, which maintains `server`'s tablets for as long as `server` lives.
     pub fn start(&self, server: Weak<TabletServer>) -> std::io::Result<()> {
         let signal = self.signal.clone();
+        let log = self.log.clone();
         let thread = std::thread::Builder::new()
             .name("maintenance".into())
             .spawn(move || {
@@ -144,7 +258,7 @@ impl MaintenanceManager {
                     let Some(server) = server.upgrade() else {
                         break;
                     };
-                    did_work = run_round(&server.replicas(), server.memory_limit(), &signal);
+                    did_work = run_round(&server.replicas(), server.memory_limit(), &signal, &log);
                     signal.flushed.notify_waiters();
                 }
             })?;
@@ -155,6 +269,11 @@ impl MaintenanceManager {
     /// What wakes the thread: for the replicas (writes) and writers (memory).
     pub fn signal(&self) -> &Arc<MaintenanceSignal> {
         &self.signal
+    }
+
+    /// What the thread runs and ran.
+    pub fn log(&self) -> &MaintenanceLog {
+        &self.log
     }
 
     /// Stops the thread once the operation it may be running has finished.
@@ -188,6 +307,7 @@ fn run_round(
     replicas: &[Arc<TabletReplica>],
     memory_limit: usize,
     signal: &MaintenanceSignal,
+    log: &MaintenanceLog,
 ) -> bool {
     let mut did_work = false;
     let mut by_memory: Vec<(usize, &Arc<TabletReplica>)> = replicas
@@ -209,7 +329,8 @@ fn run_round(
             total,
             "flushing under memory pressure"
         );
-        match replica.flush() {
+        let pressure = total as f64 / memory_limit.max(1) as f64;
+        match log.record(replica, None, (pressure, true), || replica.flush()) {
             Ok(()) => did_work = true,
             Err(e) => tracing::error!(tablet = replica.id(), error = %e, "flush failed"),
         }
@@ -220,34 +341,26 @@ fn run_round(
         if signal.stopping() {
             return did_work;
         }
-        let best = replicas
-            .iter()
-            .flat_map(|r| {
-                let tablet = r.tablet();
-                // A long log counts only while a flush would let some of it go.
-                let log = match tablet.memory_bytes() {
-                    0 => 0.0,
-                    _ => r.log_bytes() as f64 / LOG_RETENTION_BYTES as f64,
-                };
-                let flush = (None, tablet.flush_score().max(log));
-                let compactions = tablet.maintenance_ops().into_iter();
-                std::iter::once(flush)
-                    .chain(compactions.map(|op| (Some(op.kind), op.score)))
-                    .map(move |(kind, score)| (r, kind, score))
-            })
-            .max_by(|a, b| a.2.total_cmp(&b.2));
-        let Some((replica, kind, score)) = best.filter(|best| best.2 >= 1.0) else {
+        let best = candidates(replicas)
+            .into_iter()
+            .max_by(|a, b| a.score.total_cmp(&b.score));
+        let Some(MaintenanceCandidate {
+            replica,
+            kind,
+            score,
+        }) = best.filter(|best| best.score >= 1.0)
+        else {
             return did_work;
         };
         tracing::debug!(tablet = replica.id(), ?kind, score, "maintenance");
-        let done = match kind {
+        let done = log.record(&replica, kind.as_ref(), (score, false), || match &kind {
             None => {
                 let flushed = replica.flush();
                 signal.flushed.notify_waiters();
                 flushed
             }
             Some(kind) => replica.compact(kind),
-        };
+        });
         if let Err(e) = done {
             // Tried again at the next round that writes or the idle interval bring.
             tracing::error!(tablet = replica.id(), error = %e, "maintenance failed");
@@ -318,6 +431,14 @@ mod tests {
         }
         assert!(replica.tablet().disk_bytes() > 0);
         assert_eq!(replica.tablet().durable_index(), replica.last_applied());
+        // Operators see it: in the log of recent operations, with the score that chose it.
+        let recent = server.maintenance_log().recent();
+        let flush = recent
+            .iter()
+            .find(|op| op.operation == "flush")
+            .expect("a flush");
+        assert_eq!(flush.tablet, "t");
+        assert!(flush.score >= 1.0 && flush.duration.is_some() && flush.error.is_none());
         server.shutdown().unwrap();
     }
 

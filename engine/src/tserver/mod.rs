@@ -126,13 +126,23 @@ impl TabletServer {
         Ok(server)
     }
 
+    /// The maintenance thread: what it runs and ran.
+    pub fn maintenance_log(&self) -> &maintenance::MaintenanceLog {
+        self.maintenance.log()
+    }
+
+    /// Every flush and compaction of this server's replicas, with its score now.
+    pub fn maintenance_candidates(&self) -> Vec<maintenance::MaintenanceCandidate> {
+        maintenance::candidates(&self.replicas())
+    }
+
     /// Every replica on this server.
-    pub(crate) fn replicas(&self) -> Vec<Arc<TabletReplica>> {
+    pub fn replicas(&self) -> Vec<Arc<TabletReplica>> {
         self.replicas.read().values().cloned().collect()
     }
 
     /// The most in-memory data its tablets may hold together before writers wait.
-    pub(crate) fn memory_limit(&self) -> usize {
+    pub fn memory_limit(&self) -> usize {
         self.memory_limit
     }
 
@@ -160,6 +170,7 @@ impl TabletServer {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
+                crate::metrics::engine().writes_rejected.inc();
                 return Err(EngineError::Busy(format!(
                     "the server holds {} MiB of unflushed data, over its limit of {} MiB, and \
                      flushing has not caught up; retry the write later",

@@ -232,6 +232,14 @@ impl StateMachine for TabletStateMachine {
                 Ok(WriteOutcome::default())
             }
         };
+        if let Ok(outcome) = &result {
+            let metrics = crate::metrics::engine();
+            metrics.rows_written.inc_by(outcome.rows as u64);
+            if let TabletOp::Write(batch) | TabletOp::TxnWrite { batch, .. } = &logged.op {
+                let bytes = batch.rows.get_array_memory_size() as u64;
+                metrics.bytes_written.inc_by(bytes);
+            }
+        }
         // A prepare's timestamp stays in flight until the transaction ends.
         let holds = matches!(logged.op, TabletOp::TxnPrepare { .. }) && result.is_ok();
         if !holds {
@@ -558,7 +566,9 @@ impl TabletReplica {
                 s
             }
         };
-        Ok(self.tablet.scan(&spec)?)
+        Ok(Box::new(crate::metrics::CountedScan(
+            self.tablet.scan(&spec)?,
+        )))
     }
 
     /// The replica's files after a flush, and the log entry they are durable up to: what a new
@@ -630,6 +640,18 @@ impl TabletReplica {
         Ok(self.raft.change_membership(change, context).await?)
     }
 
+    /// Asks this replica, if it leads, to hand leadership to voter `to` (see
+    /// [`nyala_raft::RaftNode::transfer_leadership`]).
+    pub fn transfer_leadership(&self, to: u64) -> Result<()> {
+        if !self.raft.is_leader() {
+            return Err(EngineError::Raft(nyala_raft::RaftError::NotLeader {
+                leader_hint: self.raft.leader(),
+            }));
+        }
+        crate::metrics::engine().leader_transfers.inc();
+        Ok(self.raft.transfer_leadership(to)?)
+    }
+
     /// The tablet's group as this replica sees it.
     pub fn group_state(&self) -> nyala_raft::GroupState {
         self.raft.group_state()
@@ -655,8 +677,8 @@ impl TabletReplica {
 
     /// Runs one compaction of the tablet's files while the Raft thread goes on applying (it
     /// flushes first what the rewritten rowsets have in memory).
-    pub fn compact(&self, kind: nyala_storage::MaintenanceKind) -> Result<()> {
-        self.tablet.compact(&kind)?;
+    pub fn compact(&self, kind: &nyala_storage::MaintenanceKind) -> Result<()> {
+        self.tablet.compact(kind)?;
         self.raft.state_machine_flushed();
         Ok(())
     }

@@ -18,8 +18,9 @@ use crate::rpc::proto::tserver::tablet_server_service_server::{self, TabletServe
 use crate::rpc::proto::tserver::{
     AlterSchemaRequest, ChangeMembershipRequest, CopyTabletRequest, CreateReplicaRequest,
     FetchChunkRequest, FetchChunkResponse, MembershipChangeKind, SafeSnapshotResponse,
-    ScanNextRequest, ScanOpenRequest, ScanResponse, TabletFiles, TxnFinishRequest,
-    TxnPrepareResponse, TxnRequest, TxnWriteRequest, WriteRequest, WriteResponse,
+    ScanNextRequest, ScanOpenRequest, ScanResponse, TabletFiles, TransferLeadershipRequest,
+    TxnFinishRequest, TxnPrepareResponse, TxnRequest, TxnWriteRequest, WriteRequest,
+    WriteResponse,
 };
 use crate::{EngineError, Result};
 
@@ -269,6 +270,18 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
         }
         .await;
         self.respond(changed.map(|()| Empty {}))
+    }
+
+    async fn transfer_leadership(
+        &self,
+        request: Request<TransferLeadershipRequest>,
+    ) -> std::result::Result<Response<Empty>, Status> {
+        let transfer = request.into_inner();
+        let done = self
+            .server
+            .replica(&transfer.tablet_id)
+            .and_then(|replica| replica.transfer_leadership(transfer.to_server));
+        self.respond(done.map(|()| Empty {}))
     }
 }
 

@@ -33,6 +33,18 @@ pub enum MaintenanceKind {
     MergeRowsets { rowsets: Vec<u64> },
 }
 
+impl MaintenanceKind {
+    /// The kind's name, without the rowsets it is about (for metrics and the web UI).
+    pub fn name(&self) -> &'static str {
+        match self {
+            MaintenanceKind::MergeRedo { .. } => "merge_redo",
+            MaintenanceKind::ApplyRedo { .. } => "apply_redo",
+            MaintenanceKind::TrimUndo { .. } => "trim_undo",
+            MaintenanceKind::MergeRowsets { .. } => "merge_rowsets",
+        }
+    }
+}
+
 impl Tablet {
     pub fn needs_flush(&self) -> bool {
         self.flush_score() >= 1.0
