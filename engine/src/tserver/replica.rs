@@ -233,8 +233,12 @@ impl StateMachine for TabletStateMachine {
             }
         };
         if let Ok(outcome) = &result {
+            // Rows count when they become visible (a transaction's at its commit), bytes when
+            // they arrive.
             let metrics = crate::metrics::engine();
-            metrics.rows_written.inc_by(outcome.rows as u64);
+            if !matches!(logged.op, TabletOp::TxnWrite { .. }) {
+                metrics.rows_written.inc_by(outcome.rows as u64);
+            }
             if let TabletOp::Write(batch) | TabletOp::TxnWrite { batch, .. } = &logged.op {
                 let bytes = batch.rows.get_array_memory_size() as u64;
                 metrics.bytes_written.inc_by(bytes);
