@@ -402,11 +402,17 @@ impl ExecutionPlan for NyalaScanExec {
         // The scan starts at the first poll, once the runtime filters it waits for are built.
         let batches = futures::stream::once(async move {
             let spec = filters.await?;
-            let scan = client
-                .scan_tablet(&table, tablet, spec, snapshot)
-                .map_err(|e| DataFusionError::External(Box::new(e)))?;
             let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL_DEPTH);
+            // Opening a scan may wait (for writes and transactions below its snapshot), so it
+            // happens on the blocking thread too.
             tokio::task::spawn_blocking(move || {
+                let scan = match client.scan_tablet(&table, tablet, spec, snapshot) {
+                    Ok(scan) => scan,
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(DataFusionError::External(Box::new(e))));
+                        return;
+                    }
+                };
                 for batch in scan {
                     let batch = batch.map_err(|e| DataFusionError::External(Box::new(e)));
                     let failed = batch.is_err();

@@ -1266,7 +1266,7 @@ mod cluster {
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
         let acknowledged = writers.finish().await;
-        let stored = stored_exactly_once(&flight_url, "events", &acknowledged).await;
+        let stored = stored_exactly_once(&flight_url, "events", &acknowledged, 10).await;
         // Restart everything: the catalog and every row come back.
         cluster.restart_server(victim);
         cluster.restart_all();
@@ -1289,8 +1289,9 @@ mod cluster {
     }
 
     /// Writers insert rows through the master while tablet servers (and sometimes the master)
-    /// are killed with SIGKILL and restarted at random, one process down at a time; at the end
-    /// every acknowledged row is stored exactly once. `NYALA_FAULT_ROUNDS` sets the number of
+    /// are killed with SIGKILL and restarted at random, one process down at a time (kills land
+    /// in the middle of statements' transactions: writes, prepares, decisions, commits); at the
+    /// end every acknowledged row is stored exactly once and every statement whole or absent. `NYALA_FAULT_ROUNDS` sets the number of
     /// kills (default 4; the long run in the README uses 50).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn random_process_kills_lose_no_acknowledged_row() {
@@ -1327,7 +1328,7 @@ mod cluster {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let acknowledged = writers.finish().await;
         assert!(!acknowledged.is_empty());
-        let stored = stored_exactly_once(&url, "facts", &acknowledged).await;
+        let stored = stored_exactly_once(&url, "facts", &acknowledged, 5).await;
         eprintln!(
             "{} rows acknowledged, {} stored, after {rounds} kills",
             acknowledged.len(),
@@ -1701,8 +1702,14 @@ mod cluster {
         }
     }
 
-    /// The ids stored in `table` (sorted), checked: none twice, every acknowledged one there.
-    async fn stored_exactly_once(url: &str, table: &str, acknowledged: &[i64]) -> Vec<i64> {
+    /// The ids stored in `table` (sorted), checked: none twice, every acknowledged one there,
+    /// and every INSERT of [`Writers`] (`batch` rows over several tablets) whole or absent.
+    async fn stored_exactly_once(
+        url: &str,
+        table: &str,
+        acknowledged: &[i64],
+        batch: i64,
+    ) -> Vec<i64> {
         let deadline = Instant::now() + Duration::from_secs(30);
         let stored = loop {
             match sql(url, &format!("SELECT id FROM {table}")).await {
@@ -1725,6 +1732,14 @@ mod cluster {
                 stored.binary_search(id).is_ok(),
                 "acknowledged row {id} lost"
             );
+        }
+        // Writer w's statement n inserted the ids (n * batch + i) * 2 + w, i < batch.
+        let mut statements: std::collections::BTreeMap<(i64, i64), i64> = Default::default();
+        for id in &stored {
+            *statements.entry((id % 2, id / 2 / batch)).or_default() += 1;
+        }
+        for ((writer, n), rows) in statements {
+            assert_eq!(rows, batch, "writer {writer}'s statement {n} is partly stored");
         }
         stored
     }

@@ -214,9 +214,12 @@ impl Transaction {
                         ));
                     }
                     Err(e) => {
-                        // Undecided: whoever resolves it first decides (an abort, then).
-                        self.abort().await;
-                        return Err(e);
+                        // The decision may have been recorded without the answer arriving: the
+                        // status table decides, when the tablets resolve the transaction.
+                        return Err(EngineError::Unavailable(format!(
+                            "the transaction's outcome is unknown (it is committed or rolled \
+                             back within seconds): {e}"
+                        )));
                     }
                 }
                 let finished = join_all(

@@ -73,42 +73,61 @@ pub struct Replication {
     pub learn: Option<Arc<dyn Fn(u64, String) + Send + Sync>>,
 }
 
-/// Timestamps of writes proposed but not yet applied; scans that must read above one of them
-/// wait on `left` until it is applied or fails.
+/// Timestamps of writes proposed but not yet applied, and of transactions prepared but not yet
+/// committed or aborted; scans that must read above one of them wait on `left` until it is
+/// applied or fails (a write) or ends (a transaction).
 #[derive(Default)]
 struct InflightWrites {
-    timestamps: parking_lot::Mutex<BTreeSet<u64>>,
+    pending: parking_lot::Mutex<Pending>,
     left: parking_lot::Condvar,
+}
+
+#[derive(Default)]
+struct Pending {
+    writes: BTreeSet<u64>,
+    prepared: BTreeSet<u64>,
+}
+
+impl Pending {
+    /// Whether something at or below `snapshot` is still pending.
+    fn below(&self, snapshot: Timestamp) -> bool {
+        let at_or_below = |set: &BTreeSet<u64>| set.first().is_some_and(|&t| t <= snapshot.0);
+        at_or_below(&self.writes) || at_or_below(&self.prepared)
+    }
 }
 
 type Inflight = Arc<InflightWrites>;
 
 impl InflightWrites {
-    fn lock(&self) -> parking_lot::MutexGuard<'_, BTreeSet<u64>> {
-        self.timestamps.lock()
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Pending> {
+        self.pending.lock()
     }
 
     /// A transaction prepared at `ts`: snapshots at and above it wait for its commit or abort.
     fn hold(&self, ts: u64) {
-        self.timestamps.lock().insert(ts);
+        self.pending.lock().prepared.insert(ts);
+    }
+
+    /// The transaction prepared at `ts` ended.
+    fn release(&self, ts: u64) {
+        self.pending.lock().prepared.remove(&ts);
+        self.left.notify_all();
     }
 
     /// The write at `ts` was applied or failed.
     fn remove(&self, ts: u64) {
-        self.timestamps.lock().remove(&ts);
+        self.pending.lock().writes.remove(&ts);
         self.left.notify_all();
     }
 
-    /// Waits until no write at or below `snapshot` is in flight; false after `timeout`.
+    /// Waits until no write or prepared transaction at or below `snapshot` is pending; false
+    /// after `timeout`.
     fn wait_until_applied(&self, snapshot: Timestamp, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        let mut timestamps = self.timestamps.lock();
-        while timestamps
-            .first()
-            .is_some_and(|&oldest| oldest <= snapshot.0)
-        {
-            if self.left.wait_until(&mut timestamps, deadline).timed_out() {
-                return timestamps.first().is_none_or(|&oldest| oldest > snapshot.0);
+        let mut pending = self.pending.lock();
+        while pending.below(snapshot) {
+            if self.left.wait_until(&mut pending, deadline).timed_out() {
+                return !pending.below(snapshot);
             }
         }
         true
@@ -203,11 +222,11 @@ impl StateMachine for TabletStateMachine {
             }
             TabletOp::TxnPrepare { txn } => {
                 let prepared = tablet.prepare_txn(index, logged.ts, *txn);
-                if prepared.is_ok() {
+                if let Ok(true) = prepared {
                     // Held until the commit or abort (on every replica, and on replay).
                     self.inflight.hold(logged.ts.0);
                 }
-                prepared.map(|()| WriteOutcome::default())
+                prepared.map(|_| WriteOutcome::default())
             }
             TabletOp::TxnCommit { txn, commit_ts } => {
                 let prepared = tablet.txn_state(*txn).and_then(|t| t.prepared);
@@ -219,7 +238,7 @@ impl StateMachine for TabletStateMachine {
                 self.clock.observe(at);
                 let committed = tablet.commit_txn(index, at, *txn).map(rows);
                 if let Some(p) = prepared {
-                    self.inflight.remove(p.0);
+                    self.inflight.release(p.0);
                 }
                 committed
             }
@@ -227,7 +246,7 @@ impl StateMachine for TabletStateMachine {
                 let prepared = tablet.txn_state(*txn).and_then(|t| t.prepared);
                 tablet.abort_txn(index, *txn);
                 if let Some(p) = prepared {
-                    self.inflight.remove(p.0);
+                    self.inflight.release(p.0);
                 }
                 Ok(WriteOutcome::default())
             }
@@ -244,11 +263,7 @@ impl StateMachine for TabletStateMachine {
                 metrics.bytes_written.inc_by(bytes);
             }
         }
-        // A prepare's timestamp stays in flight until the transaction ends.
-        let holds = matches!(logged.op, TabletOp::TxnPrepare { .. }) && result.is_ok();
-        if !holds {
-            self.inflight.remove(logged.ts.0);
-        }
+        self.inflight.remove(logged.ts.0);
         if let Some(maintenance) = &self.maintenance {
             maintenance.wrote();
         }
@@ -471,7 +486,10 @@ impl TabletReplica {
     /// bound of the commit timestamp.
     pub async fn prepare_txn(&self, txn: u64) -> Result<Timestamp> {
         let op = TabletOp::TxnPrepare { txn };
-        self.propose_with(|| Ok(op.encode())).await.map(|(ts, _)| ts)
+        let (ts, _) = self.propose_with(|| Ok(op.encode())).await?;
+        // Prepared before (a retried call): that prepare holds, at its timestamp.
+        let prepared = self.tablet.txn_state(txn).and_then(|t| t.prepared);
+        Ok(prepared.unwrap_or(ts))
     }
 
     /// Replicates the end of transaction `txn`: its commit at `commit` (None: an abort; a
@@ -507,7 +525,7 @@ impl TabletReplica {
             let mut inflight = self.inflight.lock();
             let encoded = encode()?;
             let ts = self.clock.now();
-            inflight.insert(ts.0);
+            inflight.writes.insert(ts.0);
             // `propose` enqueues before returning, so entries reach the log in timestamp order.
             (ts, self.raft.propose(LoggedOp::encode(ts, &encoded)))
         };
@@ -541,10 +559,12 @@ impl TabletReplica {
     }
 
     /// The newest timestamp at which a read sees every applied write and nothing can change.
+    /// Transactions being committed do not hold it back: a scan at it waits for them (see
+    /// [`Self::scan`]), so that a transaction's commit is seen as soon as it is acknowledged.
     pub fn safe_snapshot(&self) -> Timestamp {
         let inflight = self.inflight.lock();
         let now = self.clock.now();
-        match inflight.first() {
+        match inflight.writes.first() {
             Some(&oldest) => Timestamp(oldest - 1),
             None => now,
         }
@@ -554,22 +574,24 @@ impl TabletReplica {
     ///
     /// A snapshot chosen elsewhere (another server's clock, in a cluster) may be ahead of this
     /// replica: the clock first moves past it, so no later write lands below it, and the scan
-    /// waits for writes still in flight below it.
+    /// waits for writes still in flight below it. Every scan waits for the transactions
+    /// prepared at or below its snapshot to commit or abort.
     pub fn scan(&self, mut spec: ScanSpec, snapshot: Option<Timestamp>) -> Result<ScanIterator> {
-        spec.snapshot = match snapshot {
+        let s = match snapshot {
             None => self.safe_snapshot(),
             Some(s) => {
                 self.clock.observe(s);
                 // Writes proposed from now on get timestamps above `s`.
-                if !self.inflight.wait_until_applied(s, Duration::from_secs(10)) {
-                    return Err(EngineError::Busy(format!(
-                        "tablet {}: writes below snapshot {} are still being applied",
-                        self.id, s.0
-                    )));
-                }
                 s
             }
         };
+        if !self.inflight.wait_until_applied(s, Duration::from_secs(10)) {
+            return Err(EngineError::Busy(format!(
+                "tablet {}: writes or transactions below snapshot {} are still being applied",
+                self.id, s.0
+            )));
+        }
+        spec.snapshot = s;
         Ok(Box::new(crate::metrics::CountedScan(
             self.tablet.scan(&spec)?,
         )))

@@ -152,15 +152,17 @@ impl Tablet {
     }
 
     /// Applies log entry `index`: transaction `txn` is committing at a timestamp of at least
-    /// `ts`. A transaction without writes here is an error (its writes were lost, so it must
-    /// not commit).
-    pub fn prepare_txn(&self, index: u64, ts: Timestamp, txn: u64) -> Result<(), StorageError> {
+    /// `ts`; whether this prepared it (false: it was prepared before, at its first prepare's
+    /// timestamp). A transaction without writes here is an error (its writes were lost, so it
+    /// must not commit).
+    pub fn prepare_txn(&self, index: u64, ts: Timestamp, txn: u64) -> Result<bool, StorageError> {
         let mut state = self.state.write();
         state.last_applied = state.last_applied.max(index);
         match state.txns.get_mut(&txn) {
             Some(pending) => {
+                let first = pending.prepared.is_none();
                 pending.prepared.get_or_insert(ts);
-                Ok(())
+                Ok(first)
             }
             None => Err(StorageError::TxnState(format!(
                 "transaction {txn} has no writes in this tablet"
