@@ -167,3 +167,42 @@ def test_a_statement_over_several_tablets_commits_at_one_timestamp(server, table
         thread.join()
     assert errors == []
     assert seen and all(s == (1, rows) for s in seen), [s for s in seen if s != (1, rows)][:5]
+
+
+def test_concurrent_statements_over_all_tablets_all_count(server, table_name):
+    """Clients that each increment every row (one statement over all tablets) while others
+    upsert single rows: every increment counts once, no statement fails or waits for long."""
+    rows, clients, rounds = 32, 4, 8
+    with flightsql.connect(server, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE {table_name} (k BIGINT PRIMARY KEY, v BIGINT, w BIGINT) "
+                    "DISTRIBUTE BY HASH (k) INTO 8 BUCKETS")
+        cur.execute(f"INSERT INTO {table_name} SELECT value, 0 AS v, 0 AS w FROM generate_series(1, {rows})")
+    errors = []
+
+    def incrementer():
+        try:
+            with flightsql.connect(server, autocommit=True) as conn, conn.cursor() as cur:
+                for _ in range(rounds):
+                    assert execute_update(cur, f"UPDATE {table_name} SET v = v + 1") == rows
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    def upserter():
+        try:
+            with flightsql.connect(server, autocommit=True) as conn, conn.cursor() as cur:
+                for i in range(rounds * 4):
+                    k = i % rows + 1
+                    execute_update(cur, f"UPDATE {table_name} SET w = w + 1 WHERE k = {k}")
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=incrementer) for _ in range(clients)]
+    threads.append(threading.Thread(target=upserter))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with flightsql.connect(server, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT min(v), max(v), sum(w) FROM {table_name}")
+        assert cur.fetchall() == [(clients * rounds, clients * rounds, rounds * 4)]

@@ -60,6 +60,32 @@ impl Written {
     }
 }
 
+/// How long a write waits for rows a transaction in progress has locked (it commits or aborts
+/// within milliseconds, or is ended as abandoned within seconds).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs `write` again while it meets rows locked by a transaction in progress, pausing longer
+/// each time, for at most [`LOCK_WAIT`].
+async fn when_unlocked<F, Fut>(write: F) -> Result<WriteOutcome>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<WriteOutcome>>,
+{
+    let started = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_micros(500);
+    loop {
+        match write().await {
+            Err(EngineError::Storage(nyala_storage::StorageError::Locked { .. }))
+                if started.elapsed() + pause < LOCK_WAIT =>
+            {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(50));
+            }
+            result => return result,
+        }
+    }
+}
+
 /// The names of the database's own tables begin with this.
 pub const SYSTEM_PREFIX: &str = "__nyala_";
 
@@ -181,7 +207,8 @@ impl Client {
                 let mut batch = WriteBatch::new(kind, chunk);
                 batch.unchanged_since = unchanged_since;
                 let applied = written.rows;
-                let outcome = (self.tablets.write(tablet, &batch).await)
+                let outcome = when_unlocked(|| self.tablets.write(tablet, &batch))
+                    .await
                     .and_then(|outcome| written.absorb(&batch, outcome))
                     .map_err(|error| WriteError { applied, error });
                 outcome?;

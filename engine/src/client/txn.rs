@@ -23,7 +23,7 @@ use nyala_storage::{
 };
 use parking_lot::Mutex;
 
-use super::{chunks, Client, TableHandle, WriteError, Written};
+use super::{chunks, when_unlocked, Client, TableHandle, WriteError, Written};
 use crate::catalog::DdlOp;
 use crate::partition::PartitionSchema;
 use crate::{EngineError, Result};
@@ -165,10 +165,15 @@ impl Transaction {
             for chunk in chunks(&rows) {
                 let mut batch = WriteBatch::new(kind, chunk);
                 batch.unchanged_since = unchanged_since;
-                let outcome = (self.client.tablets)
-                    .txn_write(tablet, self.id, &batch)
-                    .await
-                    .map_err(|error| WriteError { applied: 0, error })?;
+                let tablets = &self.client.tablets;
+                let write = || tablets.txn_write(tablet, self.id, &batch);
+                // A conditional write does not wait for locks while holding its own: the
+                // statement starts again instead (two could wait for each other).
+                let outcome = match unchanged_since {
+                    Some(_) => write().await,
+                    None => when_unlocked(write).await,
+                }
+                .map_err(|error| WriteError { applied: 0, error })?;
                 written.absorb(&batch, outcome).map_err(|error| WriteError { applied: 0, error })?;
             }
             Ok::<Written, WriteError>(written)
