@@ -1288,6 +1288,94 @@ mod cluster {
         }
     }
 
+    /// A bank: transfers between two accounts are one UPDATE each (the two rows are often in
+    /// different tablets, so it is a transaction), run by two clients while the leader of a
+    /// tablet is killed and restarted. Every snapshot a reader sees holds the same total and
+    /// every account, and so does the end; the transfers acknowledged moved money.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bank_transfers_keep_the_total_under_leader_kills() {
+        const ACCOUNTS: i64 = 16;
+        const TOTAL: i64 = ACCOUNTS * 100;
+        let mut cluster = TestCluster::start(3, &[]);
+        let url = cluster.url.clone();
+        let create = "CREATE TABLE bank (id BIGINT PRIMARY KEY, balance BIGINT) \
+                      DISTRIBUTE BY HASH (id) INTO 4 BUCKETS WITH (replicas = 3)";
+        ddl_when_ready(&url, create).await;
+        sql(&url, &format!("INSERT INTO bank SELECT value, 100 FROM generate_series(1, {ACCOUNTS})"))
+            .await
+            .unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let running = || !stop.load(std::sync::atomic::Ordering::Acquire);
+        let transfers = (0..2u64).map(|seed| {
+            let (url, stop) = (url.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut state = 0x9E3779B97F4A7C15u64 ^ seed;
+                let mut acknowledged = 0;
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    let from = (state % ACCOUNTS as u64) as i64 + 1;
+                    let to = from % ACCOUNTS + 1;
+                    let amount = (state >> 32) % 10 + 1;
+                    let transfer = format!(
+                        "UPDATE bank SET balance = balance + CASE WHEN id = {from} \
+                         THEN -{amount} ELSE {amount} END WHERE id IN ({from}, {to})"
+                    );
+                    match sql(&url, &transfer).await {
+                        Ok(_) => acknowledged += 1,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    }
+                }
+                acknowledged
+            })
+        });
+        let transfers: Vec<_> = transfers.collect();
+        let reader = {
+            let (url, stop) = (url.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut snapshots = 0;
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    let read = "SELECT sum(balance), count(*) FROM bank";
+                    if let Ok(batches) = sql(&url, read).await {
+                        let (sum, count) = (column_i64(&batches, 0), column_i64(&batches, 1));
+                        assert_eq!((sum[0], count[0]), (TOTAL, ACCOUNTS), "a snapshot saw half a transfer");
+                        snapshots += 1;
+                    }
+                }
+                snapshots
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let leaders = sql(&url, "SELECT leader FROM sys.partitions WHERE table_name = 'bank' AND tablet = 0")
+            .await
+            .unwrap();
+        let leader = arrow::util::display::array_value_to_string(leaders[0].column(0), 0).unwrap();
+        let victim = cluster.servers.iter().position(|s| s.addr == leader).unwrap_or(0);
+        cluster.servers[victim].kill();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        cluster.restart_server(victim);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(running());
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        let mut acknowledged = 0;
+        for transfer in transfers {
+            acknowledged += transfer.await.unwrap();
+        }
+        let snapshots = reader.await.unwrap();
+        eprintln!("{acknowledged} transfers acknowledged, {snapshots} snapshots checked");
+        assert!(acknowledged > 0 && snapshots > 0);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(batches) = sql(&url, "SELECT sum(balance), count(*) FROM bank").await {
+                assert_eq!((column_i64(&batches, 0)[0], column_i64(&batches, 1)[0]), (TOTAL, ACCOUNTS));
+                break;
+            }
+            assert!(Instant::now() < deadline, "the bank cannot be read after the kill");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
     /// Writers insert rows through the master while tablet servers (and sometimes the master)
     /// are killed with SIGKILL and restarted at random, one process down at a time (kills land
     /// in the middle of statements' transactions: writes, prepares, decisions, commits); at the
