@@ -42,7 +42,12 @@ pub fn open(data_dir: &Path, options: TabletOptions, memory_limit: usize) -> Res
         None,
     )?;
     let local = Arc::new(LocalTablets(server.clone()));
-    let master = Arc::new(Master::open(&data_dir.join("master"), clock, local.clone(), None)?);
+    let master = Arc::new(Master::open(
+        &data_dir.join("master"),
+        clock,
+        local.clone(),
+        None,
+    )?);
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         let (weak_master, weak_local) = (Arc::downgrade(&master), Arc::downgrade(&local));
         let client = move || {

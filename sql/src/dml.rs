@@ -134,12 +134,12 @@ impl NyalaSink {
             && (self.client.is_single_write(&self.table, &first)).map_err(|e| self.failed(e))?;
         if single {
             let written = match unchanged_since {
-                None => (self.client.write(&self.table, self.kind, &first).await).map(|rows| {
-                    Written {
+                None => {
+                    (self.client.write(&self.table, self.kind, &first).await).map(|rows| Written {
                         rows,
                         conflicts: Vec::new(),
-                    }
-                }),
+                    })
+                }
                 Some(snapshot) => {
                     (self.client)
                         .write_unchanged_since(&self.table, self.kind, &first, snapshot)
@@ -158,7 +158,9 @@ impl NyalaSink {
             let mut batch = Some(first);
             let mut next = second;
             while let Some(rows_now) = batch {
-                let written = txn.write(&self.table, self.kind, &rows_now, unchanged_since).await;
+                let written = txn
+                    .write(&self.table, self.kind, &rows_now, unchanged_since)
+                    .await;
                 match written {
                     Ok(w) if w.conflicts.is_empty() => rows += w.rows as u64,
                     Ok(_) => return Ok(Outcome::Conflict),
@@ -188,12 +190,17 @@ impl NyalaSink {
     }
 
     /// The next batch of `data` with rows, in the table's types.
-    async fn next_batch(&self, data: &mut SendableRecordBatchStream) -> Result<Option<RecordBatch>> {
+    async fn next_batch(
+        &self,
+        data: &mut SendableRecordBatchStream,
+    ) -> Result<Option<RecordBatch>> {
         while let Some(batch) = data.next().await {
             let batch = batch.map_err(|e| self.failed(e.find_root().strip_backtrace()))?;
             if batch.num_rows() > 0 {
                 let batch = self.with_table_types(batch);
-                return batch.map(Some).map_err(|e| self.failed(e.find_root().strip_backtrace()));
+                return batch
+                    .map(Some)
+                    .map_err(|e| self.failed(e.find_root().strip_backtrace()));
             }
         }
         Ok(None)
@@ -236,7 +243,10 @@ impl NyalaSink {
 
 /// Whether `error` is a write meeting a row a transaction in progress has locked.
 fn is_locked(error: &EngineError) -> bool {
-    matches!(error, EngineError::Storage(nyala_storage::StorageError::Locked { .. }))
+    matches!(
+        error,
+        EngineError::Storage(nyala_storage::StorageError::Locked { .. })
+    )
 }
 
 /// A DELETE, an UPDATE or an INSERT IGNORE of a Nyala table in a logical plan. Its input yields

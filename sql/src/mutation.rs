@@ -201,6 +201,9 @@ impl ExecutionPlan for ConditionalMutationExec {
                 vec![Arc::new(UInt64Array::from(vec![rows]))],
             )?)
         });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(count_schema(), count)))
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            count_schema(),
+            count,
+        )))
     }
 }

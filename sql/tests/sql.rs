@@ -165,7 +165,10 @@ async fn bad_input_gets_clear_errors_and_changes_nothing() {
     );
     // A new row in one tablet and a duplicate in another: the statement changes nothing.
     let e = error(&s, "INSERT INTO metrics VALUES ('q', '2026-01-01T00:00:00', 'cpu', 1.0), ('a', '2026-01-01T00:00:00', 'cpu', 9.0)").await;
-    assert!(e.contains("duplicate") && e.contains("changed nothing"), "{e}");
+    assert!(
+        e.contains("duplicate") && e.contains("changed nothing"),
+        "{e}"
+    );
     assert_eq!(
         text(&s, "SELECT * FROM metrics ORDER BY host, metric, ts").await,
         before

@@ -366,14 +366,17 @@ fn main() {
     updated.shuffle(&mut rng);
     let start = Instant::now();
     for chunk in updated.chunks(BATCH) {
-        let batch = WriteBatch::new(WriteKind::Update, RecordBatch::try_new(
+        let batch = WriteBatch::new(
+            WriteKind::Update,
+            RecordBatch::try_new(
                 Arc::new(schema.arrow_schema().project(&[0, 1]).expect("projection")),
                 vec![
                     Arc::new(Int64Array::from(chunk.to_vec())) as ArrayRef,
                     Arc::new(Int64Array::from(vec![-1i64; chunk.len()])),
                 ],
             )
-            .expect("batch"));
+            .expect("batch"),
+        );
         let (index, ts) = clock.next();
         tablet.apply(index, ts, &batch).expect("update");
     }
@@ -501,7 +504,10 @@ fn sustained_ingest(
             let values = Int64Array::from(vec![-1i64; targets.len()]);
             let columns: Vec<ArrayRef> =
                 vec![Arc::new(Int64Array::from(targets)), Arc::new(values)];
-            batches.push(WriteBatch::new(WriteKind::Update, RecordBatch::try_new(update_schema.clone(), columns).expect("batch")));
+            batches.push(WriteBatch::new(
+                WriteKind::Update,
+                RecordBatch::try_new(update_schema.clone(), columns).expect("batch"),
+            ));
         }
         for batch in batches {
             let (index, ts) = clock.next();

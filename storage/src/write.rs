@@ -54,12 +54,22 @@ pub enum TabletOp {
     Write(WriteBatch),
     AlterSchema(crate::Schema),
     /// A write of transaction `txn`, kept aside until it commits.
-    TxnWrite { txn: u64, batch: WriteBatch },
+    TxnWrite {
+        txn: u64,
+        batch: WriteBatch,
+    },
     /// Transaction `txn` is committing, at a timestamp at least this entry's.
-    TxnPrepare { txn: u64 },
+    TxnPrepare {
+        txn: u64,
+    },
     /// Transaction `txn` commits at `commit_ts`.
-    TxnCommit { txn: u64, commit_ts: Timestamp },
-    TxnAbort { txn: u64 },
+    TxnCommit {
+        txn: u64,
+        commit_ts: Timestamp,
+    },
+    TxnAbort {
+        txn: u64,
+    },
 }
 
 const ALTER_SCHEMA: u8 = 0x80;

@@ -539,7 +539,9 @@ fn history_beyond_the_retention_is_refused_and_dropped() {
             WriteKind::Delete => batch.project(&[1]).unwrap(),
             _ => batch,
         };
-        tablet.apply(index, ts, &WriteBatch::new(kind, rows)).unwrap();
+        tablet
+            .apply(index, ts, &WriteBatch::new(kind, rows))
+            .unwrap();
     };
     // Two hours ago: 100 rows, 10 of them deleted. Half an hour ago: 20 rows changed.
     write(
@@ -674,7 +676,9 @@ fn major_delta_compaction_rewrites_only_the_updated_columns() {
         };
         index += 1;
         let ts = now();
-        tablet.apply(index, ts, &WriteBatch::new(kind, rows)).unwrap();
+        tablet
+            .apply(index, ts, &WriteBatch::new(kind, rows))
+            .unwrap();
         tablet.flush().unwrap();
         ts
     };
@@ -882,9 +886,13 @@ fn writes_go_on_while_a_flush_writes_its_files() {
                 let tablet = hook_me.get().and_then(Weak::upgrade).unwrap();
                 let schema = hook_schema.clone();
                 let writer = std::thread::spawn(move || {
-                    let batch = WriteBatch::new(WriteKind::Insert, rows(&schema, &[(1000, None, 1)]));
+                    let batch =
+                        WriteBatch::new(WriteKind::Insert, rows(&schema, &[(1000, None, 1)]));
                     tablet.apply(3, now(), &batch).unwrap();
-                    let update = WriteBatch::new(WriteKind::Update, rows(&schema, &[(1, None, -1)]).project(&[1, 2]).unwrap());
+                    let update = WriteBatch::new(
+                        WriteKind::Update,
+                        rows(&schema, &[(1, None, -1)]).project(&[1, 2]).unwrap(),
+                    );
                     tablet.apply(4, now(), &update).unwrap();
                 });
                 let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -902,7 +910,10 @@ fn writes_go_on_while_a_flush_writes_its_files() {
     let entries: Vec<_> = (0..100).map(|k| (k, None, k)).collect();
     let batch = WriteBatch::new(WriteKind::Insert, rows(&schema, &entries));
     tablet.apply(1, now(), &batch).unwrap();
-    let update = WriteBatch::new(WriteKind::Update, rows(&schema, &[(2, None, -2)]).project(&[1, 2]).unwrap());
+    let update = WriteBatch::new(
+        WriteKind::Update,
+        rows(&schema, &[(2, None, -2)]).project(&[1, 2]).unwrap(),
+    );
     tablet.apply(2, now(), &update).unwrap();
     tablet.flush().unwrap();
     assert_eq!(
@@ -1079,7 +1090,10 @@ fn recent_deletions_alone_do_not_trigger_rewrites() {
     tablet.flush().unwrap();
     let delete = |index, ts, keys: std::ops::Range<i64>| {
         let gone: Vec<_> = keys.map(|k| (k, None, k)).collect();
-        let batch = WriteBatch::new(WriteKind::Delete, rows(&schema, &gone).project(&[1]).unwrap());
+        let batch = WriteBatch::new(
+            WriteKind::Delete,
+            rows(&schema, &gone).project(&[1]).unwrap(),
+        );
         tablet.apply(index, ts, &batch).unwrap();
         tablet.flush().unwrap();
     };
@@ -1196,10 +1210,17 @@ fn conditional_writes_refuse_rows_changed_after_their_snapshot() {
                     assert_eq!(outcome.rows, applied);
                 }
             }
-            assert_eq!(scan(&tablet, Timestamp(u64::MAX), None), model, "seed {seed}, step {index}");
+            assert_eq!(
+                scan(&tablet, Timestamp(u64::MAX), None),
+                model,
+                "seed {seed}, step {index}"
+            );
         }
         assert!(refused > 0, "seed {seed}: no conditional write conflicted");
-        assert!(spurious < refused, "seed {seed}: {spurious} of {refused} refusals were spurious");
+        assert!(
+            spurious < refused,
+            "seed {seed}: {spurious} of {refused} refusals were spurious"
+        );
     }
 }
 
@@ -1217,51 +1238,93 @@ fn transactions_apply_at_commit_and_survive_flush_and_reopen() {
     let insert = |rows: &[(i64, Option<String>, i64)]| {
         WriteBatch::new(WriteKind::Insert, self::rows(&schema, rows))
     };
-    tablet.apply(1, Timestamp(t0), &insert(&[row(1, 10)])).unwrap();
+    tablet
+        .apply(1, Timestamp(t0), &insert(&[row(1, 10)]))
+        .unwrap();
     // Transaction 7 inserts 2 and 3, then updates 3 and deletes 1.
-    tablet.apply_txn_write(2, Timestamp(t0 + 1), 7, &insert(&[row(2, 20), row(3, 30)])).unwrap();
+    tablet
+        .apply_txn_write(2, Timestamp(t0 + 1), 7, &insert(&[row(2, 20), row(3, 30)]))
+        .unwrap();
     let update = WriteBatch::new(
         WriteKind::Update,
         rows(&schema, &[row(3, 31)]).project(&[1, 2]).unwrap(),
     );
-    tablet.apply_txn_write(3, Timestamp(t0 + 2), 7, &update).unwrap();
-    let delete = WriteBatch::new(WriteKind::Delete, rows(&schema, &[row(1, 0)]).project(&[1]).unwrap());
-    tablet.apply_txn_write(4, Timestamp(t0 + 3), 7, &delete).unwrap();
+    tablet
+        .apply_txn_write(3, Timestamp(t0 + 2), 7, &update)
+        .unwrap();
+    let delete = WriteBatch::new(
+        WriteKind::Delete,
+        rows(&schema, &[row(1, 0)]).project(&[1]).unwrap(),
+    );
+    tablet
+        .apply_txn_write(4, Timestamp(t0 + 3), 7, &delete)
+        .unwrap();
     // Its own checks: 2 exists for it now; 9 does not.
     let again = tablet.apply_txn_write(5, Timestamp(t0 + 4), 7, &insert(&[row(2, 0)]));
-    assert!(matches!(again, Err(StorageError::DuplicateKey { .. })), "{again:?}");
-    let missing = WriteBatch::new(WriteKind::Delete, rows(&schema, &[row(9, 0)]).project(&[1]).unwrap());
+    assert!(
+        matches!(again, Err(StorageError::DuplicateKey { .. })),
+        "{again:?}"
+    );
+    let missing = WriteBatch::new(
+        WriteKind::Delete,
+        rows(&schema, &[row(9, 0)]).project(&[1]).unwrap(),
+    );
     let missing = tablet.apply_txn_write(6, Timestamp(t0 + 5), 7, &missing);
-    assert!(matches!(missing, Err(StorageError::KeyNotFound { .. })), "{missing:?}");
+    assert!(
+        matches!(missing, Err(StorageError::KeyNotFound { .. })),
+        "{missing:?}"
+    );
     let before: Model = [(1, (Some("s1".into()), 10))].into();
-    assert_eq!(scan(&tablet, Timestamp(u64::MAX), None), before, "pending rows are invisible");
+    assert_eq!(
+        scan(&tablet, Timestamp(u64::MAX), None),
+        before,
+        "pending rows are invisible"
+    );
     // Other writes to its keys are refused; a conditional one reports a conflict.
     let other = tablet.apply(7, Timestamp(t0 + 6), &insert(&[row(2, 0)]));
-    assert!(matches!(other, Err(StorageError::Locked { .. })), "{other:?}");
+    assert!(
+        matches!(other, Err(StorageError::Locked { .. })),
+        "{other:?}"
+    );
     let conditional = WriteBatch::new(
         WriteKind::Update,
         rows(&schema, &[row(1, 11)]).project(&[1, 2]).unwrap(),
     )
     .unchanged_since(Timestamp(t0 + 6));
-    let outcome = tablet.apply_write(8, Timestamp(t0 + 7), &conditional).unwrap();
+    let outcome = tablet
+        .apply_write(8, Timestamp(t0 + 7), &conditional)
+        .unwrap();
     assert_eq!((outcome.rows, outcome.conflicts), (0, vec![0]));
     let other_txn = tablet.apply_txn_write(9, Timestamp(t0 + 8), 8, &insert(&[row(3, 0)]));
-    assert!(matches!(other_txn, Err(StorageError::Locked { .. })), "{other_txn:?}");
+    assert!(
+        matches!(other_txn, Err(StorageError::Locked { .. })),
+        "{other_txn:?}"
+    );
     // Transaction 8 inserts 5 and aborts.
-    tablet.apply_txn_write(10, Timestamp(t0 + 9), 8, &insert(&[row(5, 50)])).unwrap();
+    tablet
+        .apply_txn_write(10, Timestamp(t0 + 9), 8, &insert(&[row(5, 50)]))
+        .unwrap();
     tablet.abort_txn(11, 8);
     // A flush and a reopen keep transaction 7 (prepared) pending, with its locks.
     tablet.prepare_txn(12, Timestamp(t0 + 10), 7).unwrap();
-    tablet.apply(13, Timestamp(t0 + 11), &insert(&[row(6, 60)])).unwrap();
+    tablet
+        .apply(13, Timestamp(t0 + 11), &insert(&[row(6, 60)]))
+        .unwrap();
     tablet.flush().unwrap();
     drop(tablet);
     tablet = Tablet::open(dir.path(), options).unwrap();
     assert_eq!(tablet.durable_index(), 13);
     let pending = tablet.pending_txns();
     assert_eq!(pending.len(), 1);
-    assert_eq!((pending[0].txn, pending[0].prepared), (7, Some(Timestamp(t0 + 10))));
+    assert_eq!(
+        (pending[0].txn, pending[0].prepared),
+        (7, Some(Timestamp(t0 + 10)))
+    );
     let locked = tablet.apply(14, Timestamp(t0 + 12), &insert(&[row(3, 0)]));
-    assert!(matches!(locked, Err(StorageError::Locked { .. })), "{locked:?}");
+    assert!(
+        matches!(locked, Err(StorageError::Locked { .. })),
+        "{locked:?}"
+    );
     let committed = t0 + 13;
     assert_eq!(tablet.commit_txn(15, Timestamp(committed), 7).unwrap(), 4);
     assert!(tablet.pending_txns().is_empty());
@@ -1275,7 +1338,9 @@ fn transactions_apply_at_commit_and_survive_flush_and_reopen() {
     let just_before: Model = [(1, (Some("s1".into()), 10)), (6, (Some("s6".into()), 60))].into();
     assert_eq!(scan(&tablet, Timestamp(committed - 1), None), just_before);
     // The keys are free again.
-    tablet.apply(16, Timestamp(t0 + 14), &insert(&[row(1, 1)])).unwrap();
+    tablet
+        .apply(16, Timestamp(t0 + 14), &insert(&[row(1, 1)]))
+        .unwrap();
     // And the committed rows survive a flush and a reopen like any.
     tablet.flush().unwrap();
     drop(tablet);

@@ -1301,9 +1301,12 @@ mod cluster {
         let create = "CREATE TABLE bank (id BIGINT PRIMARY KEY, balance BIGINT) \
                       DISTRIBUTE BY HASH (id) INTO 4 BUCKETS WITH (replicas = 3)";
         ddl_when_ready(&url, create).await;
-        sql(&url, &format!("INSERT INTO bank SELECT value, 100 FROM generate_series(1, {ACCOUNTS})"))
-            .await
-            .unwrap();
+        sql(
+            &url,
+            &format!("INSERT INTO bank SELECT value, 100 FROM generate_series(1, {ACCOUNTS})"),
+        )
+        .await
+        .unwrap();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let running = || !stop.load(std::sync::atomic::Ordering::Acquire);
         let transfers = (0..2u64).map(|seed| {
@@ -1339,7 +1342,11 @@ mod cluster {
                     let read = "SELECT sum(balance), count(*) FROM bank";
                     if let Ok(batches) = sql(&url, read).await {
                         let (sum, count) = (column_i64(&batches, 0), column_i64(&batches, 1));
-                        assert_eq!((sum[0], count[0]), (TOTAL, ACCOUNTS), "a snapshot saw half a transfer");
+                        assert_eq!(
+                            (sum[0], count[0]),
+                            (TOTAL, ACCOUNTS),
+                            "a snapshot saw half a transfer"
+                        );
                         snapshots += 1;
                     }
                 }
@@ -1347,11 +1354,18 @@ mod cluster {
             })
         };
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let leaders = sql(&url, "SELECT leader FROM sys.partitions WHERE table_name = 'bank' AND tablet = 0")
-            .await
-            .unwrap();
+        let leaders = sql(
+            &url,
+            "SELECT leader FROM sys.partitions WHERE table_name = 'bank' AND tablet = 0",
+        )
+        .await
+        .unwrap();
         let leader = arrow::util::display::array_value_to_string(leaders[0].column(0), 0).unwrap();
-        let victim = cluster.servers.iter().position(|s| s.addr == leader).unwrap_or(0);
+        let victim = cluster
+            .servers
+            .iter()
+            .position(|s| s.addr == leader)
+            .unwrap_or(0);
         cluster.servers[victim].kill();
         tokio::time::sleep(Duration::from_secs(3)).await;
         cluster.restart_server(victim);
@@ -1368,10 +1382,16 @@ mod cluster {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(batches) = sql(&url, "SELECT sum(balance), count(*) FROM bank").await {
-                assert_eq!((column_i64(&batches, 0)[0], column_i64(&batches, 1)[0]), (TOTAL, ACCOUNTS));
+                assert_eq!(
+                    (column_i64(&batches, 0)[0], column_i64(&batches, 1)[0]),
+                    (TOTAL, ACCOUNTS)
+                );
                 break;
             }
-            assert!(Instant::now() < deadline, "the bank cannot be read after the kill");
+            assert!(
+                Instant::now() < deadline,
+                "the bank cannot be read after the kill"
+            );
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
@@ -1827,7 +1847,10 @@ mod cluster {
             *statements.entry((id % 2, id / 2 / batch)).or_default() += 1;
         }
         for ((writer, n), rows) in statements {
-            assert_eq!(rows, batch, "writer {writer}'s statement {n} is partly stored");
+            assert_eq!(
+                rows, batch,
+                "writer {writer}'s statement {n} is partly stored"
+            );
         }
         stored
     }
@@ -1896,8 +1919,7 @@ mod cluster {
             ],
         )
         .unwrap();
-        let batch = WriteBatch::new(WriteKind::Upsert, rows)
-        .encode();
+        let batch = WriteBatch::new(WriteKind::Upsert, rows).encode();
         loop {
             assert!(
                 started.elapsed() < Duration::from_secs(60),

@@ -54,7 +54,8 @@ impl Written {
         self.rows += outcome.rows;
         if !outcome.conflicts.is_empty() {
             let refused = UInt32Array::from(outcome.conflicts);
-            self.conflicts.push(take_record_batch(&batch.rows, &refused)?);
+            self.conflicts
+                .push(take_record_batch(&batch.rows, &refused)?);
         }
         Ok(())
     }
@@ -166,7 +167,9 @@ impl Client {
         kind: WriteKind,
         rows: &RecordBatch,
     ) -> Result<usize, WriteError> {
-        self.write_rows(table, kind, rows, None).await.map(|w| w.rows)
+        self.write_rows(table, kind, rows, None)
+            .await
+            .map(|w| w.rows)
     }
 
     /// Whether `rows` go to one tablet in one write (which applies entirely or not at all; more

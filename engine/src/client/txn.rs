@@ -18,8 +18,8 @@ use arrow::array::{AsArray, Int64Array, RecordBatch};
 use arrow::datatypes::Int64Type;
 use futures::future::join_all;
 use nyala_storage::{
-    ColumnPredicate, ColumnSchema, ColumnType, PredicateOp, Scalar, ScanSpec, Schema,
-    StorageError, Timestamp, WriteBatch, WriteKind,
+    ColumnPredicate, ColumnSchema, ColumnType, PredicateOp, Scalar, ScanSpec, Schema, StorageError,
+    Timestamp, WriteBatch, WriteKind,
 };
 use parking_lot::Mutex;
 
@@ -52,7 +52,11 @@ impl Client {
 
     /// Records `commit` (a commit timestamp, or None for an abort) as the decision on
     /// transaction `txn`, unless a decision is recorded already; returns the one that holds.
-    pub async fn decide_txn(&self, txn: u64, commit: Option<Timestamp>) -> Result<Option<Timestamp>> {
+    pub async fn decide_txn(
+        &self,
+        txn: u64,
+        commit: Option<Timestamp>,
+    ) -> Result<Option<Timestamp>> {
         let table = self.status_table().await?;
         let value = commit.map_or(-1, |t| t.0 as i64);
         let row = RecordBatch::try_new(
@@ -68,7 +72,9 @@ impl Client {
                 error: EngineError::Storage(StorageError::DuplicateKey { .. }),
                 ..
             }) => self.txn_decision(&table, txn).await?.ok_or_else(|| {
-                EngineError::Remote(format!("transaction {txn} has a decision that cannot be read"))
+                EngineError::Remote(format!(
+                    "transaction {txn} has a decision that cannot be read"
+                ))
             }),
             Err(e) => Err(e.error),
         }
@@ -76,7 +82,11 @@ impl Client {
 
     /// The decision recorded on transaction `txn`: None if there is none, else its commit
     /// timestamp (None inside: aborted).
-    async fn txn_decision(&self, table: &TableHandle, txn: u64) -> Result<Option<Option<Timestamp>>> {
+    async fn txn_decision(
+        &self,
+        table: &TableHandle,
+        txn: u64,
+    ) -> Result<Option<Option<Timestamp>>> {
         let spec = ScanSpec {
             projection: Some(vec![1]),
             predicates: vec![ColumnPredicate {
@@ -174,7 +184,9 @@ impl Transaction {
                     None => when_unlocked(write).await,
                 }
                 .map_err(|error| WriteError { applied: 0, error })?;
-                written.absorb(&batch, outcome).map_err(|error| WriteError { applied: 0, error })?;
+                written
+                    .absorb(&batch, outcome)
+                    .map_err(|error| WriteError { applied: 0, error })?;
             }
             Ok::<Written, WriteError>(written)
         });
@@ -199,7 +211,8 @@ impl Transaction {
                 .await
                 .map(drop),
             _ => {
-                let prepared = join_all(participants.iter().map(|t| tablets.prepare_txn(t, self.id)));
+                let prepared =
+                    join_all(participants.iter().map(|t| tablets.prepare_txn(t, self.id)));
                 let mut commit_ts = Timestamp(0);
                 for prepared in prepared.await {
                     match prepared {
@@ -215,7 +228,8 @@ impl Transaction {
                     Ok(None) => {
                         self.abort().await;
                         return Err(EngineError::Remote(
-                            "the transaction was aborted while it committed (it took too long)".into(),
+                            "the transaction was aborted while it committed (it took too long)"
+                                .into(),
                         ));
                     }
                     Err(e) => {
@@ -228,7 +242,9 @@ impl Transaction {
                     }
                 }
                 let finished = join_all(
-                    participants.iter().map(|t| tablets.finish_txn(t, self.id, Some(commit_ts))),
+                    participants
+                        .iter()
+                        .map(|t| tablets.finish_txn(t, self.id, Some(commit_ts))),
                 );
                 for (tablet, result) in participants.iter().zip(finished.await) {
                     if let Err(e) = result {
@@ -246,7 +262,11 @@ impl Transaction {
     pub async fn abort(&self) {
         let participants: Vec<String> = self.participants.lock().iter().cloned().collect();
         let tablets = &self.client.tablets;
-        let aborted = join_all(participants.iter().map(|t| tablets.finish_txn(t, self.id, None)));
+        let aborted = join_all(
+            participants
+                .iter()
+                .map(|t| tablets.finish_txn(t, self.id, None)),
+        );
         for (tablet, result) in participants.iter().zip(aborted.await) {
             if let Err(e) = result {
                 // The tablet aborts it when it finds it abandoned.

@@ -397,11 +397,14 @@ mod tests {
     fn rows(schema: &Schema, first: i64, n: i64) -> WriteBatch {
         let keys = Int64Array::from_iter_values(first..first + n);
         let values = StringArray::from_iter_values((0..n).map(|_| "x".repeat(1000)));
-        WriteBatch::new(WriteKind::Insert, RecordBatch::try_new(
+        WriteBatch::new(
+            WriteKind::Insert,
+            RecordBatch::try_new(
                 schema.arrow_schema(),
                 vec![Arc::new(keys), Arc::new(values)],
             )
-            .unwrap())
+            .unwrap(),
+        )
     }
 
     fn server(dir: &std::path::Path, flush_threshold: usize, limit: usize) -> Arc<TabletServer> {

@@ -500,7 +500,9 @@ impl TabletReplica {
             Some(commit_ts) => TabletOp::TxnCommit { txn, commit_ts },
             None => TabletOp::TxnAbort { txn },
         };
-        self.propose_with(|| Ok(op.encode())).await.map(|(_, o)| o.rows)
+        self.propose_with(|| Ok(op.encode()))
+            .await
+            .map(|(_, o)| o.rows)
     }
 
     /// The transactions with writes here that have not ended.

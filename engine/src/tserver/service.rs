@@ -19,8 +19,7 @@ use crate::rpc::proto::tserver::{
     AlterSchemaRequest, ChangeMembershipRequest, CopyTabletRequest, CreateReplicaRequest,
     FetchChunkRequest, FetchChunkResponse, MembershipChangeKind, SafeSnapshotResponse,
     ScanNextRequest, ScanOpenRequest, ScanResponse, TabletFiles, TransferLeadershipRequest,
-    TxnFinishRequest, TxnPrepareResponse, TxnRequest, TxnWriteRequest, WriteRequest,
-    WriteResponse,
+    TxnFinishRequest, TxnPrepareResponse, TxnRequest, TxnWriteRequest, WriteRequest, WriteResponse,
 };
 use crate::{EngineError, Result};
 

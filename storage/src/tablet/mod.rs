@@ -49,8 +49,8 @@ use crate::KeyCache;
 use crate::{Schema, StorageError, Timestamp};
 
 pub use maintenance::{MaintenanceKind, MaintenanceOp};
-pub use txn::TxnState;
 use metadata::{read_metadata, write_metadata, Metadata, METADATA};
+pub use txn::TxnState;
 
 #[derive(Clone, Debug)]
 pub struct TabletOptions {
@@ -163,7 +163,14 @@ impl Tablet {
         // No rowsets yet; rowset ids and auto_incrementing_ids start at 1.
         let meta = Metadata::of(&schema, &[], &[], 1, 0, 1, None);
         write_metadata(dir, &meta, &|_| Ok(()))?;
-        Ok(Tablet::opened(dir, options, meta, vec![], vec![], Default::default()))
+        Ok(Tablet::opened(
+            dir,
+            options,
+            meta,
+            vec![],
+            vec![],
+            Default::default(),
+        ))
     }
 
     pub fn open(dir: &Path, options: TabletOptions) -> Result<Tablet, StorageError> {

@@ -278,17 +278,20 @@ pub(super) fn write_file(
 }
 
 /// Reads a file [`write_file`] wrote: the pending transactions and their locks.
-pub(super) fn read_file(
-    path: &Path,
-    schema: &crate::Schema,
-) -> Result<Pending, StorageError> {
+pub(super) fn read_file(path: &Path, schema: &crate::Schema) -> Result<Pending, StorageError> {
     let bytes = std::fs::read(path)?;
-    let bad = |what: &str| StorageError::Corruption(format!("{} is damaged: {what}", path.display()));
-    let (body, crc) = bytes.split_last_chunk::<4>().ok_or_else(|| bad("too short"))?;
+    let bad =
+        |what: &str| StorageError::Corruption(format!("{} is damaged: {what}", path.display()));
+    let (body, crc) = bytes
+        .split_last_chunk::<4>()
+        .ok_or_else(|| bad("too short"))?;
     if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
         return Err(bad("checksum mismatch"));
     }
-    let mut reader = Reader(body.strip_prefix(MAGIC).ok_or_else(|| bad("not a transactions file"))?);
+    let mut reader = Reader(
+        body.strip_prefix(MAGIC)
+            .ok_or_else(|| bad("not a transactions file"))?,
+    );
     let truncated = || bad("truncated");
     let mut txns = BTreeMap::new();
     let mut locks = HashMap::new();

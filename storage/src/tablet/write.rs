@@ -42,7 +42,8 @@ impl Tablet {
         ts: Timestamp,
         batch: &WriteBatch,
     ) -> Result<usize, StorageError> {
-        self.apply_write(index, ts, batch).map(|outcome| outcome.rows)
+        self.apply_write(index, ts, batch)
+            .map(|outcome| outcome.rows)
     }
 
     /// [`Self::apply`], also reporting the rows of a conditional batch (`unchanged_since`)
@@ -239,7 +240,10 @@ impl Tablet {
 
     /// Checks a batch's columns against the schema and returns it in the shape the kind needs:
     /// full table rows for INSERT/UPSERT, key + changed columns for UPDATE, keys for DELETE.
-    pub(super) fn conform(schema: &Schema, batch: &WriteBatch) -> Result<RecordBatch, StorageError> {
+    pub(super) fn conform(
+        schema: &Schema,
+        batch: &WriteBatch,
+    ) -> Result<RecordBatch, StorageError> {
         let table = schema.arrow_schema();
         let rows = &batch.rows;
         for field in rows.schema().fields() {
@@ -403,11 +407,7 @@ impl State {
         Ok(true)
     }
 
-    pub(super) fn locate(
-        &self,
-        key: &[u8],
-        cache: &KeyCache,
-    ) -> Result<Location, StorageError> {
+    pub(super) fn locate(&self, key: &[u8], cache: &KeyCache) -> Result<Location, StorageError> {
         let frozen = || self.frozen.as_ref()?.latest(key);
         if let Some(v) = self.mrs.latest(key).or_else(frozen) {
             return Ok(match v.row {
