@@ -11,9 +11,9 @@
 //!   the work to yield now and then: DataFusion's operators loop over their input until it
 //!   returns Pending, and some sources never do (`generate_series` claims to cooperate with
 //!   tokio's budget but does not), so [`YieldingLeaves`] puts every such source behind a
-//!   `CooperativeExec`, and every join without equality keys (a cross join of two small inputs
-//!   makes rows for hours without polling them). Tablet scans yield by themselves (their rows
-//!   come through a channel).
+//!   `CooperativeExec`. Tablet scans yield by themselves (their rows come through a channel).
+//!   A nested-loop join with a selective filter still computes for seconds between two polls
+//!   of its inputs, so its statement ends some seconds after its timeout.
 //! - **Admission**: at most [`QueryLimits::max_running_queries`] queries run at once; more wait
 //!   their turn (within their timeout) instead of all competing for memory and cores.
 //!   Statements that change rows are not queued behind queries.
@@ -38,7 +38,6 @@ use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskCo
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
-use datafusion::physical_plan::joins::{CrossJoinExec, NestedLoopJoinExec};
 use datafusion::physical_plan::ExecutionPlan;
 use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -273,19 +272,15 @@ pub(crate) fn statement_timeout(timeout: Duration) -> DataFusionError {
     ))
 }
 
-/// Puts every source of rows except tablet scans, and every join without equality keys, behind
-/// a [`CooperativeExec`], so the operators above them yield to the runtime now and then (see the
-/// module documentation).
+/// Puts every source of rows except tablet scans behind a [`CooperativeExec`], so the
+/// operators above it yield to the runtime now and then (see the module documentation).
 #[derive(Debug, Default)]
 pub(crate) struct YieldingLeaves;
 
 impl YieldingLeaves {
     fn wrap(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
         let yields = plan.is::<CooperativeExec>() || plan.is::<crate::scan::NyalaScanExec>();
-        // Joins without equality keys make many rows of each input row, for as long as the
-        // inputs' product lasts, without polling their inputs.
-        let multiplies = plan.is::<NestedLoopJoinExec>() || plan.is::<CrossJoinExec>();
-        match (plan.children().is_empty() || multiplies) && !yields {
+        match plan.children().is_empty() && !yields {
             true => Arc::new(CooperativeExec::new(plan)),
             false => plan,
         }
