@@ -167,7 +167,7 @@ impl Client {
         kind: WriteKind,
         rows: &RecordBatch,
     ) -> Result<usize, WriteError> {
-        self.write_rows(table, kind, rows, None)
+        self.write_rows(table, kind, rows, None, None)
             .await
             .map(|w| w.rows)
     }
@@ -189,15 +189,21 @@ impl Client {
         rows: &RecordBatch,
         snapshot: Timestamp,
     ) -> Result<Written, WriteError> {
-        self.write_rows(table, kind, rows, Some(snapshot)).await
+        self.write_rows(table, kind, rows, Some(snapshot), None)
+            .await
     }
 
-    async fn write_rows(
+    /// Writes `rows` to the tablets they belong to: each tablet's share in writes of its own,
+    /// or, with `txn`, as writes of that transaction (each tablet becoming a participant). A
+    /// write meeting rows a transaction in progress has locked waits for them, except a
+    /// conditional one in a transaction (see [`when_unlocked`]).
+    pub(crate) async fn write_rows(
         &self,
         table: &TableInfo,
         kind: WriteKind,
         rows: &RecordBatch,
         unchanged_since: Option<Timestamp>,
+        txn: Option<&Transaction>,
     ) -> Result<Written, WriteError> {
         let parts = table
             .partition
@@ -205,16 +211,29 @@ impl Client {
             .map_err(|error| WriteError { applied: 0, error })?;
         let writes = parts.into_iter().map(|(tablet, rows)| async move {
             let tablet = &table.tablets[tablet];
+            if let Some(txn) = txn {
+                txn.joins(tablet);
+            }
             let mut written = Written::default();
             for chunk in chunks(&rows) {
                 let mut batch = WriteBatch::new(kind, chunk);
                 batch.unchanged_since = unchanged_since;
+                let write = || async {
+                    match txn {
+                        None => self.tablets.write(tablet, &batch).await,
+                        Some(txn) => self.tablets.txn_write(tablet, txn.id(), &batch).await,
+                    }
+                };
+                // A conditional write in a transaction does not wait for locks while holding
+                // its own: its statement starts again instead (two could wait for each other).
+                let outcome = match (txn, unchanged_since) {
+                    (Some(_), Some(_)) => write().await,
+                    _ => when_unlocked(write).await,
+                };
                 let applied = written.rows;
-                let outcome = when_unlocked(|| self.tablets.write(tablet, &batch))
-                    .await
+                outcome
                     .and_then(|outcome| written.absorb(&batch, outcome))
-                    .map_err(|error| WriteError { applied, error });
-                outcome?;
+                    .map_err(|error| WriteError { applied, error })?;
             }
             Ok::<Written, WriteError>(written)
         });

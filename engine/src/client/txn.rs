@@ -19,11 +19,11 @@ use arrow::datatypes::Int64Type;
 use futures::future::join_all;
 use nyala_storage::{
     ColumnPredicate, ColumnSchema, ColumnType, PredicateOp, Scalar, ScanSpec, Schema, StorageError,
-    Timestamp, WriteBatch, WriteKind,
+    Timestamp, WriteKind,
 };
 use parking_lot::Mutex;
 
-use super::{chunks, when_unlocked, Client, TableHandle, WriteError, Written};
+use super::{Client, TableHandle, WriteError, Written};
 use crate::catalog::DdlOp;
 use crate::partition::PartitionSchema;
 use crate::{EngineError, Result};
@@ -162,41 +162,17 @@ impl Transaction {
         rows: &RecordBatch,
         unchanged_since: Option<Timestamp>,
     ) -> Result<Written, WriteError> {
-        let parts = table
-            .partition
-            .split(&table.schema, rows)
-            .map_err(|error| WriteError { applied: 0, error })?;
-        self.participants
-            .lock()
-            .extend(parts.iter().map(|(t, _)| table.tablets[*t].clone()));
-        let writes = parts.into_iter().map(|(tablet, rows)| async move {
-            let tablet = &table.tablets[tablet];
-            let mut written = Written::default();
-            for chunk in chunks(&rows) {
-                let mut batch = WriteBatch::new(kind, chunk);
-                batch.unchanged_since = unchanged_since;
-                let tablets = &self.client.tablets;
-                let write = || tablets.txn_write(tablet, self.id, &batch);
-                // A conditional write does not wait for locks while holding its own: the
-                // statement starts again instead (two could wait for each other).
-                let outcome = match unchanged_since {
-                    Some(_) => write().await,
-                    None => when_unlocked(write).await,
-                }
-                .map_err(|error| WriteError { applied: 0, error })?;
-                written
-                    .absorb(&batch, outcome)
-                    .map_err(|error| WriteError { applied: 0, error })?;
-            }
-            Ok::<Written, WriteError>(written)
-        });
-        let mut written = Written::default();
-        for result in join_all(writes).await {
-            let part = result?;
-            written.rows += part.rows;
-            written.conflicts.extend(part.conflicts);
+        (self.client)
+            .write_rows(table, kind, rows, unchanged_since, Some(self))
+            .await
+    }
+
+    /// Tablet `tablet` is about to take a write of the transaction.
+    pub(super) fn joins(&self, tablet: &str) {
+        let mut participants = self.participants.lock();
+        if !participants.contains(tablet) {
+            participants.insert(tablet.to_string());
         }
-        Ok(written)
     }
 
     /// Commits: every write becomes visible at one timestamp, or, if this fails, none does
@@ -241,18 +217,23 @@ impl Transaction {
                         )));
                     }
                 }
-                let finished = join_all(
-                    participants
-                        .iter()
-                        .map(|t| tablets.finish_txn(t, self.id, Some(commit_ts))),
-                );
-                for (tablet, result) in participants.iter().zip(finished.await) {
-                    if let Err(e) = result {
-                        // Decided: the tablet completes the commit when it resolves the
-                        // transaction.
-                        tracing::warn!(tablet, txn = self.id, error = %e, "commit not delivered");
+                // Acknowledged once decided: a scan at or above a prepare timestamp waits for
+                // the commit to reach its tablet, so the next statement sees it all the same.
+                let (tablets, id) = (self.client.tablets.clone(), self.id);
+                tokio::spawn(async move {
+                    let finished = join_all(
+                        participants
+                            .iter()
+                            .map(|t| tablets.finish_txn(t, id, Some(commit_ts))),
+                    );
+                    for (tablet, result) in participants.iter().zip(finished.await) {
+                        if let Err(e) = result {
+                            // Decided: the tablet completes the commit when it resolves the
+                            // transaction.
+                            tracing::warn!(tablet, txn = id, error = %e, "commit not delivered");
+                        }
                     }
-                }
+                });
                 Ok(())
             }
         }
