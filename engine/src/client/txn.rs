@@ -217,23 +217,16 @@ impl Transaction {
                         )));
                     }
                 }
-                // Acknowledged once decided: a scan at or above a prepare timestamp waits for
-                // the commit to reach its tablet, so the next statement sees it all the same.
-                let (tablets, id) = (self.client.tablets.clone(), self.id);
-                tokio::spawn(async move {
-                    let finished = join_all(
-                        participants
-                            .iter()
-                            .map(|t| tablets.finish_txn(t, id, Some(commit_ts))),
-                    );
-                    for (tablet, result) in participants.iter().zip(finished.await) {
-                        if let Err(e) = result {
-                            // Decided: the tablet completes the commit when it resolves the
-                            // transaction.
-                            tracing::warn!(tablet, txn = id, error = %e, "commit not delivered");
-                        }
+                let finished = join_all(
+                    (participants.iter()).map(|t| tablets.finish_txn(t, self.id, Some(commit_ts))),
+                );
+                for (tablet, result) in participants.iter().zip(finished.await) {
+                    if let Err(e) = result {
+                        // Decided: the tablet completes the commit when it resolves the
+                        // transaction.
+                        tracing::warn!(tablet, txn = self.id, error = %e, "commit not delivered");
                     }
-                });
+                }
                 Ok(())
             }
         }
