@@ -143,7 +143,12 @@ impl Tablets for LocalTablets {
         self.0.replica(id)?.prepare_txn(txn).await
     }
 
-    async fn finish_txn(&self, id: &str, txn: u64, commit: Option<Timestamp>) -> Result<usize> {
+    async fn finish_txn(
+        &self,
+        id: &str,
+        txn: u64,
+        commit: Option<Timestamp>,
+    ) -> Result<WriteOutcome> {
         self.0.replica(id)?.finish_txn(txn, commit).await
     }
 

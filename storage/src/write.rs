@@ -169,6 +169,8 @@ pub struct WriteOutcome {
     /// Rows (indices into the batch) whose key changed after the batch's `unchanged_since`
     /// (then no row was applied).
     pub conflicts: Vec<u32>,
+    /// The timestamp the applied rows are visible from (set by the replica that applied them).
+    pub visible_at: Option<Timestamp>,
 }
 
 impl WriteBatch {

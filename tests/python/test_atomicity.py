@@ -206,3 +206,4 @@ def test_concurrent_statements_over_all_tablets_all_count(server, table_name):
     with flightsql.connect(server, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute(f"SELECT min(v), max(v), sum(w) FROM {table_name}")
         assert cur.fetchall() == [(clients * rounds, clients * rounds, rounds * 4)]
+

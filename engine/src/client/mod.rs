@@ -106,6 +106,10 @@ fn is_system_table(name: &str) -> bool {
 pub struct Client {
     catalog: Arc<dyn Catalog>,
     tablets: Arc<dyn Tablets>,
+    /// The newest timestamp a write through this client became visible at: statements never
+    /// read below it, so they see every write acknowledged before them, whichever tablets the
+    /// writes and the reads went to.
+    last_write: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for Client {
@@ -122,7 +126,11 @@ impl Client {
     /// [`crate::embedded::open`] for the embedded node, [`crate::master::MasterNode`] for a
     /// master, [`Client::connect_cluster`] for a coordinator).
     pub fn new(catalog: Arc<dyn Catalog>, tablets: Arc<dyn Tablets>) -> Self {
-        Self { catalog, tablets }
+        Self {
+            catalog,
+            tablets,
+            last_write: Arc::default(),
+        }
     }
 
     /// A coordinator of the cluster whose masters listen at `masters`: it reads the catalog
@@ -232,7 +240,10 @@ impl Client {
                 };
                 let applied = written.rows;
                 outcome
-                    .and_then(|outcome| written.absorb(&batch, outcome))
+                    .and_then(|outcome| {
+                        self.written_at(outcome.visible_at);
+                        written.absorb(&batch, outcome)
+                    })
                     .map_err(|error| WriteError { applied, error })?;
             }
             Ok::<Written, WriteError>(written)
@@ -288,14 +299,24 @@ impl Client {
     }
 
     /// A snapshot at which every tablet of `table` has applied every write it will ever take
-    /// below it: reading all of them at it gives one consistent, repeatable view.
+    /// below it (the tablets wait for writes still in flight below it): reading all of them at
+    /// it gives one consistent, repeatable view that includes every write this client saw
+    /// acknowledged.
     pub async fn safe_snapshot(&self, table: &TableInfo) -> Result<Timestamp> {
         let snapshots = join_all(table.tablets.iter().map(|t| self.tablets.safe_snapshot(t)));
         let mut snapshot = Timestamp(u64::MAX);
         for tablet in snapshots.await {
             snapshot = snapshot.min(tablet?);
         }
-        Ok(snapshot)
+        let last_write = self.last_write.load(std::sync::atomic::Ordering::Acquire);
+        Ok(snapshot.max(Timestamp(last_write)))
+    }
+
+    /// A write through this client became visible at `at`.
+    fn written_at(&self, at: Option<Timestamp>) {
+        if let Some(at) = at {
+            (self.last_write).fetch_max(at.0, std::sync::atomic::Ordering::AcqRel);
+        }
     }
 
     /// The size and shape of each tablet of `table`, in tablet order.

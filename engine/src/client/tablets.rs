@@ -14,7 +14,7 @@ use crate::rpc::decode_rows;
 use crate::rpc::proto::common::TabletRef;
 use crate::rpc::proto::tserver::{
     ScanNextRequest, ScanOpenRequest, ScanResponse, TxnFinishRequest, TxnRequest, TxnWriteRequest,
-    WriteRequest,
+    WriteRequest, WriteResponse,
 };
 use crate::Result;
 
@@ -53,7 +53,12 @@ pub trait Tablets: Send + Sync + 'static {
     async fn prepare_txn(&self, id: &str, txn: u64) -> Result<Timestamp>;
     /// Transaction `txn` commits at `commit` in tablet `id` (see
     /// [`crate::tserver::TabletReplica::finish_txn`]) or, with None, aborts.
-    async fn finish_txn(&self, id: &str, txn: u64, commit: Option<Timestamp>) -> Result<usize>;
+    async fn finish_txn(
+        &self,
+        id: &str,
+        txn: u64,
+        commit: Option<Timestamp>,
+    ) -> Result<WriteOutcome>;
     /// Scans tablet `id` at `snapshot` (None: its leader's safe snapshot).
     fn scan(&self, id: &str, spec: ScanSpec, snapshot: Option<Timestamp>) -> Result<ScanIterator>;
     /// The newest snapshot at which tablet `id` has applied every write it will take below it.
@@ -92,10 +97,7 @@ impl Tablets for RemoteTablets {
                 async move { server.write(request).await }
             })
             .await?;
-        Ok(WriteOutcome {
-            rows: answer.rows as usize,
-            conflicts: answer.conflicts,
-        })
+        Ok(outcome(answer))
     }
 
     fn scan(
@@ -128,10 +130,7 @@ impl Tablets for RemoteTablets {
                 async move { server.txn_write(request).await }
             })
             .await?;
-        Ok(WriteOutcome {
-            rows: answer.rows as usize,
-            conflicts: answer.conflicts,
-        })
+        Ok(outcome(answer))
     }
 
     async fn prepare_txn(&self, id: &str, txn: u64) -> Result<Timestamp> {
@@ -148,7 +147,12 @@ impl Tablets for RemoteTablets {
         Ok(Timestamp(answer.prepare_ts))
     }
 
-    async fn finish_txn(&self, id: &str, txn: u64, commit: Option<Timestamp>) -> Result<usize> {
+    async fn finish_txn(
+        &self,
+        id: &str,
+        txn: u64,
+        commit: Option<Timestamp>,
+    ) -> Result<WriteOutcome> {
         let (_, answer) = self
             .meta
             .call_leader(id, |mut server| {
@@ -161,7 +165,7 @@ impl Tablets for RemoteTablets {
                 async move { server.txn_finish(request).await }
             })
             .await?;
-        Ok(answer.rows as usize)
+        Ok(outcome(answer))
     }
 
     async fn safe_snapshot(&self, id: &str) -> Result<Timestamp> {
@@ -245,5 +249,14 @@ impl Iterator for RemoteScan {
                 return Some(Err(StorageError::Io(std::io::Error::other(e.to_string()))));
             }
         }
+    }
+}
+
+/// What a tablet server answered about a write.
+fn outcome(answer: WriteResponse) -> WriteOutcome {
+    WriteOutcome {
+        rows: answer.rows as usize,
+        conflicts: answer.conflicts,
+        visible_at: (answer.visible_at != 0).then_some(Timestamp(answer.visible_at)),
     }
 }

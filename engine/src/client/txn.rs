@@ -144,6 +144,7 @@ impl Client {
     pub async fn resolve_txn(&self, tablet: &str, txn: u64) -> Result<bool> {
         let decision = self.decide_txn(txn, None).await?;
         self.tablets.finish_txn(tablet, txn, decision).await?;
+        self.written_at(decision);
         Ok(decision.is_some())
     }
 }
@@ -182,10 +183,13 @@ impl Transaction {
         let tablets = &self.client.tablets;
         match participants.as_slice() {
             [] => Ok(()),
-            [only] => tablets
-                .finish_txn(only, self.id, Some(Timestamp(0)))
-                .await
-                .map(drop),
+            [only] => {
+                let finished = tablets
+                    .finish_txn(only, self.id, Some(Timestamp(0)))
+                    .await?;
+                self.client.written_at(finished.visible_at);
+                Ok(())
+            }
             _ => {
                 let prepared =
                     join_all(participants.iter().map(|t| tablets.prepare_txn(t, self.id)));
@@ -220,6 +224,7 @@ impl Transaction {
                 let finished = join_all(
                     (participants.iter()).map(|t| tablets.finish_txn(t, self.id, Some(commit_ts))),
                 );
+                self.client.written_at(Some(commit_ts));
                 for (tablet, result) in participants.iter().zip(finished.await) {
                     if let Err(e) = result {
                         // Decided: the tablet completes the commit when it resolves the

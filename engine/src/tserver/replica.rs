@@ -208,9 +208,12 @@ impl StateMachine for TabletStateMachine {
         // A replayed entry may carry a timestamp ahead of this process's clock.
         self.clock.observe(logged.ts);
         let tablet = &self.tablet;
-        let rows = |rows| WriteOutcome {
-            rows,
-            conflicts: Vec::new(),
+        let committed_at = |at: Timestamp| {
+            move |rows| WriteOutcome {
+                rows,
+                conflicts: Vec::new(),
+                visible_at: Some(at),
+            }
         };
         let result = match &logged.op {
             TabletOp::Write(batch) => tablet.apply_write(index, logged.ts, batch),
@@ -236,7 +239,7 @@ impl StateMachine for TabletStateMachine {
                     _ => *commit_ts,
                 };
                 self.clock.observe(at);
-                let committed = tablet.commit_txn(index, at, *txn).map(rows);
+                let committed = tablet.commit_txn(index, at, *txn).map(committed_at(at));
                 if let Some(p) = prepared {
                     self.inflight.release(p.0);
                 }
@@ -494,15 +497,15 @@ impl TabletReplica {
 
     /// Replicates the end of transaction `txn`: its commit at `commit` (None: an abort; a
     /// timestamp of 0: at the commit entry's own, for a transaction with one participant that
-    /// was not prepared). Returns the rows it applied.
-    pub async fn finish_txn(&self, txn: u64, commit: Option<Timestamp>) -> Result<usize> {
+    /// was not prepared). Returns the rows it applied and when they became visible.
+    pub async fn finish_txn(&self, txn: u64, commit: Option<Timestamp>) -> Result<WriteOutcome> {
         let op = match commit {
             Some(commit_ts) => TabletOp::TxnCommit { txn, commit_ts },
             None => TabletOp::TxnAbort { txn },
         };
         self.propose_with(|| Ok(op.encode()))
             .await
-            .map(|(_, o)| o.rows)
+            .map(|(_, outcome)| outcome)
     }
 
     /// The transactions with writes here that have not ended.

@@ -159,10 +159,7 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
             replica.finish_txn(finish.txn_id, commit).await
         }
         .await;
-        self.respond(finished.map(|rows| WriteResponse {
-            rows: rows as u64,
-            conflicts: Vec::new(),
-        }))
+        self.respond(finished.map(write_response))
     }
 
     async fn scan_open(
@@ -288,5 +285,6 @@ fn write_response(outcome: WriteOutcome) -> WriteResponse {
     WriteResponse {
         rows: outcome.rows as u64,
         conflicts: outcome.conflicts,
+        visible_at: outcome.visible_at.map_or(0, |t| t.0),
     }
 }

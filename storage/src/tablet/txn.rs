@@ -89,7 +89,11 @@ impl Tablet {
             }
         }
         if !conflicts.is_empty() {
-            return Ok(WriteOutcome { rows: 0, conflicts });
+            return Ok(WriteOutcome {
+                rows: 0,
+                conflicts,
+                visible_at: None,
+            });
         }
         // Whether a key exists: as the transaction left it, else as the tablet has it.
         let exists = |key: &[u8]| -> Result<bool, StorageError> {
@@ -145,9 +149,11 @@ impl Tablet {
         for key in kept_keys {
             state.locks.insert(key, txn);
         }
+        // Visible only once the transaction commits.
         Ok(WriteOutcome {
             rows: kept,
             conflicts,
+            visible_at: None,
         })
     }
 

@@ -85,10 +85,18 @@ impl Tablet {
             }
         };
         if !conflicts.is_empty() {
-            return Ok(WriteOutcome { rows: 0, conflicts });
+            return Ok(WriteOutcome {
+                rows: 0,
+                conflicts,
+                visible_at: None,
+            });
         }
         let rows = self.apply_rows(state, ts, batch.kind, rows)?;
-        Ok(WriteOutcome { rows, conflicts })
+        Ok(WriteOutcome {
+            rows,
+            conflicts,
+            visible_at: Some(ts),
+        })
     }
 
     /// `rows` without those whose key changed after `snapshot`, is gone or is locked by a
