@@ -134,12 +134,8 @@ impl NyalaSink {
             && (self.client.is_single_write(&self.table, &first)).map_err(|e| self.failed(e))?;
         if single {
             let written = match unchanged_since {
-                None => {
-                    (self.client.write(&self.table, self.kind, &first).await).map(|rows| Written {
-                        rows,
-                        conflicts: Vec::new(),
-                    })
-                }
+                None => (self.client.write(&self.table, self.kind, &first).await)
+                    .map(|rows| Written { rows, conflicts: 0 }),
                 Some(snapshot) => {
                     (self.client)
                         .write_unchanged_since(&self.table, self.kind, &first, snapshot)
@@ -147,7 +143,7 @@ impl NyalaSink {
                 }
             };
             return match written {
-                Ok(w) if w.conflicts.is_empty() => Ok(Outcome::Written(w.rows as u64)),
+                Ok(w) if w.conflicts == 0 => Ok(Outcome::Written(w.rows as u64)),
                 Ok(_) => Ok(Outcome::Conflict),
                 Err(e) => Err(self.failed(e.error)),
             };
@@ -162,7 +158,7 @@ impl NyalaSink {
                     .write(&self.table, self.kind, &rows_now, unchanged_since)
                     .await;
                 match written {
-                    Ok(w) if w.conflicts.is_empty() => rows += w.rows as u64,
+                    Ok(w) if w.conflicts == 0 => rows += w.rows as u64,
                     Ok(_) => return Ok(Outcome::Conflict),
                     Err(e) if unchanged_since.is_some() && is_locked(&e.error) => {
                         return Ok(Outcome::Conflict)

@@ -7,8 +7,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{RecordBatch, UInt32Array};
-use arrow::compute::take_record_batch;
+use arrow::array::RecordBatch;
 use futures::future::join_all;
 use nyala_storage::{ScanIterator, ScanSpec, Timestamp, WriteBatch, WriteKind, WriteOutcome};
 
@@ -40,24 +39,19 @@ pub struct WriteError {
     pub error: EngineError,
 }
 
-/// What a write did: the rows applied, and the rows refused because they changed after the
-/// snapshot they were read at (see [`Client::write_unchanged_since`]).
+/// What a write did: the rows applied, and how many rows were refused because they changed
+/// after the snapshot they were read at (see [`Client::write_unchanged_since`]).
 #[derive(Debug, Default)]
 pub struct Written {
     pub rows: usize,
-    pub conflicts: Vec<RecordBatch>,
+    pub conflicts: usize,
 }
 
 impl Written {
-    /// Adds what writing `batch` did.
-    fn absorb(&mut self, batch: &WriteBatch, outcome: WriteOutcome) -> Result<()> {
+    /// Adds what one write did.
+    fn absorb(&mut self, outcome: WriteOutcome) {
         self.rows += outcome.rows;
-        if !outcome.conflicts.is_empty() {
-            let refused = UInt32Array::from(outcome.conflicts);
-            self.conflicts
-                .push(take_record_batch(&batch.rows, &refused)?);
-        }
-        Ok(())
+        self.conflicts += outcome.conflicts.len();
     }
 }
 
@@ -187,9 +181,10 @@ impl Client {
         Ok(parts.len() <= 1 && parts.iter().all(|(_, rows)| chunks(rows).len() == 1))
     }
 
-    /// Updates or deletes the rows `rows` name, read at `snapshot`, where they have not changed
-    /// since: the rows that did (or are gone) come back in [`Written::conflicts`] for the caller
-    /// to read again (see [`WriteBatch::unchanged_since`]).
+    /// Updates or deletes the rows `rows` name, read at `snapshot`, if they have not changed
+    /// since: a tablet's write in which some did (or are gone) applies nothing and counts them
+    /// in [`Written::conflicts`], for the caller to read them again (see
+    /// [`WriteBatch::unchanged_since`]).
     pub async fn write_unchanged_since(
         &self,
         table: &TableInfo,
@@ -238,13 +233,12 @@ impl Client {
                     (Some(_), Some(_)) => write().await,
                     _ => when_unlocked(write).await,
                 };
-                let applied = written.rows;
-                outcome
-                    .and_then(|outcome| {
-                        self.written_at(outcome.visible_at);
-                        written.absorb(&batch, outcome)
-                    })
-                    .map_err(|error| WriteError { applied, error })?;
+                let outcome = outcome.map_err(|error| WriteError {
+                    applied: written.rows,
+                    error,
+                })?;
+                self.written_at(outcome.visible_at);
+                written.absorb(outcome);
             }
             Ok::<Written, WriteError>(written)
         });
@@ -254,7 +248,7 @@ impl Client {
             match result {
                 Ok(part) => {
                     written.rows += part.rows;
-                    written.conflicts.extend(part.conflicts);
+                    written.conflicts += part.conflicts;
                 }
                 Err(e) => {
                     written.rows += e.applied;

@@ -46,6 +46,18 @@ impl TabletServerService {
             .max_encoding_message_size(rpc::MAX_MESSAGE_BYTES)
     }
 
+    /// The replica a write goes to and its batch, once the server takes writes (memory).
+    async fn admitted_write(
+        &self,
+        tablet_id: &str,
+        batch: &[u8],
+    ) -> Result<(Arc<super::replica::TabletReplica>, WriteBatch)> {
+        let replica = self.server.replica(tablet_id)?;
+        let batch = WriteBatch::decode(batch)?;
+        self.server.admit_write().await?;
+        Ok((replica, batch))
+    }
+
     fn respond<T>(&self, result: Result<T>) -> std::result::Result<Response<T>, Status> {
         rpc::respond(result, |id| self.server.address_of(id))
     }
@@ -111,9 +123,7 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
     ) -> std::result::Result<Response<WriteResponse>, Status> {
         let write = request.into_inner();
         let written = async {
-            let replica = self.server.replica(&write.tablet_id)?;
-            let batch = WriteBatch::decode(&write.batch)?;
-            self.server.admit_write().await?;
+            let (replica, batch) = self.admitted_write(&write.tablet_id, &write.batch).await?;
             replica.write(&batch).await
         }
         .await;
@@ -126,9 +136,7 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
     ) -> std::result::Result<Response<WriteResponse>, Status> {
         let write = request.into_inner();
         let written = async {
-            let replica = self.server.replica(&write.tablet_id)?;
-            let batch = WriteBatch::decode(&write.batch)?;
-            self.server.admit_write().await?;
+            let (replica, batch) = self.admitted_write(&write.tablet_id, &write.batch).await?;
             replica.txn_write(write.txn_id, &batch).await
         }
         .await;
