@@ -23,6 +23,7 @@ mod error;
 mod functions;
 mod ingest;
 mod limits;
+mod lookup;
 mod mutation;
 mod params;
 pub mod parser;

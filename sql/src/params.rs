@@ -32,6 +32,17 @@ pub(crate) fn parameter_types(plan: &LogicalPlan) -> Result<Vec<Option<DataType>
 /// Replaces the plan's placeholders by `params`, cast to the types the statement implies.
 pub(crate) fn bind(plan: LogicalPlan, params: &[ScalarValue]) -> Result<LogicalPlan> {
     let types = parameter_types(&plan)?;
+    if types.is_empty() && params.is_empty() {
+        return Ok(plan);
+    }
+    Ok(plan.with_param_values(cast_params(&types, params)?)?)
+}
+
+/// `params` cast to `types`, the types a statement implies for its parameters (None: any).
+pub(crate) fn cast_params(
+    types: &[Option<DataType>],
+    params: &[ScalarValue],
+) -> Result<Vec<ScalarValue>> {
     if types.len() != params.len() {
         return Err(SqlError::Invalid(format!(
             "the statement has {} parameter(s) but {} value(s) were bound",
@@ -39,12 +50,9 @@ pub(crate) fn bind(plan: LogicalPlan, params: &[ScalarValue]) -> Result<LogicalP
             params.len()
         )));
     }
-    if types.is_empty() {
-        return Ok(plan);
-    }
-    let values = params
+    params
         .iter()
-        .zip(&types)
+        .zip(types)
         .enumerate()
         .map(|(i, (value, expected))| match expected {
             Some(t) if value.data_type() != *t => value.cast_to(t).map_err(|_| {
@@ -55,6 +63,5 @@ pub(crate) fn bind(plan: LogicalPlan, params: &[ScalarValue]) -> Result<LogicalP
             }),
             _ => Ok(value.clone()),
         })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(plan.with_param_values(values)?)
+        .collect()
 }

@@ -19,7 +19,8 @@ use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use futures::TryStreamExt;
 
 use crate::limits::limited;
-use crate::results::{count_schema, empty_schema, no_rows, one_stream};
+use crate::lookup::BoundLookup;
+use crate::results::{count_schema, empty_schema, no_rows, one_stream, stream_of};
 use crate::session::Session;
 use crate::statement::{CreateTableSpec, Ddl};
 use crate::{scan, settings};
@@ -63,6 +64,8 @@ pub(crate) enum Action {
     Rows(RecordBatch),
     /// `SET name = value`, applied to the session when run.
     Setting(LogicalPlan),
+    /// A prepared query that reads one row by its whole primary key ([`crate::lookup`]).
+    Lookup(BoundLookup),
     Plan(Arc<dyn ExecutionPlan>),
 }
 
@@ -77,6 +80,7 @@ impl PlannedStatement {
             Action::Ddl(_) | Action::Setting(_) => empty_schema(),
             Action::CreateTableAs { .. } => count_schema(),
             Action::Rows(batch) => batch.schema(),
+            Action::Lookup(lookup) => lookup.schema(),
             Action::Plan(plan) => plan.schema(),
         }
     }
@@ -145,6 +149,9 @@ impl PlannedStatement {
                 run(&self.session, plan, None, true).await
             }
             (Action::Rows(batch), _) => one_stream(vec![batch.clone()]),
+            (Action::Lookup(lookup), _) => {
+                stream_of(lookup.schema(), lookup.run(&self.session.db.client).await?)
+            }
             _ => Err(SqlError::Invalid(
                 "this statement is not a query: run it as an update".into(),
             )),
@@ -165,6 +172,7 @@ impl PlannedStatement {
                 self.session.create_table_as(spec, &insert).await
             }
             Action::Rows(batch) => one_stream(vec![batch]),
+            Action::Lookup(_) => self.execute_query().await,
             Action::Setting(plan) => {
                 self.session.ctx.execute_logical_plan(plan).await?;
                 no_rows()

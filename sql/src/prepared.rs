@@ -26,6 +26,7 @@ use datafusion::logical_expr::LogicalPlan;
 use nyala_engine::TableHandle;
 
 use crate::dml::MutationNode;
+use crate::lookup::KeyLookup;
 use crate::params::{bind, parameter_types};
 use crate::parser::NyalaParser;
 use crate::planned::{Action, PlannedStatement, StatementInfo, StatementKind};
@@ -50,6 +51,8 @@ enum Template {
         plan: Box<LogicalPlan>,
         optimized: Option<Box<LogicalPlan>>,
         tables: Vec<TableHandle>,
+        /// The query as a lookup by the whole primary key, if it is one.
+        lookup: Option<KeyLookup>,
     },
     /// Planned from its text at every execution.
     Text,
@@ -64,6 +67,12 @@ impl PreparedStatement {
     /// Its kind, result schema and parameter schema.
     pub fn info(&self) -> &StatementInfo {
         &self.info
+    }
+
+    /// Whether executions look the row up by its primary key without DataFusion
+    /// ([`crate::lookup`]), where the bound values allow it.
+    pub fn is_key_lookup(&self) -> bool {
+        matches!(&self.template, Template::Logical { lookup: Some(_), .. })
     }
 }
 
@@ -89,8 +98,9 @@ impl Session {
                     _ => Arc::new(plan.schema().as_arrow().clone()),
                 };
                 let typed = parameters.iter().all(|p| p.is_some());
-                let parameters = parameters
-                    .into_iter()
+                let fields = parameters
+                    .iter()
+                    .cloned()
                     .enumerate()
                     .map(|(i, t)| {
                         Field::new(format!("${}", i + 1), t.unwrap_or(DataType::Utf8), true)
@@ -99,17 +109,21 @@ impl Session {
                 let info = StatementInfo {
                     kind,
                     schema,
-                    parameters: Arc::new(ArrowSchema::new(parameters)),
+                    parameters: Arc::new(ArrowSchema::new(fields)),
                 };
                 let template = match tables_of(&plan) {
                     Some(tables) => {
                         let optimized = (kind == StatementKind::Query && typed)
                             .then(|| self.ctx.state().optimize(&plan).ok().map(Box::new))
                             .flatten();
+                        let lookup = optimized.as_deref().and_then(|optimized| {
+                            KeyLookup::recognise(optimized, &info.schema, &parameters)
+                        });
                         Template::Logical {
                             plan: Box::new(plan),
                             optimized,
                             tables,
+                            lookup,
                         }
                     }
                     None => Template::Text,
@@ -143,7 +157,15 @@ impl Session {
                 plan,
                 optimized,
                 tables,
+                lookup,
             } if self.is_current(tables) => {
+                if let Some(Some(bound)) = lookup.as_ref().map(|l| l.bind(params)).transpose()? {
+                    return Ok(PlannedStatement {
+                        kind: StatementKind::Query,
+                        session: self.clone(),
+                        action: Action::Lookup(bound),
+                    });
+                }
                 if let Some(optimized) = optimized {
                     let optimized = optimized.as_ref().clone();
                     if let Ok(planned) = self.plan_optimized(optimized, params).await {

@@ -49,6 +49,14 @@ pub(crate) fn one_stream(batches: Vec<RecordBatch>) -> Result<SendableRecordBatc
         .first()
         .map(|b| b.schema())
         .unwrap_or_else(count_schema);
+    stream_of(schema, batches)
+}
+
+/// Batches of `schema` computed already (perhaps none), as a stream.
+pub(crate) fn stream_of(
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+) -> Result<SendableRecordBatchStream> {
     Ok(Box::pin(MemoryStream::try_new(batches, schema, None)?))
 }
 

@@ -65,20 +65,22 @@ pub struct NyalaScanExec {
     as_of: bool,
 }
 
-/// The snapshot a statement reads at: the oldest safe snapshot of the tables its Nyala scans
+/// The snapshot a statement reads at: the oldest safe snapshot of the tablets its Nyala scans
 /// read (None when it reads no table), so it sees one consistent state of all of them.
 pub async fn statement_snapshot(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Timestamp>> {
     let mut scans = Vec::new();
     plan.apply(|node| {
-        if let Some(scan) = node.downcast_ref::<NyalaScanExec>().filter(|s| !s.as_of) {
-            scans.push((scan.client.clone(), scan.table.clone()));
+        // A scan whose predicates leave no tablet reads nothing at any snapshot.
+        let reads = |s: &&NyalaScanExec| !s.as_of && !s.tablets.is_empty();
+        if let Some(scan) = node.downcast_ref::<NyalaScanExec>().filter(reads) {
+            scans.push((scan.client.clone(), scan.table.clone(), scan.tablets.clone()));
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
     let mut snapshot: Option<Timestamp> = None;
-    for (client, table) in scans {
+    for (client, table, tablets) in scans {
         let safe = client
-            .safe_snapshot(&table)
+            .safe_snapshot_of(&table, &tablets)
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         snapshot = Some(snapshot.map_or(safe, |s| s.min(safe)));

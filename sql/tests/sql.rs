@@ -1370,3 +1370,88 @@ async fn hash_levels_whose_tablet_count_overflows_are_refused() {
     assert!(e.contains("tablets"), "{e}");
     assert!(s.context().table_exist("t").is_ok_and(|exists| !exists));
 }
+
+async fn run_prepared(
+    session: &Session,
+    prepared: &nyala_sql::PreparedStatement,
+    params: &[datafusion::common::ScalarValue],
+) -> String {
+    let planned = session.plan_prepared(prepared, params).await.unwrap();
+    let rows = collect(planned.execute().await.unwrap()).await.unwrap();
+    pretty_format_batches(&rows).unwrap().to_string()
+}
+
+/// A prepared query by the whole primary key is answered without DataFusion, with the rows
+/// DataFusion gives for the same statement with its values written in: present and absent
+/// keys, values that need a cast, a value that cannot be the key's type, rows in memory and on
+/// disk, the session's own latest write. Statements that are not such lookups are planned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_key_lookups_give_what_the_planned_query_gives() {
+    use datafusion::common::ScalarValue;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut db, mut s) = open(dir.path()).await;
+    load_metrics(&s).await;
+    const LOOKUP: &str =
+        "SELECT value, host FROM metrics WHERE metric = $2 AND host = $1 AND ts = $3";
+    let mut lookup = s.prepare_statement(LOOKUP).await.unwrap();
+    assert!(lookup.is_key_lookup());
+    let partial = s
+        .prepare_statement("SELECT value FROM metrics WHERE host = $1 AND metric = $2")
+        .await
+        .unwrap();
+    assert!(!partial.is_key_lookup());
+    let limited = s
+        .prepare_statement("SELECT * FROM metrics WHERE host = $1 AND metric = $2 AND ts = $3 LIMIT 1")
+        .await
+        .unwrap();
+    assert!(!limited.is_key_lookup());
+    let expected = |host: &str, metric: &str, ts: &str| {
+        format!(
+            "SELECT value, host FROM metrics WHERE metric = '{metric}' AND host = '{host}' \
+             AND ts = '{ts}'"
+        )
+    };
+    let keys = [
+        ("a", "cpu", "2026-01-01T00:01:00"),
+        ("a", "mem", "2026-01-01T00:00:00"),
+        ("b", "cpu", "2026-01-01T00:00:00"),
+        ("b", "mem", "2026-01-01T00:00:00"),
+        ("zz", "cpu", "2026-01-01T00:00:00"),
+    ];
+    for round in 0..2 {
+        for (host, metric, ts) in keys {
+            let params = [
+                ScalarValue::from(host),
+                ScalarValue::from(metric),
+                ScalarValue::from(ts), // a string, cast to the key's TIMESTAMP
+            ];
+            assert_eq!(
+                run_prepared(&s, &lookup, &params).await,
+                text(&s, &expected(host, metric, ts)).await,
+                "round {round}: {host} {metric} {ts}"
+            );
+        }
+        // The session reads its own update straight away, then the same rows from disk.
+        run(&s, "UPDATE metrics SET value = value + 100 WHERE host = 'a'").await;
+        let a = [
+            ScalarValue::from("a"),
+            ScalarValue::from("cpu"),
+            ScalarValue::from("2026-01-01T00:01:00"),
+        ];
+        let got = run_prepared(&s, &lookup, &a).await;
+        assert!(got.contains(&format!("| {}.5 ", 107 + 100 * round)), "{got}");
+        // Shutting down flushes the rows into DiskRowSets.
+        db.shutdown().await.unwrap();
+        (db, s) = open(dir.path()).await;
+        lookup = s.prepare_statement(LOOKUP).await.unwrap();
+    }
+    let bad = [
+        ScalarValue::from("a"),
+        ScalarValue::from("cpu"),
+        ScalarValue::from("not a time"),
+    ];
+    let e = s.plan_prepared(&lookup, &bad).await.err().unwrap().to_string();
+    assert!(e.contains("parameter $3"), "{e}");
+    let null = [ScalarValue::from("a"), ScalarValue::Utf8(None), ScalarValue::from("2026-01-01T00:00:00")];
+    assert_eq!(run_prepared(&s, &lookup, &null).await, text(&s, "SELECT value, host FROM metrics WHERE false").await);
+}

@@ -88,9 +88,29 @@ impl RowArena {
         &self.batches
     }
 
-    /// Column `c` of each batch held (for `interleave` with [`RowArena::index`]).
-    pub fn column_sources(&self, c: usize) -> Vec<&dyn arrow::array::Array> {
-        self.batches.iter().map(|b| b.column(c).as_ref()).collect()
+    /// The positions of the batches `rows` are in, ascending and without repeats. `interleave`
+    /// inspects every source array it is given, so a read of a few rows takes its sources from
+    /// these batches only ([`RowArena::column_sources`], [`RowArena::source_index`]), not from
+    /// every batch of the arena.
+    pub fn batches_holding(&self, rows: impl IntoIterator<Item = RowRef>) -> Vec<usize> {
+        let mut batches: Vec<usize> = rows.into_iter().map(|r| self.index(r).0).collect();
+        batches.sort_unstable();
+        batches.dedup();
+        batches
+    }
+
+    /// Column `c` of the batches at `batches` (from [`RowArena::batches_holding`]).
+    pub fn column_sources(&self, batches: &[usize], c: usize) -> Vec<&dyn arrow::array::Array> {
+        batches
+            .iter()
+            .map(|&b| self.batches[b].column(c).as_ref())
+            .collect()
+    }
+
+    /// Where `row` is among the sources of [`RowArena::column_sources`]`(batches, _)`.
+    pub fn source_index(&self, batches: &[usize], row: RowRef) -> (usize, usize) {
+        let (batch, row) = self.index(row);
+        (batches.partition_point(|&b| b < batch), row)
     }
 
     /// Where `row` is in [`RowArena::batches`]: (batch, row).
@@ -114,30 +134,12 @@ impl RowArena {
         if rows.is_empty() {
             return Ok(RecordBatch::new_empty(projected));
         }
-        // Interleave only the batches the rows are in: it inspects every source array, and a
-        // lookup of one row should not touch every batch of the arena.
-        let mut slots = vec![usize::MAX; self.batches.len()];
-        let mut used = Vec::new();
-        let indices: Vec<(usize, usize)> = rows
-            .iter()
-            .map(|&r| {
-                let (batch, row) = self.index(r);
-                if slots[batch] == usize::MAX {
-                    slots[batch] = used.len();
-                    used.push(batch);
-                }
-                (slots[batch], row)
-            })
-            .collect();
+        let batches = self.batches_holding(rows.iter().copied());
+        let indices: Vec<(usize, usize)> =
+            rows.iter().map(|&r| self.source_index(&batches, r)).collect();
         let arrays = columns
             .iter()
-            .map(|&c| {
-                let sources: Vec<&dyn arrow::array::Array> = used
-                    .iter()
-                    .map(|&b| self.batches[b].column(c).as_ref())
-                    .collect();
-                interleave(&sources, &indices)
-            })
+            .map(|&c| interleave(&self.column_sources(&batches, c), &indices))
             .collect::<Result<Vec<ArrayRef>, _>>()?;
         Ok(RecordBatch::try_new_with_options(
             projected,

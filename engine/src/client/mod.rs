@@ -297,13 +297,23 @@ impl Client {
     /// it gives one consistent, repeatable view that includes every write this client saw
     /// acknowledged.
     pub async fn safe_snapshot(&self, table: &TableInfo) -> Result<Timestamp> {
-        let snapshots = join_all(table.tablets.iter().map(|t| self.tablets.safe_snapshot(t)));
-        let mut snapshot = Timestamp(u64::MAX);
+        let all: Vec<usize> = (0..table.tablets.len()).collect();
+        self.safe_snapshot_of(table, &all).await
+    }
+
+    /// [`Client::safe_snapshot`] for reading only the tablets numbered `tablets` of `table`:
+    /// the others need not have applied anything (a key lookup asks the one tablet it reads).
+    /// With no tablets, it is the newest write this client saw acknowledged.
+    pub async fn safe_snapshot_of(&self, table: &TableInfo, tablets: &[usize]) -> Result<Timestamp> {
+        let ids = tablets.iter().filter_map(|&t| table.tablets.get(t));
+        let snapshots = join_all(ids.map(|t| self.tablets.safe_snapshot(t)));
+        let mut snapshot: Option<Timestamp> = None;
         for tablet in snapshots.await {
-            snapshot = snapshot.min(tablet?);
+            let tablet = tablet?;
+            snapshot = Some(snapshot.map_or(tablet, |s| s.min(tablet)));
         }
-        let last_write = self.last_write.load(std::sync::atomic::Ordering::Acquire);
-        Ok(snapshot.max(Timestamp(last_write)))
+        let last_write = Timestamp(self.last_write.load(std::sync::atomic::Ordering::Acquire));
+        Ok(snapshot.map_or(last_write, |s| s.max(last_write)))
     }
 
     /// A write through this client became visible at `at`.

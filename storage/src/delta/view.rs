@@ -228,10 +228,16 @@ impl RowsetDeltas {
             redo.push((file, rows, read));
         }
         let missing = || StorageError::Corruption("a row image was not read".into());
+        let held = arena.batches_holding(
+            images
+                .iter()
+                .flat_map(|image| cells[image.cells.clone()].iter().flatten().copied()),
+        );
         let mut out = Vec::with_capacity(columns.len());
         for (j, &c) in columns.iter().enumerate() {
-            // Sources: the arena's batches, then the base rows, then each REDO file's rows.
-            let mut arrays: Vec<&dyn Array> = arena.column_sources(c);
+            // Sources: the arena's batches holding cells read, then the base rows, then each
+            // REDO file's rows.
+            let mut arrays: Vec<&dyn Array> = arena.column_sources(&held, c);
             let base_source = arrays.len();
             if let Some(base) = &base {
                 arrays.push(base.column(j).as_ref());
@@ -241,7 +247,7 @@ impl RowsetDeltas {
             let mut indices = Vec::with_capacity(images.len());
             for image in images {
                 indices.push(match (cells[image.cells.start + j], image.under) {
-                    (Some(r), _) => arena.index(r),
+                    (Some(r), _) => arena.source_index(&held, r),
                     (None, Image::File { file, row }) => {
                         let k = redo.iter().position(|r| r.0 == file).ok_or_else(missing)?;
                         let at = redo[k].1.binary_search(&row).map_err(|_| missing())?;

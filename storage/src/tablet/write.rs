@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use arrow::array::{new_null_array, Array, AsArray, RecordBatch, UInt32Array};
-use arrow::compute::{cast, interleave, take};
+use arrow::compute::{cast, take};
 
 use super::{State, Tablet};
 use crate::delta::Image;
@@ -347,18 +347,26 @@ fn updated_rows(
     let mut refs = vec![RowRef { batch: 0, row: 0 }; locations.len()];
     if !in_memory.is_empty() {
         let picked = UInt32Array::from_iter_values(in_memory.iter().map(|&i| i as u32));
-        let old: Vec<(usize, usize)> = in_memory
+        let old: Vec<RowRef> = in_memory
             .iter()
             .filter_map(|&i| match locations[i] {
-                Location::Mem(r) => Some(state.arena.index(r)),
+                Location::Mem(r) => Some(r),
                 _ => None,
             })
             .collect();
+        // The columns the update leaves as they were, gathered from the batches the old images
+        // are in (not from every batch of the arena).
+        let kept: Vec<usize> = (0..table.fields().len())
+            .filter(|&c| rows.column_by_name(table.field(c).name()).is_none())
+            .collect();
+        let old = state.arena.gather(&table, &kept, &old)?;
+        let mut kept_columns = old.columns().iter().cloned();
         let mut columns = Vec::with_capacity(table.fields().len());
-        for (c, field) in table.fields().iter().enumerate() {
+        for field in table.fields() {
             columns.push(match rows.column_by_name(field.name()) {
                 Some(new) => take(new, &picked, None)?,
-                None => interleave(&state.arena.column_sources(c), &old)?,
+                // `kept` lists exactly these columns, in this order.
+                None => kept_columns.next().unwrap_or_else(|| new_null_array(field.data_type(), 0)),
             });
         }
         let new = state
