@@ -20,6 +20,12 @@ use nyala_shell::{Connection, FlightSqlConnection, OutputMode};
 use nyala_sql::{Database, DatabaseOptions, QueryLimits};
 use prometheus_client::registry::Registry;
 
+/// Serving many small statements is allocation-heavy (protobuf, HTTP/2 frames, Arrow buffers);
+/// mimalloc's per-thread caches keep that off the path glibc's allocator takes through its
+/// shared arenas and consolidation.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "nyala",

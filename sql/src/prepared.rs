@@ -22,7 +22,16 @@ use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::ScalarValue;
 use datafusion::datasource::source_as_provider;
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::common::tree_node::TreeNode;
+use datafusion::logical_expr::{Expr, LogicalPlan, Volatility};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::coop::CooperativeExec;
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
+use datafusion::physical_plan::placeholder_row::PlaceholderRowExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::ExecutionPlan;
 use nyala_engine::TableHandle;
 
 use crate::dml::MutationNode;
@@ -31,6 +40,7 @@ use crate::params::{bind, parameter_types};
 use crate::parser::NyalaParser;
 use crate::planned::{Action, PlannedStatement, StatementInfo, StatementKind};
 use crate::results::empty_schema;
+use crate::scan::NyalaScanExec;
 use crate::session::Session;
 use crate::table::NyalaTable;
 use crate::{Result, SqlError};
@@ -53,6 +63,9 @@ enum Template {
         tables: Vec<TableHandle>,
         /// The query as a lookup by the whole primary key, if it is one.
         lookup: Option<KeyLookup>,
+        /// A query without parameters planned physically, where its plan can run again
+        /// ([`reusable`]).
+        physical: Option<Arc<dyn ExecutionPlan>>,
     },
     /// Planned from its text at every execution.
     Text,
@@ -112,21 +125,28 @@ impl Session {
                     parameters: Arc::new(ArrowSchema::new(fields)),
                 };
                 let template = match tables_of(&plan) {
-                    Some(tables) => {
+                    // A plan that reads the clock is optimized when it runs: the optimizer
+                    // replaces `now()` by the time it runs at.
+                    Some(tables) if !reads_the_clock(&plan) => {
                         let optimized = (kind == StatementKind::Query && typed)
                             .then(|| self.ctx.state().optimize(&plan).ok().map(Box::new))
                             .flatten();
                         let lookup = optimized.as_deref().and_then(|optimized| {
                             KeyLookup::recognise(optimized, &info.schema, &parameters)
                         });
+                        let physical = match (&optimized, parameters.is_empty()) {
+                            (Some(optimized), true) => self.reusable_plan(optimized).await,
+                            _ => None,
+                        };
                         Template::Logical {
                             plan: Box::new(plan),
                             optimized,
                             tables,
                             lookup,
+                            physical,
                         }
                     }
-                    None => Template::Text,
+                    _ => Template::Text,
                 };
                 (info, template)
             }
@@ -158,7 +178,15 @@ impl Session {
                 optimized,
                 tables,
                 lookup,
+                physical,
             } if self.is_current(tables) => {
+                if let (Some(physical), true) = (physical, params.is_empty()) {
+                    return Ok(PlannedStatement {
+                        kind: StatementKind::Query,
+                        session: self.clone(),
+                        action: Action::Plan(physical.clone()),
+                    });
+                }
                 if let Some(Some(bound)) = lookup.as_ref().map(|l| l.bind(params)).transpose()? {
                     return Ok(PlannedStatement {
                         kind: StatementKind::Query,
@@ -198,6 +226,14 @@ impl Session {
         })
     }
 
+    /// `optimized` (a query without parameters) planned physically, if that plan can be run
+    /// again and again ([`reusable`]).
+    async fn reusable_plan(&self, optimized: &LogicalPlan) -> Option<Arc<dyn ExecutionPlan>> {
+        let state = self.ctx.state();
+        let physical = state.query_planner().create_physical_plan(optimized, &state);
+        physical.await.ok().filter(reusable)
+    }
+
     /// Whether every table definition in `tables` is still the catalog's current one.
     fn is_current(&self, tables: &[TableHandle]) -> bool {
         tables.iter().all(|table| {
@@ -223,6 +259,58 @@ impl Session {
             Draft::Planned(planned) => Ok(planned),
         }
     }
+}
+
+/// Whether `plan` calls a function whose value is not fixed by its arguments (`now()`,
+/// `random()`), so that what the optimizer makes of it holds only for one execution.
+fn reads_the_clock(plan: &LogicalPlan) -> bool {
+    let mut found = false;
+    let _ = plan.apply_with_subqueries(|node| {
+        for expr in node.expressions() {
+            let _ = expr.apply(|e| {
+                if let Expr::ScalarFunction(f) = e {
+                    found |= f.func.signature().volatility != Volatility::Immutable;
+                }
+                Ok(match found {
+                    true => TreeNodeRecursion::Stop,
+                    false => TreeNodeRecursion::Continue,
+                })
+            });
+        }
+        Ok(match found {
+            true => TreeNodeRecursion::Stop,
+            false => TreeNodeRecursion::Continue,
+        })
+    });
+    found
+}
+
+/// Whether a physical plan can be executed again as it is: it is built only of operators that
+/// keep no state between executions (a hash join keeps its build side, a TopK its dynamic
+/// filter, a scan the filters joins give it at run time). Statement snapshots are pinned on a
+/// copy at each execution.
+fn reusable(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    let mut reusable = true;
+    let _ = plan.apply(|node| {
+        reusable &= match node.downcast_ref::<NyalaScanExec>() {
+            Some(scan) => !scan.has_runtime_filters(),
+            None => {
+                node.is::<ProjectionExec>()
+                    || node.is::<FilterExec>()
+                    || node.is::<PlaceholderRowExec>()
+                    || node.is::<EmptyExec>()
+                    || node.is::<CooperativeExec>()
+                    || node.is::<CoalescePartitionsExec>()
+                    || node.is::<GlobalLimitExec>()
+                    || node.is::<LocalLimitExec>()
+            }
+        };
+        Ok(match reusable {
+            true => TreeNodeRecursion::Continue,
+            false => TreeNodeRecursion::Stop,
+        })
+    });
+    reusable
 }
 
 /// The Nyala tables a plan reads and writes, None if its plan cannot be reused: it reads a

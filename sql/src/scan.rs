@@ -196,6 +196,12 @@ impl NyalaScanExec {
         }
     }
 
+    /// Whether joins or TopK hand this scan filters while the query runs (so its plan cannot
+    /// run a second time as it is).
+    pub fn has_runtime_filters(&self) -> bool {
+        !self.runtime.is_empty() || !self.dynamic.is_empty()
+    }
+
     /// The row limit pushed into storage, if any.
     pub fn limit(&self) -> Option<usize> {
         self.spec.limit

@@ -1455,3 +1455,27 @@ async fn prepared_key_lookups_give_what_the_planned_query_gives() {
     let null = [ScalarValue::from("a"), ScalarValue::Utf8(None), ScalarValue::from("2026-01-01T00:00:00")];
     assert_eq!(run_prepared(&s, &lookup, &null).await, text(&s, "SELECT value, host FROM metrics WHERE false").await);
 }
+
+/// A prepared statement without parameters runs the plan made when it was prepared, so each
+/// execution must still read the table as it is then; a statement that reads the clock gets
+/// the time of each execution.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_statements_see_each_execution_s_rows_and_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = open(dir.path()).await;
+    load_metrics(&s).await;
+    let count = s
+        .prepare_statement("SELECT count(*) AS n, max(value) AS m FROM metrics WHERE value < 100")
+        .await
+        .unwrap();
+    let rows = s.prepare_statement("SELECT host FROM metrics WHERE value > 10").await.unwrap();
+    let clock = s.prepare_statement("SELECT now() AS t").await.unwrap();
+    let first = run_prepared(&s, &clock, &[]).await;
+    assert!(run_prepared(&s, &count, &[]).await.contains("| 5 | 20.0 |"));
+    assert!(!run_prepared(&s, &rows, &[]).await.contains("| d "));
+    run(&s, "INSERT INTO metrics VALUES ('d', '2026-01-01T00:00:00', 'cpu', 50.0)").await;
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert!(run_prepared(&s, &count, &[]).await.contains("| 6 | 50.0 |"));
+    assert!(run_prepared(&s, &rows, &[]).await.contains("| d "));
+    assert_ne!(run_prepared(&s, &clock, &[]).await, first);
+}
