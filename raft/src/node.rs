@@ -617,7 +617,6 @@ impl<SM: StateMachine> Worker<SM> {
         self.transport.send(ready.take_persisted_messages());
         let mut light = self.raw.advance(ready);
         if let Some(commit) = light.commit_index() {
-            // Persist the commit index before applying: replay must never re-apply an entry.
             self.log.set_commit(commit)?;
         }
         self.transport.send(light.take_messages());
