@@ -498,6 +498,15 @@ impl ExtensionPlanner for MutationPlanner {
 }
 
 impl MutationNode {
+    pub(crate) fn kind(&self) -> WriteKind {
+        self.kind
+    }
+
+    /// The plan yielding the target rows' keys (and, for an UPDATE, the new values).
+    pub(crate) fn input(&self) -> &LogicalPlan {
+        &self.input
+    }
+
     fn kind_name(&self) -> &'static str {
         match self.kind {
             WriteKind::Update => "UPDATE",

@@ -16,18 +16,24 @@
 //! planned by DataFusion as before.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
+
 use arrow::array::RecordBatch;
-use arrow::datatypes::{DataType, SchemaRef};
+use arrow::datatypes::{DataType, Field, FieldRef, Schema as ArrowSchema, SchemaRef};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::ScalarValue;
 use datafusion::datasource::source_as_provider;
+use datafusion::error::DataFusionError;
 use datafusion::logical_expr::utils::split_conjunction;
 use datafusion::logical_expr::{BinaryExpr, Expr, LogicalPlan, Operator};
 use nyala_engine::{Client, TableHandle};
-use nyala_storage::{PredicateOp, ScanSpec};
+use nyala_storage::{PredicateOp, ScanSpec, Timestamp, WriteKind};
 
+use crate::dml::{NyalaSink, Outcome};
+use crate::mutation::{pause, MAX_RESTARTS};
 use crate::params::cast_params;
 use crate::predicate::to_predicates;
+use crate::results::stream_of;
 use crate::table::NyalaTable;
 use crate::{Result, SqlError};
 
@@ -54,18 +60,19 @@ pub(crate) struct BoundLookup {
     schema: SchemaRef,
 }
 
-impl KeyLookup {
-    /// `plan` (an optimized query plan with result schema `schema`) as a key lookup, if it is one.
-    pub(crate) fn recognise(
-        plan: &LogicalPlan,
-        schema: &SchemaRef,
-        parameters: &[Option<DataType>],
-    ) -> Option<Self> {
-        let (projection, input) = match plan {
-            LogicalPlan::Projection(p) => (Some(&p.expr), p.input.as_ref()),
-            other => (None, other),
-        };
-        let (mut conjuncts, input) = match input {
+/// A scan of one Nyala table filtered to one key: the shape under a key lookup's projection.
+struct KeyedScan {
+    table: TableHandle,
+    /// One equality per key column, with placeholders.
+    filter: Expr,
+    /// The scan's own projection (table columns), if it has one.
+    projection: Option<Vec<usize>>,
+}
+
+impl KeyedScan {
+    /// `plan` (optimized) as a scan of a Nyala table whose filter pins every key column.
+    fn recognise(plan: &LogicalPlan) -> Option<Self> {
+        let (mut conjuncts, input) = match plan {
             LogicalPlan::Filter(f) => (split_conjunction(&f.predicate), f.input.as_ref()),
             other => (Vec::new(), other),
         };
@@ -81,19 +88,6 @@ impl KeyLookup {
         if as_of {
             return None;
         }
-        let column_index = |e: &Expr| match e {
-            Expr::Column(c) => table.schema.column_index(&c.name),
-            _ => None,
-        };
-        let columns: Vec<usize> = match (projection, &scan.projection) {
-            (Some(exprs), _) => exprs.iter().map(column_index).collect::<Option<_>>()?,
-            (None, Some(projection)) => projection.clone(),
-            (None, None) => (0..table.schema.columns().len()).collect(),
-        };
-        let stored = table.schema.arrow_schema();
-        let same_types = schema.fields().len() == columns.len()
-            && (schema.fields().iter().zip(&columns))
-                .all(|(field, &c)| field.data_type() == stored.field(c).data_type());
         // Every conjunct compares a key column with a value; together they cover the key.
         let mut keyed = BTreeSet::new();
         let mut filter: Vec<Expr> = Vec::new();
@@ -110,7 +104,7 @@ impl KeyLookup {
                 return None;
             };
             let value = |e: &Expr| matches!(e, Expr::Placeholder(_) | Expr::Literal(..));
-            let key = match (column_index(left), column_index(right)) {
+            let key = match (column_of(&table, left), column_of(&table, right)) {
                 (Some(c), None) if value(right) => c,
                 (None, Some(c)) if value(left) => c,
                 _ => return None,
@@ -123,9 +117,54 @@ impl KeyLookup {
         }
         let whole_key = table.schema.key_columns().iter().all(|k| keyed.contains(k));
         let filter = filter.into_iter().reduce(Expr::and)?;
-        (same_types && whole_key).then(|| KeyLookup {
-            filter,
+        whole_key.then(|| KeyedScan {
             table,
+            filter,
+            projection: scan.projection.clone(),
+        })
+    }
+}
+
+/// The table column `e` is, if it is a plain column.
+fn column_of(table: &TableHandle, e: &Expr) -> Option<usize> {
+    match e {
+        Expr::Column(c) => table.schema.column_index(&c.name),
+        _ => None,
+    }
+}
+
+/// `plan` split into its top projection's expressions (if it has one) and its input.
+fn projection_of(plan: &LogicalPlan) -> (Option<&Vec<Expr>>, &LogicalPlan) {
+    match plan {
+        LogicalPlan::Projection(p) => (Some(&p.expr), p.input.as_ref()),
+        other => (None, other),
+    }
+}
+
+impl KeyLookup {
+    /// `plan` (an optimized query plan with result schema `schema`) as a key lookup, if it is one.
+    pub(crate) fn recognise(
+        plan: &LogicalPlan,
+        schema: &SchemaRef,
+        parameters: &[Option<DataType>],
+    ) -> Option<Self> {
+        let (projection, input) = projection_of(plan);
+        let scan = KeyedScan::recognise(input)?;
+        let table = &scan.table;
+        let columns: Vec<usize> = match (projection, &scan.projection) {
+            (Some(exprs), _) => (exprs.iter())
+                .map(|e| column_of(table, e))
+                .collect::<Option<_>>()?,
+            (None, Some(projection)) => projection.clone(),
+            (None, None) => (0..table.schema.columns().len()).collect(),
+        };
+        let stored = table.schema.arrow_schema();
+        let same_types = schema.fields().len() == columns.len()
+            && (schema.fields().iter().zip(&columns))
+                .all(|(field, &c)| field.data_type() == stored.field(c).data_type());
+        same_types.then(|| KeyLookup {
+            filter: scan.filter,
+            table: scan.table,
             parameters: parameters.to_vec(),
             columns,
             schema: schema.clone(),
@@ -136,27 +175,7 @@ impl KeyLookup {
     /// to the key's types (DataFusion plans that execution instead).
     pub(crate) fn bind(&self, params: &[ScalarValue]) -> Result<Option<BoundLookup>> {
         let values = cast_params(&self.parameters, params)?;
-        let bound = self
-            .filter
-            .clone()
-            .transform(|e| match e {
-                Expr::Placeholder(p) => {
-                    let value = p
-                        .id
-                        .strip_prefix('$')
-                        .and_then(|n| n.parse::<usize>().ok())
-                        .and_then(|n| values.get(n.checked_sub(1)?))
-                        .ok_or_else(|| {
-                            datafusion::error::DataFusionError::Plan(format!(
-                                "no value bound for parameter {}",
-                                p.id
-                            ))
-                        })?;
-                    Ok(Transformed::yes(Expr::Literal(value.clone(), None)))
-                }
-                other => Ok(Transformed::no(other)),
-            })?
-            .data;
+        let bound = bind_placeholders(self.filter.clone(), &values)?;
         let schema = &self.table.schema;
         let Some(predicates) = to_predicates(schema, &bound) else {
             return Ok(None);
@@ -173,7 +192,7 @@ impl KeyLookup {
             spec: ScanSpec {
                 projection: Some(self.columns.clone()),
                 predicates,
-                snapshot: nyala_storage::Timestamp(0), // the tablet's safe snapshot, when run
+                snapshot: Timestamp(0), // the tablet's safe snapshot, when run
                 limit: None,
                 batch_size: 1024,
             },
@@ -191,10 +210,25 @@ impl BoundLookup {
     /// Reads the row (none or one) at the tablet's safe snapshot, which includes every write
     /// this client saw acknowledged.
     pub(crate) async fn run(&self, client: &Client) -> Result<Vec<RecordBatch>> {
+        match self.snapshot(client).await? {
+            Some(snapshot) => self.read_at(client, snapshot).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// The safe snapshot of the tablet that can hold the key; None if no tablet can.
+    async fn snapshot(&self, client: &Client) -> Result<Option<Timestamp>> {
+        match self.tablet {
+            Some(tablet) => Ok(Some(client.safe_snapshot_of(&self.table, &[tablet]).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads the row (none or one) at `snapshot`.
+    async fn read_at(&self, client: &Client, snapshot: Timestamp) -> Result<Vec<RecordBatch>> {
         let Some(tablet) = self.tablet else {
             return Ok(Vec::new());
         };
-        let snapshot = client.safe_snapshot_of(&self.table, &[tablet]).await?;
         let (client, table, spec) = (client.clone(), self.table.clone(), self.spec.clone());
         // Opening a scan may wait for writes in flight below the snapshot.
         let batches = tokio::task::spawn_blocking(move || {
@@ -212,4 +246,178 @@ impl BoundLookup {
             .map(|b| Ok(RecordBatch::try_new(self.schema.clone(), b.columns().to_vec())?))
             .collect()
     }
+}
+
+/// A prepared UPDATE or DELETE of one row picked by its whole primary key, whose assignments
+/// are parameters or constants (`UPDATE t SET a = $1, b = 'x' WHERE k = $2`): each execution
+/// reads the key at the tablet's safe snapshot, writes the row on condition that it has not
+/// changed since, and starts again at a newer snapshot if it has, as
+/// [`crate::mutation::ConditionalMutationExec`] does for every other UPDATE and DELETE.
+#[derive(Clone)]
+pub(crate) struct KeyMutation {
+    /// Reads the key columns of the target row.
+    lookup: KeyLookup,
+    kind: WriteKind,
+    /// The assigned columns (table column names) and their values.
+    assignments: Vec<(String, Expr)>,
+}
+
+/// One execution of a [`KeyMutation`], its values bound.
+pub(crate) struct BoundMutation {
+    lookup: BoundLookup,
+    kind: WriteKind,
+    assignments: Vec<(String, ScalarValue)>,
+}
+
+impl KeyMutation {
+    /// An UPDATE or DELETE (`kind`) of `table`, whose optimized input `input` yields the key
+    /// columns of the target rows and the assigned values, as a key mutation if it is one.
+    pub(crate) fn recognise(
+        kind: WriteKind,
+        input: &LogicalPlan,
+        parameters: &[Option<DataType>],
+    ) -> Option<Self> {
+        if !matches!(kind, WriteKind::Update | WriteKind::Delete) {
+            return None;
+        }
+        let (projection, below) = projection_of(input);
+        let scan = KeyedScan::recognise(below)?;
+        let table = &scan.table;
+        let mut assignments = Vec::new();
+        for expr in projection.map(Vec::as_slice).unwrap_or_default() {
+            let (value, name) = match expr {
+                Expr::Alias(alias) => (alias.expr.as_ref(), alias.name.clone()),
+                other => (other, other.schema_name().to_string()),
+            };
+            let column = table.schema.column_index(&name)?;
+            match table.schema.is_key_column(column) {
+                true if column_of(table, value) == Some(column) => {}
+                false if is_constant(value) => assignments.push((name, value.clone())),
+                _ => return None,
+            }
+        }
+        let keys = table.schema.key_columns().to_vec();
+        let schema = Arc::new(table.schema.arrow_schema().project(&keys).ok()?);
+        Some(KeyMutation {
+            lookup: KeyLookup {
+                filter: scan.filter,
+                table: scan.table,
+                parameters: parameters.to_vec(),
+                columns: keys,
+                schema,
+            },
+            kind,
+            assignments,
+        })
+    }
+
+    /// The mutation with `params` bound, or None where the key's values do not convert
+    /// losslessly to its types (DataFusion plans that execution instead).
+    pub(crate) fn bind(&self, params: &[ScalarValue]) -> Result<Option<BoundMutation>> {
+        let Some(lookup) = self.lookup.bind(params)? else {
+            return Ok(None);
+        };
+        let values = cast_params(&self.lookup.parameters, params)?;
+        let mut assignments = Vec::with_capacity(self.assignments.len());
+        for (name, expr) in &self.assignments {
+            let Some(value) = evaluate_constant(bind_placeholders(expr.clone(), &values)?)? else {
+                return Ok(None);
+            };
+            assignments.push((name.clone(), value));
+        }
+        Ok(Some(BoundMutation {
+            lookup,
+            kind: self.kind,
+            assignments,
+        }))
+    }
+}
+
+impl BoundMutation {
+    /// Writes the row if it exists; returns the number of rows changed (0 or 1).
+    pub(crate) async fn run(&self, client: &Client) -> Result<u64> {
+        let table = &self.lookup.table;
+        let sink = |schema| NyalaSink::new(client.clone(), table.clone(), self.kind, schema);
+        for restart in 0..=MAX_RESTARTS {
+            let Some(snapshot) = self.lookup.snapshot(client).await? else {
+                return Ok(0);
+            };
+            let keys = self.lookup.read_at(client, snapshot).await?;
+            let Some(keys) = keys.first() else {
+                return Ok(0);
+            };
+            let rows = self.rows(keys)?;
+            let sink = sink(rows.schema());
+            match sink.write_statement(stream_of(rows.schema(), vec![rows])?, Some(snapshot)).await? {
+                Outcome::Written(rows) => return Ok(rows),
+                Outcome::Conflict if restart == MAX_RESTARTS => break,
+                Outcome::Conflict => tokio::time::sleep(pause(restart)).await,
+            }
+        }
+        Err(SqlError::DataFusion(format!(
+            "{} could not finish: the row it changes was changed by other statements {} times              in a row; run it again",
+            sink(self.lookup.schema()).verb(),
+            MAX_RESTARTS
+        )))
+    }
+
+    /// The rows to write: the keys read, and for an UPDATE the assigned values (cast to the
+    /// table's types by the sink).
+    fn rows(&self, keys: &RecordBatch) -> Result<RecordBatch> {
+        let mut fields: Vec<FieldRef> = keys.schema().fields().iter().cloned().collect();
+        let mut columns = keys.columns().to_vec();
+        for (name, value) in &self.assignments {
+            fields.push(Arc::new(Field::new(name, value.data_type(), true)));
+            columns.push(value.to_array_of_size(keys.num_rows())?);
+        }
+        Ok(RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)?)
+    }
+}
+
+/// Whether `e` is built of parameters and literals only (casts of them included).
+fn is_constant(e: &Expr) -> bool {
+    match e {
+        Expr::Placeholder(_) | Expr::Literal(..) => true,
+        Expr::Cast(cast) => is_constant(&cast.expr),
+        Expr::TryCast(cast) => is_constant(&cast.expr),
+        _ => false,
+    }
+}
+
+/// The value of a constant expression ([`is_constant`], its placeholders bound); None for
+/// anything else.
+fn evaluate_constant(e: Expr) -> Result<Option<ScalarValue>> {
+    Ok(match e {
+        Expr::Literal(value, _) => Some(value),
+        Expr::Cast(cast) => match evaluate_constant(*cast.expr)? {
+            Some(value) => Some(value.cast_to(cast.field.data_type())?),
+            None => None,
+        },
+        Expr::TryCast(cast) => match evaluate_constant(*cast.expr)? {
+            Some(value) => Some(
+                value
+                    .cast_to(cast.field.data_type())
+                    .or_else(|_| ScalarValue::try_from(cast.field.data_type()))?,
+            ),
+            None => None,
+        },
+        _ => None,
+    })
+}
+
+/// `expr` with each placeholder `$n` replaced by `values[n - 1]`.
+fn bind_placeholders(expr: Expr, values: &[ScalarValue]) -> Result<Expr> {
+    let bound = expr.transform(|e| match e {
+        Expr::Placeholder(p) => {
+            let value = (p.id.strip_prefix('$'))
+                .and_then(|n| n.parse::<usize>().ok())
+                .and_then(|n| values.get(n.checked_sub(1)?))
+                .ok_or_else(|| {
+                    DataFusionError::Plan(format!("no value bound for parameter {}", p.id))
+                })?;
+            Ok(Transformed::yes(Expr::Literal(value.clone(), None)))
+        }
+        other => Ok(Transformed::no(other)),
+    })?;
+    Ok(bound.data)
 }

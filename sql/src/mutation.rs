@@ -37,7 +37,7 @@ use crate::scan::{self, NyalaScanExec};
 /// How often a statement starts again before it gives up: each time, a concurrent statement
 /// that changed one of its rows has committed, so restarts only repeat under a stream of
 /// writes to the same rows.
-const MAX_RESTARTS: u32 = 1_000;
+pub(crate) const MAX_RESTARTS: u32 = 1_000;
 
 /// Longest pause before a restart (the pause grows with the restarts, with jitter, so
 /// statements contending for one row take turns instead of colliding again).
@@ -127,7 +127,7 @@ fn read_snapshot(plan: &Arc<dyn ExecutionPlan>, table_id: &str) -> Option<Timest
 
 /// The pause before restart `restart` + 1: random, up to a bound that doubles each time from
 /// 100 µs to [`MAX_PAUSE`].
-fn pause(restart: u32) -> Duration {
+pub(crate) fn pause(restart: u32) -> Duration {
     let bound = Duration::from_micros(100u64 << restart.min(16)).min(MAX_PAUSE);
     bound.mul_f64(rand::random::<f64>())
 }

@@ -19,8 +19,8 @@ use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use futures::TryStreamExt;
 
 use crate::limits::limited;
-use crate::lookup::BoundLookup;
-use crate::results::{count_schema, empty_schema, no_rows, one_stream, stream_of};
+use crate::lookup::{BoundLookup, BoundMutation};
+use crate::results::{count_batch, count_schema, empty_schema, no_rows, one_stream, stream_of};
 use crate::session::Session;
 use crate::statement::{CreateTableSpec, Ddl};
 use crate::{scan, settings};
@@ -66,6 +66,8 @@ pub(crate) enum Action {
     Setting(LogicalPlan),
     /// A prepared query that reads one row by its whole primary key ([`crate::lookup`]).
     Lookup(BoundLookup),
+    /// A prepared UPDATE or DELETE of one row by its whole primary key ([`crate::lookup`]).
+    KeyMutation(BoundMutation),
     Plan(Arc<dyn ExecutionPlan>),
 }
 
@@ -78,7 +80,7 @@ impl PlannedStatement {
     pub fn schema(&self) -> SchemaRef {
         match &self.action {
             Action::Ddl(_) | Action::Setting(_) => empty_schema(),
-            Action::CreateTableAs { .. } => count_schema(),
+            Action::CreateTableAs { .. } | Action::KeyMutation(_) => count_schema(),
             Action::Rows(batch) => batch.schema(),
             Action::Lookup(lookup) => lookup.schema(),
             Action::Plan(plan) => plan.schema(),
@@ -173,6 +175,10 @@ impl PlannedStatement {
             }
             Action::Rows(batch) => one_stream(vec![batch]),
             Action::Lookup(_) => self.execute_query().await,
+            Action::KeyMutation(mutation) => {
+                let rows = mutation.run(&self.session.db.client).await?;
+                one_stream(vec![count_batch(rows)])
+            }
             Action::Setting(plan) => {
                 self.session.ctx.execute_logical_plan(plan).await?;
                 no_rows()

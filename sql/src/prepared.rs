@@ -34,8 +34,8 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::ExecutionPlan;
 use nyala_engine::TableHandle;
 
-use crate::dml::MutationNode;
-use crate::lookup::KeyLookup;
+use crate::dml::{self, MutationNode};
+use crate::lookup::{KeyLookup, KeyMutation};
 use crate::params::{bind, parameter_types};
 use crate::parser::NyalaParser;
 use crate::planned::{Action, PlannedStatement, StatementInfo, StatementKind};
@@ -63,6 +63,8 @@ enum Template {
         tables: Vec<TableHandle>,
         /// The query as a lookup by the whole primary key, if it is one.
         lookup: Option<KeyLookup>,
+        /// The UPDATE or DELETE as a write of one row by its whole primary key, if it is one.
+        mutation: Option<KeyMutation>,
         /// A query without parameters planned physically, where its plan can run again
         /// ([`reusable`]).
         physical: Option<Arc<dyn ExecutionPlan>>,
@@ -82,10 +84,13 @@ impl PreparedStatement {
         &self.info
     }
 
-    /// Whether executions look the row up by its primary key without DataFusion
+    /// Whether executions read or write their row by its whole primary key without DataFusion
     /// ([`crate::lookup`]), where the bound values allow it.
-    pub fn is_key_lookup(&self) -> bool {
-        matches!(&self.template, Template::Logical { lookup: Some(_), .. })
+    pub fn is_keyed(&self) -> bool {
+        matches!(
+            &self.template,
+            Template::Logical { lookup: Some(_), .. } | Template::Logical { mutation: Some(_), .. }
+        )
     }
 }
 
@@ -134,6 +139,9 @@ impl Session {
                         let lookup = optimized.as_deref().and_then(|optimized| {
                             KeyLookup::recognise(optimized, &info.schema, &parameters)
                         });
+                        let mutation = (kind == StatementKind::Dml && typed)
+                            .then(|| self.key_mutation(&plan, &parameters))
+                            .flatten();
                         let physical = match (&optimized, parameters.is_empty()) {
                             (Some(optimized), true) => self.reusable_plan(optimized).await,
                             _ => None,
@@ -143,6 +151,7 @@ impl Session {
                             optimized,
                             tables,
                             lookup,
+                            mutation,
                             physical,
                         }
                     }
@@ -178,8 +187,16 @@ impl Session {
                 optimized,
                 tables,
                 lookup,
+                mutation,
                 physical,
             } if self.is_current(tables) => {
+                if let Some(Some(bound)) = mutation.as_ref().map(|m| m.bind(params)).transpose()? {
+                    return Ok(PlannedStatement {
+                        kind: StatementKind::Dml,
+                        session: self.clone(),
+                        action: Action::KeyMutation(bound),
+                    });
+                }
                 if let (Some(physical), true) = (physical, params.is_empty()) {
                     return Ok(PlannedStatement {
                         kind: StatementKind::Query,
@@ -224,6 +241,20 @@ impl Session {
             session: self.clone(),
             action: Action::Plan(physical),
         })
+    }
+
+    /// An UPDATE or DELETE plan as a write of one row by its whole primary key, if it is one.
+    fn key_mutation(
+        &self,
+        plan: &LogicalPlan,
+        parameters: &[Option<DataType>],
+    ) -> Option<KeyMutation> {
+        let LogicalPlan::Extension(extension) = dml::plan_mutations(plan.clone()).ok()? else {
+            return None;
+        };
+        let node = extension.node.as_any().downcast_ref::<MutationNode>()?;
+        let input = self.ctx.state().optimize(node.input()).ok()?;
+        KeyMutation::recognise(node.kind(), &input, parameters)
     }
 
     /// `optimized` (a query without parameters) planned physically, if that plan can be run
