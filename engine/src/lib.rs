@@ -33,7 +33,7 @@ pub mod partition;
 pub mod rpc;
 pub mod tserver;
 
-pub use catalog::{ColumnChange, DdlOp, TableId, TableInfo};
+pub use catalog::{ColumnChange, DdlOp, TableId, TableInfo, ViewInfo};
 pub use client::{Client, TableHandle, TabletStats, WriteError, Written};
 pub use error::EngineError;
 pub use nyala_storage as storage;

@@ -980,7 +980,8 @@ impl FlightSqlService for NyalaFlightService {
         query: CommandGetTables,
         _request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
-        Ok(one_batch(metadata::tables(&self.db, query)?))
+        let views = self.db.views().await;
+        Ok(one_batch(metadata::tables(&self.db, &views, query)?))
     }
 
     async fn get_flight_info_table_types(
@@ -998,6 +999,7 @@ impl FlightSqlService for NyalaFlightService {
     ) -> Result<Response<DoGetStream>, Status> {
         let mut builder = query.into_builder();
         builder.append("TABLE");
+        builder.append("VIEW");
         Ok(one_batch(builder.build().map_err(internal)?))
     }
 

@@ -125,21 +125,29 @@ pub fn xdbc_types() -> anyhow::Result<XdbcTypeInfoData> {
     Ok(builder.build()?)
 }
 
-/// GetTables: Nyala's tables (all of type TABLE in `nyala.public`), with schemas if asked.
-pub fn tables(db: &Database, query: CommandGetTables) -> Result<RecordBatch, Status> {
+/// GetTables: Nyala's tables (type TABLE) and views (type VIEW) in `nyala.public`, with
+/// schemas if asked.
+pub fn tables(
+    db: &Database,
+    views: &[(String, SchemaRef)],
+    query: CommandGetTables,
+) -> Result<RecordBatch, Status> {
     let catalog_ok = query.catalog.as_deref().is_none_or(|c| c == CATALOG_NAME);
     let schema_ok = query
         .db_schema_filter_pattern
         .as_deref()
         .is_none_or(|p| like(SCHEMA_NAME, p));
-    let types_ok = query.table_types.is_empty() || query.table_types.iter().any(|t| t == "TABLE");
+    let wanted = |kind: &str| query.table_types.is_empty() || query.table_types.iter().any(|t| t == kind);
+    let (tables_ok, views_ok) = (wanted("TABLE"), wanted("VIEW"));
     let pattern = query.table_name_filter_pattern.clone();
     let mut builder = query.into_builder();
-    if catalog_ok && schema_ok && types_ok {
-        for (name, schema) in db.tables() {
+    if catalog_ok && schema_ok {
+        let tables = db.tables().into_iter().filter(|_| tables_ok).map(|t| (t, "TABLE"));
+        let views = views.iter().cloned().filter(|_| views_ok).map(|v| (v, "VIEW"));
+        for ((name, schema), kind) in tables.chain(views) {
             if pattern.as_deref().is_none_or(|p| like(&name, p)) {
                 builder
-                    .append(CATALOG_NAME, SCHEMA_NAME, &name, "TABLE", &schema)
+                    .append(CATALOG_NAME, SCHEMA_NAME, &name, kind, &schema)
                     .map_err(internal)?;
             }
         }

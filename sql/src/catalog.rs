@@ -1,49 +1,96 @@
-//! The `nyala.public` schema as DataFusion sees it: every table of the master's catalog, looked
-//! up at planning time, so tables created by other sessions are visible at once. Next to it,
+//! The `nyala.public` schema as DataFusion sees it: every table and view of the master's
+//! catalog, looked up at planning time, so those created by other sessions are visible at once.
+//! A view is its query's SQL text, planned with the reading statement's session each time. Next to it,
 //! `nyala.sys` holds system tables computed at planning time: `sys.partitions`, one row per
 //! tablet of every table (what `SHOW PARTITIONS t` shows for one table).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
 use async_trait::async_trait;
 use datafusion::catalog::{MemTable, SchemaProvider};
-use datafusion::datasource::TableProvider;
+use datafusion::datasource::{TableProvider, ViewTable};
+use datafusion::sql::parser::DFParser;
+use datafusion::sql::resolve::resolve_table_references;
+use datafusion::execution::context::SessionState;
+use datafusion::logical_expr::LogicalPlan;
+use parking_lot::RwLock;
 use datafusion::error::{DataFusionError, Result};
 use nyala_engine::{Client, TableHandle, TabletStats};
 
 use crate::table::NyalaTable;
 
-#[derive(Debug)]
 pub struct NyalaSchemaProvider {
     client: Client,
+    /// The session's state, to plan the queries of views with (weak: the state holds this
+    /// provider).
+    state: Weak<RwLock<SessionState>>,
+}
+
+impl std::fmt::Debug for NyalaSchemaProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NyalaSchemaProvider").finish()
+    }
 }
 
 impl NyalaSchemaProvider {
-    pub fn new(client: Client) -> Self {
-        Self { client }
+    pub fn new(client: Client, state: Weak<RwLock<SessionState>>) -> Self {
+        Self { client, state }
     }
 }
 
 #[async_trait]
 impl SchemaProvider for NyalaSchemaProvider {
+    /// Tables, then views.
     fn table_names(&self) -> Vec<String> {
-        self.client
-            .tables()
-            .iter()
-            .map(|t| t.name.clone())
-            .collect()
+        let tables = self.client.tables().into_iter().map(|t| t.name.clone());
+        let views = self.client.views().into_iter().map(|v| v.name.clone());
+        tables.chain(views).collect()
     }
 
     async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>, DataFusionError> {
-        Ok(self.client.table(name).ok().map(|table| {
-            Arc::new(NyalaTable::new(self.client.clone(), table)) as Arc<dyn TableProvider>
-        }))
+        if let Ok(table) = self.client.table(name) {
+            return Ok(Some(Arc::new(NyalaTable::new(self.client.clone(), table))));
+        }
+        let Some(view) = self.client.view(name) else {
+            return Ok(None);
+        };
+        let state = (self.state.upgrade())
+            .ok_or_else(|| DataFusionError::Plan("the session has ended".into()))?;
+        let state = state.read().clone();
+        let plan = view_plan(&state, &view.sql).await.map_err(|e| {
+            DataFusionError::Plan(format!("view '{name}' cannot be read: {e}"))
+        })?;
+        Ok(Some(Arc::new(ViewTable::new(plan, Some(view.sql.clone())))))
     }
 
     fn table_exist(&self, name: &str) -> bool {
-        self.client.table(name).is_ok()
+        self.client.table(name).is_ok() || self.client.view(name).is_some()
     }
+}
+
+/// The logical plan of a view's query, as every statement that reads the view plans it.
+pub(crate) async fn view_plan(state: &SessionState, sql: &str) -> Result<LogicalPlan> {
+    state.create_logical_plan(sql).await
+}
+
+/// Whether the query `sql` reads the view `name`, directly or through the views it reads (the
+/// views in the catalog read no view in a cycle, so this ends).
+pub(crate) fn reads_view(client: &Client, sql: &str, name: &str) -> Result<bool> {
+    for statement in DFParser::parse_sql(sql)? {
+        let (tables, _ctes) = resolve_table_references(&statement, true)?;
+        for table in tables {
+            if table.table() == name {
+                return Ok(true);
+            }
+            if let Some(view) = client.view(table.table()) {
+                if reads_view(client, &view.sql, name)? {
+                    return Ok(true);
+                }
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// The `nyala.sys` schema.

@@ -112,7 +112,10 @@ impl Database {
         // Registering a schema into a fresh in-memory catalog cannot fail.
         let _ = catalog.register_schema(
             SCHEMA_NAME,
-            Arc::new(catalog::NyalaSchemaProvider::new(self.client.clone())),
+            Arc::new(catalog::NyalaSchemaProvider::new(
+                self.client.clone(),
+                ctx.state_weak_ref(),
+            )),
         );
         let _ = catalog.register_schema(
             catalog::SysSchemaProvider::NAME,
@@ -138,6 +141,21 @@ impl Database {
             .iter()
             .map(|t| (t.name.clone(), t.schema.arrow_schema()))
             .collect()
+    }
+
+    /// Names and result schemas of all views, sorted by name. A view whose query no longer
+    /// plans (a table it reads was dropped) has no columns.
+    pub async fn views(self: &Arc<Self>) -> Vec<(String, SchemaRef)> {
+        let state = self.session().ctx.state();
+        let mut views = Vec::new();
+        for view in self.client.views() {
+            let schema = match catalog::view_plan(&state, &view.sql).await {
+                Ok(plan) => Arc::new(plan.schema().as_arrow().clone()),
+                Err(_) => Arc::new(arrow::datatypes::Schema::empty()),
+            };
+            views.push((view.name.clone(), schema));
+        }
+        views
     }
 
     /// Primary-key column names of `table`, in key order.

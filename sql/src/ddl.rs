@@ -9,7 +9,7 @@
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::sql::sqlparser::ast::Statement;
 use futures::TryStreamExt;
-use nyala_engine::{Client, ColumnChange, DdlOp};
+use nyala_engine::{Client, ColumnChange, DdlOp, ViewInfo};
 
 use crate::as_of;
 use crate::planned::Action;
@@ -26,6 +26,15 @@ impl Ddl {
             Ddl::CreateTable(spec) => create_op(spec),
             Ddl::DropTable { name, if_exists } => DdlOp::DropTable { name, if_exists },
             Ddl::RenameTable { name, new_name } => DdlOp::RenameTable { name, new_name },
+            Ddl::CreateView {
+                name,
+                sql,
+                or_replace,
+            } => DdlOp::CreateView {
+                view: ViewInfo { name, sql },
+                or_replace,
+            },
+            Ddl::DropView { name, if_exists } => DdlOp::DropView { name, if_exists },
             Ddl::AlterColumns { name, changes } => {
                 let schema = client.table(&name)?.schema.clone();
                 let changes: Vec<ColumnChange> = changes

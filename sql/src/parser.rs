@@ -708,8 +708,34 @@ fn classify(statement: Statement) -> Result<NyalaStatement> {
                 if_exists,
             })
         }
+        Statement::Drop {
+            object_type: ObjectType::View,
+            if_exists,
+            names,
+            ..
+        } => {
+            let [name] = names.as_slice() else {
+                return Err(SqlError::NotSupported("DROP VIEW of several views".into()));
+            };
+            NyalaStatement::Ddl(Ddl::DropView {
+                name: object_name(name)?,
+                if_exists,
+            })
+        }
         Statement::Drop { object_type, .. } => {
             return Err(SqlError::NotSupported(format!("DROP {object_type}")))
+        }
+        Statement::CreateView(view) => {
+            if view.materialized || !view.columns.is_empty() || view.if_not_exists {
+                return Err(SqlError::NotSupported(
+                    "materialized views, column lists and IF NOT EXISTS in CREATE VIEW".into(),
+                ));
+            }
+            NyalaStatement::Ddl(Ddl::CreateView {
+                name: object_name(&view.name)?,
+                sql: view.query.to_string(),
+                or_replace: view.or_replace,
+            })
         }
         Statement::CreateTable(_) => {
             return Err(SqlError::NotSupported(

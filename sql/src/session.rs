@@ -25,8 +25,8 @@ use crate::parser::NyalaParser;
 use crate::planned::{statement_kind, Action, PlannedStatement, StatementKind};
 use crate::prepared::Draft;
 use crate::settings::{self, NyalaOptions};
-use crate::statement::{object_name, NyalaStatement};
-use crate::{as_of, dml};
+use crate::statement::{object_name, Ddl, NyalaStatement};
+use crate::{as_of, catalog, dml};
 use crate::{Result, SqlError};
 
 /// A SQL session: DataFusion session state plus access to the database.
@@ -73,6 +73,11 @@ impl Session {
             }))
         };
         match statement {
+            NyalaStatement::Ddl(Ddl::CreateView { name, sql, or_replace }) => {
+                self.check_view(&name, &sql).await?;
+                let ddl = Ddl::CreateView { name, sql, or_replace };
+                planned(StatementKind::Ddl, Action::Ddl(ddl))
+            }
             NyalaStatement::Ddl(ddl) => planned(StatementKind::Ddl, Action::Ddl(ddl)),
             NyalaStatement::CreateTableAs(ctas) => {
                 planned(StatementKind::Dml, self.plan_create_table_as(ctas).await?)
@@ -102,6 +107,17 @@ impl Session {
                 let plan = dml::plan_insert_ignore(plan)?;
                 Ok(Draft::Logical { kind, plan })
             }
+        }
+    }
+
+    /// Refuses a view whose query does not plan now, or reads the view itself (directly or
+    /// through other views: CREATE OR REPLACE would make it endless).
+    async fn check_view(&self, name: &str, sql: &str) -> Result<()> {
+        let plan = catalog::view_plan(&self.ctx.state(), sql).await?;
+        check_plan_depth(&plan)?;
+        match catalog::reads_view(&self.db.client, sql, name)? {
+            true => Err(SqlError::Invalid(format!("view '{name}' cannot read itself"))),
+            false => Ok(()),
         }
     }
 

@@ -18,14 +18,11 @@ impl Session {
     pub(crate) fn show(&self, show: &Show) -> Result<RecordBatch> {
         match show {
             Show::Tables => {
-                let names = self
-                    .db
-                    .client
-                    .tables()
-                    .iter()
-                    .map(|t| t.name.clone())
-                    .collect();
-                string_batch(vec![("table_name", names)])
+                // Tables, then views (information_schema.tables tells them apart).
+                let client = &self.db.client;
+                let tables = client.tables().into_iter().map(|t| t.name.clone());
+                let views = client.views().into_iter().map(|v| v.name.clone());
+                string_batch(vec![("table_name", tables.chain(views).collect())])
             }
             Show::Describe(name) => self.describe(name),
             Show::CreateTable(name) => self.show_create(name),

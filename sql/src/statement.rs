@@ -60,6 +60,17 @@ pub enum Ddl {
         add: bool,
         range: RangeSpec,
     },
+    /// `CREATE [OR REPLACE] VIEW name AS query` (the query's text; the session checks it
+    /// plans before the view is created).
+    CreateView {
+        name: String,
+        sql: String,
+        or_replace: bool,
+    },
+    DropView {
+        name: String,
+        if_exists: bool,
+    },
 }
 
 /// The statements answered with rows computed when they are planned.

@@ -1547,3 +1547,46 @@ async fn prepared_key_updates_and_deletes_write_their_row() {
     let got = text(&s, "SELECT count(*) FROM metrics WHERE host = 'b'").await;
     assert!(got.contains("| 0 "), "{got}");
 }
+
+/// Views: CREATE [OR REPLACE] VIEW and DROP VIEW, kept in the catalog across restarts, read
+/// like tables (joins, filters, views of views), listed by SHOW TABLES and information_schema
+/// as VIEW; bad definitions and name clashes are refused and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn views_are_named_queries_kept_in_the_catalog() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s) = open(dir.path()).await;
+    load_metrics(&s).await;
+    run(&s, "CREATE VIEW cpu AS SELECT host, value FROM metrics WHERE metric = 'cpu'").await;
+    run(&s, "CREATE VIEW busy AS SELECT host, max(value) AS peak FROM cpu GROUP BY host HAVING max(value) > 5").await;
+    let got = text(&s, "SELECT * FROM busy ORDER BY host").await;
+    assert!(got.contains("| a    | 7.5  |") && got.contains("| c    | 20.0 |") && !got.contains("| b "), "{got}");
+    // A view reads the table as it is when the statement runs.
+    run(&s, "INSERT INTO metrics VALUES ('b', '2026-01-02T00:00:00', 'cpu', 9.0)").await;
+    assert!(text(&s, "SELECT * FROM busy").await.contains("| b "));
+    // Another session sees the view at once.
+    let other = db.session();
+    assert!(text(&other, "SELECT count(*) FROM cpu").await.contains("| 5 "));
+    let listed = text(&s, "SELECT table_name, table_type FROM information_schema.tables WHERE table_schema = 'public' ORDER BY table_name").await;
+    assert!(listed.contains("| busy       | VIEW ") && listed.contains("| metrics    | BASE TABLE"), "{listed}");
+    assert!(text(&s, "SHOW TABLES").await.contains("| busy "));
+    // Refused: a name taken, a view of a missing table, a view that would read itself.
+    assert!(error(&s, "CREATE VIEW metrics AS SELECT 1").await.contains("exists"));
+    assert!(error(&s, "CREATE VIEW cpu AS SELECT 1").await.contains("OR REPLACE"));
+    assert!(error(&s, "CREATE TABLE cpu (k BIGINT PRIMARY KEY)").await.contains("exists"));
+    assert!(error(&s, "CREATE VIEW v AS SELECT * FROM nowhere").await.contains("nowhere"));
+    let e = error(&s, "CREATE OR REPLACE VIEW cpu AS SELECT host, peak AS value FROM busy").await;
+    assert!(e.contains("cannot read itself"), "{e}");
+    assert!(text(&s, "SELECT count(*) FROM cpu").await.contains("| 5 "));
+    // Replaced, then survives a restart; dropped.
+    run(&s, "CREATE OR REPLACE VIEW cpu AS SELECT host, value FROM metrics WHERE metric = 'mem'").await;
+    db.shutdown().await.unwrap();
+    let (db, s) = open(dir.path()).await;
+    assert!(text(&s, "SELECT count(*) FROM cpu").await.contains("| 1 "));
+    assert!(error(&s, "DROP TABLE cpu").await.contains("cpu"));
+    run(&s, "DROP VIEW busy").await;
+    run(&s, "DROP VIEW IF EXISTS busy").await;
+    assert!(error(&s, "DROP VIEW busy").await.contains("busy"));
+    assert!(error(&s, "SELECT * FROM busy").await.contains("busy"));
+    assert!(text(&s, "SELECT count(*) FROM cpu").await.contains("| 1 "));
+    drop(db);
+}

@@ -70,6 +70,32 @@ pub enum DdlOp {
         name: String,
         range: RangeSpec,
     },
+    /// `CREATE [OR REPLACE] VIEW name AS query`: `query` is the SQL text, checked by the SQL
+    /// layer before it gets here.
+    CreateView {
+        view: ViewInfo,
+        or_replace: bool,
+    },
+    DropView {
+        name: String,
+        if_exists: bool,
+    },
+}
+
+/// A view as the catalog stores it: a name for a query, planned whenever a statement reads it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ViewInfo {
+    pub name: String,
+    /// The query's SQL text.
+    pub sql: String,
+}
+
+/// What the catalog holds, as a leading master hands it to the others and to clients.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CatalogContents {
+    pub tables: Vec<TableInfo>,
+    #[serde(default)]
+    pub views: Vec<ViewInfo>,
 }
 
 impl DdlOp {
@@ -80,7 +106,12 @@ impl DdlOp {
             | DdlOp::DropTable { name, .. }
             | DdlOp::AlterColumns { name, .. }
             | DdlOp::AddRangePartition { name, .. }
-            | DdlOp::DropRangePartition { name, .. } => (name, None),
+            | DdlOp::DropRangePartition { name, .. }
+            | DdlOp::DropView { name, .. }
+            | DdlOp::CreateView {
+                view: ViewInfo { name, .. },
+                ..
+            } => (name, None),
             DdlOp::RenameTable { name, new_name } => (name, Some(new_name)),
         };
         std::iter::once(name.as_str()).chain(other.map(String::as_str))
@@ -95,6 +126,8 @@ pub trait Catalog: Send + Sync + 'static {
     async fn ddl(&self, op: DdlOp) -> Result<bool>;
     fn table(&self, name: &str) -> Option<Arc<TableInfo>>;
     fn tables(&self) -> Vec<Arc<TableInfo>>;
+    /// All views, sorted by name.
+    fn views(&self) -> Vec<Arc<ViewInfo>>;
     /// Flushes and stops what this process holds of the catalog.
     fn shutdown(&self) -> Result<()> {
         Ok(())

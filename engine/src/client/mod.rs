@@ -11,7 +11,7 @@ use arrow::array::RecordBatch;
 use futures::future::join_all;
 use nyala_storage::{ScanIterator, ScanSpec, Timestamp, WriteBatch, WriteKind, WriteOutcome};
 
-use crate::catalog::{Catalog, DdlOp, TableInfo};
+use crate::catalog::{Catalog, DdlOp, TableInfo, ViewInfo};
 use crate::{EngineError, Result};
 
 pub mod admin;
@@ -159,6 +159,16 @@ impl Client {
         let mut tables = self.catalog.tables();
         tables.retain(|t| !is_system_table(&t.name));
         tables
+    }
+
+    /// All views, sorted by name.
+    pub fn views(&self) -> Vec<Arc<ViewInfo>> {
+        self.catalog.views()
+    }
+
+    /// The view called `name`, if there is one.
+    pub fn view(&self, name: &str) -> Option<Arc<ViewInfo>> {
+        self.catalog.views().into_iter().find(|v| v.name == name)
     }
 
     /// Writes `rows` (see [`WriteBatch`] for the columns each kind needs) to `table`. Returns the

@@ -11,7 +11,7 @@ use parking_lot::{Mutex, RwLock};
 use tonic::transport::Channel;
 
 use super::meta_cache::MetaCache;
-use crate::catalog::{Catalog, DdlOp, TableInfo};
+use crate::catalog::{Catalog, CatalogContents, DdlOp, TableInfo, ViewInfo};
 use crate::rpc;
 use crate::rpc::proto::master::master_service_client::MasterServiceClient;
 use crate::rpc::proto::master::{ClusterViewRequest, DdlRequest};
@@ -23,6 +23,7 @@ const REFRESH_INTERVAL: Duration = Duration::from_millis(500);
 pub struct RemoteCatalog {
     masters: Vec<String>,
     tables: RwLock<BTreeMap<String, Arc<TableInfo>>>,
+    views: RwLock<BTreeMap<String, Arc<ViewInfo>>>,
     /// The catalog version `tables` holds.
     version: std::sync::atomic::AtomicU64,
     channels: Mutex<BTreeMap<String, Channel>>,
@@ -36,6 +37,7 @@ impl RemoteCatalog {
         let remote = Arc::new(Self {
             masters,
             tables: RwLock::default(),
+            views: RwLock::default(),
             version: Default::default(),
             channels: Mutex::default(),
             meta,
@@ -101,11 +103,13 @@ impl RemoteCatalog {
                 }
             };
             if let Some(json) = &view.catalog_json {
-                let tables: Vec<TableInfo> = serde_json::from_str(json)
+                let contents: CatalogContents = serde_json::from_str(json)
                     .map_err(|e| EngineError::CatalogCorrupted(e.to_string()))?;
-                *self.tables.write() = tables
-                    .into_iter()
+                *self.tables.write() = (contents.tables.into_iter())
                     .map(|t| (t.name.clone(), Arc::new(t)))
+                    .collect();
+                *self.views.write() = (contents.views.into_iter())
+                    .map(|v| (v.name.clone(), Arc::new(v)))
                     .collect();
                 self.version
                     .store(view.catalog_version, std::sync::atomic::Ordering::Release);
@@ -159,5 +163,9 @@ impl Catalog for RemoteCatalog {
 
     fn tables(&self) -> Vec<Arc<TableInfo>> {
         self.tables.read().values().cloned().collect()
+    }
+
+    fn views(&self) -> Vec<Arc<ViewInfo>> {
+        self.views.read().values().cloned().collect()
     }
 }

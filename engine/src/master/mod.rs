@@ -1,7 +1,8 @@
 //! The master: the catalog of tables and where their tablets live.
 //!
 //! As in Kudu, the catalog is itself a tablet (`sys.catalog`) written through its own Raft log:
-//! one row per table, keyed by table id, holding the table's definition as JSON. On start the
+//! one row per table, keyed by table id, holding the table's definition as JSON (and one per
+//! view, keyed `view:<name>`, holding its query). On start the
 //! master scans it back into memory. DDL is serialised by one lock; creating a table makes its
 //! tablets first and then commits the catalog row, so a crash in between leaves only orphan
 //! tablets, which the next start deletes.
@@ -16,7 +17,7 @@ use nyala_storage::{
 };
 use parking_lot::RwLock;
 
-use crate::catalog::{Catalog, ColumnChange, DdlOp, TableInfo};
+use crate::catalog::{Catalog, ColumnChange, DdlOp, TableInfo, ViewInfo};
 use crate::clock::HybridClock;
 use crate::consensus::RaftGroups;
 use crate::partition::{PartitionSchema, RangeSpec};
@@ -51,6 +52,7 @@ pub struct Master {
     masters: BTreeMap<u64, String>,
     placement: Arc<dyn TabletPlacement>,
     tables: RwLock<BTreeMap<String, Arc<TableInfo>>>,
+    views: RwLock<BTreeMap<String, Arc<ViewInfo>>>,
     ddl: tokio::sync::Mutex<()>,
     /// Held while a replica moves (re-replication, rebalancing): one move at a time.
     moves: tokio::sync::Mutex<()>,
@@ -58,6 +60,9 @@ pub struct Master {
 
 /// The tablet id of the catalog.
 pub const CATALOG_TABLET: &str = "sys.catalog";
+
+/// The ids of the catalog rows of views begin with this (table ids are UUIDs).
+const VIEW_ID_PREFIX: &str = "view:";
 
 fn catalog_schema() -> Result<Schema> {
     let column = |name: &str| ColumnSchema::new(name, ColumnType::String, false);
@@ -112,6 +117,7 @@ impl Master {
             masters,
             placement,
             tables: RwLock::new(BTreeMap::new()),
+            views: RwLock::new(BTreeMap::new()),
             ddl: tokio::sync::Mutex::new(()),
             moves: tokio::sync::Mutex::new(()),
         };
@@ -139,29 +145,39 @@ impl Master {
     fn load(&self) -> Result<()> {
         let applied = self.catalog.last_applied();
         let spec = ScanSpec {
-            projection: Some(vec![2]),
+            projection: Some(vec![0, 2]),
             predicates: vec![],
             snapshot: Timestamp(0),
             limit: None,
             batch_size: 1024,
         };
+        let strings = |batch: &RecordBatch, c: usize| {
+            let column = batch.column(c).as_any().downcast_ref::<StringArray>();
+            column.cloned().ok_or_else(|| {
+                EngineError::CatalogCorrupted("catalog column is not a string".into())
+            })
+        };
+        let corrupted = |e: serde_json::Error| EngineError::CatalogCorrupted(e.to_string());
         let mut tables = BTreeMap::new();
+        let mut views = BTreeMap::new();
         for batch in self.catalog.scan(spec, None)? {
             let batch = batch?;
-            let infos = batch
-                .column(0)
-                .as_any()
-                .downcast_ref::<StringArray>()
-                .ok_or_else(|| {
-                    EngineError::CatalogCorrupted("info column is not a string".into())
-                })?;
-            for info in infos.iter().flatten() {
-                let info: TableInfo = serde_json::from_str(info)
-                    .map_err(|e| EngineError::CatalogCorrupted(e.to_string()))?;
-                tables.insert(info.name.clone(), Arc::new(info));
+            let (ids, infos) = (strings(&batch, 0)?, strings(&batch, 1)?);
+            for (id, info) in ids.iter().zip(infos.iter()) {
+                let (Some(id), Some(info)) = (id, info) else {
+                    continue;
+                };
+                if id.starts_with(VIEW_ID_PREFIX) {
+                    let view: ViewInfo = serde_json::from_str(info).map_err(corrupted)?;
+                    views.insert(view.name.clone(), Arc::new(view));
+                } else {
+                    let info: TableInfo = serde_json::from_str(info).map_err(corrupted)?;
+                    tables.insert(info.name.clone(), Arc::new(info));
+                }
             }
         }
         *self.tables.write() = tables;
+        *self.views.write() = views;
         self.loaded
             .store(applied, std::sync::atomic::Ordering::Release);
         Ok(())
@@ -184,6 +200,64 @@ impl Master {
         self.tables.read().values().cloned().collect()
     }
 
+    /// All views, sorted by name.
+    pub fn views(&self) -> Vec<Arc<ViewInfo>> {
+        self.refresh();
+        self.views.read().values().cloned().collect()
+    }
+
+    fn view(&self, name: &str) -> Option<Arc<ViewInfo>> {
+        self.refresh();
+        self.views.read().get(name).cloned()
+    }
+
+    /// An error if a table or view is called `name` already.
+    fn name_is_free(&self, name: &str) -> Result<()> {
+        match (self.table(name), self.view(name)) {
+            (None, None) => Ok(()),
+            (Some(_), _) => Err(EngineError::TableExists(name.into())),
+            (_, Some(_)) => Err(EngineError::TableExists(format!("{name} (a view)"))),
+        }
+    }
+
+    /// Creates a view, or replaces the one called so with `or_replace`.
+    async fn create_view(&self, view: ViewInfo, or_replace: bool) -> Result<bool> {
+        let _ddl = self.ddl.lock().await;
+        if self.table(&view.name).is_some() {
+            return Err(EngineError::TableExists(view.name));
+        }
+        if self.view(&view.name).is_some() && !or_replace {
+            return Err(EngineError::TableExists(format!(
+                "{} (a view; CREATE OR REPLACE VIEW replaces it)",
+                view.name
+            )));
+        }
+        self.write_view(WriteKind::Upsert, &view).await?;
+        self.views.write().insert(view.name.clone(), Arc::new(view));
+        Ok(true)
+    }
+
+    async fn drop_view(&self, name: &str, if_exists: bool) -> Result<bool> {
+        let _ddl = self.ddl.lock().await;
+        let Some(view) = self.view(name) else {
+            return match if_exists {
+                true => Ok(false),
+                false => Err(EngineError::TableNotFound(format!("view {name}"))),
+            };
+        };
+        self.write_view(WriteKind::Delete, &view).await?;
+        self.views.write().remove(name);
+        Ok(true)
+    }
+
+    /// Writes `view`'s catalog row (id `view:<name>`).
+    async fn write_view(&self, kind: WriteKind, view: &ViewInfo) -> Result<()> {
+        let json =
+            serde_json::to_string(view).map_err(|e| EngineError::CatalogCorrupted(e.to_string()))?;
+        let id = format!("{VIEW_ID_PREFIX}{}", view.name);
+        self.write_catalog_row(kind, &id, &view.name, json).await
+    }
+
     /// Creates a table and its tablets. Returns `Ok(false)` if it exists and `if_not_exists`.
     /// `replicas`: replicas of each tablet (0: the default).
     pub async fn create_table(
@@ -202,6 +276,7 @@ impl Master {
                 Err(EngineError::TableExists(name.into()))
             };
         }
+        self.name_is_free(name)?;
         let id = uuid::Uuid::new_v4().simple().to_string();
         let info = TableInfo {
             tablets: (0..partition.num_tablets())
@@ -299,6 +374,8 @@ impl Master {
                 .drop_range_partition(&name, &range)
                 .await
                 .map(|()| true),
+            DdlOp::CreateView { view, or_replace } => self.create_view(view, or_replace).await,
+            DdlOp::DropView { name, if_exists } => self.drop_view(&name, if_exists).await,
         }
     }
 
@@ -327,9 +404,7 @@ impl Master {
     pub async fn rename_table(&self, name: &str, new_name: &str) -> Result<()> {
         let _ddl = self.ddl.lock().await;
         let info = self.existing(name)?;
-        if self.table(new_name).is_some() {
-            return Err(EngineError::TableExists(new_name.into()));
-        }
+        self.name_is_free(new_name)?;
         let renamed = TableInfo {
             name: new_name.to_string(),
             ..(*info).clone()
@@ -428,12 +503,23 @@ impl Master {
     async fn write_catalog(&self, kind: WriteKind, info: &TableInfo) -> Result<()> {
         let json = serde_json::to_string(info)
             .map_err(|e| EngineError::CatalogCorrupted(e.to_string()))?;
+        self.write_catalog_row(kind, &info.id, &info.name, json).await
+    }
+
+    /// Writes one row of the catalog tablet: `id`, `name`, the definition as JSON.
+    async fn write_catalog_row(
+        &self,
+        kind: WriteKind,
+        id: &str,
+        name: &str,
+        json: String,
+    ) -> Result<()> {
         let schema = self.catalog.schema().arrow_schema();
         let rows = RecordBatch::try_new(
             schema,
             vec![
-                Arc::new(StringArray::from(vec![info.id.as_str()])) as Arc<dyn Array>,
-                Arc::new(StringArray::from(vec![info.name.as_str()])),
+                Arc::new(StringArray::from(vec![id])) as Arc<dyn Array>,
+                Arc::new(StringArray::from(vec![name])),
                 Arc::new(StringArray::from(vec![json])),
             ],
         )?;
@@ -481,6 +567,10 @@ impl Catalog for Master {
 
     fn tables(&self) -> Vec<Arc<TableInfo>> {
         Master::tables(self)
+    }
+
+    fn views(&self) -> Vec<Arc<ViewInfo>> {
+        Master::views(self)
     }
 
     fn shutdown(&self) -> Result<()> {

@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 
 use super::registry::TServerRegistry;
 use super::Master;
-use crate::catalog::{DdlOp, TableInfo};
+use crate::catalog::{CatalogContents, DdlOp};
 use crate::rpc;
 use crate::rpc::proto::master::master_service_server::{self, MasterServiceServer};
 use crate::rpc::proto::master::{
@@ -66,8 +66,11 @@ impl master_service_server::MasterService for MasterService {
         request: Request<ClusterViewRequest>,
     ) -> std::result::Result<Response<ClusterViewResponse>, Status> {
         let known = request.into_inner().catalog_version;
-        let tables: Vec<TableInfo> = self.master.tables().iter().map(|t| (**t).clone()).collect();
-        let json = match serde_json::to_string(&tables) {
+        let contents = CatalogContents {
+            tables: self.master.tables().iter().map(|t| (**t).clone()).collect(),
+            views: self.master.views().iter().map(|v| (**v).clone()).collect(),
+        };
+        let json = match serde_json::to_string(&contents) {
             Ok(json) => json,
             Err(e) => return self.respond(Err(EngineError::CatalogCorrupted(e.to_string()))),
         };
