@@ -89,7 +89,8 @@ impl RaftConfig {
             node_id,
             log_dir: log_dir.into(),
             voters: Vec::new(),
-            segment_bytes: 64 << 20,
+            // Small enough that a flushed tablet soon drops the segments behind its flush.
+            segment_bytes: 8 << 20,
             sync: true,
             tick: std::time::Duration::from_millis(100),
             heartbeat_ticks: 5,
