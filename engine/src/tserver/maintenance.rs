@@ -5,8 +5,9 @@
 //! and deltas) of all tablets together is above 60 % of the server's limit, the tablet holding
 //! the most is flushed. Then the best-scoring operation over all tablets runs, again while the
 //! best scores at least 1, a few per round: a flush scores how full its tablet's memory is (1 at
-//! the flush threshold) or how long its log is (1 at 256 MB, as a flush lets the log behind it be
-//! dropped), a compaction its expected benefit (see [`nyala_storage::Tablet::maintenance_ops`]).
+//! the flush threshold), how long its log is (1 at 256 MB, as a flush lets the log behind it be
+//! dropped) or whether it stopped taking writes (1 after [`IDLE_FLUSH_AFTER`] without one), a
+//! compaction its expected benefit (see [`nyala_storage::Tablet::maintenance_ops`]).
 //! Writers wait while the memory is above the limit itself ([`MaintenanceSignal::flushed`]), so
 //! it stays bounded however many tablets are written.
 //!
@@ -16,8 +17,9 @@
 //! the previous one, so the writes of that interval are looked at together. A round that did
 //! something is followed by another at that pace, since one operation may make the next
 //! worthwhile. A writer waiting for memory gets a round at once, and is woken by each flush.
-//! Without writes the thread sleeps for [`IDLE_INTERVAL`]: all that appears then is history that
-//! ages past the retention (UNDO files to trim, deletions to apply), which can wait that long.
+//! Without writes the thread sleeps for [`IDLE_FLUSH_AFTER`] while some tablet holds unflushed
+//! data, else for [`IDLE_INTERVAL`]: all that appears then is history that ages past the
+//! retention (UNDO files to trim, deletions to apply), which can wait that long.
 //! An idle server's maintenance thread therefore wakes once a minute.
 //!
 //! What the thread does is kept for operators: the operation running now and the last
@@ -40,6 +42,9 @@ use crate::tserver::TabletServer;
 pub const ROUND_INTERVAL: Duration = Duration::from_millis(200);
 /// The longest time between two rounds.
 pub const IDLE_INTERVAL: Duration = Duration::from_secs(60);
+/// A replica holding unflushed data that took no write for this long is flushed: its log can
+/// then go, and a bulk load settles into its compact, compressed files soon after it ends.
+pub const IDLE_FLUSH_AFTER: Duration = Duration::from_secs(30);
 /// A replica whose log takes more than this on disk is flushed, so the log can be truncated.
 const LOG_RETENTION_BYTES: u64 = 256 << 20;
 /// The most flushes and compactions one round runs (besides memory-pressure flushes).
@@ -57,6 +62,9 @@ pub struct MaintenanceSignal {
     condvar: Condvar,
     /// Notified after every flush and round, for writers waiting for memory.
     flushed: tokio::sync::Notify,
+    /// Per replica: its unflushed bytes when last looked at, and since when they are so (they
+    /// grow with every write, so unchanged bytes mean no writes).
+    unchanged: Mutex<std::collections::HashMap<String, (usize, Instant)>>,
 }
 
 #[derive(Default)]
@@ -92,9 +100,23 @@ impl MaintenanceSignal {
         self.wake.lock().stopping
     }
 
-    /// Waits until a round is due, after a round began at `last` that `did_work` or not;
-    /// false once the manager stops.
-    fn wait_for_round(&self, last: Instant, did_work: bool) -> bool {
+    /// How long `replica` has held the unflushed bytes it holds now without a write (zero the
+    /// first time they are seen).
+    fn idle_for(&self, replica: &TabletReplica, bytes: usize) -> Duration {
+        let now = Instant::now();
+        let mut unchanged = self.unchanged.lock();
+        match unchanged.get(replica.id()) {
+            Some(&(seen, since)) if seen == bytes => now.saturating_duration_since(since),
+            _ => {
+                unchanged.insert(replica.id().to_string(), (bytes, now));
+                Duration::ZERO
+            }
+        }
+    }
+
+    /// Waits until a round is due, after a round began at `last` that `did_work` or not (and
+    /// left unflushed data in some replica: `pending`); false once the manager stops.
+    fn wait_for_round(&self, last: Instant, did_work: bool, pending: bool) -> bool {
         let mut wake = self.wake.lock();
         loop {
             if wake.stopping {
@@ -106,9 +128,11 @@ impl MaintenanceSignal {
             if wake.memory_wanted && did_work {
                 break;
             }
-            let due = match wanted || wake.memory_wanted {
-                true => last + ROUND_INTERVAL,
-                false => last + IDLE_INTERVAL,
+            let due = match (wanted || wake.memory_wanted, pending) {
+                (true, _) => last + ROUND_INTERVAL,
+                // Soon enough to flush what the last writes left once they have stopped.
+                (false, true) => last + IDLE_FLUSH_AFTER,
+                (false, false) => last + IDLE_INTERVAL,
             };
             if Instant::now() >= due {
                 break;
@@ -209,17 +233,28 @@ pub struct MaintenanceCandidate {
 
 /// Every flush and compaction of `replicas` with its score now (see the module comment); the
 /// thread runs the best while it scores at least 1.
-pub fn candidates(replicas: &[Arc<TabletReplica>]) -> Vec<MaintenanceCandidate> {
+pub fn candidates(
+    replicas: &[Arc<TabletReplica>],
+    signal: &MaintenanceSignal,
+) -> Vec<MaintenanceCandidate> {
     replicas
         .iter()
         .flat_map(|r| {
             let tablet = r.tablet();
+            let memory = tablet.memory_bytes();
             // A long log counts only while a flush would let some of it go.
-            let log = match tablet.memory_bytes() {
+            let log = match memory {
                 0 => 0.0,
                 _ => r.log_bytes() as f64 / LOG_RETENTION_BYTES as f64,
             };
-            let flush = (None, tablet.flush_score().max(log));
+            let idle = match memory {
+                0 => 0.0,
+                _ => match signal.idle_for(r, memory) >= IDLE_FLUSH_AFTER {
+                    true => 1.0,
+                    false => 0.0,
+                },
+            };
+            let flush = (None, tablet.flush_score().max(log).max(idle));
             let compactions = tablet.maintenance_ops().into_iter();
             std::iter::once(flush)
                 .chain(compactions.map(|op| (Some(op.kind), op.score)))
@@ -252,13 +287,17 @@ impl MaintenanceManager {
                 // The first round, soon after the start, looks at what the tablets brought
                 // from disk.
                 let mut last = Instant::now();
-                let mut did_work = true;
-                while signal.wait_for_round(last, did_work) {
+                let (mut did_work, mut pending) = (true, false);
+                while signal.wait_for_round(last, did_work, pending) {
                     last = Instant::now();
                     let Some(server) = server.upgrade() else {
                         break;
                     };
-                    did_work = run_round(&server.replicas(), server.memory_limit(), &signal, &log);
+                    let replicas = server.replicas();
+                    did_work = run_round(&replicas, server.memory_limit(), &signal, &log);
+                    pending = replicas.iter().any(|r| r.tablet().memory_bytes() > 0);
+                    let ids: Vec<&str> = replicas.iter().map(|r| r.id()).collect();
+                    signal.unchanged.lock().retain(|id, _| ids.contains(&id.as_str()));
                     signal.flushed.notify_waiters();
                 }
             })?;
@@ -341,7 +380,7 @@ fn run_round(
         if signal.stopping() {
             return did_work;
         }
-        let best = candidates(replicas)
+        let best = candidates(replicas, signal)
             .into_iter()
             .max_by(|a, b| a.score.total_cmp(&b.score));
         let Some(MaintenanceCandidate {
@@ -456,6 +495,34 @@ mod tests {
         server.admit_write().await.unwrap();
         assert!(server.memory_bytes() <= 64 << 10);
         assert!(replica.tablet().disk_bytes() > 0);
+        server.shutdown().unwrap();
+    }
+
+    /// A tablet that stops taking writes is flushed once its unflushed data has stayed the
+    /// same for the idle time, well below its flush threshold; a tablet still written is not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tablet_that_stops_taking_writes_is_flushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path(), 1 << 30, crate::tserver::DEFAULT_MEMORY_LIMIT);
+        let replica = server.create_tablet("t", &schema()).unwrap();
+        replica.write(&rows(&schema(), 0, 10)).await.unwrap();
+        // A signal of its own: the server's thread keeps its own record of what it saw.
+        let signal = super::MaintenanceSignal::default();
+        let flush_score = |signal: &super::MaintenanceSignal| {
+            let replicas = [replica.clone()];
+            let all = super::candidates(&replicas, signal);
+            all.into_iter().find(|c| c.kind.is_none()).unwrap().score
+        };
+        assert!(flush_score(&signal) < 1.0);
+        // Its bytes seen unchanged since longer than the idle time: due for a flush.
+        let bytes = replica.tablet().memory_bytes();
+        let long_ago = Instant::now() - super::IDLE_FLUSH_AFTER - Duration::from_secs(1);
+        signal.unchanged.lock().insert("t".into(), (bytes, long_ago));
+        assert!(flush_score(&signal) >= 1.0);
+        // A write since then: not idle.
+        signal.unchanged.lock().insert("t".into(), (bytes, long_ago));
+        replica.write(&rows(&schema(), 10, 1)).await.unwrap();
+        assert!(flush_score(&signal) < 1.0);
         server.shutdown().unwrap();
     }
 }

@@ -133,7 +133,7 @@ impl TabletServer {
 
     /// Every flush and compaction of this server's replicas, with its score now.
     pub fn maintenance_candidates(&self) -> Vec<maintenance::MaintenanceCandidate> {
-        maintenance::candidates(&self.replicas())
+        maintenance::candidates(&self.replicas(), self.maintenance.signal())
     }
 
     /// Every replica on this server.
