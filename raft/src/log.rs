@@ -470,6 +470,13 @@ impl DurableLog {
         state.truncated_term = term;
         self.state = state;
         self.write_state()?;
+        // When everything logged is durable, the newest segment (if it holds anything) is
+        // closed and a new, empty one started, so the old one can go too.
+        let active_bytes = self.active.as_ref().map_or(0, |(_, size)| *size);
+        if index >= self.last_index() && active_bytes > 0 {
+            self.active = None;
+            self.roll(index + 1)?;
+        }
         // A segment can go when the next one starts at or below index + 1.
         while self.segments.len() > 1 && self.segments[1].first_index <= index + 1 {
             let seg = self.segments.remove(0);
