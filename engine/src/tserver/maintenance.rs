@@ -131,7 +131,8 @@ impl MaintenanceSignal {
             let due = match (wanted || wake.memory_wanted, pending) {
                 (true, _) => last + ROUND_INTERVAL,
                 // Soon enough to flush what the last writes left once they have stopped.
-                (false, true) => last + IDLE_FLUSH_AFTER,
+                // (The round that saw the data last began a little before it looked.)
+                (false, true) => last + IDLE_FLUSH_AFTER + ROUND_INTERVAL,
                 (false, false) => last + IDLE_INTERVAL,
             };
             if Instant::now() >= due {
@@ -473,6 +474,11 @@ mod tests {
         }
         assert!(replica.tablet().disk_bytes() > 0);
         assert_eq!(replica.tablet().durable_index(), replica.last_applied());
+        // Everything is durable in the tablet's files: its log goes.
+        while replica.log_bytes() > 0 {
+            assert!(Instant::now() < deadline, "log kept: {} bytes", replica.log_bytes());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         // Operators see it: in the log of recent operations, with the score that chose it.
         let recent = server.maintenance_log().recent();
         let flush = recent
