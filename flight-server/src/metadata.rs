@@ -137,13 +137,22 @@ pub fn tables(
         .db_schema_filter_pattern
         .as_deref()
         .is_none_or(|p| like(SCHEMA_NAME, p));
-    let wanted = |kind: &str| query.table_types.is_empty() || query.table_types.iter().any(|t| t == kind);
+    let wanted =
+        |kind: &str| query.table_types.is_empty() || query.table_types.iter().any(|t| t == kind);
     let (tables_ok, views_ok) = (wanted("TABLE"), wanted("VIEW"));
     let pattern = query.table_name_filter_pattern.clone();
     let mut builder = query.into_builder();
     if catalog_ok && schema_ok {
-        let tables = db.tables().into_iter().filter(|_| tables_ok).map(|t| (t, "TABLE"));
-        let views = views.iter().cloned().filter(|_| views_ok).map(|v| (v, "VIEW"));
+        let tables = db
+            .tables()
+            .into_iter()
+            .filter(|_| tables_ok)
+            .map(|t| (t, "TABLE"));
+        let views = views
+            .iter()
+            .cloned()
+            .filter(|_| views_ok)
+            .map(|v| (v, "VIEW"));
         for ((name, schema), kind) in tables.chain(views) {
             if pattern.as_deref().is_none_or(|p| like(&name, p)) {
                 builder

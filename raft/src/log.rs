@@ -585,7 +585,9 @@ mod tests {
     fn entries_are_compressed_and_read_back() {
         let dir = tempfile::tempdir().unwrap();
         let repetitive = |i: u64| format!("row {i} ").repeat(500).into_bytes();
-        let random: Vec<u8> = (0..4000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        let random: Vec<u8> = (0..4000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
         let entries = vec![
             entry(1, repetitive(1)),
             entry(2, b"tiny".to_vec()),
@@ -596,10 +598,17 @@ mod tests {
         {
             let mut log = DurableLog::open(dir.path(), &[1], 1 << 20, true).unwrap();
             log.append(&entries).unwrap();
-            assert!((log.bytes() as usize) < raw / 2, "{} bytes for {raw}", log.bytes());
+            assert!(
+                (log.bytes() as usize) < raw / 2,
+                "{} bytes for {raw}",
+                log.bytes()
+            );
         }
         let log = DurableLog::open(dir.path(), &[1], 1 << 20, true).unwrap();
-        let read = log.storage().entries(1, 5, u64::MAX, raft::GetEntriesContext::empty(false)).unwrap();
+        let read = log
+            .storage()
+            .entries(1, 5, u64::MAX, raft::GetEntriesContext::empty(false))
+            .unwrap();
         assert_eq!(read, entries);
     }
 }

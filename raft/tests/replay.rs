@@ -230,7 +230,10 @@ async fn durable_prefix_of_the_log_is_deleted() {
     node.with_state_machine(|sm| sm.flush()).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while on_disk(dir.path()) > 0 {
-        assert!(std::time::Instant::now() < deadline, "the log was not dropped");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the log was not dropped"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     drop(node);

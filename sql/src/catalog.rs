@@ -10,13 +10,13 @@ use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
 use async_trait::async_trait;
 use datafusion::catalog::{MemTable, SchemaProvider};
 use datafusion::datasource::{TableProvider, ViewTable};
-use datafusion::sql::parser::DFParser;
-use datafusion::sql::resolve::resolve_table_references;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::LogicalPlan;
-use parking_lot::RwLock;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::sql::parser::DFParser;
+use datafusion::sql::resolve::resolve_table_references;
 use nyala_engine::{Client, TableHandle, TabletStats};
+use parking_lot::RwLock;
 
 use crate::table::NyalaTable;
 
@@ -58,9 +58,9 @@ impl SchemaProvider for NyalaSchemaProvider {
         let state = (self.state.upgrade())
             .ok_or_else(|| DataFusionError::Plan("the session has ended".into()))?;
         let state = state.read().clone();
-        let plan = view_plan(&state, &view.sql).await.map_err(|e| {
-            DataFusionError::Plan(format!("view '{name}' cannot be read: {e}"))
-        })?;
+        let plan = view_plan(&state, &view.sql)
+            .await
+            .map_err(|e| DataFusionError::Plan(format!("view '{name}' cannot be read: {e}")))?;
         Ok(Some(Arc::new(ViewTable::new(plan, Some(view.sql.clone())))))
     }
 

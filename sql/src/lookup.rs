@@ -186,7 +186,12 @@ impl KeyLookup {
         if !exact || predicates.len() < schema.key_columns().len() {
             return Ok(None);
         }
-        let tablet = self.table.partition.prune(schema, &predicates).first().copied();
+        let tablet = self
+            .table
+            .partition
+            .prune(schema, &predicates)
+            .first()
+            .copied();
         Ok(Some(BoundLookup {
             table: self.table.clone(),
             spec: ScanSpec {
@@ -243,7 +248,12 @@ impl BoundLookup {
         batches
             .into_iter()
             .filter(|b| b.num_rows() > 0)
-            .map(|b| Ok(RecordBatch::try_new(self.schema.clone(), b.columns().to_vec())?))
+            .map(|b| {
+                Ok(RecordBatch::try_new(
+                    self.schema.clone(),
+                    b.columns().to_vec(),
+                )?)
+            })
             .collect()
     }
 }
@@ -348,7 +358,10 @@ impl BoundMutation {
             };
             let rows = self.rows(keys)?;
             let sink = sink(rows.schema());
-            match sink.write_statement(stream_of(rows.schema(), vec![rows])?, Some(snapshot)).await? {
+            match sink
+                .write_statement(stream_of(rows.schema(), vec![rows])?, Some(snapshot))
+                .await?
+            {
                 Outcome::Written(rows) => return Ok(rows),
                 Outcome::Conflict if restart == MAX_RESTARTS => break,
                 Outcome::Conflict => tokio::time::sleep(pause(restart)).await,
@@ -370,7 +383,10 @@ impl BoundMutation {
             fields.push(Arc::new(Field::new(name, value.data_type(), true)));
             columns.push(value.to_array_of_size(keys.num_rows())?);
         }
-        Ok(RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)?)
+        Ok(RecordBatch::try_new(
+            Arc::new(ArrowSchema::new(fields)),
+            columns,
+        )?)
     }
 }
 

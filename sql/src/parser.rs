@@ -1636,7 +1636,10 @@ mod tests {
                 "DROP TABLE a, b",
                 "not supported: DROP TABLE of several tables",
             ),
-            ("DROP VIEW v, w", "not supported: DROP VIEW of several views"),
+            (
+                "DROP VIEW v, w",
+                "not supported: DROP VIEW of several views",
+            ),
             ("DROP INDEX i", "not supported: DROP INDEX"),
             (
                 "CREATE MATERIALIZED VIEW v AS SELECT 1",

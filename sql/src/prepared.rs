@@ -19,10 +19,10 @@
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
+use datafusion::common::tree_node::TreeNode;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::ScalarValue;
 use datafusion::datasource::source_as_provider;
-use datafusion::common::tree_node::TreeNode;
 use datafusion::logical_expr::{Expr, LogicalPlan, Volatility};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::coop::CooperativeExec;
@@ -89,7 +89,13 @@ impl PreparedStatement {
     pub fn is_keyed(&self) -> bool {
         matches!(
             &self.template,
-            Template::Logical { lookup: Some(_), .. } | Template::Logical { mutation: Some(_), .. }
+            Template::Logical {
+                lookup: Some(_),
+                ..
+            } | Template::Logical {
+                mutation: Some(_),
+                ..
+            }
         )
     }
 }
@@ -261,7 +267,9 @@ impl Session {
     /// again and again ([`reusable`]).
     async fn reusable_plan(&self, optimized: &LogicalPlan) -> Option<Arc<dyn ExecutionPlan>> {
         let state = self.ctx.state();
-        let physical = state.query_planner().create_physical_plan(optimized, &state);
+        let physical = state
+            .query_planner()
+            .create_physical_plan(optimized, &state);
         physical.await.ok().filter(reusable)
     }
 

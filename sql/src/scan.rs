@@ -73,7 +73,11 @@ pub async fn statement_snapshot(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<
         // A scan whose predicates leave no tablet reads nothing at any snapshot.
         let reads = |s: &&NyalaScanExec| !s.as_of && !s.tablets.is_empty();
         if let Some(scan) = node.downcast_ref::<NyalaScanExec>().filter(reads) {
-            scans.push((scan.client.clone(), scan.table.clone(), scan.tablets.clone()));
+            scans.push((
+                scan.client.clone(),
+                scan.table.clone(),
+                scan.tablets.clone(),
+            ));
         }
         Ok(TreeNodeRecursion::Continue)
     })?;

@@ -73,9 +73,17 @@ impl Session {
             }))
         };
         match statement {
-            NyalaStatement::Ddl(Ddl::CreateView { name, sql, or_replace }) => {
+            NyalaStatement::Ddl(Ddl::CreateView {
+                name,
+                sql,
+                or_replace,
+            }) => {
                 self.check_view(&name, &sql).await?;
-                let ddl = Ddl::CreateView { name, sql, or_replace };
+                let ddl = Ddl::CreateView {
+                    name,
+                    sql,
+                    or_replace,
+                };
                 planned(StatementKind::Ddl, Action::Ddl(ddl))
             }
             NyalaStatement::Ddl(ddl) => planned(StatementKind::Ddl, Action::Ddl(ddl)),
@@ -116,7 +124,9 @@ impl Session {
         let plan = catalog::view_plan(&self.ctx.state(), sql).await?;
         check_plan_depth(&plan)?;
         match catalog::reads_view(&self.db.client, sql, name)? {
-            true => Err(SqlError::Invalid(format!("view '{name}' cannot read itself"))),
+            true => Err(SqlError::Invalid(format!(
+                "view '{name}' cannot read itself"
+            ))),
             false => Ok(()),
         }
     }

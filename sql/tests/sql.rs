@@ -1401,7 +1401,9 @@ async fn prepared_key_lookups_give_what_the_planned_query_gives() {
         .unwrap();
     assert!(!partial.is_keyed());
     let limited = s
-        .prepare_statement("SELECT * FROM metrics WHERE host = $1 AND metric = $2 AND ts = $3 LIMIT 1")
+        .prepare_statement(
+            "SELECT * FROM metrics WHERE host = $1 AND metric = $2 AND ts = $3 LIMIT 1",
+        )
         .await
         .unwrap();
     assert!(!limited.is_keyed());
@@ -1432,14 +1434,21 @@ async fn prepared_key_lookups_give_what_the_planned_query_gives() {
             );
         }
         // The session reads its own update straight away, then the same rows from disk.
-        run(&s, "UPDATE metrics SET value = value + 100 WHERE host = 'a'").await;
+        run(
+            &s,
+            "UPDATE metrics SET value = value + 100 WHERE host = 'a'",
+        )
+        .await;
         let a = [
             ScalarValue::from("a"),
             ScalarValue::from("cpu"),
             ScalarValue::from("2026-01-01T00:01:00"),
         ];
         let got = run_prepared(&s, &lookup, &a).await;
-        assert!(got.contains(&format!("| {}.5 ", 107 + 100 * round)), "{got}");
+        assert!(
+            got.contains(&format!("| {}.5 ", 107 + 100 * round)),
+            "{got}"
+        );
         // Shutting down flushes the rows into DiskRowSets.
         db.shutdown().await.unwrap();
         (db, s) = open(dir.path()).await;
@@ -1450,10 +1459,22 @@ async fn prepared_key_lookups_give_what_the_planned_query_gives() {
         ScalarValue::from("cpu"),
         ScalarValue::from("not a time"),
     ];
-    let e = s.plan_prepared(&lookup, &bad).await.err().unwrap().to_string();
+    let e = s
+        .plan_prepared(&lookup, &bad)
+        .await
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("parameter $3"), "{e}");
-    let null = [ScalarValue::from("a"), ScalarValue::Utf8(None), ScalarValue::from("2026-01-01T00:00:00")];
-    assert_eq!(run_prepared(&s, &lookup, &null).await, text(&s, "SELECT value, host FROM metrics WHERE false").await);
+    let null = [
+        ScalarValue::from("a"),
+        ScalarValue::Utf8(None),
+        ScalarValue::from("2026-01-01T00:00:00"),
+    ];
+    assert_eq!(
+        run_prepared(&s, &lookup, &null).await,
+        text(&s, "SELECT value, host FROM metrics WHERE false").await
+    );
 }
 
 /// A prepared statement without parameters runs the plan made when it was prepared, so each
@@ -1468,12 +1489,19 @@ async fn prepared_statements_see_each_execution_s_rows_and_time() {
         .prepare_statement("SELECT count(*) AS n, max(value) AS m FROM metrics WHERE value < 100")
         .await
         .unwrap();
-    let rows = s.prepare_statement("SELECT host FROM metrics WHERE value > 10").await.unwrap();
+    let rows = s
+        .prepare_statement("SELECT host FROM metrics WHERE value > 10")
+        .await
+        .unwrap();
     let clock = s.prepare_statement("SELECT now() AS t").await.unwrap();
     let first = run_prepared(&s, &clock, &[]).await;
     assert!(run_prepared(&s, &count, &[]).await.contains("| 5 | 20.0 |"));
     assert!(!run_prepared(&s, &rows, &[]).await.contains("| d "));
-    run(&s, "INSERT INTO metrics VALUES ('d', '2026-01-01T00:00:00', 'cpu', 50.0)").await;
+    run(
+        &s,
+        "INSERT INTO metrics VALUES ('d', '2026-01-01T00:00:00', 'cpu', 50.0)",
+    )
+    .await;
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     assert!(run_prepared(&s, &count, &[]).await.contains("| 6 | 50.0 |"));
     assert!(run_prepared(&s, &rows, &[]).await.contains("| d "));
@@ -1502,12 +1530,17 @@ async fn prepared_key_updates_and_deletes_write_their_row() {
         .unwrap();
     assert!(delete.is_keyed());
     let computed = s
-        .prepare_statement("UPDATE metrics SET value = value + $1 WHERE host = $2 AND metric = 'cpu' AND ts = $3")
+        .prepare_statement(
+            "UPDATE metrics SET value = value + $1 WHERE host = $2 AND metric = 'cpu' AND ts = $3",
+        )
         .await
         .unwrap();
     assert!(!computed.is_keyed());
     fn key(host: &str) -> [ScalarValue; 2] {
-        [ScalarValue::from(host), ScalarValue::from("2026-01-01T00:00:00")]
+        [
+            ScalarValue::from(host),
+            ScalarValue::from("2026-01-01T00:00:00"),
+        ]
     }
     let count = |s: Session, prepared: nyala_sql::PreparedStatement, params: Vec<ScalarValue>| async move {
         let planned = s.plan_prepared(&prepared, &params).await.unwrap();
@@ -1517,13 +1550,26 @@ async fn prepared_key_updates_and_deletes_write_their_row() {
     fn with_value(v: f64, host: &str) -> Vec<ScalarValue> {
         [vec![ScalarValue::from(v)], key(host).to_vec()].concat()
     }
-    assert_eq!(count(s.clone(), update.clone(), with_value(9.5, "b")).await, 1);
-    assert_eq!(count(s.clone(), update.clone(), with_value(9.5, "nobody")).await, 0);
+    assert_eq!(
+        count(s.clone(), update.clone(), with_value(9.5, "b")).await,
+        1
+    );
+    assert_eq!(
+        count(s.clone(), update.clone(), with_value(9.5, "nobody")).await,
+        0
+    );
     // A string where a DOUBLE goes is cast, as DataFusion would.
     let params = [vec![ScalarValue::from("10.25")], key("c").to_vec()].concat();
     assert_eq!(count(s.clone(), update.clone(), params).await, 1);
-    let got = text(&s, "SELECT host, value FROM metrics WHERE metric = 'cpu' ORDER BY host, ts").await;
-    assert!(got.contains("| b    | 9.5   |") && got.contains("| c    | 10.25 |"), "{got}");
+    let got = text(
+        &s,
+        "SELECT host, value FROM metrics WHERE metric = 'cpu' ORDER BY host, ts",
+    )
+    .await;
+    assert!(
+        got.contains("| b    | 9.5   |") && got.contains("| c    | 10.25 |"),
+        "{got}"
+    );
     // Sixteen sessions write one row at once: every UPDATE counts one row.
     let mut writers = Vec::new();
     for i in 0..16 {
@@ -1532,7 +1578,12 @@ async fn prepared_key_updates_and_deletes_write_their_row() {
         writers.push(tokio::spawn(async move {
             let mut counted = 0;
             for j in 0..10 {
-                counted += count(s.clone(), update.clone(), with_value((i * 100 + j) as f64, "a")).await;
+                counted += count(
+                    s.clone(),
+                    update.clone(),
+                    with_value((i * 100 + j) as f64, "a"),
+                )
+                .await;
             }
             counted
         }));
@@ -1540,10 +1591,17 @@ async fn prepared_key_updates_and_deletes_write_their_row() {
     for writer in writers {
         assert_eq!(writer.await.unwrap(), 10);
     }
-    let delete_b = [ScalarValue::from("b"), ScalarValue::from("cpu"), ScalarValue::from("2026-01-01T00:00:00")];
+    let delete_b = [
+        ScalarValue::from("b"),
+        ScalarValue::from("cpu"),
+        ScalarValue::from("2026-01-01T00:00:00"),
+    ];
     assert_eq!(count(s.clone(), delete.clone(), delete_b.to_vec()).await, 1);
     assert_eq!(count(s.clone(), delete.clone(), delete_b.to_vec()).await, 0);
-    assert_eq!(count(s.clone(), update.clone(), with_value(1.0, "b")).await, 0);
+    assert_eq!(
+        count(s.clone(), update.clone(), with_value(1.0, "b")).await,
+        0
+    );
     let got = text(&s, "SELECT count(*) FROM metrics WHERE host = 'b'").await;
     assert!(got.contains("| 0 "), "{got}");
 }
@@ -1556,29 +1614,61 @@ async fn views_are_named_queries_kept_in_the_catalog() {
     let dir = tempfile::tempdir().unwrap();
     let (db, s) = open(dir.path()).await;
     load_metrics(&s).await;
-    run(&s, "CREATE VIEW cpu AS SELECT host, value FROM metrics WHERE metric = 'cpu'").await;
+    run(
+        &s,
+        "CREATE VIEW cpu AS SELECT host, value FROM metrics WHERE metric = 'cpu'",
+    )
+    .await;
     run(&s, "CREATE VIEW busy AS SELECT host, max(value) AS peak FROM cpu GROUP BY host HAVING max(value) > 5").await;
     let got = text(&s, "SELECT * FROM busy ORDER BY host").await;
-    assert!(got.contains("| a    | 7.5  |") && got.contains("| c    | 20.0 |") && !got.contains("| b "), "{got}");
+    assert!(
+        got.contains("| a    | 7.5  |") && got.contains("| c    | 20.0 |") && !got.contains("| b "),
+        "{got}"
+    );
     // A view reads the table as it is when the statement runs.
-    run(&s, "INSERT INTO metrics VALUES ('b', '2026-01-02T00:00:00', 'cpu', 9.0)").await;
+    run(
+        &s,
+        "INSERT INTO metrics VALUES ('b', '2026-01-02T00:00:00', 'cpu', 9.0)",
+    )
+    .await;
     assert!(text(&s, "SELECT * FROM busy").await.contains("| b "));
     // Another session sees the view at once.
     let other = db.session();
-    assert!(text(&other, "SELECT count(*) FROM cpu").await.contains("| 5 "));
+    assert!(text(&other, "SELECT count(*) FROM cpu")
+        .await
+        .contains("| 5 "));
     let listed = text(&s, "SELECT table_name, table_type FROM information_schema.tables WHERE table_schema = 'public' ORDER BY table_name").await;
-    assert!(listed.contains("| busy       | VIEW ") && listed.contains("| metrics    | BASE TABLE"), "{listed}");
+    assert!(
+        listed.contains("| busy       | VIEW ") && listed.contains("| metrics    | BASE TABLE"),
+        "{listed}"
+    );
     assert!(text(&s, "SHOW TABLES").await.contains("| busy "));
     // Refused: a name taken, a view of a missing table, a view that would read itself.
-    assert!(error(&s, "CREATE VIEW metrics AS SELECT 1").await.contains("exists"));
-    assert!(error(&s, "CREATE VIEW cpu AS SELECT 1").await.contains("OR REPLACE"));
-    assert!(error(&s, "CREATE TABLE cpu (k BIGINT PRIMARY KEY)").await.contains("exists"));
-    assert!(error(&s, "CREATE VIEW v AS SELECT * FROM nowhere").await.contains("nowhere"));
-    let e = error(&s, "CREATE OR REPLACE VIEW cpu AS SELECT host, peak AS value FROM busy").await;
+    assert!(error(&s, "CREATE VIEW metrics AS SELECT 1")
+        .await
+        .contains("exists"));
+    assert!(error(&s, "CREATE VIEW cpu AS SELECT 1")
+        .await
+        .contains("OR REPLACE"));
+    assert!(error(&s, "CREATE TABLE cpu (k BIGINT PRIMARY KEY)")
+        .await
+        .contains("exists"));
+    assert!(error(&s, "CREATE VIEW v AS SELECT * FROM nowhere")
+        .await
+        .contains("nowhere"));
+    let e = error(
+        &s,
+        "CREATE OR REPLACE VIEW cpu AS SELECT host, peak AS value FROM busy",
+    )
+    .await;
     assert!(e.contains("cannot read itself"), "{e}");
     assert!(text(&s, "SELECT count(*) FROM cpu").await.contains("| 5 "));
     // Replaced, then survives a restart; dropped.
-    run(&s, "CREATE OR REPLACE VIEW cpu AS SELECT host, value FROM metrics WHERE metric = 'mem'").await;
+    run(
+        &s,
+        "CREATE OR REPLACE VIEW cpu AS SELECT host, value FROM metrics WHERE metric = 'mem'",
+    )
+    .await;
     db.shutdown().await.unwrap();
     let (db, s) = open(dir.path()).await;
     assert!(text(&s, "SELECT count(*) FROM cpu").await.contains("| 1 "));

@@ -135,8 +135,10 @@ impl RowArena {
             return Ok(RecordBatch::new_empty(projected));
         }
         let batches = self.batches_holding(rows.iter().copied());
-        let indices: Vec<(usize, usize)> =
-            rows.iter().map(|&r| self.source_index(&batches, r)).collect();
+        let indices: Vec<(usize, usize)> = rows
+            .iter()
+            .map(|&r| self.source_index(&batches, r))
+            .collect();
         let arrays = columns
             .iter()
             .map(|&c| interleave(&self.column_sources(&batches, c), &indices))

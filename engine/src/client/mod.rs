@@ -314,7 +314,11 @@ impl Client {
     /// [`Client::safe_snapshot`] for reading only the tablets numbered `tablets` of `table`:
     /// the others need not have applied anything (a key lookup asks the one tablet it reads).
     /// With no tablets, it is the newest write this client saw acknowledged.
-    pub async fn safe_snapshot_of(&self, table: &TableInfo, tablets: &[usize]) -> Result<Timestamp> {
+    pub async fn safe_snapshot_of(
+        &self,
+        table: &TableInfo,
+        tablets: &[usize],
+    ) -> Result<Timestamp> {
         let ids = tablets.iter().filter_map(|&t| table.tablets.get(t));
         let snapshots = join_all(ids.map(|t| self.tablets.safe_snapshot(t)));
         let mut snapshot: Option<Timestamp> = None;

@@ -252,8 +252,8 @@ impl Master {
 
     /// Writes `view`'s catalog row (id `view:<name>`).
     async fn write_view(&self, kind: WriteKind, view: &ViewInfo) -> Result<()> {
-        let json =
-            serde_json::to_string(view).map_err(|e| EngineError::CatalogCorrupted(e.to_string()))?;
+        let json = serde_json::to_string(view)
+            .map_err(|e| EngineError::CatalogCorrupted(e.to_string()))?;
         let id = format!("{VIEW_ID_PREFIX}{}", view.name);
         self.write_catalog_row(kind, &id, &view.name, json).await
     }
@@ -503,7 +503,8 @@ impl Master {
     async fn write_catalog(&self, kind: WriteKind, info: &TableInfo) -> Result<()> {
         let json = serde_json::to_string(info)
             .map_err(|e| EngineError::CatalogCorrupted(e.to_string()))?;
-        self.write_catalog_row(kind, &info.id, &info.name, json).await
+        self.write_catalog_row(kind, &info.id, &info.name, json)
+            .await
     }
 
     /// Writes one row of the catalog tablet: `id`, `name`, the definition as JSON.

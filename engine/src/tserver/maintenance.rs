@@ -298,7 +298,10 @@ impl MaintenanceManager {
                     did_work = run_round(&replicas, server.memory_limit(), &signal, &log);
                     pending = replicas.iter().any(|r| r.tablet().memory_bytes() > 0);
                     let ids: Vec<&str> = replicas.iter().map(|r| r.id()).collect();
-                    signal.unchanged.lock().retain(|id, _| ids.contains(&id.as_str()));
+                    signal
+                        .unchanged
+                        .lock()
+                        .retain(|id, _| ids.contains(&id.as_str()));
                     signal.flushed.notify_waiters();
                 }
             })?;
@@ -476,7 +479,11 @@ mod tests {
         assert_eq!(replica.tablet().durable_index(), replica.last_applied());
         // Everything is durable in the tablet's files: its log goes.
         while replica.log_bytes() > 0 {
-            assert!(Instant::now() < deadline, "log kept: {} bytes", replica.log_bytes());
+            assert!(
+                Instant::now() < deadline,
+                "log kept: {} bytes",
+                replica.log_bytes()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // Operators see it: in the log of recent operations, with the score that chose it.
@@ -523,10 +530,16 @@ mod tests {
         // Its bytes seen unchanged since longer than the idle time: due for a flush.
         let bytes = replica.tablet().memory_bytes();
         let long_ago = Instant::now() - super::IDLE_FLUSH_AFTER - Duration::from_secs(1);
-        signal.unchanged.lock().insert("t".into(), (bytes, long_ago));
+        signal
+            .unchanged
+            .lock()
+            .insert("t".into(), (bytes, long_ago));
         assert!(flush_score(&signal) >= 1.0);
         // A write since then: not idle.
-        signal.unchanged.lock().insert("t".into(), (bytes, long_ago));
+        signal
+            .unchanged
+            .lock()
+            .insert("t".into(), (bytes, long_ago));
         replica.write(&rows(&schema(), 10, 1)).await.unwrap();
         assert!(flush_score(&signal) < 1.0);
         server.shutdown().unwrap();

@@ -366,7 +366,9 @@ fn updated_rows(
             columns.push(match rows.column_by_name(field.name()) {
                 Some(new) => take(new, &picked, None)?,
                 // `kept` lists exactly these columns, in this order.
-                None => kept_columns.next().unwrap_or_else(|| new_null_array(field.data_type(), 0)),
+                None => kept_columns
+                    .next()
+                    .unwrap_or_else(|| new_null_array(field.data_type(), 0)),
             });
         }
         let new = state
