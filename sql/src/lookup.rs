@@ -174,8 +174,12 @@ impl KeyLookup {
     /// The lookup of the key `params` give, or None where the values do not convert losslessly
     /// to the key's types (DataFusion plans that execution instead).
     pub(crate) fn bind(&self, params: &[ScalarValue]) -> Result<Option<BoundLookup>> {
-        let values = cast_params(&self.parameters, params)?;
-        let bound = bind_placeholders(self.filter.clone(), &values)?;
+        self.bind_values(&cast_params(&self.parameters, params)?)
+    }
+
+    /// [`KeyLookup::bind`] with the parameters cast to the statement's types already.
+    fn bind_values(&self, values: &[ScalarValue]) -> Result<Option<BoundLookup>> {
+        let bound = bind_placeholders(self.filter.clone(), values)?;
         let schema = &self.table.schema;
         let Some(predicates) = to_predicates(schema, &bound) else {
             return Ok(None);
@@ -324,10 +328,10 @@ impl KeyMutation {
     /// The mutation with `params` bound, or None where the key's values do not convert
     /// losslessly to its types (DataFusion plans that execution instead).
     pub(crate) fn bind(&self, params: &[ScalarValue]) -> Result<Option<BoundMutation>> {
-        let Some(lookup) = self.lookup.bind(params)? else {
+        let values = cast_params(&self.lookup.parameters, params)?;
+        let Some(lookup) = self.lookup.bind_values(&values)? else {
             return Ok(None);
         };
-        let values = cast_params(&self.lookup.parameters, params)?;
         let mut assignments = Vec::with_capacity(self.assignments.len());
         for (name, expr) in &self.assignments {
             let Some(value) = evaluate_constant(bind_placeholders(expr.clone(), &values)?)? else {
