@@ -1,0 +1,36 @@
+-- TPC-H Q15, top supplier (validation parameter: DATE = 1996-01-01). Three statements:
+-- the benchmark runs them in order and keeps the result of the SELECT. The view names its
+-- columns with aliases rather than a column list (Nyala's CREATE VIEW takes no column list).
+create view revenue0 as
+    select
+        l_suppkey as supplier_no,
+        sum(l_extendedprice * (1 - l_discount)) as total_revenue
+    from
+        lineitem
+    where
+        l_shipdate >= date '1996-01-01'
+        and l_shipdate < date '1996-01-01' + interval '3' month
+    group by
+        l_suppkey;
+
+select
+    s_suppkey,
+    s_name,
+    s_address,
+    s_phone,
+    total_revenue
+from
+    supplier,
+    revenue0
+where
+    s_suppkey = supplier_no
+    and total_revenue = (
+        select
+            max(total_revenue)
+        from
+            revenue0
+    )
+order by
+    s_suppkey;
+
+drop view revenue0
