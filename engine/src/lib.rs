@@ -33,7 +33,7 @@ pub mod partition;
 pub mod rpc;
 pub mod tserver;
 
-pub use catalog::{ColumnChange, DdlOp, TableId, TableInfo, ViewInfo};
+pub use catalog::{Access, ColumnChange, DdlOp, Privilege, TableId, TableInfo, UserInfo, ViewInfo};
 pub use client::{Client, TableHandle, TabletStats, WriteError, Written};
 pub use error::EngineError;
 pub use nyala_storage as storage;

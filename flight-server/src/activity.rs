@@ -160,7 +160,7 @@ impl Activity {
     pub fn start(self: &Arc<Self>, text: &str, user: &str, kind: &'static str) -> TrackedStatement {
         let statement = Arc::new(RunningStatement {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            text: crate::excerpt(text, TEXT_EXCERPT_CHARS),
+            text: crate::excerpt(&nyala_sql::redact_passwords(text), TEXT_EXCERPT_CHARS),
             user: user.to_string(),
             kind,
             started_at: SystemTime::now(),

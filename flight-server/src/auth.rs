@@ -5,14 +5,16 @@
 //! [`Auth::identify`] reads what a request's `authorization` header claims; the session layer
 //! ([`crate::session::SessionLayer`]) runs it in front of every RPC, so no Flight SQL method can
 //! forget it, and checks tokens against the sessions they were issued in (a token ends with its
-//! session). When no credentials are configured every call is accepted.
+//! session). Users live in the catalog (`CREATE USER`); until it has one, every call is
+//! accepted.
 
 use std::sync::Arc;
 
 use base64::Engine;
+use nyala_engine::{Client, UserInfo};
 use tonic::Status;
 
-/// The one user a server accepts.
+/// The administrator `nyala serve --user/--password` creates at its first start.
 #[derive(Clone)]
 pub struct Credentials {
     pub username: String,
@@ -27,35 +29,34 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
-/// The server's configured credentials, if any.
-#[derive(Clone, Default)]
+/// Checks requests' credentials against the users in the catalog.
+#[derive(Clone)]
 pub struct Auth {
-    credentials: Option<Arc<Credentials>>,
+    client: Client,
 }
 
 /// What a request's `authorization` header proves.
 #[derive(Clone, Debug)]
 pub enum Caller {
-    /// Authentication is off.
+    /// Authentication is off (the catalog has no users).
     Anyone,
-    /// Valid username and password (a handshake).
-    Password,
+    /// This user, whose password the request carried.
+    Password(Arc<UserInfo>),
     /// A bearer token, still to be matched with its session.
     Token(String),
 }
 
 impl Auth {
-    pub fn new(credentials: Option<Credentials>) -> Self {
-        Self {
-            credentials: credentials.map(Arc::new),
-        }
+    pub fn new(client: Client) -> Self {
+        Self { client }
     }
 
-    /// Who the request's headers say the caller is; an error for a missing or wrong password.
-    pub fn identify(&self, headers: &http::HeaderMap) -> Result<Caller, Status> {
-        let Some(credentials) = &self.credentials else {
+    /// Who the request's headers say the caller is; an error for missing credentials or a
+    /// wrong password. Authentication is on once the catalog has a user.
+    pub async fn identify(&self, headers: &http::HeaderMap) -> Result<Caller, Status> {
+        if self.client.users().is_empty() {
             return Ok(Caller::Anyone);
-        };
+        }
         let header = headers
             .get(http::header::AUTHORIZATION)
             .ok_or_else(|| {
@@ -68,21 +69,35 @@ impl Auth {
         if let Some(token) = header.strip_prefix("Bearer ") {
             return Ok(Caller::Token(token.trim().to_string()));
         }
-        if let Some(encoded) = header.strip_prefix("Basic ") {
-            let decoded = base64::engine::general_purpose::STANDARD
-                .decode(encoded.trim())
-                .ok()
-                .and_then(|b| String::from_utf8(b).ok())
-                .ok_or_else(|| Status::unauthenticated("malformed basic authorization header"))?;
-            let (user, password) = decoded.split_once(':').unwrap_or((decoded.as_str(), ""));
-            return if user == credentials.username && password == credentials.password {
-                Ok(Caller::Password)
-            } else {
-                Err(Status::unauthenticated("invalid username or password"))
-            };
+        let Some(encoded) = header.strip_prefix("Basic ") else {
+            return Err(Status::unauthenticated(
+                "unsupported authorization scheme: use Basic or Bearer",
+            ));
+        };
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(encoded.trim())
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .ok_or_else(|| Status::unauthenticated("malformed basic authorization header"))?;
+        let (name, password) = decoded.split_once(':').unwrap_or((decoded.as_str(), ""));
+        let wrong = || Status::unauthenticated("invalid username or password");
+        let user = self.client.user(name).ok_or_else(wrong)?;
+        let password = password.to_string();
+        // Argon2 takes tens of milliseconds of CPU by design: off the async threads.
+        let checked = user.clone();
+        let valid = tokio::task::spawn_blocking(move || checked.verify(&password))
+            .await
+            .map_err(|_| wrong())?;
+        match valid {
+            true => Ok(Caller::Password(user)),
+            false => Err(wrong()),
         }
-        Err(Status::unauthenticated(
-            "unsupported authorization scheme: use Basic or Bearer",
-        ))
+    }
+
+    /// Whether the user a session logged in as still exists with the password it used.
+    pub fn still_valid(&self, login: &UserInfo) -> bool {
+        self.client
+            .user(&login.name)
+            .is_some_and(|now| now.password_hash == login.password_hash)
     }
 }

@@ -29,7 +29,7 @@ use nyala_fuzzing::{sample_or_noise, Arbitrary, Fuzz, Unstructured};
 use prost::Message;
 use tonic::Request;
 
-use crate::auth::{Auth, Caller, Credentials};
+use crate::auth::{Auth, Caller};
 use crate::session::{SessionRef, Sessions};
 use crate::session_options::{OptionValue, SessionOptionValue, SetSessionOptionsRequest};
 use crate::tickets::{decode_params, encode_params, param_rows, QueryTicket};
@@ -483,20 +483,38 @@ fn fuzz_ticket_parameters_decode_or_fail() {
 /// The `authorization` header, as any client may send it.
 #[test]
 fn fuzz_authorization_headers_are_identified_or_refused() {
-    let auth = Auth::new(Some(Credentials {
-        username: "ada".into(),
-        password: "secret".into(),
-    }));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = runtime
+        .block_on(nyala_sql::Database::open(dir.path(), Default::default()))
+        .unwrap();
+    let ada = nyala_engine::UserInfo::new("ada", "secret pass", true).unwrap();
+    let create = nyala_engine::DdlOp::CreateUser {
+        user: ada,
+        if_not_exists: false,
+    };
+    runtime.block_on(db.client().ddl(create)).unwrap();
+    let auth = Auth::new(db.client());
     let header = |u: &mut Unstructured| -> arbitrary::Result<Vec<u8>> {
-        let samples = [b"Basic YWRhOnNlY3JldA==".to_vec(), b"Bearer abc".to_vec()];
+        // base64("ada:secret pass")
+        let samples = [
+            b"Basic YWRhOnNlY3JldCBwYXNz".to_vec(),
+            b"Bearer abc".to_vec(),
+        ];
         sample_or_noise(u, &samples)
     };
-    Fuzz::new("authorization", 5000).run(header, |value| {
+    Fuzz::new("authorization", 2000).run(header, |value| {
         let mut headers = http::HeaderMap::new();
         if let Ok(value) = http::HeaderValue::from_bytes(&value) {
             headers.insert(http::header::AUTHORIZATION, value);
         }
-        let _ = auth.identify(&headers);
+        let identified = runtime.block_on(auth.identify(&headers));
+        if value == b"Basic YWRhOnNlY3JldCBwYXNz" {
+            assert!(
+                matches!(identified, Ok(Caller::Password(_))),
+                "{identified:?}"
+            );
+        }
     });
 }
 

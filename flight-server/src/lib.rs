@@ -66,7 +66,7 @@ mod upload;
 pub mod web;
 
 use activity::{Activity, TrackedStatement};
-use auth::{Auth, Caller, Credentials};
+use auth::{Auth, Caller};
 use session::{caller_of, session_of, ClientSession, SessionLayer, Sessions};
 use tickets::QueryTicket;
 use upload::Upload;
@@ -88,8 +88,6 @@ pub struct NyalaFlightService {
     xdbc_types: XdbcTypeInfoData,
     /// The statements running and run, for operators.
     activity: Arc<Activity>,
-    /// Who the clients are, as statements are shown to operators.
-    user: String,
 }
 
 /// How long a session may go without a request before it ends, unless configured.
@@ -100,8 +98,8 @@ pub const DEFAULT_SESSION_IDLE_TIMEOUT: std::time::Duration = std::time::Duratio
 pub struct ServerOptions {
     /// Location advertised in per-tablet endpoints, e.g. `grpc+tcp://10.0.0.5:50051`.
     pub location: Option<String>,
-    /// When set, clients must authenticate with these credentials.
-    pub credentials: Option<Credentials>,
+    /// The TLS certificate chain and private key (PEM) to serve with; None: plaintext.
+    pub tls: Option<TlsIdentity>,
     /// Sessions (and their tokens) idle for longer end; None: [`DEFAULT_SESSION_IDLE_TIMEOUT`].
     pub session_idle_timeout: Option<std::time::Duration>,
     /// Where the statements run are recorded (the web UI shows them); None: nowhere shown.
@@ -121,27 +119,48 @@ impl NyalaFlightService {
             sql_info: metadata::sql_info()?,
             xdbc_types: metadata::xdbc_types()?,
             activity: Arc::default(),
-            user: ANONYMOUS.into(),
         })
     }
 
-    /// Records statements in `activity`, as run by `user`.
-    pub fn with_activity(self, activity: Arc<Activity>, user: String) -> Self {
-        Self {
-            activity,
-            user,
-            ..self
-        }
+    /// Records statements in `activity`.
+    pub fn with_activity(self, activity: Arc<Activity>) -> Self {
+        Self { activity, ..self }
     }
 
-    /// Registers a statement of `kind` that starts to run.
-    fn track(&self, sql: &str, kind: StatementKind) -> TrackedStatement {
+    /// Registers a statement of `kind` that `session` starts to run.
+    fn track(&self, session: &ClientSession, sql: &str, kind: StatementKind) -> TrackedStatement {
         let kind = match kind {
             StatementKind::Query => "query",
             StatementKind::Dml => "dml",
             StatementKind::Ddl => "ddl",
         };
-        self.activity.start(sql, &self.user, kind)
+        self.activity.start(sql, &session.user_name(), kind)
+    }
+}
+
+/// A server's TLS identity: its certificate chain and private key, PEM.
+#[derive(Clone)]
+pub struct TlsIdentity {
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for TlsIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsIdentity").finish_non_exhaustive()
+    }
+}
+
+impl TlsIdentity {
+    /// Reads the PEM files; an error names the file that cannot be read.
+    pub fn read(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<Self> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))
+        };
+        Ok(Self {
+            cert_pem: read(cert)?,
+            key_pem: read(key)?,
+        })
     }
 }
 
@@ -174,6 +193,9 @@ pub fn status(e: SqlError) -> Status {
     match &e {
         SqlError::NotSupported(_) => {
             Status::unimplemented(excerpt(&e.to_string(), MAX_ERROR_CHARS))
+        }
+        SqlError::PermissionDenied(_) => {
+            Status::permission_denied(excerpt(&e.to_string(), MAX_ERROR_CHARS))
         }
         // Everything else a statement can fail with is about the statement or the data it
         // touches (parse, planning, types, duplicate keys): the client's to fix.
@@ -439,7 +461,7 @@ impl NyalaFlightService {
             Some(i) => format!("[tablet {} of {}] {}", i + 1, ticket.partitions, ticket.sql),
             None => ticket.sql.clone(),
         };
-        let tracked = self.track(&text, StatementKind::Query);
+        let tracked = self.track(caller, &text, StatementKind::Query);
         // The first plan starts now, so its errors are the call's; the plans of later
         // parameter rows start one after another as the stream reaches them (each holds a turn
         // among running queries while it runs).
@@ -492,7 +514,7 @@ impl NyalaFlightService {
         if kind == StatementKind::Ddl {
             session.forget_statements();
         }
-        let tracked = self.track(statement.sql(), kind);
+        let tracked = self.track(session, statement.sql(), kind);
         tracked
             .run(self.run_rows(session, statement, rows), |total| *total)
             .await
@@ -618,7 +640,7 @@ impl FlightSqlService for NyalaFlightService {
         let token = match caller_of(&request) {
             Caller::Anyone => None,
             Caller::Token(token) => Some(token),
-            Caller::Password => Some(self.sessions.issue_token(&session)),
+            Caller::Password(_) => Some(self.sessions.issue_token(&session)),
         };
         let payload = token.clone().unwrap_or_default().into_bytes().into();
         let reply = arrow_flight::HandshakeResponse {
@@ -744,7 +766,7 @@ impl FlightSqlService for NyalaFlightService {
             .map_err(|e| SqlError::Invalid(e.message().to_string()));
         let tracked = self.activity.start(
             &format!("INGEST INTO {}", target.table),
-            &self.user,
+            &session.user_name(),
             "ingest",
         );
         let ingest = async {
@@ -1231,19 +1253,22 @@ pub async fn serve(
     sessions.spawn_expiry();
     let activity = options.activity.unwrap_or_default();
     activity.watch_sessions(&sessions);
-    let user = options
-        .credentials
-        .as_ref()
-        .map_or_else(|| ANONYMOUS.to_string(), |c| c.username.clone());
-    let service = NyalaFlightService::new(db, sessions.clone(), options.location)?
-        .with_activity(activity, user);
+    let auth = Auth::new(db.client());
+    let service =
+        NyalaFlightService::new(db, sessions.clone(), options.location)?.with_activity(activity);
     let server =
         FlightServiceServer::new(service).max_decoding_message_size(limits::MAX_MESSAGE_BYTES);
     let layer = SessionLayer {
         sessions: sessions.clone(),
-        auth: Auth::new(options.credentials),
+        auth,
     };
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = options.tls {
+        let identity = tonic::transport::Identity::from_pem(tls.cert_pem, tls.key_pem);
+        builder =
+            builder.tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))?;
+    }
+    builder
         .layer(layer)
         .layer(tower::util::MapResponseLayer::new(
             malformed_requests_are_invalid::<tonic::body::Body>,

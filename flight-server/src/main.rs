@@ -15,7 +15,7 @@ use nyala_flight::admin::AdminArgs;
 use nyala_flight::auth::Credentials;
 use nyala_flight::embedded::EmbeddedConnection;
 use nyala_flight::web::WebState;
-use nyala_flight::ServerOptions;
+use nyala_flight::{ServerOptions, TlsIdentity};
 use nyala_shell::{Connection, FlightSqlConnection, OutputMode};
 use nyala_sql::{Database, DatabaseOptions, QueryLimits};
 use prometheus_client::registry::Registry;
@@ -33,8 +33,66 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "Nyala: a Raft-replicated, Arrow-native analytic database"
 )]
 struct Cli {
+    /// A file holding the secret the servers of a cluster share (at least 16 characters, e.g.
+    /// `openssl rand -hex 32`): every internal call carries it and internal calls without it
+    /// are refused. Give the same file to every master, tablet server and `nyala admin`.
+    #[arg(long, global = true, env = "NYALA_CLUSTER_SECRET_FILE")]
+    cluster_secret_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The administrator a server creates at its first start.
+#[derive(clap::Args, Clone)]
+struct AdministratorArgs {
+    /// The administrator, created at the first start (with --password): from then on clients
+    /// must authenticate, as the administrator or a user it creates.
+    #[arg(long, requires = "password")]
+    user: Option<String>,
+    /// The administrator's password (at least 8 characters).
+    #[arg(
+        long,
+        env = "NYALA_PASSWORD",
+        hide_env_values = true,
+        requires = "user"
+    )]
+    password: Option<String>,
+}
+
+impl AdministratorArgs {
+    fn credentials(self) -> Option<Credentials> {
+        self.user
+            .zip(self.password)
+            .map(|(username, password)| Credentials { username, password })
+    }
+}
+
+/// TLS for the Flight SQL listener: clients connect with `grpc+tls://`; plaintext is refused.
+#[derive(clap::Args, Clone)]
+struct TlsArgs {
+    /// The server's certificate chain (PEM).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    fn identity(&self) -> anyhow::Result<Option<TlsIdentity>> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Ok(Some(TlsIdentity::read(cert, key)?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// The URI scheme clients reach the listener with.
+    fn scheme(&self) -> &'static str {
+        match self.tls_cert {
+            Some(_) => "grpc+tls",
+            None => "grpc+tcp",
+        }
+    }
 }
 
 /// What one statement may use (see `SET statement_timeout` for a session's own timeout).
@@ -89,17 +147,8 @@ enum Command {
         /// defaults to the listen address.
         #[arg(long)]
         advertise: Option<String>,
-        /// Require clients to authenticate as this user (with --password).
-        #[arg(long, requires = "password")]
-        user: Option<String>,
-        /// The password for --user.
-        #[arg(
-            long,
-            env = "NYALA_PASSWORD",
-            hide_env_values = true,
-            requires = "user"
-        )]
-        password: Option<String>,
+        #[command(flatten)]
+        administrator: AdministratorArgs,
         /// Unflushed data (MiB) all tablets together may hold; writers wait above it.
         #[arg(long, default_value_t = 2048)]
         memory_limit_mb: usize,
@@ -112,6 +161,8 @@ enum Command {
         session_idle_timeout_secs: u64,
         #[command(flatten)]
         limits: LimitArgs,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
     /// Run a tablet server of a cluster: it hosts tablet replicas, replicated with Raft among
     /// tablet servers over internal RPC (tonic).
@@ -136,6 +187,8 @@ enum Command {
         flight_addr: Option<SocketAddr>,
         #[command(flatten)]
         limits: LimitArgs,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
     /// Run the master of a cluster: the catalog, placement of tablet replicas on the tablet
     /// servers that send it heartbeats, and Flight SQL for clients.
@@ -166,6 +219,10 @@ enum Command {
         follower_unavailable_secs: u64,
         #[command(flatten)]
         limits: LimitArgs,
+        #[command(flatten)]
+        tls: TlsArgs,
+        #[command(flatten)]
+        administrator: AdministratorArgs,
     },
     /// Operators' commands against a cluster's masters (ksck, tables, rebalance, ...).
     Admin(AdminArgs),
@@ -192,6 +249,10 @@ enum Command {
         /// The password for --user.
         #[arg(long, env = "NYALA_PASSWORD", hide_env_values = true)]
         password: Option<String>,
+        /// A CA certificate (PEM) to trust for `--connect grpc+tls://...`, besides the
+        /// system's.
+        #[arg(long)]
+        tls_ca: Option<PathBuf>,
     },
 }
 
@@ -211,22 +272,25 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Some(path) = &cli.cluster_secret_file {
+        let secret = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the cluster secret {}", path.display()))?;
+        nyala_engine::rpc::set_cluster_secret(&secret)?;
+    }
     match cli.command {
         Command::Serve {
             data_dir,
             listen,
             http_addr,
             advertise,
-            user,
-            password,
+            administrator,
             memory_limit_mb,
             history_max_age_secs,
             session_idle_timeout_secs,
             limits,
+            tls,
         } => {
-            let credentials = user
-                .zip(password)
-                .map(|(username, password)| Credentials { username, password });
+            let administrator = administrator.credentials();
             let options = DatabaseOptions {
                 memory_limit_bytes: Some(memory_limit_mb << 20),
                 history_max_age: Some(std::time::Duration::from_secs(history_max_age_secs)),
@@ -234,13 +298,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 ..DatabaseOptions::default()
             };
             let server = ServerOptions {
-                credentials,
+                tls: tls.identity()?,
                 session_idle_timeout: Some(std::time::Duration::from_secs(
                     session_idle_timeout_secs,
                 )),
                 ..ServerOptions::default()
             };
-            serve(data_dir, (listen, http_addr), advertise, server, options).await
+            let scheme = tls.scheme();
+            let addresses = (listen, http_addr);
+            serve(
+                data_dir,
+                addresses,
+                (advertise, scheme),
+                administrator,
+                server,
+                options,
+            )
+            .await
         }
         Command::Tserver {
             data_dir,
@@ -250,13 +324,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             masters,
             flight_addr,
             limits,
+            tls,
         } => {
             tserver(
                 data_dir,
                 (rpc_addr, http_addr),
                 memory_limit_mb << 20,
                 masters,
-                flight_addr.map(|addr| (addr, limits.limits())),
+                flight_addr.map(|addr| (addr, limits.limits(), tls)),
             )
             .await
         }
@@ -269,6 +344,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             masters,
             follower_unavailable_secs,
             limits,
+            tls,
+            administrator,
         } => {
             master(
                 data_dir,
@@ -276,7 +353,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 default_replicas,
                 masters,
                 std::time::Duration::from_secs(follower_unavailable_secs),
-                limits.limits(),
+                (limits.limits(), tls, administrator.credentials()),
             )
             .await
         }
@@ -295,6 +372,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             mode,
             user,
             password,
+            tls_ca,
         } => {
             let script = match (command, file) {
                 (Some(c), _) => Some(c),
@@ -307,7 +385,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             match connect {
                 Some(url) => {
                     let credentials = user.as_deref().zip(password.as_deref());
-                    let conn = FlightSqlConnection::connect(&url, credentials).await?;
+                    let conn =
+                        FlightSqlConnection::connect(&url, credentials, tls_ca.as_deref()).await?;
                     shell(&conn, script, mode).await
                 }
                 None => {
@@ -343,7 +422,7 @@ async fn master(
     default_replicas: usize,
     masters: Vec<String>,
     unavailable: std::time::Duration,
-    limits: QueryLimits,
+    (limits, tls, administrator): (QueryLimits, TlsArgs, Option<Credentials>),
 ) -> anyhow::Result<()> {
     use nyala_engine::consensus::RaftRouter;
     use nyala_engine::master::{MasterNode, CATALOG_TABLET};
@@ -386,8 +465,23 @@ async fn master(
     .await?
     .with_context(|| format!("cannot open the master in {}", data_dir.display()))?;
     let db = Database::with_client(node.client.clone(), limits);
+    if let Some(administrator) = administrator {
+        // The catalog takes DDL once it has a leader (one of the masters).
+        let db = db.clone();
+        tokio::spawn(async move {
+            for _ in 0..120 {
+                match create_administrator(&db, &administrator).await {
+                    Ok(()) => return,
+                    Err(e) => tracing::debug!(error = %e, "the administrator is not created yet"),
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            tracing::error!("cannot create the administrator: the catalog has no leader");
+        });
+    }
     let (master_service, consensus_service) = node.services();
     let heartbeats = tonic::transport::Server::builder()
+        .layer(nyala_engine::rpc::RequireClusterSecret)
         .layer(nyala_engine::metrics::RpcMetricsLayer)
         .add_service(master_service.into_server())
         .add_service(consensus_service.into_server())
@@ -419,8 +513,9 @@ async fn master(
         data_dir.display()
     ));
     let options = ServerOptions {
-        location: Some(format!("grpc+tcp://{addr}")),
+        location: Some(format!("{}://{addr}", tls.scheme())),
         activity: Some(activity),
+        tls: tls.identity()?,
         ..ServerOptions::default()
     };
     nyala_flight::serve(db.clone(), listener, options, shutdown_signal()).await?;
@@ -434,7 +529,7 @@ async fn tserver(
     (rpc_addr, http_addr): (SocketAddr, Option<SocketAddr>),
     memory_limit: usize,
     masters: Vec<String>,
-    flight: Option<(SocketAddr, QueryLimits)>,
+    flight: Option<(SocketAddr, QueryLimits, TlsArgs)>,
 ) -> anyhow::Result<()> {
     use nyala_engine::clock::HybridClock;
     use nyala_engine::consensus::{ConsensusService, RaftRouter};
@@ -503,15 +598,16 @@ async fn tserver(
         ));
     }
     let rpc = tonic::transport::Server::builder()
+        .layer(nyala_engine::rpc::RequireClusterSecret)
         .layer(nyala_engine::metrics::RpcMetricsLayer)
         .add_service(TabletServerService::new(server.clone()).into_server())
         .add_service(ConsensusService::new(vec![server.clone()]).into_server())
         .serve_with_incoming_shutdown(nyala_engine::rpc::incoming(listener), shutdown_signal());
     match flight {
         None => rpc.await?,
-        Some((flight_addr, limits)) => {
+        Some((flight_addr, limits, tls)) => {
             let rpc = tokio::spawn(rpc);
-            coordinate(masters, flight_addr, limits, activity).await?;
+            coordinate(masters, flight_addr, (limits, tls), activity).await?;
             rpc.abort();
         }
     }
@@ -524,7 +620,7 @@ async fn tserver(
 async fn coordinate(
     masters: Vec<String>,
     flight_addr: SocketAddr,
-    limits: QueryLimits,
+    (limits, tls): (QueryLimits, TlsArgs),
     activity: Arc<Activity>,
 ) -> anyhow::Result<()> {
     // The masters may still be starting.
@@ -544,11 +640,37 @@ async fn coordinate(
     let addr = listener.local_addr()?;
     announce(&format!("Nyala coordinator listening on grpc://{addr}"));
     let options = ServerOptions {
-        location: Some(format!("grpc+tcp://{addr}")),
+        location: Some(format!("{}://{addr}", tls.scheme())),
         activity: Some(activity),
+        tls: tls.identity()?,
         ..ServerOptions::default()
     };
     nyala_flight::serve(db, listener, options, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Creates the administrator `--user/--password` name at the first start (the catalog has no
+/// user yet); later starts keep the users the catalog has.
+async fn create_administrator(db: &Database, administrator: &Credentials) -> anyhow::Result<()> {
+    let client = db.client();
+    if !client.users().is_empty() {
+        if client.user(&administrator.username).is_none() {
+            tracing::warn!(
+                user = %administrator.username,
+                "--user is not a user of this database; the users in its catalog apply"
+            );
+        }
+        return Ok(());
+    }
+    let user = nyala_engine::UserInfo::new(&administrator.username, &administrator.password, true)
+        .context("cannot create the administrator")?;
+    client
+        .ddl(nyala_engine::DdlOp::CreateUser {
+            user,
+            if_not_exists: true,
+        })
+        .await
+        .context("cannot create the administrator")?;
     Ok(())
 }
 
@@ -592,13 +714,17 @@ async fn shutdown_signal() {
 async fn serve(
     data_dir: PathBuf,
     (listen, http_addr): (SocketAddr, SocketAddr),
-    advertise: Option<String>,
+    (advertise, scheme): (Option<String>, &str),
+    administrator: Option<Credentials>,
     server: ServerOptions,
     options: DatabaseOptions,
 ) -> anyhow::Result<()> {
     let db: Arc<Database> = Database::open(&data_dir, options)
         .await
         .with_context(|| format!("cannot open the database in {}", data_dir.display()))?;
+    if let Some(administrator) = administrator {
+        create_administrator(&db, &administrator).await?;
+    }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -618,17 +744,19 @@ async fn serve(
         activity: Some(activity.clone()),
     };
     let http = start_web(http_addr, web).await?;
+    let shown = if scheme == "grpc+tls" { scheme } else { "grpc" };
     announce(&format!(
-        "Nyala listening on grpc://{addr} and {http} (data: {})",
+        "Nyala listening on {shown}://{addr} and {http} (data: {})",
         data_dir.display()
     ));
     let advertised = advertise.unwrap_or_else(|| addr.to_string());
     let options = ServerOptions {
         location: Some(format!(
-            "grpc+tcp://{}",
+            "{scheme}://{}",
             advertised
                 .trim_start_matches("grpc://")
                 .trim_start_matches("grpc+tcp://")
+                .trim_start_matches("grpc+tls://")
         )),
         activity: Some(activity),
         ..server

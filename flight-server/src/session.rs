@@ -23,6 +23,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
+use nyala_engine::UserInfo;
 use nyala_sql::{Database, PlannedStatement, PreparedStatement};
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -74,6 +75,8 @@ pub struct ClientSession {
     connection: AtomicU64,
     /// Milliseconds since the registry started, at the last request.
     last_used: AtomicU64,
+    /// The user it authenticated as (with the password hash of then: a new password ends it).
+    login: Mutex<Option<Arc<UserInfo>>>,
     state: Mutex<SessionState>,
 }
 
@@ -134,6 +137,7 @@ impl Sessions {
             sql: self.db.session(),
             connection: AtomicU64::new(NO_CONNECTION),
             last_used: AtomicU64::new(self.now_ms()),
+            login: Mutex::default(),
             state: Mutex::default(),
         });
         registry
@@ -301,6 +305,19 @@ impl Sessions {
 impl ClientSession {
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The session runs as `user` from now on (whose password a request carried).
+    fn log_in(&self, user: Arc<UserInfo>) {
+        self.sql.set_user(Some(user.name.clone()));
+        *self.login.lock() = Some(user);
+    }
+
+    /// The user the session runs as, as statements are shown to operators.
+    pub fn user_name(&self) -> String {
+        self.sql
+            .user()
+            .unwrap_or_else(|| crate::ANONYMOUS.to_string())
     }
 
     /// The session's SQL session (settings, DataFusion state).
@@ -567,28 +584,21 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<ReqBody>) -> Self::Future {
-        let attached = (|| {
-            let headers = request.headers();
-            let caller = self.layer.auth.identify(headers)?;
-            let connection = request.extensions().get::<ConnectionInfo>();
-            let (session, created) = self.layer.sessions.resolve(
-                cookie(headers, SESSION_COOKIE),
-                &caller,
-                connection,
-            )?;
-            Ok::<_, Status>((caller, session, created))
-        })();
-        let (caller, session, created) = match attached {
-            Ok(attached) => attached,
-            Err(status) => return Box::pin(std::future::ready(Ok(status.into_http()))),
-        };
-        let id = session.id.clone();
-        request.extensions_mut().insert(caller);
-        request.extensions_mut().insert(SessionRef(session));
+        let layer = self.layer.clone();
         // The service that was polled ready handles this request; a clone takes its place.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
+            let attached = layer
+                .attach(request.headers(), connection_of(request.extensions()))
+                .await;
+            let (caller, session, created) = match attached {
+                Ok(attached) => attached,
+                Err(status) => return Ok(status.into_http()),
+            };
+            let id = session.id.clone();
+            request.extensions_mut().insert(caller);
+            request.extensions_mut().insert(SessionRef(session));
             let mut response = inner.call(request).await?;
             // Session ids are hex digits: always a valid header value.
             if let (true, Ok(cookie)) = (
@@ -602,4 +612,41 @@ where
             Ok(response)
         })
     }
+}
+
+impl SessionLayer {
+    /// Authenticates a request and finds its session (and whether it was created for it).
+    async fn attach(
+        &self,
+        headers: &http::HeaderMap,
+        connection: Option<&ConnectionInfo>,
+    ) -> Result<(Caller, Arc<ClientSession>, bool), Status> {
+        let caller = self.auth.identify(headers).await?;
+        let (session, created) =
+            self.sessions
+                .resolve(cookie(headers, SESSION_COOKIE), &caller, connection)?;
+        match &caller {
+            Caller::Password(user) => session.log_in(user.clone()),
+            Caller::Token(_) | Caller::Anyone => {
+                let login = session.login.lock().clone();
+                if login.is_some_and(|user| !self.auth.still_valid(&user)) {
+                    self.sessions.close(&session.id);
+                    return Err(Status::unauthenticated(
+                        "the session's user was dropped or its password changed: authenticate \
+                         again",
+                    ));
+                }
+            }
+        }
+        Ok((caller, session, created))
+    }
+}
+
+/// The connection a request came on, with or without TLS.
+fn connection_of(extensions: &http::Extensions) -> Option<&ConnectionInfo> {
+    extensions.get::<ConnectionInfo>().or_else(|| {
+        extensions
+            .get::<tonic::transport::server::TlsConnectInfo<ConnectionInfo>>()
+            .map(|tls| tls.get_ref())
+    })
 }

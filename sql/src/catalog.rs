@@ -18,10 +18,13 @@ use datafusion::sql::resolve::resolve_table_references;
 use nyala_engine::{Client, TableHandle, TabletStats};
 use parking_lot::RwLock;
 
+use crate::access::{Authorizer, Principal};
 use crate::table::NyalaTable;
 
 pub struct NyalaSchemaProvider {
     client: Client,
+    /// The session's user: only what it may see is listed.
+    principal: Arc<Principal>,
     /// The session's state, to plan the queries of views with (weak: the state holds this
     /// provider).
     state: Weak<RwLock<SessionState>>,
@@ -34,18 +37,26 @@ impl std::fmt::Debug for NyalaSchemaProvider {
 }
 
 impl NyalaSchemaProvider {
-    pub fn new(client: Client, state: Weak<RwLock<SessionState>>) -> Self {
-        Self { client, state }
+    pub fn new(
+        client: Client,
+        state: Weak<RwLock<SessionState>>,
+        principal: Arc<Principal>,
+    ) -> Self {
+        Self {
+            client,
+            state,
+            principal,
+        }
     }
 }
 
 #[async_trait]
 impl SchemaProvider for NyalaSchemaProvider {
-    /// Tables, then views.
+    /// Tables, then views: those the session's user may see.
     fn table_names(&self) -> Vec<String> {
         let tables = self.client.tables().into_iter().map(|t| t.name.clone());
         let views = self.client.views().into_iter().map(|v| v.name.clone());
-        tables.chain(views).collect()
+        visible(&self.client, &self.principal, tables.chain(views))
     }
 
     async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>, DataFusionError> {
@@ -93,17 +104,31 @@ pub(crate) fn reads_view(client: &Client, sql: &str, name: &str) -> Result<bool>
     Ok(false)
 }
 
+/// The names among `names` that `principal` may see.
+pub(crate) fn visible(
+    client: &Client,
+    principal: &Principal,
+    names: impl Iterator<Item = String>,
+) -> Vec<String> {
+    let authorizer = Authorizer { client };
+    let user = principal.name();
+    names
+        .filter(|name| authorizer.sees(user.as_deref(), name))
+        .collect()
+}
+
 /// The `nyala.sys` schema.
 #[derive(Debug)]
 pub struct SysSchemaProvider {
     client: Client,
+    principal: Arc<Principal>,
 }
 
 impl SysSchemaProvider {
     pub const NAME: &'static str = "sys";
 
-    pub fn new(client: Client) -> Self {
-        Self { client }
+    pub fn new(client: Client, principal: Arc<Principal>) -> Self {
+        Self { client, principal }
     }
 }
 
@@ -117,7 +142,14 @@ impl SchemaProvider for SysSchemaProvider {
         if name != "partitions" {
             return Ok(None);
         }
-        let batch = partitions(&self.client, &self.client.tables())
+        let mut tables = self.client.tables();
+        let seen = visible(
+            &self.client,
+            &self.principal,
+            tables.iter().map(|t| t.name.clone()),
+        );
+        tables.retain(|t| seen.contains(&t.name));
+        let batch = partitions(&self.client, &tables)
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         Ok(Some(Arc::new(MemTable::try_new(
             batch.schema(),

@@ -16,6 +16,7 @@ use nyala_engine::tserver::TabletServer;
 use nyala_engine::Client;
 use nyala_storage::TabletOptions;
 
+use crate::access::Principal;
 use crate::limits::{Limits, QueryLimits, YieldingLeaves};
 use crate::session::Session;
 use crate::settings::NyalaOptions;
@@ -108,6 +109,7 @@ impl Database {
             .build();
         let ctx = SessionContext::new_with_state(state);
         functions::bound_growing_functions(&ctx);
+        let principal = Arc::new(Principal::default());
         let catalog = MemoryCatalogProvider::new();
         // Registering a schema into a fresh in-memory catalog cannot fail.
         let _ = catalog.register_schema(
@@ -115,11 +117,15 @@ impl Database {
             Arc::new(catalog::NyalaSchemaProvider::new(
                 self.client.clone(),
                 ctx.state_weak_ref(),
+                principal.clone(),
             )),
         );
         let _ = catalog.register_schema(
             catalog::SysSchemaProvider::NAME,
-            Arc::new(catalog::SysSchemaProvider::new(self.client.clone())),
+            Arc::new(catalog::SysSchemaProvider::new(
+                self.client.clone(),
+                principal.clone(),
+            )),
         );
         ctx.register_catalog(CATALOG_NAME, Arc::new(catalog));
         ctx.register_udtf(
@@ -131,6 +137,7 @@ impl Database {
         Session {
             db: self.clone(),
             ctx,
+            principal,
         }
     }
 

@@ -9,7 +9,8 @@
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::sql::sqlparser::ast::Statement;
 use futures::TryStreamExt;
-use nyala_engine::{Client, ColumnChange, DdlOp, ViewInfo};
+use nyala_engine::catalog::hash_password;
+use nyala_engine::{Access, Client, ColumnChange, DdlOp, UserInfo, ViewInfo};
 
 use crate::as_of;
 use crate::planned::Action;
@@ -21,9 +22,10 @@ use crate::{Result, SqlError};
 impl Ddl {
     /// Applies the change to the catalog: the statement becomes the catalog's [`DdlOp`] once
     /// what depends on the catalog now (IF [NOT] EXISTS of a column) is decided.
-    pub(crate) async fn apply(self, client: &Client) -> Result<()> {
+    /// `user`: the session's, who owns what it creates.
+    pub(crate) async fn apply(self, client: &Client, user: Option<String>) -> Result<()> {
         let op = match self {
-            Ddl::CreateTable(spec) => create_op(spec),
+            Ddl::CreateTable(spec) => create_op(spec, user),
             Ddl::DropTable { name, if_exists } => DdlOp::DropTable { name, if_exists },
             Ddl::RenameTable { name, new_name } => DdlOp::RenameTable { name, new_name },
             Ddl::CreateView {
@@ -31,8 +33,53 @@ impl Ddl {
                 sql,
                 or_replace,
             } => DdlOp::CreateView {
-                view: ViewInfo { name, sql },
+                view: ViewInfo {
+                    name,
+                    sql,
+                    access: Access::owned_by(user),
+                },
                 or_replace,
+            },
+            Ddl::CreateUser {
+                name,
+                password,
+                if_not_exists,
+            } if client.users().is_empty() => {
+                let _ = (name, password, if_not_exists);
+                return Err(SqlError::Invalid(
+                    "authentication is off, so there is no administrator to manage users: start \
+                     the server with --user and --password once to create the administrator"
+                        .into(),
+                ));
+            }
+            Ddl::CreateUser {
+                name,
+                password,
+                if_not_exists,
+            } => DdlOp::CreateUser {
+                user: UserInfo::new(&name, &password.0, false)?,
+                if_not_exists,
+            },
+            Ddl::AlterUser { name, password } => DdlOp::AlterUser {
+                name,
+                password_hash: hash_password(&password.0)?,
+            },
+            Ddl::DropUser { name, if_exists } => {
+                if !if_exists && client.user(&name).is_none() {
+                    return Err(SqlError::Invalid(format!("no user {name}")));
+                }
+                DdlOp::DropUser { name, if_exists }
+            }
+            Ddl::Privileges {
+                object,
+                user,
+                privileges,
+                grant,
+            } => DdlOp::Privileges {
+                object,
+                user,
+                privileges,
+                grant,
             },
             Ddl::DropView { name, if_exists } => DdlOp::DropView { name, if_exists },
             Ddl::AlterColumns { name, changes } => {
@@ -72,8 +119,9 @@ impl Ddl {
     }
 }
 
-fn create_op(spec: CreateTableSpec) -> DdlOp {
+fn create_op(spec: CreateTableSpec, owner: Option<String>) -> DdlOp {
     DdlOp::CreateTable {
+        owner,
         name: spec.name,
         schema: spec.schema,
         partition: spec.partition,
@@ -114,7 +162,7 @@ impl Session {
     ) -> Result<SendableRecordBatchStream> {
         let client = &self.db.client;
         let name = spec.name.clone();
-        if !client.ddl(create_op(spec)).await? {
+        if !client.ddl(create_op(spec, self.user())).await? {
             // IF NOT EXISTS and the table exists: nothing is inserted.
             return one_stream(vec![count_batch(0)]);
         }

@@ -10,6 +10,9 @@ pub enum SqlError {
     /// The statement is well-formed but not valid here (unknown table, wrong types, ...).
     #[error("{0}")]
     Invalid(String),
+    /// The session's user lacks a privilege the statement needs.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     /// The statement is valid SQL that Nyala does not support yet.
     #[error("not supported: {0}")]
     NotSupported(String),

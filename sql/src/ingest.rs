@@ -19,8 +19,10 @@ use arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::ScalarValue;
 use datafusion::dataframe::DataFrameWriteOptions;
 use futures::{Stream, TryStreamExt};
+use nyala_engine::Privilege;
 use nyala_storage::Schema as TableSchema;
 
+use crate::access::Requirements;
 use crate::partitioning::PartitionSpec;
 use crate::session::Session;
 use crate::statement::{CreateTableSpec, Ddl, Nullability};
@@ -64,6 +66,16 @@ impl Session {
         // The name is taken verbatim, as a quoted identifier (ADBC drivers quote it too).
         let name = target.table.clone();
         let exists = self.db.client.table(&name).is_ok();
+        // What the equivalent statements need: replacing a table is a DROP TABLE (ownership),
+        // appending an INSERT.
+        let needs = match (target.mode, exists) {
+            (IngestMode::Replace, true) => Requirements::owner(&name),
+            (IngestMode::Append | IngestMode::CreateOrAppend, true) => {
+                Requirements::privilege(&name, Privilege::Insert)
+            }
+            _ => Requirements::default(),
+        };
+        self.authorize(&needs)?;
         let create = match (target.mode, exists) {
             (IngestMode::Create, true) => {
                 return Err(SqlError::Invalid(format!("table '{name}' already exists")))
@@ -83,10 +95,12 @@ impl Session {
                     name: name.clone(),
                     if_exists: true,
                 }
-                .apply(&self.db.client)
+                .apply(&self.db.client, None)
                 .await?;
             }
-            Ddl::CreateTable(spec).apply(&self.db.client).await?;
+            Ddl::CreateTable(spec)
+                .apply(&self.db.client, self.user())
+                .await?;
         }
         // A created table was made from the data's schema, so only appends can fail this, and
         // they fail before anything is written.

@@ -12,6 +12,7 @@
 //! column (rows affected), DDL and SET no columns and no rows; a statement's
 //! [`PlannedStatement::schema`] is always the schema of its stream.
 
+mod access;
 mod as_of;
 mod catalog;
 mod columns;
@@ -41,6 +42,7 @@ pub mod statement;
 mod table;
 mod update_from;
 
+pub use access::redact_passwords;
 pub use database::{Database, DatabaseOptions};
 pub use error::SqlError;
 pub use ingest::{count_of, IngestMode, IngestTarget};

@@ -167,7 +167,8 @@ impl PlannedStatement {
         }
         match self.action {
             Action::Ddl(ddl) => {
-                ddl.apply(&self.session.db.client).await?;
+                ddl.apply(&self.session.db.client, self.session.user())
+                    .await?;
                 no_rows()
             }
             Action::CreateTableAs { spec, insert } => {

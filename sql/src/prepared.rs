@@ -34,10 +34,10 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::ExecutionPlan;
 use nyala_engine::TableHandle;
 
+use crate::access::Requirements;
 use crate::dml::{self, MutationNode};
 use crate::lookup::{KeyLookup, KeyMutation};
 use crate::params::{bind, parameter_types};
-use crate::parser::NyalaParser;
 use crate::planned::{Action, PlannedStatement, StatementInfo, StatementKind};
 use crate::results::empty_schema;
 use crate::scan::NyalaScanExec;
@@ -49,6 +49,8 @@ use crate::{Result, SqlError};
 #[derive(Clone)]
 pub struct PreparedStatement {
     sql: String,
+    /// The privileges it needs, checked at every execution.
+    needs: Requirements,
     info: StatementInfo,
     template: Template,
 }
@@ -113,7 +115,7 @@ pub(crate) enum Draft {
 impl Session {
     /// Parses and plans `sql` (one statement) for repeated execution.
     pub async fn prepare_statement(&self, sql: &str) -> Result<PreparedStatement> {
-        let draft = self.draft(NyalaParser::parse_sql(sql)?).await?;
+        let (needs, draft) = self.authorized_draft(sql).await?;
         let (info, template) = match draft {
             Draft::Logical { kind, plan } => {
                 let parameters = parameter_types(&plan)?;
@@ -176,6 +178,7 @@ impl Session {
         };
         Ok(PreparedStatement {
             sql: sql.to_string(),
+            needs,
             info,
             template,
         })
@@ -187,6 +190,7 @@ impl Session {
         prepared: &PreparedStatement,
         params: &[ScalarValue],
     ) -> Result<PlannedStatement> {
+        self.authorize(&prepared.needs)?;
         match &prepared.template {
             Template::Logical {
                 plan,

@@ -19,6 +19,7 @@ use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{Ident, ObjectName, Statement as SqlStatement, TableObject};
 use std::sync::Arc;
 
+use crate::access::{Authorizer, Principal, Requirements};
 use crate::database::Database;
 use crate::params::bind;
 use crate::parser::NyalaParser;
@@ -34,6 +35,8 @@ use crate::{Result, SqlError};
 pub struct Session {
     pub(crate) db: Arc<Database>,
     pub(crate) ctx: SessionContext,
+    /// Who the session runs as (see [`crate::access`]).
+    pub(crate) principal: Arc<Principal>,
 }
 
 impl Session {
@@ -48,8 +51,49 @@ impl Session {
         sql: &str,
         params: &[ScalarValue],
     ) -> Result<PlannedStatement> {
-        let draft = self.draft(NyalaParser::parse_sql(sql)?).await?;
+        let (_, draft) = self.authorized_draft(sql).await?;
         self.plan_draft(draft, params).await
+    }
+
+    /// The user the session runs as (None: not authenticated).
+    pub fn user(&self) -> Option<String> {
+        self.principal.name()
+    }
+
+    /// Runs the session as `user` (after the server checked its password).
+    pub fn set_user(&self, user: Option<String>) {
+        self.principal.set(user)
+    }
+
+    /// Whether the session's user may see the table or view `name`.
+    pub fn may_see(&self, name: &str) -> bool {
+        let user = self.user();
+        Authorizer {
+            client: &self.db.client,
+        }
+        .sees(user.as_deref(), name)
+    }
+
+    /// An error naming what is missing unless the session's user holds what `needs` asks.
+    pub(crate) fn authorize(&self, needs: &Requirements) -> Result<()> {
+        let user = self.user();
+        Authorizer {
+            client: &self.db.client,
+        }
+        .check(user.as_deref(), needs)
+    }
+
+    /// `sql` parsed, checked against the session's privileges, and drafted; what it needs.
+    pub(crate) async fn authorized_draft(&self, sql: &str) -> Result<(Requirements, Draft)> {
+        let statement = NyalaParser::parse_sql(sql)?;
+        // Its walks recurse as deep as the statement nests (up to the parser's limit): a long
+        // statement may nest deep, so it is walked on a stack of its own.
+        let needs = match sql.len() > REQUIREMENTS_ON_OWN_STACK {
+            true => stacker::grow(64 << 20, || Requirements::of(&statement))?,
+            false => Requirements::of(&statement)?,
+        };
+        self.authorize(&needs)?;
+        Ok((needs, self.draft(statement).await?))
     }
 
     /// Plans and executes exactly one statement.
@@ -250,6 +294,9 @@ impl Session {
         &self.ctx
     }
 }
+
+/// Statements longer than this (bytes) are checked for privileges on a stack of their own.
+const REQUIREMENTS_ON_OWN_STACK: usize = 256;
 
 /// Most operators of a logical plan nested in one another, subqueries included.
 pub const MAX_PLAN_DEPTH: usize = 1000;

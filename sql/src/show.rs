@@ -22,13 +22,65 @@ impl Session {
                 let client = &self.db.client;
                 let tables = client.tables().into_iter().map(|t| t.name.clone());
                 let views = client.views().into_iter().map(|v| v.name.clone());
-                string_batch(vec![("table_name", tables.chain(views).collect())])
+                let names = catalog::visible(client, &self.principal, tables.chain(views));
+                string_batch(vec![("table_name", names)])
             }
+            Show::Grants => self.show_grants(),
             Show::Describe(name) => self.describe(name),
             Show::CreateTable(name) => self.show_create(name),
             Show::Partitions(name) => self.show_partitions(name),
             Show::Setting(name) => self.show_setting(name),
         }
+    }
+
+    /// `SHOW GRANTS`: one row per object, user and privilege (owners hold every privilege),
+    /// of the objects the session's user owns and the privileges granted to it; the
+    /// administrator sees all.
+    fn show_grants(&self) -> Result<RecordBatch> {
+        let client = &self.db.client;
+        let user = self.user();
+        let admin = crate::access::Authorizer { client }.is_admin(user.as_deref());
+        let objects = (client.tables().into_iter())
+            .map(|t| (t.name.clone(), "TABLE", t.access.clone()))
+            .chain(
+                (client.views().into_iter()).map(|v| (v.name.clone(), "VIEW", v.access.clone())),
+            );
+        let mut rows: Vec<[String; 5]> = Vec::new();
+        for (name, kind, access) in objects {
+            let owns = admin || access.owner.is_some() && access.owner == user;
+            if let Some(owner) = &access.owner {
+                if owns {
+                    rows.push([
+                        name.clone(),
+                        kind.into(),
+                        owner.clone(),
+                        "OWNER".into(),
+                        String::new(),
+                    ]);
+                }
+            }
+            for (grantee, privileges) in &access.grants {
+                if owns || Some(grantee) == user.as_ref() {
+                    for privilege in privileges {
+                        rows.push([
+                            name.clone(),
+                            kind.into(),
+                            grantee.clone(),
+                            privilege.name().into(),
+                            access.owner.clone().unwrap_or_default(),
+                        ]);
+                    }
+                }
+            }
+        }
+        let column = |i: usize| rows.iter().map(|r| r[i].clone()).collect::<Vec<_>>();
+        string_batch(vec![
+            ("object", column(0)),
+            ("object_type", column(1)),
+            ("user", column(2)),
+            ("privilege", column(3)),
+            ("granted_by", column(4)),
+        ])
     }
 
     /// `DESCRIBE t`: one row per column.

@@ -71,6 +71,38 @@ pub enum Ddl {
         name: String,
         if_exists: bool,
     },
+    /// `CREATE USER [IF NOT EXISTS] name WITH PASSWORD '...'`.
+    CreateUser {
+        name: String,
+        password: Secret,
+        if_not_exists: bool,
+    },
+    /// `ALTER USER name WITH PASSWORD '...'`.
+    AlterUser {
+        name: String,
+        password: Secret,
+    },
+    /// `DROP USER [IF EXISTS] name`.
+    DropUser {
+        name: String,
+        if_exists: bool,
+    },
+    /// `GRANT privileges ON [TABLE] object TO user` (`grant`) or `REVOKE ... FROM user`.
+    Privileges {
+        object: String,
+        user: String,
+        privileges: Vec<nyala_engine::Privilege>,
+        grant: bool,
+    },
+}
+
+/// A password as a statement carries it: never printed.
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 /// The statements answered with rows computed when they are planned.
@@ -86,6 +118,8 @@ pub enum Show {
     Partitions(String),
     /// `SHOW nyala.<setting>` (DataFusion's SHOW knows only its own settings).
     Setting(String),
+    /// `SHOW GRANTS`: the privileges the session's user may know of (the administrator: all).
+    Grants,
 }
 
 /// One column change of an ALTER TABLE.

@@ -47,17 +47,20 @@ def url_in(words, scheme):
 
 
 @contextlib.contextmanager
-def nyala_serve(*args):
-    """Runs `nyala serve` with extra `args`; yields its (grpc://, http://) URLs; kills it
-    afterwards."""
-    with tempfile.TemporaryDirectory() as data_dir:
+def nyala_serve(*args, data_dir=None):
+    """Runs `nyala serve` with extra `args`; yields its (grpc:// or, with --tls-cert,
+    grpc+tls://, http://) URLs; kills it afterwards. The data directory is a fresh temporary
+    one unless `data_dir` names one (to restart a server on the same data)."""
+    with contextlib.ExitStack() as stack:
+        if data_dir is None:
+            data_dir = stack.enter_context(tempfile.TemporaryDirectory())
         proc, words = start_process(
             ["serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0",
              "--http-addr", "127.0.0.1:0", *args],
-            "grpc://",
+            " on grpc",
         )
         try:
-            yield url_in(words, "grpc://"), url_in(words, "http://")
+            yield url_in(words, "grpc"), url_in(words, "http://")
         finally:
             proc.kill()
             proc.wait()
@@ -76,4 +79,4 @@ def host_port(url):
     return host, int(port)
 
 
-USER, PASSWORD = "alice", "secret"
+USER, PASSWORD = "alice", "alice-secret"

@@ -678,7 +678,7 @@ async fn parameters_ingest_endpoints_and_cancel() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authentication_with_bearer_tokens() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_with(dir.path(), &["--user", "alice", "--password", "s3cret"]);
+    let server = Server::start_with(dir.path(), &["--user", "alice", "--password", "s3cret-pw"]);
     let mut anonymous = server.client().await;
     let e = query(&mut anonymous, "SELECT 1").await.unwrap_err();
     assert!(e.contains("authentication required"), "{e}");
@@ -697,7 +697,7 @@ async fn authentication_with_bearer_tokens() {
         .contains("invalid or expired token"));
 
     let mut c = server.client().await;
-    c.handshake("alice", "s3cret").await.unwrap();
+    c.handshake("alice", "s3cret-pw").await.unwrap();
     assert!(c.token().is_some());
     assert!(text(&mut c, "SELECT 41 + 1 AS answer").await.contains("42"));
     let out = Command::new(nyala_bin())
@@ -710,7 +710,7 @@ async fn authentication_with_bearer_tokens() {
             "-c",
             "SELECT 'ok' AS s",
         ])
-        .env("NYALA_PASSWORD", "s3cret")
+        .env("NYALA_PASSWORD", "s3cret-pw")
         .output()
         .unwrap();
     assert!(
@@ -1685,6 +1685,51 @@ mod cluster {
             .await
             .unwrap_err();
         assert!(e.contains("already exists"), "{e}");
+    }
+
+    /// With `--cluster-secret-file`, the servers of a cluster talk to each other (DDL, writes,
+    /// scans work through the master's Flight SQL) and refuse internal calls without it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn internal_rpc_needs_the_cluster_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let secret = secret.to_str().unwrap();
+        let (rpc, flight) = (free_port(), free_port());
+        let _master = MasterProcess::start_with(
+            &dir.path().join("m"),
+            &rpc,
+            &flight,
+            &["--cluster-secret-file", secret],
+        );
+        let tserver = TabletServerProcess::start_with(
+            &dir.path().join("t"),
+            &free_port(),
+            &["--masters", &rpc, "--cluster-secret-file", secret],
+        );
+        let url = format!("http://{flight}");
+        ddl_when_ready(
+            &url,
+            "CREATE TABLE s (k BIGINT PRIMARY KEY) WITH (replicas = 1)",
+        )
+        .await;
+        sql(&url, "INSERT INTO s VALUES (1), (2)").await.unwrap();
+        let count = sql(&url, "SELECT count(*) FROM s").await.unwrap();
+        assert_eq!(column_i64(&count, 0), vec![2]);
+
+        // This test process has no secret.
+        let mut master = rpc::master(rpc::connect(&rpc).await.unwrap());
+        let request = nyala_engine::rpc::proto::master::ClusterViewRequest { catalog_version: 0 };
+        let refused = master.cluster_view(request).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused}");
+        assert!(refused.message().contains("cluster secret"), "{refused}");
+        let mut server = tserver_client(&tserver.addr).await;
+        let refused = server.status(Empty {}).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused}");
+    }
+
+    async fn tserver_client(addr: &str) -> TServerClient {
+        rpc::tserver(rpc::connect(addr).await.unwrap())
     }
 
     /// A master and tablet servers on fixed loopback ports, each with its own data directory,

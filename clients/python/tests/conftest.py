@@ -13,7 +13,7 @@ import tempfile
 import pytest
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-USER, PASSWORD = "alice", "secret"
+USER, PASSWORD = "alice", "alice-secret"
 
 
 def nyala_bin():

@@ -48,12 +48,29 @@ pub struct FlightSqlConnection {
 impl FlightSqlConnection {
     /// Connects to `url`, e.g. `grpc://127.0.0.1:50051`, authenticating if `credentials` are
     /// given as (user, password).
-    pub async fn connect(url: &str, credentials: Option<(&str, &str)>) -> anyhow::Result<Self> {
+    /// `url`: `grpc://`, `grpc+tcp://` or `grpc+tls://` (TLS, trusting the system's roots and
+    /// `tls_ca`, a PEM file, if given).
+    pub async fn connect(
+        url: &str,
+        credentials: Option<(&str, &str)>,
+        tls_ca: Option<&std::path::Path>,
+    ) -> anyhow::Result<Self> {
         let endpoint = url
             .replacen("grpc://", "http://", 1)
-            .replacen("grpc+tcp://", "http://", 1);
-        let channel = Channel::from_shared(endpoint.clone())
-            .with_context(|| format!("invalid address {url}"))?
+            .replacen("grpc+tcp://", "http://", 1)
+            .replacen("grpc+tls://", "https://", 1);
+        let mut channel = Channel::from_shared(endpoint.clone())
+            .with_context(|| format!("invalid address {url}"))?;
+        if endpoint.starts_with("https://") {
+            let mut tls = tonic::transport::ClientTlsConfig::new().with_native_roots();
+            if let Some(ca) = tls_ca {
+                let pem =
+                    std::fs::read(ca).with_context(|| format!("cannot read {}", ca.display()))?;
+                tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
+            }
+            channel = channel.tls_config(tls)?;
+        }
+        let channel = channel
             .tcp_nodelay(true)
             .tcp_keepalive(Some(std::time::Duration::from_secs(60)))
             .connect()

@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 use crate::partition::{PartitionSchema, RangeSpec};
 use crate::Result;
 
+mod access;
+pub use access::{hash_password, Access, Privilege, UserInfo, MIN_PASSWORD_CHARS};
+
 pub type TableId = String;
 
 /// A table's definition as the catalog stores it.
@@ -30,6 +33,9 @@ pub struct TableInfo {
     /// node).
     #[serde(default)]
     pub placement: BTreeMap<String, Vec<u64>>,
+    /// Its owner and the privileges granted on it.
+    #[serde(default)]
+    pub access: Access,
 }
 
 /// One change of `ALTER TABLE ... ADD | DROP | RENAME COLUMN`.
@@ -49,6 +55,9 @@ pub enum DdlOp {
         partition: PartitionSchema,
         if_not_exists: bool,
         replicas: usize,
+        /// The user creating it, who owns it.
+        #[serde(default)]
+        owner: Option<String>,
     },
     DropTable {
         name: String,
@@ -80,6 +89,27 @@ pub enum DdlOp {
         name: String,
         if_exists: bool,
     },
+    CreateUser {
+        user: UserInfo,
+        if_not_exists: bool,
+    },
+    /// A new password (its hash).
+    AlterUser {
+        name: String,
+        password_hash: String,
+    },
+    /// Also takes back every privilege granted to the user; refused while it owns tables.
+    DropUser {
+        name: String,
+        if_exists: bool,
+    },
+    /// `GRANT privileges ON table_or_view TO user` (`grant`), or `REVOKE ... FROM user`.
+    Privileges {
+        object: String,
+        user: String,
+        privileges: Vec<Privilege>,
+        grant: bool,
+    },
 }
 
 /// A view as the catalog stores it: a name for a query, planned whenever a statement reads it.
@@ -88,6 +118,9 @@ pub struct ViewInfo {
     pub name: String,
     /// The query's SQL text.
     pub sql: String,
+    /// Its owner (whose privileges its query reads with) and the privileges granted on it.
+    #[serde(default)]
+    pub access: Access,
 }
 
 /// What the catalog holds, as a leading master hands it to the others and to clients.
@@ -96,6 +129,8 @@ pub struct CatalogContents {
     pub tables: Vec<TableInfo>,
     #[serde(default)]
     pub views: Vec<ViewInfo>,
+    #[serde(default)]
+    pub users: Vec<UserInfo>,
 }
 
 impl DdlOp {
@@ -111,10 +146,14 @@ impl DdlOp {
             | DdlOp::CreateView {
                 view: ViewInfo { name, .. },
                 ..
-            } => (name, None),
-            DdlOp::RenameTable { name, new_name } => (name, Some(new_name)),
+            }
+            | DdlOp::Privileges { object: name, .. } => (Some(name), None),
+            DdlOp::RenameTable { name, new_name } => (Some(name), Some(new_name)),
+            DdlOp::CreateUser { .. } | DdlOp::AlterUser { .. } | DdlOp::DropUser { .. } => {
+                (None, None)
+            }
         };
-        std::iter::once(name.as_str()).chain(other.map(String::as_str))
+        name.into_iter().chain(other).map(String::as_str)
     }
 }
 
@@ -128,6 +167,8 @@ pub trait Catalog: Send + Sync + 'static {
     fn tables(&self) -> Vec<Arc<TableInfo>>;
     /// All views, sorted by name.
     fn views(&self) -> Vec<Arc<ViewInfo>>;
+    /// All users, sorted by name.
+    fn users(&self) -> Vec<Arc<UserInfo>>;
     /// Flushes and stops what this process holds of the catalog.
     fn shutdown(&self) -> Result<()> {
         Ok(())

@@ -5,8 +5,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tonic::transport::Channel;
-
 use crate::rpc;
 use crate::rpc::proto::master::master_service_client::MasterServiceClient;
 use crate::rpc::proto::master::{
@@ -37,7 +35,7 @@ impl AdminClient {
     /// Calls the masters in turn until one answers; the last error if none does.
     async fn call<T, F, Fut>(&self, call: F) -> Result<T>
     where
-        F: Fn(MasterServiceClient<Channel>) -> Fut,
+        F: Fn(MasterServiceClient<rpc::RpcChannel>) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut last_error = EngineError::Unavailable("no master given".into());

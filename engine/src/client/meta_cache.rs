@@ -9,7 +9,6 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use tonic::transport::Channel;
 
 use super::TabletStats;
 use crate::rpc;
@@ -27,7 +26,7 @@ const LEADER_RETRY: Duration = Duration::from_millis(50);
 const MAX_HINTS_FOLLOWED: usize = 3;
 
 /// A tablet server's client over a kept connection.
-pub type TServerClient = TabletServerServiceClient<Channel>;
+pub type TServerClient = TabletServerServiceClient<rpc::RpcChannel>;
 
 struct KnownServer {
     address: String,
@@ -39,7 +38,7 @@ struct KnownServer {
 pub struct MetaCache {
     servers: RwLock<HashMap<u64, KnownServer>>,
     leaders: RwLock<HashMap<String, u64>>,
-    channels: Mutex<HashMap<String, Channel>>,
+    channels: Mutex<HashMap<String, rpc::RpcChannel>>,
     /// Notified after every report, for calls that wait for a tablet's leader to be known.
     reported: tokio::sync::Notify,
 }
@@ -78,7 +77,7 @@ impl MetaCache {
         self.leaders.read().get(tablet).copied()
     }
 
-    async fn channel(&self, address: &str) -> Result<Channel> {
+    async fn channel(&self, address: &str) -> Result<rpc::RpcChannel> {
         if let Some(channel) = self.channels.lock().get(address) {
             return Ok(channel.clone());
         }

@@ -11,7 +11,7 @@ use arrow::array::RecordBatch;
 use futures::future::join_all;
 use nyala_storage::{ScanIterator, ScanSpec, Timestamp, WriteBatch, WriteKind, WriteOutcome};
 
-use crate::catalog::{Catalog, DdlOp, TableInfo, ViewInfo};
+use crate::catalog::{Catalog, DdlOp, TableInfo, UserInfo, ViewInfo};
 use crate::{EngineError, Result};
 
 pub mod admin;
@@ -164,6 +164,16 @@ impl Client {
     /// All views, sorted by name.
     pub fn views(&self) -> Vec<Arc<ViewInfo>> {
         self.catalog.views()
+    }
+
+    /// All users, sorted by name.
+    pub fn users(&self) -> Vec<Arc<UserInfo>> {
+        self.catalog.users()
+    }
+
+    /// The user called `name`, if there is one.
+    pub fn user(&self, name: &str) -> Option<Arc<UserInfo>> {
+        self.catalog.users().into_iter().find(|u| u.name == name)
     }
 
     /// The view called `name`, if there is one.

@@ -8,10 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
-use tonic::transport::Channel;
 
 use super::meta_cache::MetaCache;
-use crate::catalog::{Catalog, CatalogContents, DdlOp, TableInfo, ViewInfo};
+use crate::catalog::{Catalog, CatalogContents, DdlOp, TableInfo, UserInfo, ViewInfo};
 use crate::rpc;
 use crate::rpc::proto::master::master_service_client::MasterServiceClient;
 use crate::rpc::proto::master::{ClusterViewRequest, DdlRequest};
@@ -24,9 +23,10 @@ pub struct RemoteCatalog {
     masters: Vec<String>,
     tables: RwLock<BTreeMap<String, Arc<TableInfo>>>,
     views: RwLock<BTreeMap<String, Arc<ViewInfo>>>,
+    users: RwLock<BTreeMap<String, Arc<UserInfo>>>,
     /// The catalog version `tables` holds.
     version: std::sync::atomic::AtomicU64,
-    channels: Mutex<BTreeMap<String, Channel>>,
+    channels: Mutex<BTreeMap<String, rpc::RpcChannel>>,
     meta: Arc<MetaCache>,
 }
 
@@ -38,6 +38,7 @@ impl RemoteCatalog {
             masters,
             tables: RwLock::default(),
             views: RwLock::default(),
+            users: RwLock::default(),
             version: Default::default(),
             channels: Mutex::default(),
             meta,
@@ -56,7 +57,7 @@ impl RemoteCatalog {
         Ok(remote)
     }
 
-    async fn master(&self, address: &str) -> Result<MasterServiceClient<Channel>> {
+    async fn master(&self, address: &str) -> Result<MasterServiceClient<rpc::RpcChannel>> {
         if let Some(channel) = self.channels.lock().get(address) {
             return Ok(rpc::master(channel.clone()));
         }
@@ -110,6 +111,9 @@ impl RemoteCatalog {
                     .collect();
                 *self.views.write() = (contents.views.into_iter())
                     .map(|v| (v.name.clone(), Arc::new(v)))
+                    .collect();
+                *self.users.write() = (contents.users.into_iter())
+                    .map(|u| (u.name.clone(), Arc::new(u)))
                     .collect();
                 self.version
                     .store(view.catalog_version, std::sync::atomic::Ordering::Release);
@@ -167,5 +171,9 @@ impl Catalog for RemoteCatalog {
 
     fn views(&self) -> Vec<Arc<ViewInfo>> {
         self.views.read().values().cloned().collect()
+    }
+
+    fn users(&self) -> Vec<Arc<UserInfo>> {
+        self.users.read().values().cloned().collect()
     }
 }

@@ -132,6 +132,7 @@ impl Client {
                 partition: PartitionSchema::single(),
                 if_not_exists: true,
                 replicas: 0,
+                owner: None,
             })
             .await?;
         self.catalog

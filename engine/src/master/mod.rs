@@ -17,7 +17,9 @@ use nyala_storage::{
 };
 use parking_lot::RwLock;
 
-use crate::catalog::{Catalog, ColumnChange, DdlOp, TableInfo, ViewInfo};
+use crate::catalog::{
+    Access, Catalog, ColumnChange, DdlOp, Privilege, TableInfo, UserInfo, ViewInfo,
+};
 use crate::clock::HybridClock;
 use crate::consensus::RaftGroups;
 use crate::partition::{PartitionSchema, RangeSpec};
@@ -53,6 +55,7 @@ pub struct Master {
     placement: Arc<dyn TabletPlacement>,
     tables: RwLock<BTreeMap<String, Arc<TableInfo>>>,
     views: RwLock<BTreeMap<String, Arc<ViewInfo>>>,
+    users: RwLock<BTreeMap<String, Arc<UserInfo>>>,
     ddl: tokio::sync::Mutex<()>,
     /// Held while a replica moves (re-replication, rebalancing): one move at a time.
     moves: tokio::sync::Mutex<()>,
@@ -63,6 +66,8 @@ pub const CATALOG_TABLET: &str = "sys.catalog";
 
 /// The ids of the catalog rows of views begin with this (table ids are UUIDs).
 const VIEW_ID_PREFIX: &str = "view:";
+/// The ids of the catalog rows of users begin with this.
+const USER_ID_PREFIX: &str = "user:";
 
 fn catalog_schema() -> Result<Schema> {
     let column = |name: &str| ColumnSchema::new(name, ColumnType::String, false);
@@ -118,6 +123,7 @@ impl Master {
             placement,
             tables: RwLock::new(BTreeMap::new()),
             views: RwLock::new(BTreeMap::new()),
+            users: RwLock::new(BTreeMap::new()),
             ddl: tokio::sync::Mutex::new(()),
             moves: tokio::sync::Mutex::new(()),
         };
@@ -160,6 +166,7 @@ impl Master {
         let corrupted = |e: serde_json::Error| EngineError::CatalogCorrupted(e.to_string());
         let mut tables = BTreeMap::new();
         let mut views = BTreeMap::new();
+        let mut users = BTreeMap::new();
         for batch in self.catalog.scan(spec, None)? {
             let batch = batch?;
             let (ids, infos) = (strings(&batch, 0)?, strings(&batch, 1)?);
@@ -170,6 +177,9 @@ impl Master {
                 if id.starts_with(VIEW_ID_PREFIX) {
                     let view: ViewInfo = serde_json::from_str(info).map_err(corrupted)?;
                     views.insert(view.name.clone(), Arc::new(view));
+                } else if id.starts_with(USER_ID_PREFIX) {
+                    let user: UserInfo = serde_json::from_str(info).map_err(corrupted)?;
+                    users.insert(user.name.clone(), Arc::new(user));
                 } else {
                     let info: TableInfo = serde_json::from_str(info).map_err(corrupted)?;
                     tables.insert(info.name.clone(), Arc::new(info));
@@ -178,6 +188,7 @@ impl Master {
         }
         *self.tables.write() = tables;
         *self.views.write() = views;
+        *self.users.write() = users;
         self.loaded
             .store(applied, std::sync::atomic::Ordering::Release);
         Ok(())
@@ -211,6 +222,177 @@ impl Master {
         self.views.read().get(name).cloned()
     }
 
+    /// All users, sorted by name.
+    pub fn users(&self) -> Vec<Arc<UserInfo>> {
+        self.refresh();
+        self.users.read().values().cloned().collect()
+    }
+
+    fn user(&self, name: &str) -> Option<Arc<UserInfo>> {
+        self.refresh();
+        self.users.read().get(name).cloned()
+    }
+
+    async fn create_user(&self, user: UserInfo, if_not_exists: bool) -> Result<bool> {
+        let _ddl = self.ddl.lock().await;
+        if self.user(&user.name).is_some() {
+            return match if_not_exists {
+                true => Ok(false),
+                false => Err(EngineError::Unsupported(format!(
+                    "user {} exists already",
+                    user.name
+                ))),
+            };
+        }
+        self.write_user(WriteKind::Upsert, &user).await?;
+        self.users.write().insert(user.name.clone(), Arc::new(user));
+        Ok(true)
+    }
+
+    async fn alter_user(&self, name: &str, password_hash: String) -> Result<bool> {
+        let _ddl = self.ddl.lock().await;
+        let user = self.existing_user(name)?;
+        let altered = UserInfo {
+            password_hash,
+            ..(*user).clone()
+        };
+        self.write_user(WriteKind::Upsert, &altered).await?;
+        self.users
+            .write()
+            .insert(name.to_string(), Arc::new(altered));
+        Ok(true)
+    }
+
+    /// Drops a user after taking back what was granted to it; refused while it owns tables or
+    /// views (they would be left without an owner).
+    async fn drop_user(&self, name: &str, if_exists: bool) -> Result<bool> {
+        let _ddl = self.ddl.lock().await;
+        let Some(user) = self.user(name) else {
+            return match if_exists {
+                true => Ok(false),
+                false => Err(EngineError::Unsupported(format!("no user {name}"))),
+            };
+        };
+        if user.admin {
+            return Err(EngineError::Unsupported(
+                "the administrator cannot be dropped".into(),
+            ));
+        }
+        let owner = Some(name);
+        let owned: Vec<String> = (self
+            .tables()
+            .iter()
+            .filter(|t| t.access.owner.as_deref() == owner))
+        .map(|t| t.name.clone())
+        .chain(
+            (self
+                .views()
+                .iter()
+                .filter(|v| v.access.owner.as_deref() == owner))
+            .map(|v| v.name.clone()),
+        )
+        .collect();
+        if !owned.is_empty() {
+            return Err(EngineError::Unsupported(format!(
+                "user {name} owns {}: drop them first",
+                owned.join(", ")
+            )));
+        }
+        for table in self.tables() {
+            if table.access.grants.contains_key(name) {
+                self.change_table_access(&table, name, &Privilege::ALL, false)
+                    .await?;
+            }
+        }
+        for view in self.views() {
+            if view.access.grants.contains_key(name) {
+                self.change_view_access(&view, name, &Privilege::ALL, false)
+                    .await?;
+            }
+        }
+        self.write_user(WriteKind::Delete, &user).await?;
+        self.users.write().remove(name);
+        Ok(true)
+    }
+
+    fn existing_user(&self, name: &str) -> Result<Arc<UserInfo>> {
+        self.user(name)
+            .ok_or_else(|| EngineError::Unsupported(format!("no user {name}")))
+    }
+
+    /// `GRANT` (`grant`) or `REVOKE` privileges on a table or view.
+    async fn change_privileges(
+        &self,
+        object: &str,
+        user: &str,
+        privileges: &[Privilege],
+        grant: bool,
+    ) -> Result<bool> {
+        let _ddl = self.ddl.lock().await;
+        self.existing_user(user)?;
+        if let Some(table) = self.table(object) {
+            return self
+                .change_table_access(&table, user, privileges, grant)
+                .await;
+        }
+        let view = self
+            .view(object)
+            .ok_or_else(|| EngineError::TableNotFound(object.into()))?;
+        if let Some(privilege) = privileges.iter().find(|p| **p != Privilege::Select) {
+            return Err(EngineError::Unsupported(format!(
+                "{object} is a view: only SELECT can be granted on it, not {privilege}"
+            )));
+        }
+        self.change_view_access(&view, user, privileges, grant)
+            .await
+    }
+
+    async fn change_table_access(
+        &self,
+        table: &TableInfo,
+        user: &str,
+        privileges: &[Privilege],
+        grant: bool,
+    ) -> Result<bool> {
+        let mut changed = table.clone();
+        changed.access.change(user, privileges, grant);
+        if changed.access == table.access {
+            return Ok(false);
+        }
+        self.write_catalog(WriteKind::Upsert, &changed).await?;
+        self.tables
+            .write()
+            .insert(changed.name.clone(), Arc::new(changed));
+        Ok(true)
+    }
+
+    async fn change_view_access(
+        &self,
+        view: &ViewInfo,
+        user: &str,
+        privileges: &[Privilege],
+        grant: bool,
+    ) -> Result<bool> {
+        let mut changed = view.clone();
+        changed.access.change(user, privileges, grant);
+        if changed.access == view.access {
+            return Ok(false);
+        }
+        self.write_view(WriteKind::Upsert, &changed).await?;
+        self.views
+            .write()
+            .insert(changed.name.clone(), Arc::new(changed));
+        Ok(true)
+    }
+
+    /// Writes `user`'s catalog row (id `user:<name>`).
+    async fn write_user(&self, kind: WriteKind, user: &UserInfo) -> Result<()> {
+        let json = serde_json::to_string(user)
+            .map_err(|e| EngineError::CatalogCorrupted(e.to_string()))?;
+        let id = format!("{USER_ID_PREFIX}{}", user.name);
+        self.write_catalog_row(kind, &id, &user.name, json).await
+    }
+
     /// An error if a table or view is called `name` already.
     fn name_is_free(&self, name: &str) -> Result<()> {
         match (self.table(name), self.view(name)) {
@@ -232,6 +414,14 @@ impl Master {
                 view.name
             )));
         }
+        // A replaced view keeps its owner and grants.
+        let view = match self.view(&view.name) {
+            Some(old) => ViewInfo {
+                access: old.access.clone(),
+                ..view
+            },
+            None => view,
+        };
         self.write_view(WriteKind::Upsert, &view).await?;
         self.views.write().insert(view.name.clone(), Arc::new(view));
         Ok(true)
@@ -267,6 +457,7 @@ impl Master {
         partition: PartitionSchema,
         if_not_exists: bool,
         replicas: usize,
+        owner: Option<String>,
     ) -> Result<bool> {
         let _ddl = self.ddl.lock().await;
         if self.table(name).is_some() {
@@ -288,6 +479,7 @@ impl Master {
             partition,
             replicas,
             placement: BTreeMap::new(),
+            access: Access::owned_by(owner),
         };
         self.create_tablets_and_commit(&info.tablets, info.clone())
             .await?;
@@ -356,8 +548,9 @@ impl Master {
                 partition,
                 if_not_exists,
                 replicas,
+                owner,
             } => {
-                self.create_table(&name, schema, partition, if_not_exists, replicas)
+                self.create_table(&name, schema, partition, if_not_exists, replicas, owner)
                     .await
             }
             DdlOp::DropTable { name, if_exists } => self.drop_table(&name, if_exists).await,
@@ -376,6 +569,24 @@ impl Master {
                 .map(|()| true),
             DdlOp::CreateView { view, or_replace } => self.create_view(view, or_replace).await,
             DdlOp::DropView { name, if_exists } => self.drop_view(&name, if_exists).await,
+            DdlOp::CreateUser {
+                user,
+                if_not_exists,
+            } => self.create_user(user, if_not_exists).await,
+            DdlOp::AlterUser {
+                name,
+                password_hash,
+            } => self.alter_user(&name, password_hash).await,
+            DdlOp::DropUser { name, if_exists } => self.drop_user(&name, if_exists).await,
+            DdlOp::Privileges {
+                object,
+                user,
+                privileges,
+                grant,
+            } => {
+                self.change_privileges(&object, &user, &privileges, grant)
+                    .await
+            }
         }
     }
 
@@ -572,6 +783,10 @@ impl Catalog for Master {
 
     fn views(&self) -> Vec<Arc<ViewInfo>> {
         Master::views(self)
+    }
+
+    fn users(&self) -> Vec<Arc<UserInfo>> {
+        Master::users(self)
     }
 
     fn shutdown(&self) -> Result<()> {

@@ -69,6 +69,7 @@ impl master_service_server::MasterService for MasterService {
         let contents = CatalogContents {
             tables: self.master.tables().iter().map(|t| (**t).clone()).collect(),
             views: self.master.views().iter().map(|v| (**v).clone()).collect(),
+            users: self.master.users().iter().map(|u| (**u).clone()).collect(),
         };
         let json = match serde_json::to_string(&contents) {
             Ok(json) => json,

@@ -56,8 +56,126 @@ pub fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::
         .with_keepalive(Some(KEEPALIVE))
 }
 
+/// The header that carries the cluster secret on every internal call.
+const CLUSTER_SECRET_HEADER: &str = "x-nyala-cluster-secret";
+
+/// The process's cluster secret, once set: every internal call carries it and every internal
+/// service requires it.
+static CLUSTER_SECRET: std::sync::OnceLock<tonic::metadata::AsciiMetadataValue> =
+    std::sync::OnceLock::new();
+
+/// Shortest cluster secret accepted.
+pub const MIN_CLUSTER_SECRET_CHARS: usize = 16;
+
+/// Sets the secret the servers of a cluster share (read from `--cluster-secret-file`): this
+/// process sends it on its internal calls and refuses internal calls without it. Once only.
+pub fn set_cluster_secret(secret: &str) -> Result<(), EngineError> {
+    let secret = secret.trim();
+    if secret.len() < MIN_CLUSTER_SECRET_CHARS || !secret.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(EngineError::Unsupported(format!(
+            "a cluster secret is at least {MIN_CLUSTER_SECRET_CHARS} printable ASCII characters \
+             without spaces (e.g. `openssl rand -hex 32`)"
+        )));
+    }
+    let value = secret
+        .parse()
+        .map_err(|_| EngineError::Unsupported("the cluster secret is not a header value".into()))?;
+    CLUSTER_SECRET
+        .set(value)
+        .map_err(|_| EngineError::Unsupported("the cluster secret is set already".into()))
+}
+
+/// Adds the cluster secret to every internal call a client makes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClusterCredentials;
+
+impl tonic::service::Interceptor for ClusterCredentials {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(secret) = CLUSTER_SECRET.get() {
+            request
+                .metadata_mut()
+                .insert(CLUSTER_SECRET_HEADER, secret.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A connection to another server's internal RPC, carrying the cluster secret.
+pub type RpcChannel = tonic::service::interceptor::InterceptedService<Channel, ClusterCredentials>;
+
+/// Whether `headers` carry the process's cluster secret (always, when none is set); compared
+/// in constant time.
+fn has_cluster_secret(headers: &http::HeaderMap) -> bool {
+    let Some(secret) = CLUSTER_SECRET.get() else {
+        return true;
+    };
+    let given = headers
+        .get(CLUSTER_SECRET_HEADER)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
+    let expected = secret.as_bytes();
+    given.len() == expected.len()
+        && given
+            .iter()
+            .zip(expected)
+            .fold(0u8, |differ, (a, b)| differ | (a ^ b))
+            == 0
+}
+
+/// Refuses every internal call that does not carry the cluster secret (a tower layer for the
+/// internal services' server).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RequireClusterSecret;
+
+impl<S> tower::Layer<S> for RequireClusterSecret {
+    type Service = ClusterSecretService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ClusterSecretService { inner }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ClusterSecretService<S> {
+    inner: S,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for ClusterSecretService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send + 'static>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if has_cluster_secret(request.headers()) {
+            return Box::pin(self.inner.call(request));
+        }
+        tracing::warn!(path = %request.uri().path(), "internal call without the cluster secret refused");
+        let refused = tonic::Status::unauthenticated(
+            "internal RPC needs the cluster secret (--cluster-secret-file)",
+        );
+        Box::pin(std::future::ready(Ok(refused.into_http())))
+    }
+}
+
 /// A connection to another server's internal RPC; every service's client shares it.
-pub async fn connect(address: &str) -> Result<Channel, EngineError> {
+pub async fn connect(address: &str) -> Result<RpcChannel, EngineError> {
     connect_with_timeout(address, Duration::from_secs(30)).await
 }
 
@@ -65,8 +183,8 @@ pub async fn connect(address: &str) -> Result<Channel, EngineError> {
 pub async fn connect_with_timeout(
     address: &str,
     timeout: Duration,
-) -> Result<Channel, EngineError> {
-    tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+) -> Result<RpcChannel, EngineError> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
         .map_err(|e| EngineError::Unsupported(format!("bad address {address}: {e}")))?
         .connect_timeout(Duration::from_secs(2))
         .timeout(timeout)
@@ -74,25 +192,26 @@ pub async fn connect_with_timeout(
         .tcp_keepalive(Some(KEEPALIVE))
         .connect()
         .await
-        .map_err(|e| EngineError::Unavailable(format!("cannot reach {address}: {e}")))
+        .map_err(|e| EngineError::Unavailable(format!("cannot reach {address}: {e}")))?;
+    Ok(RpcChannel::new(channel, ClusterCredentials))
 }
 
 /// The tablet-server service over `channel`.
-pub fn tserver(channel: Channel) -> TabletServerServiceClient<Channel> {
+pub fn tserver(channel: RpcChannel) -> TabletServerServiceClient<RpcChannel> {
     TabletServerServiceClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES)
 }
 
 /// The consensus service over `channel`.
-pub fn consensus(channel: Channel) -> ConsensusServiceClient<Channel> {
+pub fn consensus(channel: RpcChannel) -> ConsensusServiceClient<RpcChannel> {
     ConsensusServiceClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES)
 }
 
 /// The master service over `channel`.
-pub fn master(channel: Channel) -> MasterServiceClient<Channel> {
+pub fn master(channel: RpcChannel) -> MasterServiceClient<RpcChannel> {
     MasterServiceClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES)

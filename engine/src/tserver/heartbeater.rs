@@ -6,8 +6,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tonic::transport::Channel;
-
 use super::TabletServer;
 use crate::rpc;
 use crate::rpc::proto::common::{ReplicaStatus, ServerStatus};
@@ -19,7 +17,7 @@ const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
 /// Sends `server`'s reports (its status, and that it listens at `address`) to every one of
 /// `masters`, until the process ends.
 pub async fn heartbeat_loop(server: Arc<TabletServer>, address: String, masters: Vec<String>) {
-    let mut clients: HashMap<String, MasterServiceClient<Channel>> = HashMap::new();
+    let mut clients: HashMap<String, MasterServiceClient<rpc::RpcChannel>> = HashMap::new();
     // What each master was last told (absent: it gets a full report next).
     let mut told: HashMap<String, HashMap<String, ReplicaStatus>> = HashMap::new();
     loop {
