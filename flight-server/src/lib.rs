@@ -1000,10 +1000,12 @@ impl FlightSqlService for NyalaFlightService {
     async fn do_get_tables(
         &self,
         query: CommandGetTables,
-        _request: Request<Ticket>,
+        request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
+        let session = session_of(&request)?;
         let views = self.db.views().await;
-        Ok(one_batch(metadata::tables(&self.db, &views, query)?))
+        let sees = |name: &str| session.sql().may_see(name);
+        Ok(one_batch(metadata::tables(&self.db, &views, query, sees)?))
     }
 
     async fn get_flight_info_table_types(
@@ -1056,7 +1058,7 @@ impl FlightSqlService for NyalaFlightService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         command_info(
-            &metadata::primary_keys(&self.db, &query)?.schema(),
+            &metadata::primary_keys(&self.db, &query, |_| false)?.schema(),
             query,
             request.into_inner(),
         )
@@ -1065,9 +1067,11 @@ impl FlightSqlService for NyalaFlightService {
     async fn do_get_primary_keys(
         &self,
         query: CommandGetPrimaryKeys,
-        _request: Request<Ticket>,
+        request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
-        Ok(one_batch(metadata::primary_keys(&self.db, &query)?))
+        let session = session_of(&request)?;
+        let sees = |name: &str| session.sql().may_see(name);
+        Ok(one_batch(metadata::primary_keys(&self.db, &query, sees)?))
     }
 
     async fn get_flight_info_exported_keys(

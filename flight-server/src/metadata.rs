@@ -125,12 +125,13 @@ pub fn xdbc_types() -> anyhow::Result<XdbcTypeInfoData> {
     Ok(builder.build()?)
 }
 
-/// GetTables: Nyala's tables (type TABLE) and views (type VIEW) in `nyala.public`, with
-/// schemas if asked.
+/// GetTables: Nyala's tables (type TABLE) and views (type VIEW) in `nyala.public` that the
+/// caller `sees`, with schemas if asked.
 pub fn tables(
     db: &Database,
     views: &[(String, SchemaRef)],
     query: CommandGetTables,
+    sees: impl Fn(&str) -> bool,
 ) -> Result<RecordBatch, Status> {
     let catalog_ok = query.catalog.as_deref().is_none_or(|c| c == CATALOG_NAME);
     let schema_ok = query
@@ -154,7 +155,7 @@ pub fn tables(
             .filter(|_| views_ok)
             .map(|v| (v, "VIEW"));
         for ((name, schema), kind) in tables.chain(views) {
-            if pattern.as_deref().is_none_or(|p| like(&name, p)) {
+            if pattern.as_deref().is_none_or(|p| like(&name, p)) && sees(&name) {
                 builder
                     .append(CATALOG_NAME, SCHEMA_NAME, &name, kind, &schema)
                     .map_err(internal)?;
@@ -165,7 +166,12 @@ pub fn tables(
 }
 
 /// GetPrimaryKeys: the key columns of one table in key order.
-pub fn primary_keys(db: &Database, query: &CommandGetPrimaryKeys) -> Result<RecordBatch, Status> {
+/// GetPrimaryKeys of a table the caller `sees` (else no rows).
+pub fn primary_keys(
+    db: &Database,
+    query: &CommandGetPrimaryKeys,
+    sees: impl Fn(&str) -> bool,
+) -> Result<RecordBatch, Status> {
     let schema = Arc::new(Schema::new(vec![
         Field::new("catalog_name", DataType::Utf8, true),
         Field::new("db_schema_name", DataType::Utf8, true),
@@ -176,6 +182,7 @@ pub fn primary_keys(db: &Database, query: &CommandGetPrimaryKeys) -> Result<Reco
     ]));
     let columns = if query.catalog.as_deref().is_none_or(|c| c == CATALOG_NAME)
         && query.db_schema.as_deref().is_none_or(|s| s == SCHEMA_NAME)
+        && sees(&query.table)
     {
         db.primary_key(&query.table).unwrap_or_default()
     } else {
