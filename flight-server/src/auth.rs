@@ -14,6 +14,13 @@ use base64::Engine;
 use nyala_engine::{Client, UserInfo};
 use tonic::Status;
 
+/// Base64 with or without `=` padding: ADBC's Go client leaves it out.
+const BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new()
+        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+);
+
 /// The administrator `nyala serve --user/--password` creates at its first start.
 #[derive(Clone)]
 pub struct Credentials {
@@ -74,7 +81,7 @@ impl Auth {
                 "unsupported authorization scheme: use Basic or Bearer",
             ));
         };
-        let decoded = base64::engine::general_purpose::STANDARD
+        let decoded = BASE64
             .decode(encoded.trim())
             .ok()
             .and_then(|b| String::from_utf8(b).ok())
@@ -95,7 +102,7 @@ impl Auth {
     }
 
     /// Whether the user a session logged in as still exists with the password it used.
-    pub fn still_valid(&self, login: &UserInfo) -> bool {
+    pub fn still_valid(&self, login: &nyala_sql::Login) -> bool {
         self.client
             .user(&login.name)
             .is_some_and(|now| now.password_hash == login.password_hash)

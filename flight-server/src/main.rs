@@ -654,10 +654,12 @@ async fn coordinate(
 async fn create_administrator(db: &Database, administrator: &Credentials) -> anyhow::Result<()> {
     let client = db.client();
     if !client.users().is_empty() {
-        if client.user(&administrator.username).is_none() {
+        let known = client.user(&administrator.username);
+        if !known.is_some_and(|user| user.verify(&administrator.password)) {
             tracing::warn!(
                 user = %administrator.username,
-                "--user is not a user of this database; the users in its catalog apply"
+                "--user/--password are used only at the first start; the users and passwords \
+                 in the catalog apply (ALTER USER changes a password)"
             );
         }
         return Ok(());

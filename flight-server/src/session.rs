@@ -23,7 +23,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
-use nyala_engine::UserInfo;
 use nyala_sql::{Database, PlannedStatement, PreparedStatement};
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -75,8 +74,6 @@ pub struct ClientSession {
     connection: AtomicU64,
     /// Milliseconds since the registry started, at the last request.
     last_used: AtomicU64,
-    /// The user it authenticated as (with the password hash of then: a new password ends it).
-    login: Mutex<Option<Arc<UserInfo>>>,
     state: Mutex<SessionState>,
 }
 
@@ -137,7 +134,6 @@ impl Sessions {
             sql: self.db.session(),
             connection: AtomicU64::new(NO_CONNECTION),
             last_used: AtomicU64::new(self.now_ms()),
-            login: Mutex::default(),
             state: Mutex::default(),
         });
         registry
@@ -305,12 +301,6 @@ impl Sessions {
 impl ClientSession {
     pub fn id(&self) -> &str {
         &self.id
-    }
-
-    /// The session runs as `user` from now on (whose password a request carried).
-    fn log_in(&self, user: Arc<UserInfo>) {
-        self.sql.set_user(Some(user.name.clone()));
-        *self.login.lock() = Some(user);
     }
 
     /// The user the session runs as, as statements are shown to operators.
@@ -626,10 +616,10 @@ impl SessionLayer {
             self.sessions
                 .resolve(cookie(headers, SESSION_COOKIE), &caller, connection)?;
         match &caller {
-            Caller::Password(user) => session.log_in(user.clone()),
+            Caller::Password(user) => session.sql.log_in(user),
             Caller::Token(_) | Caller::Anyone => {
-                let login = session.login.lock().clone();
-                if login.is_some_and(|user| !self.auth.still_valid(&user)) {
+                let login = session.sql.login();
+                if login.is_some_and(|login| !self.auth.still_valid(&login)) {
                     self.sessions.close(&session.id);
                     return Err(Status::unauthenticated(
                         "the session's user was dropped or its password changed: authenticate \

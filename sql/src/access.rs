@@ -13,8 +13,8 @@
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::resolve::resolve_table_references;
 use datafusion::sql::sqlparser::ast::{
-    Expr, FromTable, FunctionArg, FunctionArgExpr, Statement, TableFactor, TableObject, Value,
-    Visit, Visitor,
+    visit_relations, Expr, FromTable, FunctionArg, FunctionArgExpr, Statement, TableFactor,
+    TableObject, Value, Visit, Visitor,
 };
 use nyala_engine::{Client, Privilege};
 use parking_lot::RwLock;
@@ -25,15 +25,35 @@ use crate::{as_of, Result, SqlError};
 /// The user a session runs as (shared with the session's schema providers, which list only
 /// what the user may see). None: not authenticated (fine while there are no users).
 #[derive(Debug, Default)]
-pub struct Principal(RwLock<Option<String>>);
+pub struct Principal(RwLock<Option<Login>>);
+
+/// A user as it logged in: its name and the hash of the password it logged in with (a new
+/// password ends the sessions of the old one, but for the session that set it).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Login {
+    pub name: String,
+    pub password_hash: String,
+}
+
+impl std::fmt::Debug for Login {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Login")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
 
 impl Principal {
     pub fn name(&self) -> Option<String> {
+        self.0.read().as_ref().map(|login| login.name.clone())
+    }
+
+    pub fn login(&self) -> Option<Login> {
         self.0.read().clone()
     }
 
-    pub fn set(&self, name: Option<String>) {
-        *self.0.write() = name;
+    pub fn set(&self, login: Option<Login>) {
+        *self.0.write() = login;
     }
 }
 
@@ -158,8 +178,21 @@ impl Requirements {
         self.reads(statement, target.as_deref())
     }
 
-    /// SELECT on every table and view `statement` reads, but `target` (the table it writes).
+    /// SELECT on every table and view `statement` reads, and on `target` (the table it writes)
+    /// where the statement names it again (`INSERT INTO t SELECT ... FROM t`, a subquery).
     fn reads(&mut self, statement: &Statement, target: Option<&str>) -> Result<()> {
+        if let Some(target) = target {
+            let mut named = 0;
+            let _ = visit_relations(statement, |relation| {
+                if object_name(relation).is_ok_and(|n| n == target) {
+                    named += 1;
+                }
+                std::ops::ControlFlow::<()>::Continue(())
+            });
+            if named > 1 {
+                self.push(target, Privilege::Select);
+            }
+        }
         let (tables, _ctes) =
             resolve_table_references(&DFStatement::Statement(Box::new(statement.clone())), true)?;
         for table in tables {

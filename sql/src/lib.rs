@@ -42,7 +42,7 @@ pub mod statement;
 mod table;
 mod update_from;
 
-pub use access::redact_passwords;
+pub use access::{redact_passwords, Login};
 pub use database::{Database, DatabaseOptions};
 pub use error::SqlError;
 pub use ingest::{count_of, IngestMode, IngestTarget};

@@ -167,8 +167,13 @@ impl PlannedStatement {
         }
         match self.action {
             Action::Ddl(ddl) => {
-                ddl.apply(&self.session.db.client, self.session.user())
-                    .await?;
+                let user = self.session.user();
+                let own_password =
+                    matches!(&ddl, Ddl::AlterUser { name, .. } if Some(name) == user.as_ref());
+                ddl.apply(&self.session.db.client, user).await?;
+                if own_password {
+                    self.session.keep_login();
+                }
                 no_rows()
             }
             Action::CreateTableAs { spec, insert } => {

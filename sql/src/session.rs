@@ -19,7 +19,7 @@ use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{Ident, ObjectName, Statement as SqlStatement, TableObject};
 use std::sync::Arc;
 
-use crate::access::{Authorizer, Principal, Requirements};
+use crate::access::{Authorizer, Login, Principal, Requirements};
 use crate::database::Database;
 use crate::params::bind;
 use crate::parser::NyalaParser;
@@ -61,8 +61,27 @@ impl Session {
     }
 
     /// Runs the session as `user` (after the server checked its password).
-    pub fn set_user(&self, user: Option<String>) {
-        self.principal.set(user)
+    pub fn log_in(&self, user: &nyala_engine::UserInfo) {
+        self.principal.set(Some(Login {
+            name: user.name.clone(),
+            password_hash: user.password_hash.clone(),
+        }))
+    }
+
+    /// The user the session runs as, with the password hash it logged in with.
+    pub fn login(&self) -> Option<Login> {
+        self.principal.login()
+    }
+
+    /// After the session's user changed its own password: the session goes on with the new one.
+    pub(crate) fn keep_login(&self) {
+        let Some(mut login) = self.login() else {
+            return;
+        };
+        if let Some(user) = self.db.client.user(&login.name) {
+            login.password_hash = user.password_hash.clone();
+            self.principal.set(Some(login));
+        }
     }
 
     /// Whether the session's user may see the table or view `name`.

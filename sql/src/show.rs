@@ -33,7 +33,8 @@ impl Session {
         }
     }
 
-    /// `SHOW GRANTS`: one row per object, user and privilege (owners hold every privilege),
+    /// `SHOW GRANTS`: one row per object, user and privilege, with the object's owner (who
+    /// holds every privilege: privilege OWNER),
     /// of the objects the session's user owns and the privileges granted to it; the
     /// administrator sees all.
     fn show_grants(&self) -> Result<RecordBatch> {
@@ -79,7 +80,7 @@ impl Session {
             ("object_type", column(1)),
             ("user", column(2)),
             ("privilege", column(3)),
-            ("granted_by", column(4)),
+            ("owner", column(4)),
         ])
     }
 
