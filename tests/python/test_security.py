@@ -126,20 +126,6 @@ def tls_server(pki):
 
 # --- Clients ---
 
-def fitted(name, password):
-    """`password`, lengthened so that `name:password` is a multiple of 3 bytes long.
-
-    ADBC's Go Flight client base64-encodes `name:password` WITHOUT padding and the server
-    refuses such a header when padding would be needed ("malformed basic authorization
-    header"); test_login_whose_basic_header_needs_base64_padding covers that on its own, the
-    other tests use credentials that need no padding."""
-    while (len(name) + 1 + len(password)) % 3:
-        password += "x"
-    return password
-
-
-assert fitted(ADMIN, ADMIN_PASSWORD) == ADMIN_PASSWORD
-
 _numbers = itertools.count(1)
 
 
@@ -266,7 +252,7 @@ def user(tls_server, admin):
 
     def make(prefix="user"):
         name = unique(prefix)
-        password = fitted(name, f"{name}-Pass-{len(name)}")
+        password = f"{name}-Pass-{len(name)}"
         run(admin, f"CREATE USER {name} WITH PASSWORD '{password}'")
         conn = connect(tls_server, name, password)
         opened.append(conn)
@@ -384,10 +370,10 @@ def test_plaintext_clients_are_refused(tls_server):
 
 def test_wrong_password_and_unknown_user_are_refused(tls_server, user):
     name, password, _ = user("pw")
-    for who, wrong in ((ADMIN, fitted(ADMIN, "not-the-password")),
-                       (name, fitted(name, password + "-wrong")),
-                       (name, fitted(name, password.upper())),
-                       ("nosuchuser", fitted("nosuchuser", ADMIN_PASSWORD))):
+    for who, wrong in ((ADMIN, "not-the-password"),
+                       (name, password + "-wrong"),
+                       (name, password.upper()),
+                       ("nosuchuser", ADMIN_PASSWORD)):
         refused(lambda: run(connect(tls_server, who, wrong), "SELECT 1"),  # noqa: B023
                 INVALID_LOGIN, code=UNAUTHENTICATED)
         client = flight.FlightClient(tls_server.url, tls_root_certs=tls_server.ca)
@@ -422,7 +408,9 @@ def test_login_whose_basic_header_needs_base64_padding(tls_server, admin):
     """ADBC (arrow-go) encodes `user:password` as base64 without `=` padding; the server must
     accept that as well as the padded form pyarrow and JDBC send."""
     name = unique("pad")
-    password = fitted(name, f"{name}-Padding-Secret") + "y"  # `name:password` % 3 == 1
+    password = f"{name}-Padding-Secret"
+    while (len(name) + 1 + len(password)) % 3 != 1:  # base64 of `name:password` ends in "=="
+        password += "y"
     assert (len(name) + 1 + len(password)) % 3 == 1
     run(admin, f"CREATE USER {name} WITH PASSWORD '{password}'")
     client, _ = bearer(tls_server, name, password)  # pyarrow pads: accepted
@@ -652,7 +640,7 @@ def test_only_the_administrator_manages_users(tls_server, admin, user):
     name, password, conn = user("plain")
     other, other_password, other_conn = user("victim")
     new_user = unique("made")
-    refused((conn, f"CREATE USER {new_user} WITH PASSWORD '{fitted(new_user, 'Made-Pass-1')}'"),
+    refused((conn, f"CREATE USER {new_user} WITH PASSWORD 'Made-Pass-1'"),
             not_admin(name))
     refused((conn, f"CREATE USER IF NOT EXISTS {new_user} WITH PASSWORD 'Made-Pass-1'"),
             not_admin(name))
@@ -666,7 +654,7 @@ def test_only_the_administrator_manages_users(tls_server, admin, user):
     # Nothing changed: the victim's session and password still work, no user was made.
     assert run(other_conn, "SELECT 1 AS one") == [(1,)]
     close(connect(tls_server, other, other_password))
-    refused(lambda: run(connect(tls_server, new_user, fitted(new_user, "Made-Pass-1")), "SELECT 1"),
+    refused(lambda: run(connect(tls_server, new_user, "Made-Pass-1"), "SELECT 1"),
             INVALID_LOGIN, code=UNAUTHENTICATED)
 
     # The administrator's own rules.
@@ -719,7 +707,7 @@ def visibility(tls_server, admin):
     `view` (a view with SELECT granted), `own` (its own table); `hidden` and `hidden_view` it has
     no privilege on."""
     name = unique("viewer")
-    password = fitted(name, f"{name}-Pass-xyz")
+    password = f"{name}-Pass-xyz"
     run(admin, f"CREATE USER {name} WITH PASSWORD '{password}'")
     names = {k: unique(f"vis_{k}_") for k in ("seen", "insert_only", "hidden", "view",
                                               "hidden_view", "own")}
@@ -893,7 +881,7 @@ def test_a_password_change_ends_the_users_sessions(tls_server, admin, user):
     client, options = bearer(tls_server, name, password)
     try:
         assert flight_query(client, options, "SELECT 2 AS two").column("two").to_pylist() == [2]
-        new_password = fitted(name, f"{name}-Changed-1")
+        new_password = f"{name}-Changed-1"
         run(admin, f"ALTER USER {name} WITH PASSWORD '{new_password}'")
         refused((conn, "SELECT 1"), SESSION_ENDED, code=UNAUTHENTICATED)
         with pytest.raises(flight.FlightUnauthenticatedError, match="authenticate again"):
@@ -912,7 +900,7 @@ def test_a_password_change_ends_the_users_sessions(tls_server, admin, user):
         other = connect(tls_server, name, new_password)
         try:
             assert run(other, "SELECT 5 AS five") == [(5,)]
-            newest = fitted(name, f"{name}-Changed-2")
+            newest = f"{name}-Changed-2"
             run(fresh, f"ALTER USER {name} WITH PASSWORD '{newest}'")
             assert run(fresh, "SELECT 1 AS one") == [(1,)]
             refused((other, "SELECT 1"), "authenticate again", code=UNAUTHENTICATED)
@@ -948,7 +936,7 @@ def test_dropping_a_user_ends_its_sessions(tls_server, admin, user):
 
 def test_users_survive_a_restart_and_authentication_stays_on(tmp_path):
     data_dir = str(tmp_path / "data")
-    name, password = "survivor", fitted("survivor", "Survivor-Pass")
+    name, password = "survivor", "Survivor-Pass"
     table = "kept"
 
     def login(url, who, secret):
@@ -981,7 +969,7 @@ def test_users_survive_a_restart_and_authentication_stays_on(tmp_path):
                                       flight.FlightCallOptions(timeout=30))
         finally:
             plain.close()
-        refused(lambda: run(login(url, name, fitted(name, "wrong-password")), "SELECT 1"),
+        refused(lambda: run(login(url, name, "wrong-password"), "SELECT 1"),
                 INVALID_LOGIN, code=UNAUTHENTICATED)
         conn = login(url, name, password)
         try:
@@ -1000,7 +988,7 @@ def test_users_survive_a_restart_and_authentication_stays_on(tmp_path):
 
     # --user/--password only make the administrator at the first start: a later start with
     # another password changes nothing.
-    other_password = fitted(ADMIN, "another-admin-password")
+    other_password = "another-admin-password"
     with nyala_serve("--user", ADMIN, "--password", other_password, data_dir=data_dir) as (url, _):
         refused(lambda: run(login(url, ADMIN, other_password), "SELECT 1"), INVALID_LOGIN,
                 code=UNAUTHENTICATED)
@@ -1020,8 +1008,7 @@ def _get(url):
 
 def test_passwords_are_not_shown(tls_server, admin):
     name = unique("secretive")
-    secrets = [fitted(name, s) for s in ("Web-Ui-Secret-4711", "Web-Ui-Secret-4712",
-                                         "Web-Ui-Secret-4713")]
+    secrets = ["Web-Ui-Secret-4711", "Web-Ui-Secret-4712", "Web-Ui-Secret-4713"]
     run(admin, f"CREATE USER {name} WITH PASSWORD '{secrets[0]}'")
     run(admin, f"ALTER USER {name} WITH PASSWORD '{secrets[1]}'")
     run(admin, f"CREATE USER IF NOT EXISTS {name} WITH PASSWORD '{secrets[2]}'")

@@ -7,15 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
-import static org.junit.jupiter.api.Assertions.fail;
 
-import java.io.BufferedReader;
-import java.io.File;
-import java.io.IOException;
-import java.io.InputStreamReader;
-import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
-import java.nio.file.Path;
 import java.sql.Connection;
 import java.sql.DatabaseMetaData;
 import java.sql.Date;
@@ -31,15 +23,9 @@ import java.time.Instant;
 import java.time.LocalDate;
 import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.Comparator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.TimeUnit;
-import java.util.regex.Matcher;
-import java.util.regex.Pattern;
-import java.util.stream.Stream;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
@@ -47,71 +33,20 @@ import org.junit.jupiter.api.Test;
 /**
  * The Apache Arrow Flight SQL JDBC driver against a real {@code nyala serve} process.
  *
- * <p>The binary is $NYALA_BIN, else {@code debug/nyala} in $CARGO_TARGET_DIR (default
- * ~/.cache/nyala-target), else the repository's own target/. Each test uses its own tables, so
- * the tests share one server and one connection (the session test opens a second one). The
- * server's stderr goes to target/nyala-server.log.
+ * <p>The server is a {@link NyalaServerProcess} (which says where the binary comes from). Each
+ * test uses its own tables, so the tests share one server and one connection (the session test
+ * opens a second one). The server's stderr goes to target/nyala-server.log.
  */
 class NyalaJdbcTest {
-  private static final Pattern LISTENING = Pattern.compile("grpc://([^\\s:]+):(\\d+)");
-
-  private static Process server;
-  private static Path dataDir;
+  private static NyalaServerProcess server;
   private static String url;
   private static Connection conn;
 
   @BeforeAll
   static void startServer() throws Exception {
-    Path binary = nyalaBinary();
-    if (!Files.isExecutable(binary)) {
-      fail("no nyala binary at " + binary + ": build it or set NYALA_BIN");
-    }
-    dataDir = Files.createTempDirectory("nyala-jdbc-");
-    Path log = Path.of("target", "nyala-server.log").toAbsolutePath();
-    Files.createDirectories(log.getParent());
-    server =
-        new ProcessBuilder(
-                binary.toString(), "serve", "--data-dir", dataDir.toString(), "--listen", "127.0.0.1:0")
-            .redirectError(ProcessBuilder.Redirect.to(log.toFile()))
-            .start();
-
-    BufferedReader stdout =
-        new BufferedReader(new InputStreamReader(server.getInputStream(), StandardCharsets.UTF_8));
-    CompletableFuture<String> firstLine =
-        CompletableFuture.supplyAsync(
-            () -> {
-              try {
-                return stdout.readLine();
-              } catch (IOException e) {
-                return null;
-              }
-            });
-    String line;
-    try {
-      line = firstLine.get(60, TimeUnit.SECONDS);
-    } catch (Exception e) {
-      line = null;
-    }
-    Matcher m = line == null ? null : LISTENING.matcher(line);
-    if (m == null || !m.find()) {
-      stopServer();
-      fail("nyala serve did not start; first stdout line: " + line + " (stderr in " + log + ")");
-    }
-    // Keep draining stdout so the server never blocks on a full pipe.
-    Thread drain =
-        new Thread(
-            () -> {
-              try {
-                while (stdout.readLine() != null) {}
-              } catch (IOException ignored) {
-                // The server is gone.
-              }
-            },
-            "nyala-stdout");
-    drain.setDaemon(true);
-    drain.start();
-
-    url = "jdbc:arrow-flight-sql://" + m.group(1) + ":" + m.group(2) + "/?useEncryption=false";
+    server = NyalaServerProcess.start("nyala-server.log");
+    assertEquals("grpc", server.scheme, "the server must serve plaintext gRPC");
+    url = "jdbc:arrow-flight-sql://" + server.host + ":" + server.port + "/?useEncryption=false";
     conn = DriverManager.getConnection(url);
   }
 
@@ -126,35 +61,9 @@ class NyalaJdbcTest {
       conn = null;
     }
     if (server != null) {
-      server.destroy();
-      if (!server.waitFor(10, TimeUnit.SECONDS)) {
-        server.destroyForcibly();
-        server.waitFor(10, TimeUnit.SECONDS);
-      }
+      server.close();
       server = null;
     }
-    if (dataDir != null) {
-      try (Stream<Path> paths = Files.walk(dataDir)) {
-        paths.sorted(Comparator.reverseOrder()).map(Path::toFile).forEach(File::delete);
-      }
-      dataDir = null;
-    }
-  }
-
-  private static Path nyalaBinary() {
-    String explicit = System.getenv("NYALA_BIN");
-    if (explicit != null && !explicit.isEmpty()) {
-      return Path.of(explicit);
-    }
-    List<Path> candidates = new ArrayList<>();
-    String targetDir = System.getenv("CARGO_TARGET_DIR");
-    if (targetDir != null && !targetDir.isEmpty()) {
-      candidates.add(Path.of(targetDir, "debug", "nyala"));
-    }
-    candidates.add(Path.of(System.getProperty("user.home"), ".cache", "nyala-target", "debug", "nyala"));
-    // clients/java -> repository root.
-    candidates.add(Path.of("..", "..", "target", "debug", "nyala").toAbsolutePath().normalize());
-    return candidates.stream().filter(Files::exists).findFirst().orElse(candidates.get(0));
   }
 
   // ---------------------------------------------------------------------------------------------

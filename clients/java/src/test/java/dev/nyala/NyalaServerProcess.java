@@ -20,8 +20,8 @@ import java.util.stream.Stream;
  * A {@code nyala serve} process on a fresh data directory and a free port, for tests.
  *
  * <p>The binary is $NYALA_BIN, else {@code debug/nyala} in $CARGO_TARGET_DIR (default
- * ~/.cache/nyala-target), else the repository's own target/ (as {@link NyalaJdbcTest} finds it).
- * The server's stderr goes to {@code target/<logName>}; its stdout is drained so it never blocks.
+ * ~/.cache/nyala-target), else the repository's own target/. The server's stderr goes to
+ * {@code target/<logName>}; its stdout is drained so it never blocks.
  */
 final class NyalaServerProcess implements AutoCloseable {
   /** "Nyala listening on grpc://HOST:PORT and http://..." or, with TLS, "grpc+tls://HOST:PORT". */
