@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use nyala_storage::{
-    ScanIterator, ScanSpec, Schema, TabletOptions, Timestamp, WriteBatch, WriteOutcome,
+    ColumnRange, ScanIterator, ScanSpec, Schema, TabletOptions, Timestamp, WriteBatch, WriteOutcome,
 };
 
 use crate::catalog::TableInfo;
@@ -175,6 +175,12 @@ impl Tablets for LocalTablets {
             leader: "local".into(),
             replicas: 1,
         })
+    }
+
+    fn column_ranges(&self, id: &str) -> Vec<ColumnRange> {
+        self.0
+            .replica(id)
+            .map_or_else(|_| Vec::new(), |replica| replica.tablet().column_ranges())
     }
 
     fn shutdown(&self) -> Result<()> {

@@ -8,11 +8,12 @@
 use std::fmt;
 use std::sync::Arc;
 
+use arrow::array::ArrayRef;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::Statistics;
+use datafusion::common::{ScalarValue, Statistics};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
@@ -63,6 +64,15 @@ pub struct NyalaScanExec {
     snapshot: Option<Timestamp>,
     /// Set by `AS OF`: the snapshot is the user's, and the statement's does not replace it.
     as_of: bool,
+    /// The statistics of each partition and of all, worked out when the planner first asks.
+    statistics: Arc<std::sync::OnceLock<ScanStatistics>>,
+}
+
+/// A scan's statistics: per partition (tablet), and for the whole scan.
+#[derive(Debug)]
+struct ScanStatistics {
+    partitions: Vec<Arc<Statistics>>,
+    total: Arc<Statistics>,
 }
 
 /// The snapshot a statement reads at: the oldest safe snapshot of the tablets its Nyala scans
@@ -188,6 +198,7 @@ impl NyalaScanExec {
             tablets,
             snapshot: None,
             as_of: false,
+            statistics: Arc::default(),
         })
     }
 
@@ -216,6 +227,55 @@ impl NyalaScanExec {
         match &self.spec.projection {
             Some(p) => p.get(column).copied(),
             None => (column < self.schema.fields().len()).then_some(column),
+        }
+    }
+
+    /// Statistics of every tablet scanned, from the tablets' row counts and the ranges their
+    /// files record (all inexact: rows in memory and updates are not in the ranges; the scan's
+    /// predicates are not applied). A single-column primary key has as many values as rows.
+    fn compute_statistics(&self) -> ScanStatistics {
+        let columns = self.table_columns();
+        let unique_key = match self.table.schema.key_columns() {
+            [key] => Some(*key),
+            _ => None,
+        };
+        let inexact = |range: Option<&ArrayRef>| {
+            range
+                .and_then(|values| ScalarValue::try_from_array(values, 0).ok())
+                .map_or(Precision::Absent, Precision::Inexact)
+        };
+        let tablet = |b: usize| {
+            let rows = self.client.estimated_rows(&self.table, Some(b));
+            let ranges = self.client.column_ranges(&self.table, b);
+            let mut statistics = Statistics::new_unknown(&self.schema);
+            statistics.num_rows = Precision::Inexact(rows);
+            for (stats, c) in statistics.column_statistics.iter_mut().zip(&columns) {
+                if let Some(range) = ranges.get(*c) {
+                    stats.min_value = inexact(range.min.as_ref());
+                    stats.max_value = inexact(range.max.as_ref());
+                    stats.null_count = range
+                        .null_count
+                        .map_or(Precision::Absent, |n| Precision::Inexact(n as usize));
+                }
+                if unique_key == Some(*c) {
+                    stats.distinct_count = Precision::Inexact(rows);
+                }
+            }
+            Arc::new(statistics)
+        };
+        let partitions: Vec<Arc<Statistics>> = self.tablets.iter().map(|&b| tablet(b)).collect();
+        let mut total =
+            Statistics::try_merge_iter(partitions.iter().map(|s| s.as_ref()), &self.schema)
+                .unwrap_or_else(|_| Statistics::new_unknown(&self.schema));
+        // Tablets hold different keys: their distinct key values add up.
+        for (stats, c) in total.column_statistics.iter_mut().zip(&columns) {
+            if unique_key == Some(*c) {
+                stats.distinct_count = total.num_rows;
+            }
+        }
+        ScanStatistics {
+            partitions,
+            total: Arc::new(total),
         }
     }
 
@@ -451,22 +511,18 @@ impl ExecutionPlan for NyalaScanExec {
     }
 
     fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
-        // Row counts steer DataFusion's join planning: the smaller side is built, and a small
-        // build side is collected once (which lets runtime filters reach this scan).
-        let rows = match partition {
-            Some(p) => self
-                .tablets
+        // Row counts and column ranges steer DataFusion's join planning: the smaller side is
+        // built (a small build side is collected once, which lets runtime filters reach this
+        // scan), and join sizes are estimated from the keys' ranges.
+        let statistics = self.statistics.get_or_init(|| self.compute_statistics());
+        Ok(match partition {
+            Some(p) => statistics
+                .partitions
                 .get(p)
-                .map_or(0, |&b| self.client.estimated_rows(&self.table, Some(b))),
-            None => self
-                .tablets
-                .iter()
-                .map(|&b| self.client.estimated_rows(&self.table, Some(b)))
-                .sum(),
-        };
-        let mut statistics = Statistics::new_unknown(&self.schema);
-        statistics.num_rows = Precision::Inexact(rows);
-        Ok(Arc::new(statistics))
+                .cloned()
+                .unwrap_or_else(|| Arc::new(Statistics::new_unknown(&self.schema))),
+            None => statistics.total.clone(),
+        })
     }
 
     fn handle_child_pushdown_result(

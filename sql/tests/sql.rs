@@ -508,6 +508,25 @@ async fn joins_give_the_same_rows_with_and_without_runtime_filters() {
 }
 
 /// The `NyalaScanExec` line of `table` in an EXPLAIN output.
+/// Scans give DataFusion the row counts of their tablets and the value ranges and NULL counts
+/// their files record, for join planning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scans_report_column_ranges_from_their_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = load_join_tables(dir.path()).await;
+    run(&s, "SET datafusion.explain.show_statistics = true").await;
+    let plan = text(&s, "EXPLAIN SELECT k, n FROM big").await;
+    let line = scan_line(&plan, "big");
+    // Keys 0..14 999 are in files, the rest in memory (not counted in the ranges).
+    assert!(line.contains("Rows=Inexact(20000)"), "{line}");
+    assert!(
+        line.contains("Min=Inexact(Int64(0)) Max=Inexact(Int64(14999))"),
+        "{line}"
+    );
+    // n: NULL for every seventh value among the 15 000 rows in files.
+    assert!(line.contains("Null=Inexact(2143)"), "{line}");
+}
+
 fn scan_line<'a>(plan: &'a str, table: &str) -> &'a str {
     plan.lines()
         .find(|l| l.contains(&format!("NyalaScanExec: table={table},")))

@@ -23,6 +23,7 @@ mod write;
 
 pub use bloom::{FilterStats, JoinFilter, BLOOM_WARMUP_ROWS};
 pub use cache::KeyCache;
+pub use diskrowset::ColumnRange;
 pub use error::StorageError;
 pub use key::{encode_key_columns, encode_keys, format_key};
 pub use scan::{

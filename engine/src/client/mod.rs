@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use futures::future::join_all;
-use nyala_storage::{ScanIterator, ScanSpec, Timestamp, WriteBatch, WriteKind, WriteOutcome};
+use nyala_storage::{
+    ColumnRange, ScanIterator, ScanSpec, Timestamp, WriteBatch, WriteKind, WriteOutcome,
+};
 
 use crate::catalog::{Catalog, DdlOp, TableInfo, UserInfo, ViewInfo};
 use crate::{EngineError, Result};
@@ -310,6 +312,15 @@ impl Client {
             .filter_map(|t| self.tablets.stats(t).ok())
             .map(|s| s.estimated_rows)
             .sum()
+    }
+
+    /// What tablet number `tablet` of `table` knows of its columns' values (see
+    /// [`Tablets::column_ranges`]), by table column.
+    pub fn column_ranges(&self, table: &TableInfo, tablet: usize) -> Vec<ColumnRange> {
+        table
+            .tablets
+            .get(tablet)
+            .map_or_else(Vec::new, |id| self.tablets.column_ranges(id))
     }
 
     /// A snapshot at which every tablet of `table` has applied every write it will ever take

@@ -7,7 +7,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
-use nyala_storage::{ScanIterator, ScanSpec, StorageError, Timestamp, WriteBatch, WriteOutcome};
+use nyala_storage::{
+    ColumnRange, ScanIterator, ScanSpec, StorageError, Timestamp, WriteBatch, WriteOutcome,
+};
 
 use super::meta_cache::MetaCache;
 use crate::rpc::decode_rows;
@@ -65,6 +67,11 @@ pub trait Tablets: Send + Sync + 'static {
     async fn safe_snapshot(&self, id: &str) -> Result<Timestamp>;
     /// The size and shape of tablet `id` (in a cluster: as its leader last reported).
     fn stats(&self, id: &str) -> Result<TabletStats>;
+    /// What tablet `id`'s files say of its columns' values, for planning (empty: unknown; a
+    /// remote tablet's are not fetched).
+    fn column_ranges(&self, _id: &str) -> Vec<ColumnRange> {
+        Vec::new()
+    }
     /// Flushes and stops what this process holds of the tablets.
     fn shutdown(&self) -> Result<()> {
         Ok(())

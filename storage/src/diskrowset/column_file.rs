@@ -128,6 +128,7 @@ impl DiskRowSet {
             bytes: self.bytes,
             metadata: self.metadata.clone(),
             checksum: self.checksum,
+            ranges: Default::default(),
         }
     }
 

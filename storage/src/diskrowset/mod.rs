@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, BinaryArray, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
     RowSelector,
@@ -78,6 +79,79 @@ pub struct DiskRowSet {
     metadata: ArrowReaderMetadata,
     /// CRC32 of the file (None for files written before checksums were recorded).
     pub checksum: Option<u32>,
+    /// What the files' statistics say of each column, worked out when first asked.
+    ranges: std::sync::OnceLock<Vec<ColumnRange>>,
+}
+
+/// What Parquet statistics say of one column's values: its smallest and largest (one-element
+/// arrays of the column's type) and how many are NULL; None where the files do not say. They
+/// describe base data: updates kept in delta files may lie outside.
+#[derive(Clone, Debug, Default)]
+pub struct ColumnRange {
+    pub min: Option<ArrayRef>,
+    pub max: Option<ArrayRef>,
+    pub null_count: Option<u64>,
+}
+
+impl ColumnRange {
+    /// The range of a column's row groups in a file, from their statistics.
+    fn of_file(metadata: &ArrowReaderMetadata, position: usize) -> Self {
+        let schema = metadata.schema();
+        let Some(field) = schema.fields().get(position) else {
+            return Self::default();
+        };
+        let parquet = metadata.metadata();
+        let Ok(converter) = StatisticsConverter::try_new(
+            field.name(),
+            schema,
+            parquet.file_metadata().schema_descr(),
+        ) else {
+            return Self::default();
+        };
+        let groups = parquet.row_groups();
+        let extreme = |values: parquet::errors::Result<ArrayRef>, descending| {
+            values.ok().and_then(|v| extreme(&[v], descending))
+        };
+        let null_count = converter
+            .row_group_null_counts(groups)
+            .ok()
+            .filter(|counts| counts.null_count() == 0)
+            .map(|counts| counts.values().iter().sum());
+        Self {
+            min: extreme(converter.row_group_mins(groups), false),
+            max: extreme(converter.row_group_maxes(groups), true),
+            null_count,
+        }
+    }
+
+    /// The range of two sets of values together.
+    pub fn merge(&self, other: &ColumnRange) -> ColumnRange {
+        let both = |a: &Option<ArrayRef>, b: &Option<ArrayRef>, descending| match (a, b) {
+            (Some(a), Some(b)) => extreme(&[a.clone(), b.clone()], descending),
+            _ => None,
+        };
+        ColumnRange {
+            min: both(&self.min, &other.min, false),
+            max: both(&self.max, &other.max, true),
+            null_count: self.null_count.zip(other.null_count).map(|(a, b)| a + b),
+        }
+    }
+}
+
+/// The smallest (or with `descending` the largest) non-null value among `arrays`, as a
+/// one-element array; None if there is none, or a row group lacks the statistic.
+fn extreme(arrays: &[ArrayRef], descending: bool) -> Option<ArrayRef> {
+    if arrays.iter().any(|a| a.null_count() > 0) {
+        return None;
+    }
+    let refs: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
+    let values = arrow::compute::concat(&refs).ok()?;
+    let options = arrow::compute::SortOptions {
+        descending,
+        nulls_first: false,
+    };
+    let first = arrow::compute::sort_to_indices(&values, Some(options), Some(1)).ok()?;
+    (!first.is_empty()).then(|| arrow::compute::take(&values, &first, None).ok())?
 }
 
 /// The row counts of a file's row groups.
@@ -195,6 +269,7 @@ impl DiskRowSet {
             bytes,
             metadata,
             checksum: Some(checksum),
+            ranges: Default::default(),
         })
     }
 
@@ -252,6 +327,24 @@ impl DiskRowSet {
             bytes,
             metadata,
             checksum,
+            ranges: Default::default(),
+        })
+    }
+
+    /// What the statistics of its files say of each of the table's `columns` columns: from the
+    /// newest column file holding a column, else from the rowset's own file.
+    pub fn column_ranges(&self, columns: usize) -> &[ColumnRange] {
+        self.ranges.get_or_init(|| {
+            (0..columns)
+                .map(|c| {
+                    let newest = self.column_files.iter().rev().find_map(|f| {
+                        let position = f.meta.columns.iter().position(|&k| k as usize == c)?;
+                        Some((&f.metadata, position))
+                    });
+                    let (metadata, position) = newest.unwrap_or((&self.metadata, c));
+                    ColumnRange::of_file(metadata, position)
+                })
+                .collect()
         })
     }
 

@@ -42,7 +42,7 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 
 use crate::delta::{DeltaFile, DeltaMeta, RowsetDeltas};
-use crate::diskrowset::{ColumnFile, DiskRowSet};
+use crate::diskrowset::{ColumnFile, ColumnRange, DiskRowSet};
 use crate::memrowset::{MemRowSet, RowArena};
 use crate::rowset_tree::RowSetTree;
 use crate::KeyCache;
@@ -287,6 +287,20 @@ impl Tablet {
         let state = self.state.read();
         let frozen = state.frozen.as_ref().map_or(0, |f| f.len());
         state.mrs.len() + frozen + state.rowsets.iter().map(|r| r.num_rows()).sum::<usize>()
+    }
+
+    /// What the DiskRowSets' statistics say of each column's values (rows in memory are not
+    /// counted: an estimate for planning, never a bound to rely on).
+    pub fn column_ranges(&self) -> Vec<ColumnRange> {
+        let columns = self.schema().columns().len();
+        let state = self.state.read();
+        let mut rowsets = state.rowsets.iter().map(|r| r.column_ranges(columns));
+        let Some(first) = rowsets.next() else {
+            return Vec::new();
+        };
+        rowsets.fold(first.to_vec(), |merged, ranges| {
+            merged.iter().zip(ranges).map(|(a, b)| a.merge(b)).collect()
+        })
     }
 
     /// Memory the DiskRowSets hold for key lookups (packed keys and bloom filters, and the
