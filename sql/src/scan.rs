@@ -22,7 +22,10 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::filter_pushdown::{
     ChildPushdownResult, FilterPushdownPhase, FilterPushdownPropagation, PushedDown,
 };
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::statistics::StatisticsArgs;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
@@ -66,6 +69,9 @@ pub struct NyalaScanExec {
     as_of: bool,
     /// The statistics of each partition and of all, worked out when the planner first asks.
     statistics: Arc<std::sync::OnceLock<ScanStatistics>>,
+    /// The filters storage applies exactly (DataFusion does not filter again), over the
+    /// table's columns: they scale the statistics.
+    exact_filter: Option<Arc<dyn PhysicalExpr>>,
 }
 
 /// A scan's statistics: per partition (tablet), and for the whole scan.
@@ -199,7 +205,18 @@ impl NyalaScanExec {
             snapshot: None,
             as_of: false,
             statistics: Arc::default(),
+            exact_filter: None,
         })
+    }
+
+    /// This scan, whose statistics estimate what passes `filter` (over the table's columns):
+    /// the filters DataFusion left to storage alone.
+    pub fn with_exact_filter(self, filter: Option<Arc<dyn PhysicalExpr>>) -> Self {
+        Self {
+            exact_filter: filter,
+            statistics: Arc::default(),
+            ..self
+        }
     }
 
     /// The scan reading at `snapshot` whatever the statement's snapshot is.
@@ -234,7 +251,7 @@ impl NyalaScanExec {
     /// files record (all inexact: rows in memory and updates are not in the ranges; the scan's
     /// predicates are not applied). A single-column primary key has as many values as rows.
     fn compute_statistics(&self) -> ScanStatistics {
-        let columns = self.table_columns();
+        let full = self.table.schema.arrow_schema();
         let unique_key = match self.table.schema.key_columns() {
             [key] => Some(*key),
             _ => None,
@@ -247,35 +264,52 @@ impl NyalaScanExec {
         let tablet = |b: usize| {
             let rows = self.client.estimated_rows(&self.table, Some(b));
             let ranges = self.client.column_ranges(&self.table, b);
-            let mut statistics = Statistics::new_unknown(&self.schema);
+            let mut statistics = Statistics::new_unknown(&full);
             statistics.num_rows = Precision::Inexact(rows);
-            for (stats, c) in statistics.column_statistics.iter_mut().zip(&columns) {
-                if let Some(range) = ranges.get(*c) {
+            for (c, stats) in statistics.column_statistics.iter_mut().enumerate() {
+                if let Some(range) = ranges.get(c) {
                     stats.min_value = inexact(range.min.as_ref());
                     stats.max_value = inexact(range.max.as_ref());
                     stats.null_count = range
                         .null_count
                         .map_or(Precision::Absent, |n| Precision::Inexact(n as usize));
                 }
-                if unique_key == Some(*c) {
+                if unique_key == Some(c) {
                     stats.distinct_count = Precision::Inexact(rows);
                 }
             }
-            Arc::new(statistics)
+            statistics
         };
-        let partitions: Vec<Arc<Statistics>> = self.tablets.iter().map(|&b| tablet(b)).collect();
-        let mut total =
-            Statistics::try_merge_iter(partitions.iter().map(|s| s.as_ref()), &self.schema)
-                .unwrap_or_else(|_| Statistics::new_unknown(&self.schema));
+        let tablets: Vec<Statistics> = self.tablets.iter().map(|&b| tablet(b)).collect();
+        let mut total = Statistics::try_merge_iter(&tablets, &full)
+            .unwrap_or_else(|_| Statistics::new_unknown(&full));
         // Tablets hold different keys: their distinct key values add up.
-        for (stats, c) in total.column_statistics.iter_mut().zip(&columns) {
-            if unique_key == Some(*c) {
-                stats.distinct_count = total.num_rows;
-            }
+        if let Some(stats) = unique_key.and_then(|c| total.column_statistics.get_mut(c)) {
+            stats.distinct_count = total.num_rows;
         }
+        let columns = self.table_columns();
+        let finish = |statistics: Statistics| {
+            Arc::new(self.filtered(statistics, &full).project(Some(&columns)))
+        };
         ScanStatistics {
-            partitions,
-            total: Arc::new(total),
+            partitions: tablets.into_iter().map(finish).collect(),
+            total: finish(total),
+        }
+    }
+
+    /// `statistics` (over the table's columns) scaled by the filters storage applies exactly,
+    /// as DataFusion estimates a filter's.
+    fn filtered(&self, statistics: Statistics, full: &SchemaRef) -> Statistics {
+        let Some(filter) = &self.exact_filter else {
+            return statistics;
+        };
+        let input = Arc::new(EmptyExec::new(full.clone()));
+        let estimate = FilterExec::try_new(filter.clone(), input).and_then(|exec| {
+            exec.statistics_from_inputs(&[Arc::new(statistics.clone())], &StatisticsArgs::new())
+        });
+        match estimate {
+            Ok(estimate) => estimate.as_ref().clone(),
+            Err(_) => statistics,
         }
     }
 

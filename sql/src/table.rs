@@ -93,8 +93,8 @@ impl NyalaTable {
                 pushed.push(filter.human_display().to_string());
             }
         }
-        // DataFusion re-applies inexact filters above the scan, so a limit below them is only
-        // correct without filters.
+        // DataFusion re-applies inexact filters (those on parameters) above the scan, so a limit
+        // below them is only correct without filters.
         let limit = if filters.is_empty() { limit } else { None };
         let spec = ScanSpec {
             projection,
@@ -181,26 +181,29 @@ impl TableProvider for NyalaTable {
 
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(self.scan_exec(
-            projection.cloned(),
-            filters,
-            limit,
-        )?))
+        let scan = self.scan_exec(projection.cloned(), filters, limit)?;
+        Ok(Arc::new(
+            scan.with_exact_filter(self.exact_filter(state, filters)),
+        ))
     }
 
     fn supports_filters_pushdown(
         &self,
         filters: &[&Expr],
     ) -> Result<Vec<TableProviderFilterPushDown>> {
+        // Storage evaluates the filters it takes exactly, so DataFusion need not filter again;
+        // but a filter on a parameter may not convert once its value is bound (1.5 for an
+        // integer column), and then only DataFusion's own filter applies it.
         Ok(filters
             .iter()
             .map(
                 |f| match to_predicates(&self.table.schema, &with_sample_values(f)) {
+                    Some(_) if !has_placeholders(f) => TableProviderFilterPushDown::Exact,
                     Some(_) => TableProviderFilterPushDown::Inexact,
                     None => TableProviderFilterPushDown::Unsupported,
                 },
@@ -225,6 +228,45 @@ impl TableProvider for NyalaTable {
         };
         Ok(self.sink(input, kind))
     }
+}
+
+impl NyalaTable {
+    /// The filters storage takes, as one expression over the table's columns, for the scan's
+    /// statistics (None if there are none or it does not plan).
+    fn exact_filter(
+        &self,
+        state: &dyn Session,
+        filters: &[Expr],
+    ) -> Option<Arc<dyn datafusion::physical_expr::PhysicalExpr>> {
+        use datafusion::common::tree_node::{Transformed, TreeNode};
+        let pushed = filters
+            .iter()
+            .filter(|f| to_predicates(&self.table.schema, f).is_some())
+            .cloned()
+            .reduce(Expr::and)?;
+        // Filters name the table's columns qualified by the name the query gave it.
+        let unqualified = pushed
+            .transform(|e| match e {
+                Expr::Column(c) => Ok(Transformed::yes(Expr::Column(
+                    datafusion::common::Column::new_unqualified(c.name),
+                ))),
+                other => Ok(Transformed::no(other)),
+            })
+            .ok()?
+            .data;
+        let schema =
+            datafusion::common::DFSchema::try_from(self.table.schema.arrow_schema().as_ref().clone())
+                .ok()?;
+        state.create_physical_expr(unqualified, &schema).ok()
+    }
+}
+
+/// Whether `filter` holds a placeholder (`$1`).
+fn has_placeholders(filter: &Expr) -> bool {
+    use datafusion::common::tree_node::TreeNode;
+    filter
+        .exists(|e| Ok(matches!(e, Expr::Placeholder(_))))
+        .unwrap_or(true)
 }
 
 /// `filter` with each typed placeholder (`$1`) replaced by a value of its type: a prepared

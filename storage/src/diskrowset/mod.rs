@@ -124,16 +124,16 @@ impl ColumnRange {
         }
     }
 
-    /// The range of two sets of values together.
-    pub fn merge(&self, other: &ColumnRange) -> ColumnRange {
-        let both = |a: &Option<ArrayRef>, b: &Option<ArrayRef>, descending| match (a, b) {
-            (Some(a), Some(b)) => extreme(&[a.clone(), b.clone()], descending),
-            _ => None,
+    /// The range of several sets of values together.
+    pub fn merge_all<'a>(ranges: impl Iterator<Item = &'a ColumnRange>) -> ColumnRange {
+        let ranges: Vec<&ColumnRange> = ranges.collect();
+        let all = |pick: fn(&ColumnRange) -> &Option<ArrayRef>| {
+            ranges.iter().map(|r| pick(r).clone()).collect::<Option<Vec<ArrayRef>>>()
         };
         ColumnRange {
-            min: both(&self.min, &other.min, false),
-            max: both(&self.max, &other.max, true),
-            null_count: self.null_count.zip(other.null_count).map(|(a, b)| a + b),
+            min: all(|r| &r.min).and_then(|values| extreme(&values, false)),
+            max: all(|r| &r.max).and_then(|values| extreme(&values, true)),
+            null_count: ranges.iter().map(|r| r.null_count).sum(),
         }
     }
 }

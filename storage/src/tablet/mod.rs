@@ -124,6 +124,8 @@ pub struct Tablet {
     rewriting: Mutex<()>,
     /// Compactions run since the tablet was opened.
     compactions: std::sync::atomic::AtomicU64,
+    /// [`Tablet::column_ranges`] of the rowsets named (by address), kept until they change.
+    ranges: Mutex<Option<(Vec<usize>, Vec<ColumnRange>)>>,
 }
 
 struct State {
@@ -235,6 +237,7 @@ impl Tablet {
             dir: dir.to_path_buf(),
             options,
             compactions: Default::default(),
+            ranges: Mutex::default(),
             rewriting: Mutex::new(()),
             state: RwLock::new(State {
                 schema: Arc::new(meta.schema),
@@ -293,14 +296,22 @@ impl Tablet {
     /// counted: an estimate for planning, never a bound to rely on).
     pub fn column_ranges(&self) -> Vec<ColumnRange> {
         let columns = self.schema().columns().len();
-        let state = self.state.read();
-        let mut rowsets = state.rowsets.iter().map(|r| r.column_ranges(columns));
-        let Some(first) = rowsets.next() else {
-            return Vec::new();
+        let rowsets = self.state.read().rowsets.clone();
+        let names: Vec<usize> = rowsets.iter().map(|r| Arc::as_ptr(r) as usize).collect();
+        let mut cached = self.ranges.lock();
+        if let Some((_, ranges)) = cached.as_ref().filter(|(named, _)| *named == names) {
+            return ranges.clone();
+        }
+        let per_rowset: Vec<&[ColumnRange]> =
+            rowsets.iter().map(|r| r.column_ranges(columns)).collect();
+        let ranges = match per_rowset.is_empty() {
+            true => Vec::new(),
+            false => (0..columns)
+                .map(|c| ColumnRange::merge_all(per_rowset.iter().map(|r| &r[c])))
+                .collect(),
         };
-        rowsets.fold(first.to_vec(), |merged, ranges| {
-            merged.iter().zip(ranges).map(|(a, b)| a.merge(b)).collect()
-        })
+        *cached = Some((names, ranges.clone()));
+        ranges
     }
 
     /// Memory the DiskRowSets hold for key lookups (packed keys and bloom filters, and the
