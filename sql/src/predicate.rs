@@ -2,9 +2,10 @@
 //!
 //! Only simple conjuncts are converted: `col <op> literal` (either side), `BETWEEN`, `IN (list)`,
 //! `IS [NOT] NULL`. A literal is converted to the column's type only when the conversion is
-//! lossless (`int_col < 1.5` is not pushed: as an integer it would become `< 1`). Pushed filters
-//! are reported to DataFusion as inexact, so DataFusion still applies every filter above the scan;
-//! storage uses them to skip rows, rowsets and pages.
+//! lossless (`int_col < 1.5` is not pushed: as an integer it would become `< 1`). Storage
+//! evaluates pushed filters exactly (and uses them to skip rowsets and pages), so they are
+//! reported to DataFusion as exact and not applied again above the scan, except filters on
+//! parameters, whose bound values may not convert (see `NyalaTable::supports_filters_pushdown`).
 
 use std::sync::Arc;
 
