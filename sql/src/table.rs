@@ -254,9 +254,10 @@ impl NyalaTable {
             })
             .ok()?
             .data;
-        let schema =
-            datafusion::common::DFSchema::try_from(self.table.schema.arrow_schema().as_ref().clone())
-                .ok()?;
+        let schema = datafusion::common::DFSchema::try_from(
+            self.table.schema.arrow_schema().as_ref().clone(),
+        )
+        .ok()?;
         state.create_physical_expr(unqualified, &schema).ok()
     }
 }

@@ -47,7 +47,7 @@ impl PredicateOp {
         }
     }
 
-    fn is_join_filter(&self) -> bool {
+    pub(crate) fn is_join_filter(&self) -> bool {
         matches!(self, PredicateOp::JoinFilter { .. })
     }
 }

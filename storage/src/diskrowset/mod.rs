@@ -128,7 +128,10 @@ impl ColumnRange {
     pub fn merge_all<'a>(ranges: impl Iterator<Item = &'a ColumnRange>) -> ColumnRange {
         let ranges: Vec<&ColumnRange> = ranges.collect();
         let all = |pick: fn(&ColumnRange) -> &Option<ArrayRef>| {
-            ranges.iter().map(|r| pick(r).clone()).collect::<Option<Vec<ArrayRef>>>()
+            ranges
+                .iter()
+                .map(|r| pick(r).clone())
+                .collect::<Option<Vec<ArrayRef>>>()
         };
         ColumnRange {
             min: all(|r| &r.min).and_then(|values| extreme(&values, false)),

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
 use arrow::compute::kernels::cmp;
-use arrow::datatypes::{Schema as ArrowSchema, SchemaRef};
+use arrow::datatypes::{DataType, Schema as ArrowSchema, SchemaRef};
 use arrow::error::ArrowError;
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
@@ -102,16 +102,23 @@ impl DiskRowSet {
         predicates.retain(|p| {
             !matches!(&p.op, PredicateOp::JoinFilter { filter, check_bounds: false } if !filter.has_bloom())
         });
-        let mut builder = ParquetPushDecoderBuilder::new_with_metadata(metadata)
-            .with_projection(ProjectionMask::roots(
-                &parquet_schema,
-                columns.iter().copied(),
-            ))
-            .with_batch_size(batch_size.max(1));
+        let dictionaries = dictionary_columns(schema, &predicates);
+        let decoded = match dictionaries.is_empty() {
+            true => None,
+            false => as_dictionaries(&metadata, &dictionaries),
+        };
+        let mut builder =
+            ParquetPushDecoderBuilder::new_with_metadata(decoded.clone().unwrap_or(metadata))
+                .with_projection(ProjectionMask::roots(
+                    &parquet_schema,
+                    columns.iter().copied(),
+                ))
+                .with_batch_size(batch_size.max(1));
         if !skipped.is_empty() {
             builder = builder.with_row_selection(selection(skipped, start));
         }
         let mut reader = FileReader {
+            dictionaries: decoded.is_some(),
             path: self.path.clone(),
             file,
             decoder: None,
@@ -446,6 +453,93 @@ pub(crate) struct FileReader {
     /// and the ordinal of the next row decoded.
     hidden: Option<Vec<u32>>,
     next_ordinal: u64,
+    /// Whether string columns are decoded as dictionaries (to be cast back).
+    dictionaries: bool,
+}
+
+/// String columns that predicates test (but for join filters, which hash values): decoded as
+/// dictionaries, a predicate compares each distinct value once instead of every row's, and
+/// only the rows that pass are turned into strings.
+fn dictionary_columns(schema: &Schema, predicates: &[ColumnPredicate]) -> Vec<usize> {
+    let mut columns: Vec<usize> = predicates
+        .iter()
+        .map(|p| p.column)
+        .filter(|&c| {
+            schema.columns()[c].column_type == ColumnType::String
+                && predicates
+                    .iter()
+                    .all(|p| p.column != c || !p.op.is_join_filter())
+        })
+        .collect();
+    columns.sort_unstable();
+    columns.dedup();
+    columns
+}
+
+/// `metadata` with the string columns `columns` (positions in the file) read as dictionaries;
+/// None if the reader cannot be told so.
+fn as_dictionaries(
+    metadata: &ArrowReaderMetadata,
+    columns: &[usize],
+) -> Option<ArrowReaderMetadata> {
+    let arrow = metadata.schema();
+    let fields: Vec<arrow::datatypes::Field> = (arrow.fields().iter().enumerate())
+        .map(
+            |(i, f)| match columns.contains(&i) && f.data_type() == &DataType::Utf8 {
+                true => f.as_ref().clone().with_data_type(DataType::Dictionary(
+                    Box::new(DataType::Int32),
+                    Box::new(DataType::Utf8),
+                )),
+                false => f.as_ref().clone(),
+            },
+        )
+        .collect();
+    let schema = Arc::new(ArrowSchema::new_with_metadata(
+        fields,
+        arrow.metadata().clone(),
+    ));
+    let options = parquet::arrow::arrow_reader::ArrowReaderOptions::new().with_schema(schema);
+    ArrowReaderMetadata::try_new(metadata.metadata().clone(), options).ok()
+}
+
+/// `batch` with its dictionary columns cast back to their values' type.
+fn without_dictionaries(batch: RecordBatch) -> Result<RecordBatch, StorageError> {
+    let schema = batch.schema();
+    if !schema
+        .fields()
+        .iter()
+        .any(|f| matches!(f.data_type(), DataType::Dictionary(..)))
+    {
+        return Ok(batch);
+    }
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        match field.data_type() {
+            DataType::Dictionary(_, values) => {
+                columns.push(arrow::compute::cast(column, values)?);
+                fields.push(
+                    field
+                        .as_ref()
+                        .clone()
+                        .with_data_type(values.as_ref().clone()),
+                );
+            }
+            _ => {
+                columns.push(column.clone());
+                fields.push(field.as_ref().clone());
+            }
+        }
+    }
+    let schema = Arc::new(ArrowSchema::new_with_metadata(
+        fields,
+        schema.metadata().clone(),
+    ));
+    Ok(RecordBatch::try_new_with_options(
+        schema,
+        columns,
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )?)
 }
 
 impl FileReader {
@@ -568,10 +662,13 @@ impl FileReader {
     fn next_unguarded(&mut self) -> Option<Result<RecordBatch, StorageError>> {
         loop {
             if let Some(batch) = self.current.as_mut().and_then(Iterator::next) {
+                let batch = batch.map_err(StorageError::from);
                 return Some(
-                    batch
-                        .map_err(StorageError::from)
-                        .and_then(|b| self.drop_hidden(b)),
+                    match self.dictionaries {
+                        true => batch.and_then(without_dictionaries),
+                        false => batch,
+                    }
+                    .and_then(|b| self.drop_hidden(b)),
                 );
             }
             self.current = None;
