@@ -69,8 +69,9 @@ pub struct NyalaScanExec {
     as_of: bool,
     /// The statistics of each partition and of all, worked out when the planner first asks.
     statistics: Arc<std::sync::OnceLock<ScanStatistics>>,
-    /// The filters storage applies exactly (DataFusion does not filter again), over the
-    /// table's columns: they scale the statistics.
+    /// The filters storage applies, over the table's columns: they scale the statistics.
+    /// (Most are exact and DataFusion does not filter again; one on a parameter it does, and
+    /// its selectivity then counts twice in the estimate.)
     exact_filter: Option<Arc<dyn PhysicalExpr>>,
 }
 

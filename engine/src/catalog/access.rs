@@ -133,7 +133,7 @@ impl UserInfo {
 }
 
 /// Shortest password accepted.
-pub const MIN_PASSWORD_CHARS: usize = 8;
+const MIN_PASSWORD_CHARS: usize = 8;
 
 /// `password`'s salted Argon2id hash (PHC string).
 pub fn hash_password(password: &str) -> Result<String> {

@@ -13,7 +13,7 @@ use crate::partition::{PartitionSchema, RangeSpec};
 use crate::Result;
 
 mod access;
-pub use access::{hash_password, Access, Privilege, UserInfo, MIN_PASSWORD_CHARS};
+pub use access::{hash_password, Access, Privilege, UserInfo};
 
 pub type TableId = String;
 
