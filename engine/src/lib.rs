@@ -34,7 +34,7 @@ pub mod rpc;
 pub mod tserver;
 
 pub use catalog::{Access, ColumnChange, DdlOp, Privilege, TableId, TableInfo, UserInfo, ViewInfo};
-pub use client::{Client, TableHandle, TabletStats, WriteError, Written};
+pub use client::{Client, TableHandle, TabletStats, Transaction, WriteError, Written};
 pub use error::EngineError;
 pub use nyala_storage as storage;
 pub use partition::{BoundSpec, HashLevel, PartitionSchema, RangeSpec};

@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::transaction::TxnSlot;
 use arrow::datatypes::SchemaRef;
 use datafusion::catalog::{CatalogProvider, MemoryCatalogProvider};
 use datafusion::execution::SessionStateBuilder;
@@ -92,6 +93,7 @@ impl Database {
 
     /// A new SQL session over this database.
     pub fn session(self: &Arc<Self>) -> Session {
+        let txn = Arc::new(TxnSlot::default());
         let config = SessionConfig::new()
             .with_default_catalog_and_schema(CATALOG_NAME, SCHEMA_NAME)
             .with_create_default_catalog_and_schema(false)
@@ -99,7 +101,8 @@ impl Database {
             // Tablets are the unit of scan parallelism: a scan-only plan keeps one partition per
             // tablet, so Flight SQL can hand each tablet to a separate reader.
             .with_round_robin_repartition(false)
-            .with_option_extension(NyalaOptions::default());
+            .with_option_extension(NyalaOptions::default())
+            .with_extension(txn.clone());
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
@@ -138,6 +141,7 @@ impl Database {
             db: self.clone(),
             ctx,
             principal,
+            txn,
         }
     }
 

@@ -43,6 +43,7 @@ use nyala_engine::{Client, EngineError, TableHandle, Written};
 use nyala_storage::{Timestamp, WriteKind};
 
 use crate::table::NyalaTable;
+use crate::transaction::TxnSlot;
 
 #[derive(Debug)]
 pub struct NyalaSink {
@@ -89,9 +90,9 @@ impl DataSink for NyalaSink {
     async fn write_all(
         &self,
         data: SendableRecordBatchStream,
-        _context: &Arc<TaskContext>,
+        context: &Arc<TaskContext>,
     ) -> Result<u64> {
-        match self.write_statement(data, None).await? {
+        match self.write_statement(data, None, context).await? {
             Outcome::Written(rows) => Ok(rows),
             // Unconditional writes have no conflicts.
             Outcome::Conflict => Err(DataFusionError::Internal(format!(
@@ -125,7 +126,27 @@ impl NyalaSink {
         &self,
         mut data: SendableRecordBatchStream,
         unchanged_since: Option<Timestamp>,
+        context: &TaskContext,
     ) -> Result<Outcome> {
+        if let Some(txn) = TxnSlot::of(context) {
+            // In the session's transaction: written when all rows are known (the statement's
+            // reads of the table do not see its own writes), at the transaction's snapshot.
+            let mut batches = Vec::new();
+            loop {
+                match self.next_batch(&mut data).await {
+                    Ok(Some(batch)) => batches.push(batch),
+                    Ok(None) => break,
+                    Err(e) => {
+                        txn.fail(&e.strip_backtrace()).await;
+                        return Err(e);
+                    }
+                }
+            }
+            let rows = txn
+                .write(&self.table, self.kind, batches, self.verb())
+                .await?;
+            return Ok(Outcome::Written(rows));
+        }
         let Some(first) = self.next_batch(&mut data).await? else {
             return Ok(Outcome::Written(0));
         };

@@ -40,6 +40,7 @@ pub mod settings;
 mod show;
 pub mod statement;
 mod table;
+mod transaction;
 mod update_from;
 
 pub use access::{redact_passwords, Login};

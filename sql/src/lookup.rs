@@ -24,6 +24,7 @@ use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::ScalarValue;
 use datafusion::datasource::source_as_provider;
 use datafusion::error::DataFusionError;
+use datafusion::execution::TaskContext;
 use datafusion::logical_expr::utils::split_conjunction;
 use datafusion::logical_expr::{BinaryExpr, Expr, LogicalPlan, Operator};
 use nyala_engine::{Client, TableHandle};
@@ -362,8 +363,11 @@ impl BoundMutation {
             };
             let rows = self.rows(keys)?;
             let sink = sink(rows.schema());
+            // Never in a transaction (the session plans those through DataFusion).
+            let outside_transactions = TaskContext::default();
+            let rows = stream_of(rows.schema(), vec![rows])?;
             match sink
-                .write_statement(stream_of(rows.schema(), vec![rows])?, Some(snapshot))
+                .write_statement(rows, Some(snapshot), &outside_transactions)
                 .await?
             {
                 Outcome::Written(rows) => return Ok(rows),

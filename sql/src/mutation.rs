@@ -91,7 +91,7 @@ impl ConditionalMutationExec {
         for restart in 0..=MAX_RESTARTS {
             let snapshot = read_snapshot(&plan, self.sink.table_id());
             let rows = execute_stream(plan, context.clone())?;
-            match self.sink.write_statement(rows, snapshot).await? {
+            match self.sink.write_statement(rows, snapshot, &context).await? {
                 Outcome::Written(rows) => return Ok(rows),
                 Outcome::Conflict if restart == MAX_RESTARTS => break,
                 Outcome::Conflict => {}

@@ -21,7 +21,7 @@ use futures::TryStreamExt;
 use crate::limits::limited;
 use crate::lookup::{BoundLookup, BoundMutation};
 use crate::results::{count_batch, count_schema, empty_schema, no_rows, one_stream, stream_of};
-use crate::session::Session;
+use crate::session::{Session, TxnControl};
 use crate::statement::{CreateTableSpec, Ddl};
 use crate::{scan, settings};
 use crate::{Result, SqlError};
@@ -64,6 +64,8 @@ pub(crate) enum Action {
     Rows(RecordBatch),
     /// `SET name = value`, applied to the session when run.
     Setting(LogicalPlan),
+    /// `BEGIN`, `COMMIT` or `ROLLBACK`.
+    Transaction(TxnControl),
     /// A prepared query that reads one row by its whole primary key ([`crate::lookup`]).
     Lookup(BoundLookup),
     /// A prepared UPDATE or DELETE of one row by its whole primary key ([`crate::lookup`]).
@@ -79,7 +81,7 @@ impl PlannedStatement {
     /// Schema of the result stream: `count: UInt64` for DML, no columns for DDL and SET.
     pub fn schema(&self) -> SchemaRef {
         match &self.action {
-            Action::Ddl(_) | Action::Setting(_) => empty_schema(),
+            Action::Ddl(_) | Action::Setting(_) | Action::Transaction(_) => empty_schema(),
             Action::CreateTableAs { .. } | Action::KeyMutation(_) => count_schema(),
             Action::Rows(batch) => batch.schema(),
             Action::Lookup(lookup) => lookup.schema(),
@@ -102,6 +104,11 @@ impl PlannedStatement {
                 && children.len() == 1
                 && partitions(children[0]) == partitions(plan)
                 && scan_only(children[0])
+        }
+        // In a transaction, the statement runs whole in its session (which holds the rows
+        // the transaction wrote).
+        if self.session.in_transaction() {
+            return None;
         }
         match &self.action {
             Action::Plan(plan) if self.kind == StatementKind::Query && scan_only(plan) => {
@@ -133,7 +140,7 @@ impl PlannedStatement {
             (Action::Plan(plan), Some(n)) if partition < n => {
                 let plan = match snapshot {
                     Some(ts) => scan::with_snapshot(plan.clone(), scan::returned_snapshot(ts)?)?,
-                    None => scan::pin_snapshot(plan.clone()).await?,
+                    None => self.session.pin(plan.clone()).await?,
                 };
                 run(&self.session, plan, Some(partition), true).await
             }
@@ -147,7 +154,7 @@ impl PlannedStatement {
     pub async fn execute_query(&self) -> Result<SendableRecordBatchStream> {
         match (&self.action, self.kind) {
             (Action::Plan(plan), StatementKind::Query) => {
-                let plan = scan::pin_snapshot(plan.clone()).await?;
+                let plan = self.session.pin(plan.clone()).await?;
                 run(&self.session, plan, None, true).await
             }
             (Action::Rows(batch), _) => one_stream(vec![batch.clone()]),
@@ -165,7 +172,32 @@ impl PlannedStatement {
         if self.kind == StatementKind::Query {
             return self.execute_query().await;
         }
+        if let Some(txn) = self.session.transaction() {
+            let ddl = matches!(self.action, Action::Ddl(_) | Action::CreateTableAs { .. });
+            if ddl && txn.has_written() {
+                return Err(SqlError::NotSupported(
+                    "DDL in a transaction that has written rows (DDL is not transactional: \
+                     COMMIT or ROLLBACK first)"
+                        .into(),
+                ));
+            }
+            if matches!(self.action, Action::CreateTableAs { .. }) {
+                return Err(SqlError::NotSupported(
+                    "CREATE TABLE ... AS SELECT inside a transaction".into(),
+                ));
+            }
+        }
         match self.action {
+            Action::Transaction(control) => {
+                match control {
+                    TxnControl::Begin { read_only } => {
+                        self.session.begin(read_only)?;
+                    }
+                    TxnControl::Commit => self.session.commit().await?,
+                    TxnControl::Rollback => self.session.rollback().await,
+                }
+                no_rows()
+            }
             Action::Ddl(ddl) => {
                 let user = self.session.user();
                 let own_password =
@@ -190,7 +222,7 @@ impl PlannedStatement {
                 no_rows()
             }
             Action::Plan(plan) => {
-                let plan = scan::pin_snapshot(plan).await?;
+                let plan = self.session.pin(plan).await?;
                 // DML is applied entirely before the statement returns; it does not wait
                 // behind queries for a turn.
                 let stream = run(&self.session, plan, None, false).await?;

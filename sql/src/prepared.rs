@@ -191,6 +191,10 @@ impl Session {
         params: &[ScalarValue],
     ) -> Result<PlannedStatement> {
         self.authorize(&prepared.needs)?;
+        if let Template::Logical { .. } = prepared.template {
+            // (Text statements are checked when drafted: COMMIT and ROLLBACK always run.)
+            self.check_transaction()?;
+        }
         match &prepared.template {
             Template::Logical {
                 plan,
@@ -200,7 +204,12 @@ impl Session {
                 mutation,
                 physical,
             } if self.is_current(tables) => {
-                if let Some(Some(bound)) = mutation.as_ref().map(|m| m.bind(params)).transpose()? {
+                // The key paths read and write outside DataFusion's plans, where a
+                // transaction's snapshot and rows are not.
+                let keyed = !self.in_transaction();
+                let mutation = mutation.as_ref().filter(|_| keyed);
+                let lookup = lookup.as_ref().filter(|_| keyed);
+                if let Some(Some(bound)) = mutation.map(|m| m.bind(params)).transpose()? {
                     return Ok(PlannedStatement {
                         kind: StatementKind::Dml,
                         session: self.clone(),
@@ -214,7 +223,7 @@ impl Session {
                         action: Action::Plan(physical.clone()),
                     });
                 }
-                if let Some(Some(bound)) = lookup.as_ref().map(|l| l.bind(params)).transpose()? {
+                if let Some(Some(bound)) = lookup.map(|l| l.bind(params)).transpose()? {
                     return Ok(PlannedStatement {
                         kind: StatementKind::Query,
                         session: self.clone(),

@@ -36,6 +36,7 @@ use nyala_storage::{ScanSpec, Timestamp};
 
 use crate::predicate::physical_to_predicates;
 use crate::runtime_filter::{RuntimeFilter, RuntimeFilterMode};
+use crate::transaction::TxnSlot;
 
 /// Longest dynamic filter text shown by EXPLAIN (IN lists from joins can be long).
 const MAX_FILTER_TEXT: usize = 200;
@@ -478,7 +479,7 @@ impl ExecutionPlan for NyalaScanExec {
     fn execute(
         &self,
         partition: usize,
-        _context: Arc<TaskContext>,
+        context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let client = self.client.clone();
         let table = self.table.clone();
@@ -506,13 +507,36 @@ impl ExecutionPlan for NyalaScanExec {
             self.table.schema.clone(),
             self.table_columns(),
         );
+        // In a transaction that wrote the table, its rows replace the stored ones.
+        let overlay = match self.as_of {
+            true => None,
+            false => TxnSlot::of(&context).and_then(|txn| txn.overlay(&self.table.id)),
+        };
+        let schema = self.schema.clone();
         // The scan starts at the first poll, once the runtime filters it waits for are built.
         let batches = futures::stream::once(async move {
             let spec = filters.await?;
             let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL_DEPTH);
+            let (spec, overlay) = match overlay {
+                None => (spec, None),
+                Some(overlay) => {
+                    // The transaction's rows go out with the first partition.
+                    let own = match partition {
+                        0 => overlay.rows_matching(&table, &spec, &schema)?,
+                        _ => None,
+                    };
+                    let (spec, asked) = overlay.widen(&table, spec);
+                    (spec, Some((overlay, asked, own)))
+                }
+            };
             // Opening a scan may wait (for writes and transactions below its snapshot), so it
             // happens on the blocking thread too.
             tokio::task::spawn_blocking(move || {
+                if let Some(own) = overlay.as_ref().and_then(|(_, _, own)| own.clone()) {
+                    if tx.blocking_send(Ok(own)).is_err() {
+                        return;
+                    }
+                }
                 let scan = match client.scan_tablet(&table, tablet, spec, snapshot) {
                     Ok(scan) => scan,
                     Err(e) => {
@@ -521,7 +545,10 @@ impl ExecutionPlan for NyalaScanExec {
                     }
                 };
                 for batch in scan {
-                    let batch = batch.map_err(|e| DataFusionError::External(Box::new(e)));
+                    let mut batch = batch.map_err(|e| DataFusionError::External(Box::new(e)));
+                    if let (Some((overlay, asked, _)), Ok(stored)) = (&overlay, &batch) {
+                        batch = overlay.hide_replaced(&table, stored.clone(), *asked);
+                    }
                     let failed = batch.is_err();
                     // The receiver is gone when the query was cancelled or finished early (LIMIT).
                     if tx.blocking_send(batch).is_err() || failed {

@@ -14,6 +14,7 @@ use datafusion::common::tree_node::{TreeNodeRecursion, TreeNodeVisitor};
 use datafusion::common::ScalarValue;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder, Statement};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{Ident, ObjectName, Statement as SqlStatement, TableObject};
@@ -27,7 +28,8 @@ use crate::planned::{statement_kind, Action, PlannedStatement, StatementKind};
 use crate::prepared::Draft;
 use crate::settings::{self, NyalaOptions};
 use crate::statement::{object_name, Ddl, NyalaStatement};
-use crate::{as_of, catalog, dml};
+use crate::transaction::{OpenTxn, TxnSlot};
+use crate::{as_of, catalog, dml, scan};
 use crate::{Result, SqlError};
 
 /// A SQL session: DataFusion session state plus access to the database.
@@ -37,6 +39,8 @@ pub struct Session {
     pub(crate) ctx: SessionContext,
     /// Who the session runs as (see [`crate::access`]).
     pub(crate) principal: Arc<Principal>,
+    /// The transaction `BEGIN` opened, if any (see [`crate::transaction`]).
+    pub(crate) txn: Arc<TxnSlot>,
 }
 
 impl Session {
@@ -105,6 +109,13 @@ impl Session {
     /// `sql` parsed, checked against the session's privileges, and drafted; what it needs.
     pub(crate) async fn authorized_draft(&self, sql: &str) -> Result<(Requirements, Draft)> {
         let statement = NyalaParser::parse_sql(sql)?;
+        let controls_txn = match &statement {
+            NyalaStatement::DataFusion(s) => TxnControl::of(s)?.is_some(),
+            _ => false,
+        };
+        if !controls_txn {
+            self.check_transaction()?;
+        }
         // Its walks recurse as deep as the statement nests (up to the parser's limit): a long
         // statement may nest deep, so it is walked on a stack of its own.
         let needs = match sql.len() > REQUIREMENTS_ON_OWN_STACK {
@@ -135,6 +146,11 @@ impl Session {
                 action,
             }))
         };
+        if let NyalaStatement::DataFusion(statement) = &statement {
+            if let Some(control) = TxnControl::of(statement)? {
+                return planned(StatementKind::Ddl, Action::Transaction(control));
+            }
+        }
         match statement {
             NyalaStatement::Ddl(Ddl::CreateView {
                 name,
@@ -308,9 +324,128 @@ impl Session {
         Ok(())
     }
 
+    /// The transaction in progress in this session, if any.
+    pub(crate) fn transaction(&self) -> Option<Arc<OpenTxn>> {
+        self.txn.current()
+    }
+
+    /// Whether a transaction is in progress in this session.
+    pub fn in_transaction(&self) -> bool {
+        self.txn.current().is_some()
+    }
+
+    /// The id of the transaction in progress in this session, if any.
+    pub fn transaction_id(&self) -> Option<u64> {
+        self.txn.current().map(|t| t.id())
+    }
+
+    /// An error if a statement may not run now: the transaction in progress failed.
+    pub(crate) fn check_transaction(&self) -> Result<()> {
+        match self.txn.current() {
+            Some(txn) => txn.check_usable(),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts a transaction (`BEGIN`); returns its id.
+    pub fn begin(&self, read_only: bool) -> Result<u64> {
+        self.txn.begin(&self.db.client, read_only)
+    }
+
+    /// Commits the transaction in progress (`COMMIT`); without one, does nothing.
+    pub async fn commit(&self) -> Result<()> {
+        match self.txn.take() {
+            Some(txn) => txn.commit().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Rolls the transaction in progress back (`ROLLBACK`); without one, does nothing.
+    pub async fn rollback(&self) {
+        if let Some(txn) = self.txn.take() {
+            txn.rollback().await;
+        }
+    }
+
+    /// `plan` with every scan reading at the statement's snapshot: the transaction's, in one.
+    pub(crate) async fn pin(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        let Some(txn) = self.txn.current() else {
+            return Ok(scan::pin_snapshot(plan).await?);
+        };
+        let snapshot = match txn.snapshot() {
+            Some(snapshot) => snapshot,
+            None => match scan::statement_snapshot(&plan).await? {
+                Some(snapshot) => txn.snapshot_or(snapshot),
+                None => return Ok(plan),
+            },
+        };
+        Ok(scan::with_snapshot(plan, snapshot)?)
+    }
+
     /// The DataFusion context, for metadata queries (catalogs, schemas, tables).
     pub fn context(&self) -> &SessionContext {
         &self.ctx
+    }
+}
+
+/// `BEGIN`, `COMMIT` and `ROLLBACK`: statements that start and end transactions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TxnControl {
+    Begin { read_only: bool },
+    Commit,
+    Rollback,
+}
+
+impl TxnControl {
+    /// The transaction statement `statement` is (None: it is another kind of statement);
+    /// an error for the forms Nyala does not support.
+    fn of(statement: &SqlStatement) -> Result<Option<Self>> {
+        use datafusion::sql::sqlparser::ast::{
+            TransactionAccessMode, TransactionIsolationLevel, TransactionMode,
+        };
+        Ok(Some(match statement {
+            SqlStatement::StartTransaction {
+                modes, statements, ..
+            } => {
+                if !statements.is_empty() {
+                    return Err(SqlError::NotSupported("BEGIN ... END blocks".into()));
+                }
+                let mut read_only = false;
+                for mode in modes {
+                    match mode {
+                        TransactionMode::AccessMode(TransactionAccessMode::ReadOnly) => {
+                            read_only = true
+                        }
+                        TransactionMode::AccessMode(TransactionAccessMode::ReadWrite) => {}
+                        TransactionMode::IsolationLevel(
+                            TransactionIsolationLevel::RepeatableRead
+                            | TransactionIsolationLevel::Snapshot,
+                        ) => {}
+                        TransactionMode::IsolationLevel(level) => {
+                            return Err(SqlError::NotSupported(format!(
+                                "ISOLATION LEVEL {level}: transactions run at REPEATABLE READ \
+                                 (snapshot isolation)"
+                            )))
+                        }
+                    }
+                }
+                TxnControl::Begin { read_only }
+            }
+            SqlStatement::Commit { chain: false, .. } => TxnControl::Commit,
+            SqlStatement::Rollback {
+                chain: false,
+                savepoint: None,
+            } => TxnControl::Rollback,
+            SqlStatement::Commit { .. } | SqlStatement::Rollback { .. } => {
+                return Err(SqlError::NotSupported(
+                    "COMMIT/ROLLBACK AND CHAIN and savepoints".into(),
+                ))
+            }
+            SqlStatement::Savepoint { .. } | SqlStatement::ReleaseSavepoint { .. } => {
+                return Err(SqlError::NotSupported("savepoints".into()))
+            }
+            _ => return Ok(None),
+        }))
     }
 }
 

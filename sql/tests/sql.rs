@@ -1736,3 +1736,132 @@ async fn views_are_named_queries_kept_in_the_catalog() {
     assert!(text(&s, "SELECT count(*) FROM cpu").await.contains("| 1 "));
     drop(db);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_see_their_snapshot_and_their_own_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s1) = open(dir.path()).await;
+    let s2 = db.session();
+    run(
+        &s1,
+        "CREATE TABLE acct (id BIGINT, owner STRING, balance BIGINT, PRIMARY KEY (id)) \
+         DISTRIBUTE BY HASH (id) INTO 4 BUCKETS",
+    )
+    .await;
+    run(
+        &s1,
+        "INSERT INTO acct VALUES (1, 'a', 100), (2, 'b', 100), (3, 'c', 100)",
+    )
+    .await;
+    let total = "SELECT sum(balance) AS total, count(*) AS n FROM acct";
+
+    run(&s1, "BEGIN").await;
+    run(&s1, "UPDATE acct SET balance = balance - 30 WHERE id = 1").await;
+    run(&s1, "UPDATE acct SET balance = balance + 30 WHERE id = 2").await;
+    run(&s1, "INSERT INTO acct VALUES (4, 'd', 0)").await;
+    run(&s1, "DELETE FROM acct WHERE id = 3").await;
+    // Its own writes, through filters, projections without the key, and aggregates.
+    let rich = text(
+        &s1,
+        "SELECT owner, balance FROM acct WHERE balance >= 70 ORDER BY owner",
+    );
+    let rich = rich.await;
+    assert!(
+        rich.contains("| a     | 70      |\n| b     | 130     |\n+"),
+        "{rich}"
+    );
+    assert!(text(&s1, total).await.contains("| 200   | 3 |"));
+    // Nobody else sees them before the commit.
+    assert!(text(&s2, total).await.contains("| 300   | 3 |"));
+    run(&s1, "COMMIT").await;
+    assert!(text(&s2, total).await.contains("| 200   | 3 |"));
+    assert_eq!(
+        text(&s2, "SELECT id, balance FROM acct ORDER BY id").await,
+        text(&s1, "SELECT id, balance FROM acct ORDER BY id").await
+    );
+
+    // ROLLBACK leaves nothing.
+    run(&s1, "START TRANSACTION").await;
+    run(&s1, "UPSERT INTO acct VALUES (1, 'a', 0), (5, 'e', 7)").await;
+    assert!(text(&s1, total).await.contains("| 137   | 4 |"));
+    run(&s1, "ROLLBACK").await;
+    assert!(text(&s1, total).await.contains("| 200   | 3 |"));
+
+    // A snapshot: what others commit after the transaction's first read is not seen.
+    run(&s1, "BEGIN").await;
+    assert!(text(&s1, total).await.contains("| 200   | 3 |"));
+    run(&s2, "INSERT INTO acct VALUES (6, 'f', 1)").await;
+    assert!(text(&s1, total).await.contains("| 200   | 3 |"));
+    run(&s1, "COMMIT").await;
+    assert!(text(&s1, total).await.contains("| 201   | 4 |"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_writer_wins_and_failed_transactions_roll_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s1) = open(dir.path()).await;
+    let s2 = db.session();
+    run(
+        &s1,
+        "CREATE TABLE kv (k BIGINT, v BIGINT, PRIMARY KEY (k)) DISTRIBUTE BY HASH (k) INTO 2 BUCKETS",
+    )
+    .await;
+    run(&s1, "INSERT INTO kv VALUES (1, 10), (2, 20)").await;
+
+    // Two transactions update one row: the second fails with a retryable error.
+    run(&s1, "BEGIN").await;
+    run(&s2, "BEGIN").await;
+    run(&s1, "UPDATE kv SET v = v + 1 WHERE k = 1").await;
+    let e = error(&s2, "UPDATE kv SET v = v + 100 WHERE k = 1").await;
+    assert!(e.contains("could not serialize access"), "{e}");
+    let e = error(&s2, "SELECT * FROM kv").await;
+    assert!(e.contains("ROLLBACK"), "{e}");
+    run(&s2, "ROLLBACK").await;
+    run(&s1, "COMMIT").await;
+    assert!(text(&s2, "SELECT v FROM kv WHERE k = 1")
+        .await
+        .contains("| 11 |"));
+
+    // A row committed by another after the snapshot cannot be overwritten.
+    run(&s1, "BEGIN").await;
+    assert!(text(&s1, "SELECT v FROM kv WHERE k = 2")
+        .await
+        .contains("| 20 |"));
+    run(&s2, "UPDATE kv SET v = 21 WHERE k = 2").await;
+    let e = error(&s1, "UPSERT INTO kv VALUES (2, 0)").await;
+    assert!(e.contains("could not serialize access"), "{e}");
+    let e = error(&s1, "COMMIT").await;
+    assert!(e.contains("rolled back"), "{e}");
+    assert!(text(&s1, "SELECT v FROM kv WHERE k = 2")
+        .await
+        .contains("| 21 |"));
+
+    // A statement that fails in a transaction rolls all of it back.
+    run(&s1, "BEGIN").await;
+    run(&s1, "INSERT INTO kv VALUES (3, 30)").await;
+    let e = error(&s1, "INSERT INTO kv VALUES (4, 40), (1, 0)").await;
+    assert!(e.contains("duplicate"), "{e}");
+    assert!(error(&s1, "COMMIT").await.contains("rolled back"));
+    assert!(text(&s1, "SELECT count(*) AS n FROM kv")
+        .await
+        .contains("| 2 |"));
+
+    // Transaction statements out of place, DDL after writes.
+    assert!(collect(s1.execute("COMMIT").await.unwrap()).await.is_ok());
+    run(&s1, "BEGIN").await;
+    assert!(error(&s1, "BEGIN").await.contains("already in progress"));
+    run(&s1, "CREATE TABLE early (k BIGINT, PRIMARY KEY (k))").await;
+    run(&s1, "INSERT INTO kv VALUES (5, 50)").await;
+    let e = error(&s1, "DROP TABLE early").await;
+    assert!(e.contains("DDL"), "{e}");
+    run(&s1, "COMMIT").await;
+    assert!(text(&s2, "SELECT v FROM kv WHERE k = 5")
+        .await
+        .contains("| 50 |"));
+    let e = error(&s1, "BEGIN ISOLATION LEVEL READ UNCOMMITTED").await;
+    assert!(e.contains("REPEATABLE READ"), "{e}");
+    run(&s1, "BEGIN READ ONLY").await;
+    assert!(error(&s1, "DELETE FROM kv").await.contains("READ ONLY"));
+    run(&s1, "ROLLBACK").await;
+    drop(db);
+}

@@ -27,7 +27,8 @@ pub use diskrowset::ColumnRange;
 pub use error::StorageError;
 pub use key::{encode_key_columns, encode_keys, format_key};
 pub use scan::{
-    equality_combinations, ColumnPredicate, PredicateOp, Scalar, ScanIterator, ScanSpec,
+    equality_combinations, predicate_mask, ColumnPredicate, PredicateOp, Scalar, ScanIterator,
+    ScanSpec,
 };
 pub use schema::{
     ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema, AUTO_INCREMENT_COLUMN,

@@ -147,7 +147,7 @@ impl Scan {
 /// Which rows of `batch` (holding at least the predicate columns, by name) pass `predicates`.
 /// Join filters run last, on the rows the other predicates left, so their statistics count
 /// only the rows they decide.
-pub(crate) fn predicate_mask(
+pub fn predicate_mask(
     schema: &Schema,
     predicates: &[ColumnPredicate],
     batch: &RecordBatch,

@@ -32,11 +32,12 @@ use crate::{EngineError, Result};
 /// -1 for an abort). Not visible to users.
 pub const STATUS_TABLE: &str = "__nyala_transactions";
 
-/// A transaction in progress: the tablets it wrote.
+/// A transaction in progress: the tablets it wrote. Clones are the same transaction.
+#[derive(Clone)]
 pub struct Transaction {
     id: u64,
     client: Client,
-    participants: Mutex<BTreeSet<String>>,
+    participants: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl Client {
@@ -46,7 +47,7 @@ impl Client {
             // Never 0 (0 means "no transaction" on the wire).
             id: rand::random::<u64>() | 1,
             client: self.clone(),
-            participants: Mutex::new(BTreeSet::new()),
+            participants: Arc::default(),
         }
     }
 
@@ -179,7 +180,7 @@ impl Transaction {
 
     /// Commits: every write becomes visible at one timestamp, or, if this fails, none does
     /// (unless the failure came after the decision to commit, which then completes).
-    pub async fn commit(self) -> Result<()> {
+    pub async fn commit(&self) -> Result<()> {
         let participants: Vec<String> = self.participants.lock().iter().cloned().collect();
         let tablets = &self.client.tablets;
         match participants.as_slice() {

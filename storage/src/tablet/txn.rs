@@ -68,9 +68,11 @@ impl Tablet {
         let rows = Self::conform(&schema, batch)?;
         let keys = encode_keys(&schema, &rows)?;
         let own = state.txns.get(&txn);
+        // An UPSERT in a transaction with a snapshot overwrites only rows unchanged since it
+        // (snapshot isolation: the first writer wins); INSERT checks for the key anyway.
         let conditional = match batch.kind {
-            WriteKind::Update | WriteKind::Delete => batch.unchanged_since,
-            _ => None,
+            WriteKind::Update | WriteKind::Delete | WriteKind::Upsert => batch.unchanged_since,
+            WriteKind::Insert | WriteKind::InsertIgnore => None,
         };
         let mut keep = vec![true; rows.num_rows()];
         let mut conflicts = Vec::new();
@@ -82,7 +84,14 @@ impl Tablet {
             }
             let written_here = own.is_some_and(|t| t.present.contains_key(key));
             if let Some(snapshot) = conditional {
-                if !written_here && state.changed_after(key, snapshot, &self.options.key_cache)? {
+                let changed = match batch.kind {
+                    // An UPSERT may write a row that does not exist.
+                    WriteKind::Upsert => {
+                        state.written_after(key, snapshot, &self.options.key_cache)?
+                    }
+                    _ => state.changed_after(key, snapshot, &self.options.key_cache)?,
+                };
+                if !written_here && changed {
                     keep[row] = false;
                     conflicts.push(row as u32);
                 }

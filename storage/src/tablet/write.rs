@@ -425,6 +425,30 @@ impl State {
         Ok(true)
     }
 
+    /// Whether the row with `key` has a version (an insert, update or delete) newer than
+    /// `snapshot`; a key never written is not. May answer yes for a row on disk that did not
+    /// change (see [`crate::delta::RowsetDeltas::changed_after`]), never no for one that did.
+    pub(super) fn written_after(
+        &self,
+        key: &[u8],
+        snapshot: Timestamp,
+        cache: &KeyCache,
+    ) -> Result<bool, StorageError> {
+        let frozen = || self.frozen.as_ref()?.latest(key);
+        if let Some(v) = self.mrs.latest(key).or_else(frozen) {
+            return Ok(v.ts > snapshot);
+        }
+        let hash = crate::diskrowset::hash_bytes(key);
+        for rs in self.tree.covering(key) {
+            if let Some(ordinal) = self.rowsets[rs].find(key, hash, cache)? {
+                if self.deltas[rs].changed_after(ordinal, snapshot) {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
     pub(super) fn locate(&self, key: &[u8], cache: &KeyCache) -> Result<Location, StorageError> {
         let frozen = || self.frozen.as_ref()?.latest(key);
         if let Some(v) = self.mrs.latest(key).or_else(frozen) {
