@@ -29,14 +29,15 @@ use arrow_flight::flight_service_server::FlightServiceServer;
 use arrow_flight::sql::metadata::{SqlInfoData, XdbcTypeInfoData};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
-    ActionCancelQueryRequest, ActionCancelQueryResult, ActionClosePreparedStatementRequest,
-    ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult, Any,
-    CommandGetCatalogs, CommandGetCrossReference, CommandGetDbSchemas, CommandGetExportedKeys,
-    CommandGetImportedKeys, CommandGetPrimaryKeys, CommandGetSqlInfo, CommandGetTableTypes,
-    CommandGetTables, CommandGetXdbcTypeInfo, CommandPreparedStatementQuery,
-    CommandPreparedStatementUpdate, CommandStatementIngest, CommandStatementQuery,
-    CommandStatementUpdate, DoPutPreparedStatementResult, ProstMessageExt, SqlInfo,
-    TableExistsOption, TableNotExistOption, TicketStatementQuery,
+    ActionBeginTransactionRequest, ActionBeginTransactionResult, ActionCancelQueryRequest,
+    ActionCancelQueryResult, ActionClosePreparedStatementRequest,
+    ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult,
+    ActionEndTransactionRequest, Any, CommandGetCatalogs, CommandGetCrossReference,
+    CommandGetDbSchemas, CommandGetExportedKeys, CommandGetImportedKeys, CommandGetPrimaryKeys,
+    CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables, CommandGetXdbcTypeInfo,
+    CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementIngest,
+    CommandStatementQuery, CommandStatementUpdate, DoPutPreparedStatementResult, EndTransaction,
+    ProstMessageExt, SqlInfo, TableExistsOption, TableNotExistOption, TicketStatementQuery,
 };
 use arrow_flight::{
     Action, ActionType, CancelFlightInfoRequest, CancelFlightInfoResult, CancelStatus,
@@ -188,6 +189,22 @@ fn invalid(message: impl std::fmt::Display) -> Status {
     Status::invalid_argument(excerpt(&message.to_string(), MAX_ERROR_CHARS))
 }
 
+/// An error unless `id` (from a request that names a transaction) is the transaction open in
+/// `session`. Requests that name none run in the session's transaction, if one is open.
+fn in_transaction(session: &ClientSession, id: Option<&bytes::Bytes>) -> Result<(), Status> {
+    let Some(id) = id else {
+        return Ok(());
+    };
+    let named = <[u8; 8]>::try_from(id.as_ref()).map(u64::from_be_bytes);
+    match (named, session.sql().transaction_id()) {
+        (Ok(named), Some(open)) if named == open => Ok(()),
+        _ => Err(Status::failed_precondition(
+            "the request names a transaction that is not open in this session (it ended, or \
+             was begun by another session)",
+        )),
+    }
+}
+
 /// A SQL error as a gRPC status: the user's mistakes are InvalidArgument, the rest Internal.
 pub fn status(e: SqlError) -> Status {
     match &e {
@@ -197,6 +214,8 @@ pub fn status(e: SqlError) -> Status {
         SqlError::PermissionDenied(_) => {
             Status::permission_denied(excerpt(&e.to_string(), MAX_ERROR_CHARS))
         }
+        // Retryable: the transaction met a concurrent one.
+        SqlError::Conflict(_) => Status::aborted(excerpt(&e.to_string(), MAX_ERROR_CHARS)),
         // Everything else a statement can fail with is about the statement or the data it
         // touches (parse, planning, types, duplicate keys): the client's to fix.
         _ => invalid(e),
@@ -662,6 +681,7 @@ impl FlightSqlService for NyalaFlightService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let session = session_of(&request)?;
+        in_transaction(&session, query.transaction_id.as_ref())?;
         let statement = session.statement(&query.query).await?;
         self.info_for(&session, &statement, None, request).await
     }
@@ -681,6 +701,7 @@ impl FlightSqlService for NyalaFlightService {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         let session = session_of(&request)?;
+        in_transaction(&session, command.transaction_id.as_ref())?;
         let statement = session.statement(&command.query).await?;
         self.update(&session, &statement, None).await
     }
@@ -693,9 +714,7 @@ impl FlightSqlService for NyalaFlightService {
         if command.temporary {
             return Err(Status::unimplemented("temporary tables are not supported"));
         }
-        if command.transaction_id.is_some() {
-            return Err(Status::unimplemented("transactions are not supported"));
-        }
+
         if command
             .catalog
             .as_deref()
@@ -754,6 +773,7 @@ impl FlightSqlService for NyalaFlightService {
             buckets,
         };
         let session = session_of(&request)?;
+        in_transaction(&session, command.transaction_id.as_ref())?;
         let mut upload = Upload::new(request.into_inner());
         let first = upload.try_next().await?;
         let schema = match (upload.schema(), &first) {
@@ -786,6 +806,7 @@ impl FlightSqlService for NyalaFlightService {
         request: Request<Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         let session = session_of(&request)?;
+        in_transaction(&session, query.transaction_id.as_ref())?;
         let statement = session.prepare(&query.query).await?;
         let info = statement.info().clone();
         let ipc = |schema: &Schema| -> Result<_, Status> {
@@ -877,6 +898,35 @@ impl FlightSqlService for NyalaFlightService {
             uploaded.as_ref().or(prepared.params.as_ref()),
         )
         .await
+    }
+
+    async fn do_action_begin_transaction(
+        &self,
+        _query: ActionBeginTransactionRequest,
+        request: Request<Action>,
+    ) -> Result<ActionBeginTransactionResult, Status> {
+        let session = session_of(&request)?;
+        let id = session.sql().begin(false).map_err(status)?;
+        Ok(ActionBeginTransactionResult {
+            transaction_id: id.to_be_bytes().to_vec().into(),
+        })
+    }
+
+    async fn do_action_end_transaction(
+        &self,
+        query: ActionEndTransactionRequest,
+        request: Request<Action>,
+    ) -> Result<(), Status> {
+        let session = session_of(&request)?;
+        in_transaction(&session, Some(&query.transaction_id))?;
+        match EndTransaction::try_from(query.action) {
+            Ok(EndTransaction::Commit) => session.sql().commit().await.map_err(status),
+            Ok(EndTransaction::Rollback) => {
+                session.sql().rollback().await;
+                Ok(())
+            }
+            _ => Err(invalid("EndTransaction needs COMMIT or ROLLBACK")),
+        }
     }
 
     async fn do_action_cancel_query(

@@ -10,7 +10,8 @@ use arrow_flight::sql::metadata::{
 };
 use arrow_flight::sql::{
     CommandGetPrimaryKeys, CommandGetTables, Nullable, Searchable, SqlInfo, SqlNullOrdering,
-    SqlOuterJoinsSupportLevel, SqlSupportedCaseSensitivity, XdbcDataType,
+    SqlOuterJoinsSupportLevel, SqlSupportedCaseSensitivity, SqlTransactionIsolationLevel,
+    XdbcDataType,
 };
 use nyala_sql::{Database, CATALOG_NAME, SCHEMA_NAME};
 use tonic::Status;
@@ -28,11 +29,11 @@ pub fn sql_info() -> anyhow::Result<SqlInfoData> {
     info.append(SqlInfo::FlightSqlServerReadOnly, false);
     info.append(SqlInfo::FlightSqlServerSql, true);
     info.append(SqlInfo::FlightSqlServerSubstrait, false);
-    // SQL_SUPPORTED_TRANSACTION_NONE: every statement commits on its own.
-    info.append(SqlInfo::FlightSqlServerTransaction, 0i32);
+    // SQL_SUPPORTED_TRANSACTION_TRANSACTION: BeginTransaction / EndTransaction (no savepoints).
+    info.append(SqlInfo::FlightSqlServerTransaction, 1i32);
     info.append(SqlInfo::FlightSqlServerCancel, true);
     info.append(SqlInfo::FlightSqlServerBulkIngestion, true);
-    info.append(SqlInfo::FlightSqlServerIngestTransactionsSupported, false);
+    info.append(SqlInfo::FlightSqlServerIngestTransactionsSupported, true);
     info.append(SqlInfo::FlightSqlServerStatementTimeout, 0i32);
     info.append(SqlInfo::FlightSqlServerTransactionTimeout, 0i32);
     info.append(SqlInfo::SqlDdlCatalog, false);
@@ -75,7 +76,20 @@ pub fn sql_info() -> anyhow::Result<SqlInfoData> {
     info.append(SqlInfo::SqlSelectForUpdateSupported, false);
     info.append(SqlInfo::SqlStoredProceduresSupported, false);
     info.append(SqlInfo::SqlCorrelatedSubqueriesSupported, true);
-    info.append(SqlInfo::SqlTransactionsSupported, false);
+    info.append(SqlInfo::SqlTransactionsSupported, true);
+    // Transactions run at snapshot isolation, which JDBC and Flight SQL call REPEATABLE READ
+    // (as PostgreSQL does); a statement outside one reads at READ COMMITTED.
+    info.append(
+        SqlInfo::SqlDefaultTransactionIsolation,
+        SqlTransactionIsolationLevel::SqlTransactionRepeatableRead as i32,
+    );
+    info.append(
+        SqlInfo::SqlSupportedTransactionsIsolationLevels,
+        (1i32 << SqlTransactionIsolationLevel::SqlTransactionReadCommitted as i32)
+            | (1i32 << SqlTransactionIsolationLevel::SqlTransactionRepeatableRead as i32),
+    );
+    info.append(SqlInfo::SqlDataDefinitionCausesTransactionCommit, false);
+    info.append(SqlInfo::SqlDataDefinitionsInTransactionsIgnored, false);
     Ok(info.build()?)
 }
 

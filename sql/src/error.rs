@@ -13,6 +13,10 @@ pub enum SqlError {
     /// The session's user lacks a privilege the statement needs.
     #[error("permission denied: {0}")]
     PermissionDenied(String),
+    /// The statement met a row another transaction changed; running it again (its whole
+    /// transaction) may succeed.
+    #[error("{0}")]
+    Conflict(String),
     /// The statement is valid SQL that Nyala does not support yet.
     #[error("not supported: {0}")]
     NotSupported(String),
@@ -28,6 +32,11 @@ pub enum SqlError {
 
 impl From<DataFusionError> for SqlError {
     fn from(e: DataFusionError) -> Self {
+        if let DataFusionError::External(inner) = e.find_root() {
+            if let Some(SqlError::Conflict(message)) = inner.downcast_ref::<SqlError>() {
+                return SqlError::Conflict(message.clone());
+            }
+        }
         let message = strip_categories(&e.find_root().strip_backtrace());
         SqlError::DataFusion(signature_mismatch(&message).unwrap_or(message))
     }

@@ -6,9 +6,10 @@
 //! the table the data leaves out must take its DEFAULT or NULL; otherwise the load is refused
 //! with one error naming every mismatch, and nothing changes. Each incoming batch is then
 //! aligned to the table's columns, cast, and inserted through DataFusion like an `INSERT`, so a
-//! load streams: only one batch is held at a time. As with `INSERT`, a failure while loading
-//! (a duplicate key, a value that does not cast) stops the load; the rows of earlier batches
-//! stay applied.
+//! load streams: only one batch is held at a time. Each batch is atomic; a failure while
+//! loading (a duplicate key, a value that does not cast) stops the load, and the rows of
+//! earlier batches stay applied, unless the load runs in a transaction (its rows then commit
+//! or roll back with it).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -90,6 +91,13 @@ impl Session {
             }
         };
         if let Some(spec) = create {
+            if self.transaction().is_some_and(|txn| txn.has_written()) {
+                return Err(SqlError::NotSupported(
+                    "creating or replacing a table in a transaction that has written rows \
+                     (DDL is not transactional: COMMIT or ROLLBACK first)"
+                        .into(),
+                ));
+            }
             if exists {
                 Ddl::DropTable {
                     name: name.clone(),

@@ -378,11 +378,11 @@ impl Drop for OpenTxn {
 
 /// The error of a statement that met a row another transaction changed.
 fn serialization_failure(verb: &str, table: &str) -> DataFusionError {
-    DataFusionError::Execution(format!(
+    DataFusionError::External(Box::new(SqlError::Conflict(format!(
         "could not serialize access: a row the {verb} writes in table {table} was changed by \
          another transaction since this one began (or is being changed now); the transaction \
          was rolled back, run it again"
-    ))
+    ))))
 }
 
 fn is_locked(error: &nyala_engine::EngineError) -> bool {
