@@ -39,8 +39,14 @@ fn nyala_bin() -> PathBuf {
 /// Starts `nyala <args> --data-dir <data_dir>`; returns the process and the first line it
 /// prints (where it listens).
 fn spawn_nyala(args: &[&str], data_dir: &Path) -> (Child, String) {
+    spawn_nyala_with_env(args, data_dir, &[])
+}
+
+/// [`spawn_nyala`] with `env` added to the process's environment.
+fn spawn_nyala_with_env(args: &[&str], data_dir: &Path, env: &[(&str, &str)]) -> (Child, String) {
     let mut child = Command::new(nyala_bin())
         .args(args)
+        .envs(env.iter().copied())
         .arg("--data-dir")
         .arg(data_dir)
         .stdout(Stdio::piped())
@@ -1120,9 +1126,13 @@ mod cluster {
         }
 
         fn start_with(dir: &Path, addr: &str, args: &[&str]) -> Self {
+            Self::start_with_env(dir, addr, args, &[])
+        }
+
+        fn start_with_env(dir: &Path, addr: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
             let mut all = vec!["tserver", "--rpc-addr", addr];
             all.extend(args);
-            let (child, line) = spawn_nyala(&all, dir);
+            let (child, line) = super::spawn_nyala_with_env(&all, dir, env);
             // "Nyala tablet server <id> listening on <addr> (data: ...)"
             let words: Vec<&str> = line.split_whitespace().collect();
             let id = words
@@ -1160,9 +1170,19 @@ mod cluster {
         }
 
         fn start_with(dir: &Path, rpc: &str, flight: &str, args: &[&str]) -> Self {
+            Self::start_with_env(dir, rpc, flight, args, &[])
+        }
+
+        fn start_with_env(
+            dir: &Path,
+            rpc: &str,
+            flight: &str,
+            args: &[&str],
+            env: &[(&str, &str)],
+        ) -> Self {
             let mut all = vec!["master", "--rpc-addr", rpc, "--flight-addr", flight];
             all.extend(args);
-            let (child, line) = spawn_nyala(&all, dir);
+            let (child, line) = super::spawn_nyala_with_env(&all, dir, env);
             assert!(line.contains("listening"), "{line}");
             Self { child }
         }
@@ -1394,6 +1414,120 @@ mod cluster {
             );
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
+    }
+
+    /// A statement writing every tablet of a three-server cluster (so a transaction) while a
+    /// process crashes at a step of its commit: the coordinator once every participant has
+    /// prepared (nothing decided: it must abort everywhere), the coordinator once the commit
+    /// is recorded (it must commit everywhere), and a participant's leader once its prepare is
+    /// applied (either, but everywhere). Once the process is back, the statement's rows are all
+    /// there or none are, what the client was told holds, and the keys are free again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crash_at_any_step_of_a_commit_commits_everywhere_or_nowhere() {
+        let mut cluster = TestCluster::start(3, &[]);
+        let url = cluster.url.clone();
+        let create = "CREATE TABLE t (id BIGINT PRIMARY KEY, step BIGINT) \
+                      DISTRIBUTE BY HASH (id) INTO 4 BUCKETS WITH (replicas = 3)";
+        ddl_when_ready(&url, create).await;
+        // The first transaction creates the transaction status table, before any crash.
+        let insert = |step: i64| {
+            format!("INSERT INTO t SELECT value + {step} * 100, {step} FROM generate_series(1, 16)")
+        };
+        sql(&url, &insert(0)).await.unwrap();
+        let count = |step: i64| {
+            let url = url.clone();
+            async move {
+                let read = format!("SELECT count(*) FROM t WHERE step = {step}");
+                sql(&url, &read).await.map(|b| column_i64(&b, 0)[0])
+            }
+        };
+        let steps = [
+            (1, "txn-prepared", Some(0)),
+            (2, "txn-decided", Some(16)),
+            (3, "txn-participant-prepared", None),
+        ];
+        for (step, crash_at, outcome) in steps {
+            let env = [("NYALA_CRASH_AT", crash_at)];
+            let crashing_server = match crash_at {
+                "txn-participant-prepared" => {
+                    cluster.servers[0].kill();
+                    cluster.servers[0] = cluster.server_with_env(0, &env);
+                    Some(0)
+                }
+                _ => {
+                    cluster.start_master_with_env(&env);
+                    None
+                }
+            };
+            // The statement runs until the process crashes (a participant's crash may leave it
+            // to finish through other replicas).
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let acknowledged = loop {
+                match sql(&url, &insert(step)).await {
+                    Ok(_) => break true,
+                    Err(e) if e.contains("duplicate") => break true,
+                    Err(_) if crashing_server.is_none() => break false,
+                    Err(e) => {
+                        assert!(Instant::now() < deadline, "step {step}: {e}");
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                    }
+                }
+            };
+            match crashing_server {
+                Some(i) => {
+                    // It crashed if it led a participant (else the statement ran without it).
+                    let child = &mut cluster.servers[i].child;
+                    let deadline = Instant::now() + Duration::from_secs(5);
+                    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    eprintln!("step {step}: tablet server exited: {:?}", child.try_wait());
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    cluster.restart_server(i);
+                }
+                None => {
+                    assert!(!acknowledged, "step {step}: the coordinator did not crash");
+                    cluster.start_master();
+                }
+            }
+            // The tablets end the transaction: as decided, or aborted.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let stored = loop {
+                match count(step).await {
+                    Ok(n) if Some(n) == outcome || (outcome.is_none() && (n == 0 || n == 16)) => {
+                        break n
+                    }
+                    Ok(n) => assert!(
+                        n == 0 || n == 16,
+                        "step {step}: {n} of the statement's 16 rows are visible"
+                    ),
+                    Err(_) => {}
+                }
+                assert!(Instant::now() < deadline, "step {step} was not resolved");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            };
+            eprintln!("step {step} ({crash_at}): acknowledged {acknowledged}, {stored} rows");
+            if acknowledged {
+                assert_eq!(
+                    stored, 16,
+                    "step {step}: an acknowledged statement was lost"
+                );
+            }
+            if stored == 0 {
+                // Its keys are free: the same statement now commits whole.
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while let Err(e) = sql(&url, &insert(step)).await {
+                    assert!(
+                        Instant::now() < deadline,
+                        "step {step}: keys stay locked: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                assert_eq!(count(step).await.unwrap(), 16);
+            }
+        }
+        assert_eq!(count(0).await.unwrap(), 16);
     }
 
     /// Writers insert rows through the master while tablet servers (and sometimes the master)
@@ -1767,17 +1901,30 @@ mod cluster {
         }
 
         fn start_master(&mut self) {
+            self.start_master_with_env(&[]);
+        }
+
+        /// Starts the master again with `env` added to its environment.
+        fn start_master_with_env(&mut self, env: &[(&str, &str)]) {
+            self.master = None;
             let args: Vec<&str> = self.master_args.iter().map(String::as_str).collect();
-            self.master = Some(MasterProcess::start_with(
+            self.master = Some(MasterProcess::start_with_env(
                 self.master_dir.path(),
                 &self.rpc,
                 &self.flight,
                 &args,
+                env,
             ));
         }
 
         fn server(&self, i: usize) -> TabletServerProcess {
-            start_tserver(self.dirs[i].path(), &self.addrs[i], &self.rpc)
+            self.server_with_env(i, &[])
+        }
+
+        /// Tablet server `i` started with `env` added to its environment.
+        fn server_with_env(&self, i: usize, env: &[(&str, &str)]) -> TabletServerProcess {
+            let args = ["--masters", self.rpc.as_str()];
+            TabletServerProcess::start_with_env(self.dirs[i].path(), &self.addrs[i], &args, env)
         }
 
         /// Starts tablet server `i` again on its data directory.

@@ -26,6 +26,7 @@ pub use admin::AdminClient;
 pub use meta_cache::MetaCache;
 pub use remote_catalog::RemoteCatalog;
 pub use tablets::{RemoteTablets, TabletStats, Tablets};
+pub(crate) use txn::crash_point;
 pub use txn::{Transaction, STATUS_TABLE};
 
 /// Upper bound on the Arrow memory of one replicated write; larger batches are split so a log

@@ -205,6 +205,7 @@ impl Transaction {
                         }
                     }
                 }
+                crash_point("txn-prepared");
                 match self.client.decide_txn(self.id, Some(commit_ts)).await {
                     Ok(Some(_)) => {}
                     Ok(None) => {
@@ -223,6 +224,7 @@ impl Transaction {
                         )));
                     }
                 }
+                crash_point("txn-decided");
                 let finished = join_all(
                     (participants.iter()).map(|t| tablets.finish_txn(t, self.id, Some(commit_ts))),
                 );
@@ -254,5 +256,19 @@ impl Transaction {
                 tracing::warn!(tablet, txn = self.id, error = %e, "abort not delivered");
             }
         }
+    }
+}
+
+/// A test hook, as Kudu's crash flags: with `NYALA_CRASH_AT=<step>` in its environment, the
+/// process aborts the first time a transaction reaches `step`: `txn-prepared` (a coordinator,
+/// every participant prepared, nothing decided), `txn-decided` (a coordinator, the commit
+/// recorded, no participant told), `txn-participant-prepared` (a participant's leader, its
+/// prepare replicated and applied, the coordinator not answered).
+pub(crate) fn crash_point(step: &str) {
+    static CRASH_AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let at = CRASH_AT.get_or_init(|| std::env::var("NYALA_CRASH_AT").ok());
+    if at.as_deref() == Some(step) {
+        eprintln!("NYALA_CRASH_AT={step}: aborting the process");
+        std::process::abort();
     }
 }

@@ -150,7 +150,11 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
         let prepare = request.into_inner();
         let prepared = async {
             let replica = self.server.replica(&prepare.tablet_id)?;
-            replica.prepare_txn(prepare.txn_id).await
+            let prepared = replica.prepare_txn(prepare.txn_id).await;
+            if prepared.is_ok() {
+                crate::client::crash_point("txn-participant-prepared");
+            }
+            prepared
         }
         .await;
         self.respond(prepared.map(|ts| TxnPrepareResponse { prepare_ts: ts.0 }))
