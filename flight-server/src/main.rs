@@ -173,6 +173,10 @@ enum Command {
         /// says which).
         #[arg(long, default_value = "127.0.0.1:7050")]
         rpc_addr: SocketAddr,
+        /// The address the masters and the other servers use to reach this one's internal
+        /// RPC (behind NAT or a proxy); defaults to the listen address.
+        #[arg(long)]
+        rpc_advertise: Option<String>,
         /// Where the web UI and /metrics listen (none unless given; port 0: any free port).
         #[arg(long)]
         http_addr: Option<SocketAddr>,
@@ -319,6 +323,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tserver {
             data_dir,
             rpc_addr,
+            rpc_advertise,
             http_addr,
             memory_limit_mb,
             masters,
@@ -328,7 +333,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             tserver(
                 data_dir,
-                (rpc_addr, http_addr),
+                (rpc_addr, rpc_advertise, http_addr),
                 memory_limit_mb << 20,
                 masters,
                 flight_addr.map(|addr| (addr, limits.limits(), tls)),
@@ -526,7 +531,7 @@ async fn master(
 
 async fn tserver(
     data_dir: PathBuf,
-    (rpc_addr, http_addr): (SocketAddr, Option<SocketAddr>),
+    (rpc_addr, rpc_advertise, http_addr): (SocketAddr, Option<String>, Option<SocketAddr>),
     memory_limit: usize,
     masters: Vec<String>,
     flight: Option<(SocketAddr, QueryLimits, TlsArgs)>,
@@ -579,7 +584,7 @@ async fn tserver(
     if !masters.is_empty() {
         tokio::spawn(nyala_engine::tserver::heartbeater::heartbeat_loop(
             server.clone(),
-            addr.to_string(),
+            rpc_advertise.unwrap_or_else(|| addr.to_string()),
             masters.clone(),
         ));
         // Ends transactions abandoned in the tablets this server leads; the client of the

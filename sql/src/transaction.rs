@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch};
+use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow::compute::{concat_batches, filter_record_batch};
 use arrow::datatypes::SchemaRef;
 use datafusion::error::{DataFusionError, Result as DFResult};
@@ -536,6 +536,9 @@ impl TableOverlay {
                 },
             )
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Some(RecordBatch::try_new(output.clone(), columns)?))
+        // (A scan may read no column, for count(*): the batch still has its rows.)
+        let options = RecordBatchOptions::new().with_row_count(Some(rows.num_rows()));
+        let rows = RecordBatch::try_new_with_options(output.clone(), columns, &options)?;
+        Ok(Some(rows))
     }
 }

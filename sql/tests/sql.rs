@@ -1771,6 +1771,10 @@ async fn transactions_see_their_snapshot_and_their_own_writes() {
         "{rich}"
     );
     assert!(text(&s1, total).await.contains("| 200   | 3 |"));
+    // Reading no column (count(*)) counts them too.
+    assert!(text(&s1, "SELECT count(*) AS n FROM acct")
+        .await
+        .contains("| 3 |"));
     // Nobody else sees them before the commit.
     assert!(text(&s2, total).await.contains("| 300   | 3 |"));
     run(&s1, "COMMIT").await;

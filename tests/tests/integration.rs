@@ -1015,6 +1015,11 @@ async fn runtime_filters_over_flight_sql() {
 #[path = "support/slt.rs"]
 mod slt;
 
+#[path = "support/linearizability.rs"]
+mod linearizability;
+#[path = "support/proxy.rs"]
+mod proxy;
+
 /// Every `tests/slt/*.slt` file, each against a fresh server, through Flight SQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqllogictest_files_over_flight_sql() {
@@ -1112,7 +1117,7 @@ mod cluster {
         ColumnSchema, ColumnType, ScanSpec, Schema, Timestamp, WriteBatch, WriteKind,
     };
 
-    use super::spawn_nyala;
+    use super::{linearizability, proxy};
 
     struct TabletServerProcess {
         child: Child,
@@ -1528,6 +1533,150 @@ mod cluster {
             }
         }
         assert_eq!(count(0).await.unwrap(), 16);
+    }
+
+    /// Single-row reads and writes by four clients through the master, while one tablet
+    /// server at a time is cut off from all the others (or from all but the master) by a
+    /// network partition (every server is reached through a proxy that cuts connections) and
+    /// then healed: each key's history
+    /// must be linearizable (a write acknowledged is seen by every read that starts after it,
+    /// reads never go back in time). `NYALA_PARTITION_SECS` sets the length of the run
+    /// (default 20; the long run in the README uses 600).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn single_row_operations_stay_linearizable_across_partitions() {
+        use linearizability::{check, Kind, Op};
+        const KEYS: i64 = 4;
+        let seconds: u64 = env_or("NYALA_PARTITION_SECS", 20);
+        let network = proxy::Network::new();
+        let master_dir = tempfile::tempdir().unwrap();
+        let (master_rpc, master_proxy, flight) = (free_port(), free_port(), free_port());
+        let master = MasterProcess::start(master_dir.path(), &master_rpc, &flight);
+        network.set_pid(0, master.child.id());
+        network.proxy(0, &master_proxy, master_rpc.clone()).await;
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let mut servers = Vec::new();
+        let mut advertised_addrs = Vec::new();
+        for (i, dir) in dirs.iter().enumerate() {
+            let (real, advertised) = (free_port(), free_port());
+            advertised_addrs.push(advertised.clone());
+            network.proxy(i + 1, &advertised, real.clone()).await;
+            let args = ["--masters", &master_proxy, "--rpc-advertise", &advertised];
+            let server = TabletServerProcess::start_with(dir.path(), &real, &args);
+            network.set_pid(i + 1, server.child.id());
+            servers.push(server);
+        }
+        let url = format!("http://{flight}");
+        let create = "CREATE TABLE reg (id BIGINT PRIMARY KEY, v BIGINT) \
+                      DISTRIBUTE BY HASH (id) INTO 2 BUCKETS WITH (replicas = 3)";
+        ddl_when_ready(&url, create).await;
+        let started = Instant::now();
+        let now = move || started.elapsed().as_micros() as u64;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let clients: Vec<_> = (0..4i64)
+            .map(|client| {
+                let (url, stop) = (url.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut history: Vec<(i64, Op)> = Vec::new();
+                    let mut state = 0x2545F4914F6CDD1Du64 ^ client as u64;
+                    let mut written = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        let key = (state % KEYS as u64) as i64;
+                        let write = (state >> 8) % 2 == 0;
+                        let value = client * 1_000_000 + written;
+                        let statement = match write {
+                            true => format!("UPSERT INTO reg VALUES ({key}, {value})"),
+                            false => format!("SELECT v FROM reg WHERE id = {key}"),
+                        };
+                        let invoked = now();
+                        let answer =
+                            tokio::time::timeout(Duration::from_secs(3), sql(&url, &statement))
+                                .await;
+                        let returned = now();
+                        let kind = match (write, answer) {
+                            (true, Ok(Ok(_))) => Some((Kind::Write(Some(value)), Some(returned))),
+                            (true, _) => Some((Kind::Write(Some(value)), None)),
+                            (false, Ok(Ok(batches))) => {
+                                let values = column_i64(&batches, 0);
+                                assert!(values.len() <= 1, "key {key} read {values:?}");
+                                Some((Kind::Read(values.first().copied()), Some(returned)))
+                            }
+                            (false, _) => None,
+                        };
+                        if write {
+                            written += 1;
+                        }
+                        if let Some((kind, returned)) = kind {
+                            let op = Op {
+                                kind,
+                                invoked,
+                                returned,
+                            };
+                            history.push((key, op));
+                        }
+                    }
+                    history
+                })
+            })
+            .collect();
+        // The nemesis: every few seconds, cut a tablet server off (the leader of a tablet, or
+        // any), then heal.
+        let mut state = 0x9E3779B97F4A7C15u64;
+        let mut partitions = 0;
+        while started.elapsed() < Duration::from_secs(seconds) {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let leader = format!(
+                "SELECT leader FROM sys.partitions WHERE table_name = 'reg' AND tablet = {}",
+                state % 2
+            );
+            let leader = match sql(&url, &leader).await {
+                Ok(b) if b.first().is_some_and(|b| b.num_rows() > 0) => {
+                    arrow::util::display::array_value_to_string(b[0].column(0), 0).ok()
+                }
+                _ => None,
+            };
+            let victim = match leader.and_then(|l| advertised_addrs.iter().position(|a| *a == l)) {
+                Some(i) if (state >> 16) % 4 != 0 => i + 1,
+                _ => 1 + ((state >> 24) % 3) as usize,
+            };
+            // Half the time the master still reaches it (so may take it for a leader still).
+            match (state >> 32) % 2 {
+                0 => network.isolate(victim),
+                _ => network.cut_off(victim, &[0]),
+            }
+            partitions += 1;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            network.heal();
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        let mut histories: Vec<Vec<Op>> = vec![Vec::new(); KEYS as usize];
+        for client in clients {
+            for (key, op) in client.await.unwrap() {
+                histories[key as usize].push(op);
+            }
+        }
+        let acknowledged: usize = (histories.iter().flatten())
+            .filter(|op| op.returned.is_some())
+            .count();
+        let unknown = histories.iter().flatten().count() - acknowledged;
+        let (opened, cut) = network.connections();
+        eprintln!(
+            "{partitions} partitions cut {cut} of {opened} connections; {acknowledged} \
+             operations acknowledged, {unknown} writes of unknown outcome"
+        );
+        assert!(acknowledged > 0 && cut > 0);
+        for (key, ops) in histories.iter().enumerate() {
+            if let Err(e) = check(None, ops) {
+                panic!("key {key}: {e}");
+            }
+        }
+        drop(servers);
     }
 
     /// Writers insert rows through the master while tablet servers (and sometimes the master)
