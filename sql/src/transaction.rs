@@ -144,8 +144,8 @@ impl OpenTxn {
         if let Some(snapshot) = self.snapshot() {
             return Ok(snapshot);
         }
-        let tablets = [0][..table.tablets.len().min(1)].to_vec();
-        let now = (self.client.safe_snapshot_of(table, &tablets).await)
+        let first_tablet: Vec<usize> = (0..table.tablets.len().min(1)).collect();
+        let now = (self.client.safe_snapshot_of(table, &first_tablet).await)
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         Ok(self.snapshot_or(now))
     }
@@ -224,6 +224,9 @@ impl OpenTxn {
             return Err(DataFusionError::NotImplemented(
                 "INSERT IGNORE inside a transaction is not supported".into(),
             ));
+        }
+        if batches.is_empty() {
+            return Ok(0);
         }
         self.wrote.store(true, Ordering::Release);
         let snapshot = self.snapshot_for(table).await?;

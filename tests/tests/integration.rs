@@ -1541,12 +1541,23 @@ mod cluster {
     /// then healed: each key's history
     /// must be linearizable (a write acknowledged is seen by every read that starts after it,
     /// reads never go back in time). `NYALA_PARTITION_SECS` sets the length of the run
-    /// (default 20; the long run in the README uses 600).
+    /// (default 20; the long run, `single_row_operations_stay_linearizable_for_ten_minutes`,
+    /// is ignored unless asked for).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn single_row_operations_stay_linearizable_across_partitions() {
+        partition_run(env_or("NYALA_PARTITION_SECS", 20)).await;
+    }
+
+    /// The long partition run (see the README's Tests section).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "ten minutes; run with --ignored"]
+    async fn single_row_operations_stay_linearizable_for_ten_minutes() {
+        partition_run(600).await;
+    }
+
+    async fn partition_run(seconds: u64) {
         use linearizability::{check, Kind, Op};
         const KEYS: i64 = 4;
-        let seconds: u64 = env_or("NYALA_PARTITION_SECS", 20);
         let network = proxy::Network::new();
         let master_dir = tempfile::tempdir().unwrap();
         let (master_rpc, master_proxy, flight) = (free_port(), free_port(), free_port());
