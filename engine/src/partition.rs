@@ -565,7 +565,7 @@ fn check_key_columns(schema: &Schema, columns: &[usize], what: &str) -> Result<(
                 column.name
             )));
         }
-        if schema.auto_increment_column() == Some(c) {
+        if schema.auto_increment_column() == Some(c) || schema.position_column() == Some(c) {
             return Err(EngineError::InvalidTable(format!(
                 "{what} column '{}' is assigned after a row's tablet is chosen, so it cannot \
                  partition the table",

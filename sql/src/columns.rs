@@ -26,10 +26,19 @@ pub(crate) fn table_schema(
 ) -> Result<Schema> {
     let mut columns = Vec::new();
     let mut key: Vec<String> = Vec::new();
+    let mut position: Option<String> = None;
     for def in definitions {
         let (column, primary_key) = column_schema(def)?;
         if primary_key {
             key.push(column.name.clone());
+        }
+        if is_position(def) {
+            if let Some(first) = position.replace(column.name.clone()) {
+                return Err(SqlError::Invalid(format!(
+                    "a table has at most one POSITION column ('{first}', '{}')",
+                    column.name
+                )));
+            }
         }
         columns.push(column);
     }
@@ -63,7 +72,12 @@ pub(crate) fn table_schema(
         columns[i].nullable = false;
         key_indexes.push(i);
     }
-    let schema = Schema::new(columns, key_indexes).map_err(|e| SqlError::Invalid(e.to_string()))?;
+    let mut schema =
+        Schema::new(columns, key_indexes).map_err(|e| SqlError::Invalid(e.to_string()))?;
+    if let Some(position) = position {
+        let column = schema.column_index(&position).unwrap_or(usize::MAX);
+        schema = (schema.with_position(column)).map_err(|e| SqlError::Invalid(e.to_string()))?;
+    }
     match non_unique {
         true => schema
             .with_auto_increment()
@@ -88,6 +102,12 @@ pub(crate) fn primary_key_names(constraint: &TableConstraint) -> Result<Vec<Stri
             ))),
         })
         .collect()
+}
+
+/// Whether a column definition says `GENERATED ALWAYS AS POSITION`.
+fn is_position(def: &ColumnDef) -> bool {
+    (def.options.iter())
+        .any(|o| StorageOption::from_column_option(&o.option) == Some(StorageOption::Position))
 }
 
 /// A column definition; true if it says PRIMARY KEY.
@@ -126,6 +146,8 @@ fn column_schema(def: &ColumnDef) -> Result<(ColumnSchema, bool)> {
 /// column. Whether the encoding suits the column's type is the storage's to say.
 fn apply_storage(column: &mut ColumnSchema, storage: StorageOption) -> Result<()> {
     match storage {
+        // The table's schema marks it (see `table_schema`).
+        StorageOption::Position => {}
         StorageOption::Encoding(name) => {
             column.encoding = ColumnEncoding::parse(&name).ok_or_else(|| {
                 SqlError::Invalid(format!(
@@ -161,7 +183,7 @@ pub(crate) fn alter_columns(operations: &[AlterTableOperation]) -> Result<Vec<Co
                 ..
             } => {
                 let (column, primary_key) = column_schema(column_def)?;
-                if primary_key {
+                if primary_key || is_position(column_def) {
                     return Err(SqlError::Invalid(format!(
                         "column '{}': a column added to a table cannot join its primary key",
                         column.name

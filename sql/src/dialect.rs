@@ -53,13 +53,17 @@ type TimeTravel = std::result::Result<(Expr, Option<TableAlias>), String>;
 pub(crate) enum StorageOption {
     Encoding(String),
     Compression(String),
+    /// `GENERATED ALWAYS AS POSITION`: a queue table's position column, assigned by the
+    /// tablets in log order.
+    Position,
 }
 
 impl StorageOption {
     fn to_column_option(&self) -> ColumnOption {
         let (keyword, name) = match self {
-            StorageOption::Encoding(name) => ("ENCODING", name),
-            StorageOption::Compression(name) => ("COMPRESSION", name),
+            StorageOption::Encoding(name) => ("ENCODING", name.as_str()),
+            StorageOption::Compression(name) => ("COMPRESSION", name.as_str()),
+            StorageOption::Position => ("GENERATED", "POSITION"),
         };
         ColumnOption::DialectSpecific(vec![
             Token::make_keyword(keyword),
@@ -76,6 +80,7 @@ impl StorageOption {
             [Token::Word(attribute), Token::Word(name)] => match attribute.keyword {
                 Keyword::ENCODING => Some(StorageOption::Encoding(name.value.clone())),
                 Keyword::COMPRESSION => Some(StorageOption::Compression(name.value.clone())),
+                Keyword::GENERATED if name.value == "POSITION" => Some(StorageOption::Position),
                 _ => None,
             },
             _ => None,
@@ -213,6 +218,14 @@ impl Dialect for NyalaDialect {
         Option<std::result::Result<Option<ColumnOption>, ParserError>>,
         ParserError,
     > {
+        if parser.parse_keywords(&[
+            Keyword::GENERATED,
+            Keyword::ALWAYS,
+            Keyword::AS,
+            Keyword::POSITION,
+        ]) {
+            return Ok(Some(Ok(Some(StorageOption::Position.to_column_option()))));
+        }
         let storage = match parser.parse_one_of_keywords(&[Keyword::ENCODING, Keyword::COMPRESSION])
         {
             Some(Keyword::ENCODING) => StorageOption::Encoding,

@@ -1869,3 +1869,124 @@ async fn the_first_writer_wins_and_failed_transactions_roll_back() {
     run(&s1, "ROLLBACK").await;
     drop(db);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_tables_assign_positions_in_log_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s) = open(dir.path()).await;
+    run(
+        &s,
+        "CREATE TABLE inbox (user_id STRING, pos BIGINT GENERATED ALWAYS AS POSITION, \
+         body STRING, PRIMARY KEY (user_id, pos)) DISTRIBUTE BY HASH (user_id) INTO 4 BUCKETS",
+    )
+    .await;
+    run(
+        &s,
+        "INSERT INTO inbox (user_id, body) VALUES ('u1', 'a'), ('u2', 'b'), ('u1', 'c')",
+    )
+    .await;
+    run(&s, "INSERT INTO inbox (user_id, body) VALUES ('u1', 'd')").await;
+    let positions = |batches: Vec<RecordBatch>| -> Vec<i64> {
+        let mut out = Vec::new();
+        for b in batches {
+            let c = b
+                .column(0)
+                .as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .unwrap();
+            out.extend(c.iter().flatten());
+        }
+        out
+    };
+    let u1 = positions(
+        run(
+            &s,
+            "SELECT pos FROM inbox WHERE user_id = 'u1' ORDER BY pos",
+        )
+        .await,
+    );
+    assert_eq!(u1.len(), 3);
+    assert!(u1.windows(2).all(|w| w[0] < w[1]), "{u1:?}");
+    let bodies = text(
+        &s,
+        "SELECT body FROM inbox WHERE user_id = 'u1' ORDER BY pos",
+    )
+    .await;
+    assert!(bodies.contains("| a    |\n| c    |\n| d    |"), "{bodies}");
+    // Positions are the database's.
+    let e = error(&s, "INSERT INTO inbox VALUES ('u1', 5, 'x')").await;
+    assert!(e.contains("GENERATED ALWAYS AS POSITION"), "{e}");
+    let e = error(&s, "UPSERT INTO inbox (user_id, body) VALUES ('u1', 'x')").await;
+    assert!(e.contains("UPSERT"), "{e}");
+    let e = error(
+        &s,
+        "CREATE TABLE q2 (k STRING, p BIGINT GENERATED ALWAYS AS POSITION, PRIMARY KEY (k, p)) \
+         DISTRIBUTE BY HASH (p) INTO 2 BUCKETS",
+    )
+    .await;
+    assert!(e.contains("cannot partition"), "{e}");
+    let e = error(
+        &s,
+        "CREATE TABLE q3 (k STRING, p INT GENERATED ALWAYS AS POSITION, PRIMARY KEY (k, p))",
+    )
+    .await;
+    assert!(e.contains("BIGINT"), "{e}");
+    let e = error(
+        &s,
+        "CREATE TABLE q4 (k STRING, p BIGINT GENERATED ALWAYS AS POSITION, PRIMARY KEY (k))",
+    )
+    .await;
+    assert!(e.contains("primary key"), "{e}");
+    // Editing and deleting a queued message are ordinary statements by key.
+    run(
+        &s,
+        &format!(
+            "UPDATE inbox SET body = 'C' WHERE user_id = 'u1' AND pos = {}",
+            u1[1]
+        ),
+    )
+    .await;
+    run(
+        &s,
+        &format!("DELETE FROM inbox WHERE user_id = 'u1' AND pos = {}", u1[0]),
+    )
+    .await;
+    let bodies = text(
+        &s,
+        "SELECT body FROM inbox WHERE user_id = 'u1' ORDER BY pos",
+    )
+    .await;
+    assert!(bodies.contains("| C    |\n| d    |"), "{bodies}");
+    // A multi-tablet INSERT (a transaction) takes positions too; later ones stay higher.
+    let many: Vec<String> = (0..20).map(|i| format!("('u{}', 'm{i}')", i % 5)).collect();
+    run(
+        &s,
+        &format!(
+            "INSERT INTO inbox (user_id, body) VALUES {}",
+            many.join(", ")
+        ),
+    )
+    .await;
+    drop(s);
+    drop(db);
+    // After a restart, positions go on increasing.
+    let (_db, s) = open(dir.path()).await;
+    run(
+        &s,
+        "INSERT INTO inbox (user_id, body) VALUES ('u1', 'after')",
+    )
+    .await;
+    let u1 = positions(
+        run(
+            &s,
+            "SELECT pos FROM inbox WHERE user_id = 'u1' ORDER BY pos",
+        )
+        .await,
+    );
+    let last = text(
+        &s,
+        "SELECT body FROM inbox WHERE user_id = 'u1' ORDER BY pos DESC LIMIT 1",
+    )
+    .await;
+    assert!(last.contains("after"), "{last} {u1:?}");
+}

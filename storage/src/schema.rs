@@ -253,6 +253,10 @@ pub struct Schema {
     /// the tablet's leader assigns.
     #[serde(default)]
     auto_increment: bool,
+    /// The id of the column `GENERATED ALWAYS AS POSITION` (a queue table's): a BIGINT key
+    /// column whose values each tablet assigns from its log (see [`Schema::position_column`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    position: Option<u32>,
     #[serde(skip)]
     arrow: OnceLock<SchemaRef>,
 }
@@ -271,6 +275,8 @@ struct StoredSchema {
     next_column_id: u32,
     #[serde(default)]
     auto_increment: bool,
+    #[serde(default)]
+    position: Option<u32>,
 }
 
 impl TryFrom<StoredSchema> for Schema {
@@ -295,6 +301,13 @@ impl TryFrom<StoredSchema> for Schema {
         schema.column_ids = stored.column_ids;
         schema.next_column_id = stored.next_column_id;
         schema.auto_increment = stored.auto_increment;
+        if let Some(id) = stored.position {
+            let column = schema.ids().iter().position(|&i| i == id).ok_or_else(|| {
+                StorageError::InvalidSchema(format!("position column id {id} is not a column"))
+            })?;
+            schema.check_position(column)?;
+            schema.position = Some(id);
+        }
         Ok(schema)
     }
 }
@@ -305,6 +318,7 @@ impl PartialEq for Schema {
             && self.key_columns == other.key_columns
             && self.ids() == other.ids()
             && self.auto_increment == other.auto_increment
+            && self.position == other.position
     }
 }
 
@@ -361,8 +375,50 @@ impl Schema {
             column_ids: (0..n).collect(),
             next_column_id: n,
             auto_increment: false,
+            position: None,
             arrow: OnceLock::new(),
         })
+    }
+
+    /// This schema with column `column` as its position column (`GENERATED ALWAYS AS
+    /// POSITION`): a BIGINT primary-key column whose values each tablet assigns, increasing in
+    /// the order its log applies inserts.
+    pub fn with_position(&self, column: usize) -> Result<Schema, StorageError> {
+        self.check_position(column)?;
+        let mut schema = self.clone();
+        schema.position = Some(self.ids()[column]);
+        schema.arrow = OnceLock::new();
+        Ok(schema)
+    }
+
+    fn check_position(&self, column: usize) -> Result<(), StorageError> {
+        let c = self.columns.get(column).ok_or_else(|| {
+            StorageError::InvalidSchema(format!("position column {column} does not exist"))
+        })?;
+        if c.column_type != ColumnType::Int64 {
+            return Err(StorageError::InvalidSchema(format!(
+                "column '{}' is GENERATED ALWAYS AS POSITION, so it must be BIGINT",
+                c.name
+            )));
+        }
+        if !self.key_columns.contains(&column) {
+            return Err(StorageError::InvalidSchema(format!(
+                "column '{}' is GENERATED ALWAYS AS POSITION, so it must be part of the primary key",
+                c.name
+            )));
+        }
+        if self.auto_increment {
+            return Err(StorageError::InvalidSchema(
+                "a NON UNIQUE PRIMARY KEY cannot have a POSITION column".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The column `GENERATED ALWAYS AS POSITION`, in a queue table.
+    pub fn position_column(&self) -> Option<usize> {
+        let id = self.position?;
+        self.ids().iter().position(|&i| i == id)
     }
 
     /// This schema with a NON UNIQUE primary key: [`AUTO_INCREMENT_COLUMN`] (BIGINT) is added
@@ -426,6 +482,7 @@ impl Schema {
         let next = self.next_column_id.max(self.columns.len() as u32);
         let mut schema = Schema::new(columns, key_columns)?;
         schema.auto_increment = self.auto_increment;
+        schema.position = self.position;
         schema.next_column_id = ids.iter().map(|&i| i + 1).max().unwrap_or(0).max(next);
         schema.column_ids = ids;
         Ok(schema)
@@ -521,9 +578,11 @@ impl Schema {
                 Arc::new(ArrowSchema::new(
                     self.columns
                         .iter()
-                        .map(|c| {
-                            // Left out of INSERTs (NULL), then assigned by the tablet's leader.
-                            let assigned = self.auto_increment && c.name == AUTO_INCREMENT_COLUMN;
+                        .enumerate()
+                        .map(|(i, c)| {
+                            // Left out of INSERTs (NULL), then assigned by the tablet.
+                            let assigned = (self.auto_increment && c.name == AUTO_INCREMENT_COLUMN)
+                                || self.position_column() == Some(i);
                             Field::new(&c.name, c.column_type.arrow_type(), c.nullable || assigned)
                         })
                         .collect::<Vec<_>>(),

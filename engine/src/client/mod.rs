@@ -64,10 +64,10 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Runs `write` again while it meets rows locked by a transaction in progress, pausing longer
 /// each time, for at most [`LOCK_WAIT`].
-async fn when_unlocked<F, Fut>(write: F) -> Result<WriteOutcome>
+pub(crate) async fn when_unlocked<F, Fut, T>(write: F) -> Result<T>
 where
     F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<WriteOutcome>>,
+    Fut: std::future::Future<Output = Result<T>>,
 {
     let started = std::time::Instant::now();
     let mut pause = std::time::Duration::from_micros(500);

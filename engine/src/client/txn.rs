@@ -193,8 +193,10 @@ impl Transaction {
                 Ok(())
             }
             _ => {
-                let prepared =
-                    join_all(participants.iter().map(|t| tablets.prepare_txn(t, self.id)));
+                // (A queue table's tablet prepares one inserting transaction at a time.)
+                let prepared = join_all(participants.iter().map(|t| {
+                    super::when_unlocked(move || tablets.prepare_txn(t.as_str(), self.id))
+                }));
                 let mut commit_ts = Timestamp(0);
                 for prepared in prepared.await {
                     match prepared {

@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 
+use super::write::{queue_write, with_positions, QueueWrite};
 use super::{State, Tablet};
 use crate::key::{encode_keys, format_key};
 use crate::{StorageError, Timestamp, WriteBatch, WriteKind, WriteOutcome};
@@ -32,6 +33,28 @@ pub(super) struct PendingTxn {
     prepared: Option<Timestamp>,
     /// The timestamp of its latest write here.
     last_write: Timestamp,
+}
+
+impl PendingTxn {
+    fn new(ts: Timestamp) -> Self {
+        PendingTxn {
+            writes: Vec::new(),
+            present: HashMap::new(),
+            prepared: None,
+            last_write: ts,
+        }
+    }
+
+    /// Whether it is committing and inserts rows here (in a queue table, they take positions
+    /// at the commit).
+    pub(super) fn commits_inserts(&self) -> bool {
+        self.prepared.is_some() && self.inserts()
+    }
+
+    /// Whether it inserts rows here.
+    fn inserts(&self) -> bool {
+        (self.writes.iter()).any(|w| matches!(w.kind, WriteKind::Insert | WriteKind::InsertIgnore))
+    }
 }
 
 /// Pending transactions and the keys they locked.
@@ -64,6 +87,25 @@ impl Tablet {
             return Err(StorageError::TxnState(format!(
                 "transaction {txn} is committing and takes no more writes"
             )));
+        }
+        if let QueueWrite::Insert = queue_write(&schema, batch.kind)? {
+            // New rows of a queue table collide with nothing and lock nothing: they wait here
+            // with positions only held in place, and take theirs when the commit applies them.
+            let rows = with_positions(&schema, &batch.rows, 0, 0, true)?;
+            let rows = Self::conform(&schema, &WriteBatch::new(WriteKind::Insert, rows))?;
+            let n = rows.num_rows();
+            let pending = state.txns.entry(txn).or_insert_with(|| PendingTxn::new(ts));
+            pending.last_write = ts;
+            if n > 0 {
+                pending
+                    .writes
+                    .push(WriteBatch::new(WriteKind::Insert, rows));
+            }
+            return Ok(WriteOutcome {
+                rows: n,
+                conflicts: Vec::new(),
+                visible_at: None,
+            });
         }
         let rows = Self::conform(&schema, batch)?;
         let keys = encode_keys(&schema, &rows)?;
@@ -142,12 +184,7 @@ impl Tablet {
             .filter(|(_, &k)| k)
             .map(|(key, _)| key)
             .collect();
-        let pending = state.txns.entry(txn).or_insert_with(|| PendingTxn {
-            writes: Vec::new(),
-            present: HashMap::new(),
-            prepared: None,
-            last_write: ts,
-        });
+        let pending = state.txns.entry(txn).or_insert_with(|| PendingTxn::new(ts));
         pending.last_write = ts;
         if kept > 0 {
             pending.writes.push(WriteBatch::new(batch.kind, rows));
@@ -173,6 +210,16 @@ impl Tablet {
     pub fn prepare_txn(&self, index: u64, ts: Timestamp, txn: u64) -> Result<bool, StorageError> {
         let mut state = self.state.write();
         state.last_applied = state.last_applied.max(index);
+        let inserts = state.txns.get(&txn).is_some_and(|t| t.inserts());
+        let queue = state.schema.position_column().is_some();
+        let other_committing = (state.txns.iter()).any(|(&id, t)| id != txn && t.commits_inserts());
+        if queue && inserts && other_committing {
+            // One transaction inserting into a queue commits at a time, so positions (taken
+            // at the commit) increase with the commit timestamps.
+            return Err(StorageError::Locked {
+                key: "(the queue's next positions: another transaction is committing)".into(),
+            });
+        }
         match state.txns.get_mut(&txn) {
             Some(pending) => {
                 let first = pending.prepared.is_none();
@@ -198,10 +245,23 @@ impl Tablet {
             state.locks.remove(key);
         }
         let mut rows = 0;
+        let schema = state.schema.clone();
+        let mut inserted = 0;
         for write in pending.writes {
+            let kind = write.kind;
+            let write_rows = match queue_write(&schema, kind)? {
+                // A queue's new rows take their positions now, from the commit's log entry.
+                QueueWrite::Insert => {
+                    let n = write.rows.num_rows() as u64;
+                    let positioned = with_positions(&schema, &write.rows, index, inserted, false)?;
+                    inserted += n;
+                    positioned
+                }
+                QueueWrite::Other => write.rows,
+            };
             // Checked when written, and their keys were locked since: this cannot fail but
             // on damaged storage.
-            rows += self.apply_rows(&mut state, ts, write.kind, write.rows)?;
+            rows += self.apply_rows(&mut state, ts, kind, write_rows)?;
         }
         Ok(rows)
     }

@@ -11,8 +11,11 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use arrow::array::{new_null_array, Array, AsArray, RecordBatch, UInt32Array};
+use arrow::array::{
+    new_null_array, Array, ArrayRef, AsArray, Int64Array, RecordBatch, UInt32Array,
+};
 use arrow::compute::{cast, take};
+use arrow::datatypes::{DataType, Field, FieldRef, Schema as ArrowSchema};
 
 use super::{State, Tablet};
 use crate::delta::Image;
@@ -56,7 +59,25 @@ impl Tablet {
     ) -> Result<WriteOutcome, StorageError> {
         let mut state = self.state.write();
         state.last_applied = state.last_applied.max(index);
-        self.apply_locked(&mut state, ts, batch)
+        let schema = state.schema.clone();
+        match queue_write(&schema, batch.kind)? {
+            QueueWrite::Insert => {
+                if state.txns.values().any(|t| t.commits_inserts()) {
+                    // Its rows will take positions when it commits; rows inserted now would
+                    // take lower ones, yet could become visible after them.
+                    return Err(StorageError::Locked {
+                        key: "(the queue's next positions: a transaction is committing)".into(),
+                    });
+                }
+                let rows = with_positions(&schema, &batch.rows, index, 0, true)?;
+                let batch = WriteBatch {
+                    rows,
+                    ..batch.clone()
+                };
+                self.apply_locked(&mut state, ts, &batch)
+            }
+            QueueWrite::Other => self.apply_locked(&mut state, ts, batch),
+        }
     }
 
     fn apply_locked(
@@ -468,4 +489,79 @@ impl State {
         }
         Ok(Location::Absent)
     }
+}
+
+/// Bits of a position that count rows within one log entry: position = (index << 24) + row.
+pub const POSITION_ROW_BITS: u32 = 24;
+
+/// What a write to a table with a POSITION column (a queue table) is.
+pub(super) enum QueueWrite {
+    /// New rows, which take positions when they are applied.
+    Insert,
+    /// Anything else (also every write to other tables).
+    Other,
+}
+
+/// What a write of `kind` is in a table of `schema`; an error for an UPSERT into a queue table
+/// (a row's position is its key: a new row takes a new one, so UPSERT could only insert).
+pub(super) fn queue_write(schema: &Schema, kind: WriteKind) -> Result<QueueWrite, StorageError> {
+    match (schema.position_column(), kind) {
+        (None, _) => Ok(QueueWrite::Other),
+        (Some(_), WriteKind::Insert | WriteKind::InsertIgnore) => Ok(QueueWrite::Insert),
+        (Some(c), WriteKind::Upsert) => Err(StorageError::SchemaMismatch(format!(
+            "UPSERT cannot write a table whose column '{}' is GENERATED ALWAYS AS POSITION: \
+             INSERT adds rows, UPDATE changes them",
+            schema.columns()[c].name
+        ))),
+        (Some(_), WriteKind::Update | WriteKind::Delete) => Ok(QueueWrite::Other),
+    }
+}
+
+/// `rows`, inserted into a queue table by log entry `index`, with their positions: `(index <<
+/// POSITION_ROW_BITS) + first + i`, increasing in log order within the tablet, the same on
+/// every replica and after every replay. With `fresh`, the rows must leave the position NULL.
+pub(super) fn with_positions(
+    schema: &Schema,
+    rows: &RecordBatch,
+    index: u64,
+    first: u64,
+    fresh: bool,
+) -> Result<RecordBatch, StorageError> {
+    let Some(c) = schema.position_column() else {
+        return Ok(rows.clone());
+    };
+    let name = &schema.columns()[c].name;
+    let n = rows.num_rows() as u64;
+    if first + n > 1 << POSITION_ROW_BITS {
+        return Err(StorageError::SchemaMismatch(format!(
+            "one write inserts at most {} rows into a queue table",
+            1u64 << POSITION_ROW_BITS
+        )));
+    }
+    let base = (index << POSITION_ROW_BITS) + first;
+    let positions: ArrayRef = Arc::new(Int64Array::from_iter_values(
+        (base..base + n).map(|p| p as i64),
+    ));
+    let mut fields: Vec<FieldRef> = rows.schema().fields().iter().cloned().collect();
+    let mut columns = rows.columns().to_vec();
+    match fields.iter().position(|f| f.name() == name) {
+        Some(i) => {
+            if fresh && columns[i].null_count() != rows.num_rows() {
+                return Err(StorageError::SchemaMismatch(format!(
+                    "column '{name}' is GENERATED ALWAYS AS POSITION: the database assigns \
+                     it, so leave it out of INSERT"
+                )));
+            }
+            fields[i] = Arc::new(Field::new(name, DataType::Int64, false));
+            columns[i] = positions;
+        }
+        None => {
+            fields.push(Arc::new(Field::new(name, DataType::Int64, false)));
+            columns.push(positions);
+        }
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(ArrowSchema::new(fields)),
+        columns,
+    )?)
 }
