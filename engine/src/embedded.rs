@@ -160,6 +160,16 @@ impl Tablets for LocalTablets {
         Ok(self.0.replica(id)?.safe_snapshot())
     }
 
+    async fn wait_for_write(
+        &self,
+        id: &str,
+        after: Timestamp,
+        timeout: std::time::Duration,
+    ) -> Result<Timestamp> {
+        let replica = self.0.replica(id)?;
+        Ok(replica.wait_for_write(after, timeout).await)
+    }
+
     fn stats(&self, id: &str) -> Result<TabletStats> {
         let replica = self.0.replica(id)?;
         let tablet = replica.tablet();

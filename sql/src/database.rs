@@ -8,7 +8,6 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::transaction::TxnSlot;
 use arrow::datatypes::SchemaRef;
 use datafusion::catalog::{CatalogProvider, MemoryCatalogProvider};
 use datafusion::execution::SessionStateBuilder;
@@ -21,7 +20,8 @@ use crate::access::Principal;
 use crate::limits::{Limits, QueryLimits, YieldingLeaves};
 use crate::session::Session;
 use crate::settings::NyalaOptions;
-use crate::{as_of, catalog, dml, functions, runtime_filter};
+use crate::transaction::TxnSlot;
+use crate::{as_of, catalog, dml, functions, runtime_filter, tail};
 use crate::{Result, SqlError, CATALOG_NAME, SCHEMA_NAME};
 
 /// Options for opening an embedded database.
@@ -131,6 +131,12 @@ impl Database {
             )),
         );
         ctx.register_catalog(CATALOG_NAME, Arc::new(catalog));
+        ctx.register_udtf(
+            tail::FUNCTION,
+            Arc::new(tail::TailFunction {
+                client: self.client.clone(),
+            }),
+        );
         ctx.register_udtf(
             as_of::FUNCTION,
             Arc::new(as_of::AsOfFunction {

@@ -40,6 +40,7 @@ pub mod settings;
 mod show;
 pub mod statement;
 mod table;
+mod tail;
 mod transaction;
 mod update_from;
 

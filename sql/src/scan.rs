@@ -163,6 +163,11 @@ impl NyalaScanExec {
         &self.table.id
     }
 
+    /// The tablets (by number) the scan reads.
+    pub fn tablets(&self) -> &[usize] {
+        &self.tablets
+    }
+
     /// The snapshot the scan reads at, once pinned.
     pub fn snapshot(&self) -> Option<Timestamp> {
         self.snapshot

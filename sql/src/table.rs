@@ -79,7 +79,7 @@ impl NyalaTable {
     }
 
     /// A scan of this table with `filters` pushed into storage where they convert.
-    fn scan_exec(
+    pub(crate) fn scan_exec(
         &self,
         projection: Option<Vec<usize>>,
         filters: &[Expr],

@@ -1990,3 +1990,80 @@ async fn queue_tables_assign_positions_in_log_order() {
     .await;
     assert!(last.contains("after"), "{last} {u1:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_reads_a_queue_in_order_and_waits_for_new_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s) = open(dir.path()).await;
+    run(
+        &s,
+        "CREATE TABLE inbox (user_id STRING, pos BIGINT GENERATED ALWAYS AS POSITION, \
+         body STRING, PRIMARY KEY (user_id, pos)) DISTRIBUTE BY HASH (user_id) INTO 4 BUCKETS",
+    )
+    .await;
+    for i in 0..5 {
+        run(
+            &s,
+            &format!("INSERT INTO inbox (user_id, body) VALUES ('u1', 'm{i}'), ('u2', 'x{i}')"),
+        )
+        .await;
+    }
+    let read = |after: i64, wait: u64, extra: &str| {
+        format!("SELECT pos, body FROM tail('inbox', {after}, {wait}) WHERE user_id = 'u1' {extra}")
+    };
+    let rows = run(&s, &read(0, 0, "")).await;
+    let positions: Vec<i64> = rows
+        .iter()
+        .flat_map(|b| {
+            let c = b
+                .column(0)
+                .as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .unwrap();
+            c.iter().flatten().collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(positions.len(), 5);
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
+    let bodies = text(&s, &read(positions[1], 0, "LIMIT 2")).await;
+    assert!(
+        bodies.contains("| m2   |") && bodies.contains("| m3   |") && !bodies.contains("m4"),
+        "{bodies}"
+    );
+    // Nothing after the last: an empty answer once the wait is over.
+    assert_eq!(
+        run(&s, &read(positions[4], 50, ""))
+            .await
+            .iter()
+            .map(|b| b.num_rows())
+            .sum::<usize>(),
+        0
+    );
+    // A long poll returns as soon as a row commits.
+    let writer = db.session();
+    let started = std::time::Instant::now();
+    let insert = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        run(
+            &writer,
+            "INSERT INTO inbox (user_id, body) VALUES ('u2', 'other')",
+        )
+        .await;
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        run(
+            &writer,
+            "INSERT INTO inbox (user_id, body) VALUES ('u1', 'new')",
+        )
+        .await;
+    });
+    let woken = text(&s, &read(positions[4], 60_000, "")).await;
+    insert.await.unwrap();
+    assert!(woken.contains("| new  |"), "{woken}");
+    // A liveness bound, not a timing measurement: the wait was woken, not timed out.
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    let e = error(&s, "SELECT * FROM tail('inbox', 0, -1)").await;
+    assert!(e.contains("wait_ms"), "{e}");
+    run(&s, "CREATE TABLE plain (k BIGINT PRIMARY KEY)").await;
+    let e = error(&s, "SELECT * FROM tail('plain', 0, 0)").await;
+    assert!(e.contains("queue table"), "{e}");
+}

@@ -352,6 +352,28 @@ impl Client {
         Ok(snapshot.map_or(last_write, |s| s.max(last_write)))
     }
 
+    /// Waits up to `timeout` for rows to become visible above `after` in any of the tablets
+    /// numbered `tablets` of `table` (a commit there wakes the wait at once). Returns whether
+    /// some did.
+    pub async fn wait_for_write(
+        &self,
+        table: &TableInfo,
+        tablets: &[usize],
+        after: Timestamp,
+        timeout: std::time::Duration,
+    ) -> Result<bool> {
+        let ids = tablets.iter().filter_map(|&t| table.tablets.get(t));
+        let waits = ids.map(|id| Box::pin(self.tablets.wait_for_write(id, after, timeout)));
+        let waits: Vec<_> = waits.collect();
+        if waits.is_empty() {
+            tokio::time::sleep(timeout).await;
+            return Ok(false);
+        }
+        // The first tablet to answer decides: rows arrived there, or the time is up.
+        let (newest, _, _) = futures::future::select_all(waits).await;
+        Ok(newest? > after)
+    }
+
     /// A write through this client became visible at `at`.
     fn written_at(&self, at: Option<Timestamp>) {
         if let Some(at) = at {

@@ -5,6 +5,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow::array::RecordBatch;
 use nyala_storage::{
@@ -16,7 +17,7 @@ use crate::rpc::decode_rows;
 use crate::rpc::proto::common::TabletRef;
 use crate::rpc::proto::tserver::{
     ScanNextRequest, ScanOpenRequest, ScanResponse, TxnFinishRequest, TxnRequest, TxnWriteRequest,
-    WriteRequest, WriteResponse,
+    WaitForWriteRequest, WriteRequest, WriteResponse,
 };
 use crate::Result;
 
@@ -65,6 +66,15 @@ pub trait Tablets: Send + Sync + 'static {
     fn scan(&self, id: &str, spec: ScanSpec, snapshot: Option<Timestamp>) -> Result<ScanIterator>;
     /// The newest snapshot at which tablet `id` has applied every write it will take below it.
     async fn safe_snapshot(&self, id: &str) -> Result<Timestamp>;
+    /// Waits up to `timeout` for rows to become visible in tablet `id` above `after`; returns
+    /// the newest timestamp rows became visible at there (see
+    /// [`crate::tserver::TabletReplica::wait_for_write`]).
+    async fn wait_for_write(
+        &self,
+        id: &str,
+        after: Timestamp,
+        timeout: Duration,
+    ) -> Result<Timestamp>;
     /// The size and shape of tablet `id` (in a cluster: as its leader last reported).
     fn stats(&self, id: &str) -> Result<TabletStats>;
     /// What tablet `id`'s files say of its columns' values, for planning (empty: unknown; a
@@ -186,6 +196,26 @@ impl Tablets for RemoteTablets {
             })
             .await?;
         Ok(Timestamp(answer.snapshot))
+    }
+
+    async fn wait_for_write(
+        &self,
+        id: &str,
+        after: Timestamp,
+        timeout: Duration,
+    ) -> Result<Timestamp> {
+        let (_, answer) = self
+            .meta
+            .call_leader(id, |mut server| {
+                let request = WaitForWriteRequest {
+                    tablet_id: id.into(),
+                    after: after.0,
+                    timeout_ms: timeout.as_millis() as u64,
+                };
+                async move { server.wait_for_write(request).await }
+            })
+            .await?;
+        Ok(Timestamp(answer.newest))
     }
 
     fn stats(&self, id: &str) -> Result<TabletStats> {

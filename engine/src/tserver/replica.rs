@@ -80,6 +80,9 @@ pub struct Replication {
 struct InflightWrites {
     pending: parking_lot::Mutex<Pending>,
     left: parking_lot::Condvar,
+    /// The newest timestamp rows became visible at, for readers waiting for new rows (see
+    /// [`TabletReplica::wait_for_write`]).
+    written: tokio::sync::watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -255,6 +258,14 @@ impl StateMachine for TabletStateMachine {
             }
         };
         if let Ok(outcome) = &result {
+            if let Some(at) = outcome.visible_at.filter(|_| outcome.rows > 0) {
+                // Wakes the readers waiting for new rows (queue tails).
+                self.inflight.written.send_if_modified(|newest| {
+                    let newer = at.0 > *newest;
+                    *newest = (*newest).max(at.0);
+                    newer
+                });
+            }
             // Rows count when they become visible (a transaction's at its commit), bytes when
             // they arrive.
             let metrics = crate::metrics::engine();
@@ -572,6 +583,21 @@ impl TabletReplica {
         match inflight.writes.first() {
             Some(&oldest) => Timestamp(oldest - 1),
             None => now,
+        }
+    }
+
+    /// Waits up to `timeout` for rows to become visible here above `after`; returns the newest
+    /// timestamp rows became visible at (not above `after` if none did in time). A commit wakes
+    /// the waiters at once.
+    pub async fn wait_for_write(&self, after: Timestamp, timeout: Duration) -> Timestamp {
+        let mut written = self.inflight.written.subscribe();
+        let newer = async {
+            let newest = written.wait_for(|&newest| newest > after.0).await;
+            newest.map(|newest| *newest)
+        };
+        match tokio::time::timeout(timeout, newer).await {
+            Ok(Ok(newest)) => Timestamp(newest),
+            _ => Timestamp(*self.inflight.written.borrow()),
         }
     }
 

@@ -3,6 +3,7 @@
 //! on tokio's blocking pool, so a slow disk never stalls the RPC threads.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use nyala_raft::MembershipChange;
 use nyala_storage::{ScanSpec, Schema, Timestamp, WriteBatch, WriteOutcome};
@@ -19,9 +20,13 @@ use crate::rpc::proto::tserver::{
     AlterSchemaRequest, ChangeMembershipRequest, CopyTabletRequest, CreateReplicaRequest,
     FetchChunkRequest, FetchChunkResponse, MembershipChangeKind, SafeSnapshotResponse,
     ScanNextRequest, ScanOpenRequest, ScanResponse, TabletFiles, TransferLeadershipRequest,
-    TxnFinishRequest, TxnPrepareResponse, TxnRequest, TxnWriteRequest, WriteRequest, WriteResponse,
+    TxnFinishRequest, TxnPrepareResponse, TxnRequest, TxnWriteRequest, WaitForWriteRequest,
+    WaitForWriteResponse, WriteRequest, WriteResponse,
 };
 use crate::{EngineError, Result};
+
+/// Longest a WaitForWrite call waits (a client waiting longer calls again).
+const MAX_WAIT_MS: u64 = 60_000;
 
 /// The RPC service of one tablet server.
 pub struct TabletServerService {
@@ -211,6 +216,20 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
                 snapshot: r.safe_snapshot().0,
             });
         self.respond(snapshot)
+    }
+
+    async fn wait_for_write(
+        &self,
+        request: Request<WaitForWriteRequest>,
+    ) -> std::result::Result<Response<WaitForWriteResponse>, Status> {
+        let wait = request.into_inner();
+        let timeout = Duration::from_millis(wait.timeout_ms.min(MAX_WAIT_MS));
+        let replica = self.server.replica(&wait.tablet_id);
+        let newest = match replica {
+            Ok(replica) => Ok(replica.wait_for_write(Timestamp(wait.after), timeout).await),
+            Err(e) => Err(e),
+        };
+        self.respond(newest.map(|t| WaitForWriteResponse { newest: t.0 }))
     }
 
     async fn status(

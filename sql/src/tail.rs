@@ -1,0 +1,302 @@
+//! `tail(table, after_position, wait_ms)`: a queue table's rows after a position, in position
+//! order, waiting for the first to arrive (a long poll).
+//!
+//! ```sql
+//! SELECT pos, body FROM tail('inbox', 41, 5000) WHERE user_id = 'u1' LIMIT 100;
+//! ```
+//!
+//! The table must have a column `GENERATED ALWAYS AS POSITION`. The scan reads the rows with a
+//! position above `after_position` that pass the WHERE conditions storage evaluates, sorted
+//! by position. If there are none, it waits until a write commits in one of the tablets it
+//! reads (the tablets wake their waiters; nothing polls), then reads again, for at most
+//! `wait_ms` in all; an empty result means nothing arrived in time. A consumer that goes on
+//! from the last position it saw never sees a row at or below it: positions increase with
+//! the order in which each tablet's log makes rows visible.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{RecordBatch, RecordBatchOptions};
+use arrow::compute::{concat_batches, sort_to_indices, take_record_batch};
+use arrow::datatypes::SchemaRef;
+use async_trait::async_trait;
+use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DFSchema, ScalarValue};
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::{col, lit, ColumnarValue, Expr, TableProviderFilterPushDown};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    collect, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
+use nyala_engine::{Client, TableHandle};
+
+use crate::scan::{self, NyalaScanExec};
+use crate::table::NyalaTable;
+
+pub const FUNCTION: &str = "tail";
+
+/// Longest a tail waits (`wait_ms` above it is an error).
+const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// The `tail` table function.
+#[derive(Debug)]
+pub struct TailFunction {
+    pub client: Client,
+}
+
+impl TableFunctionImpl for TailFunction {
+    fn call_with_args(&self, args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
+        let [name, after, wait] = args.exprs() else {
+            return Err(DataFusionError::Plan(format!(
+                "{FUNCTION}(table, after_position, wait_ms) takes three arguments"
+            )));
+        };
+        let evaluate = |expr: &Expr| -> Result<ScalarValue> {
+            let physical =
+                (args.session()).create_physical_expr(expr.clone(), &DFSchema::empty())?;
+            let options = RecordBatchOptions::new().with_row_count(Some(1));
+            let schema = Arc::new(arrow::datatypes::Schema::empty());
+            let one_row = RecordBatch::try_new_with_options(schema, vec![], &options)?;
+            match physical.evaluate(&one_row)? {
+                ColumnarValue::Scalar(value) => Ok(value),
+                ColumnarValue::Array(array) => ScalarValue::try_from_array(&array, 0),
+            }
+        };
+        let ScalarValue::Utf8(Some(name)) = evaluate(name)? else {
+            return Err(DataFusionError::Plan(format!(
+                "{FUNCTION}: the first argument is a table name"
+            )));
+        };
+        let integer = |value: ScalarValue, what: &str| match value
+            .cast_to(&arrow::datatypes::DataType::Int64)
+        {
+            Ok(ScalarValue::Int64(Some(v))) => Ok(v),
+            _ => Err(DataFusionError::Plan(format!(
+                "{FUNCTION}: {what} must be a whole number, got {value}"
+            ))),
+        };
+        let after = integer(evaluate(after)?, "after_position")?;
+        let wait = integer(evaluate(wait)?, "wait_ms")?;
+        let wait = u64::try_from(wait)
+            .ok()
+            .map(Duration::from_millis)
+            .filter(|w| *w <= MAX_WAIT)
+            .ok_or_else(|| {
+                DataFusionError::Plan(format!(
+                    "{FUNCTION}: wait_ms must be from 0 to {}",
+                    MAX_WAIT.as_millis()
+                ))
+            })?;
+        let reference = datafusion::common::TableReference::parse_str(&name);
+        let table = (self.client.table(reference.table()))
+            .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        let Some(position) = table.schema.position_column() else {
+            return Err(DataFusionError::Plan(format!(
+                "{FUNCTION} reads a queue table (one with a column GENERATED ALWAYS AS \
+                 POSITION); '{}' has none",
+                table.name
+            )));
+        };
+        Ok(Arc::new(TailTable {
+            client: self.client.clone(),
+            inner: NyalaTable::new(self.client.clone(), table.clone()),
+            table,
+            position,
+            after,
+            wait,
+        }))
+    }
+}
+
+/// A queue table read from a position on.
+#[derive(Debug)]
+struct TailTable {
+    client: Client,
+    inner: NyalaTable,
+    table: TableHandle,
+    /// The position column.
+    position: usize,
+    after: i64,
+    wait: Duration,
+}
+
+#[async_trait]
+impl TableProvider for TailTable {
+    fn schema(&self) -> SchemaRef {
+        self.table.schema.arrow_schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        self.inner.supports_filters_pushdown(filters)
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let all: Vec<usize> = (0..self.table.schema.columns().len()).collect();
+        let asked = projection.cloned().unwrap_or(all);
+        // The position is read to sort by, if the query does not ask for it.
+        let mut read = asked.clone();
+        if !read.contains(&self.position) {
+            read.push(self.position);
+        }
+        let name = &self.table.schema.columns()[self.position].name;
+        let mut filters = filters.to_vec();
+        filters.push(col(datafusion::common::Column::new_unqualified(name)).gt(lit(self.after)));
+        let scan = self.inner.scan_exec(Some(read.clone()), &filters, None)?;
+        let sort_by = read.iter().position(|&c| c == self.position).unwrap_or(0);
+        let schema = Arc::new(
+            scan.schema()
+                .project(&(0..asked.len()).collect::<Vec<_>>())?,
+        );
+        Ok(Arc::new(TailExec {
+            client: self.client.clone(),
+            table: self.table.clone(),
+            scan: Arc::new(scan),
+            sort_by,
+            output: asked.len(),
+            limit,
+            wait: self.wait,
+            properties: Arc::new(PlanProperties::new(
+                EquivalenceProperties::new(schema.clone()),
+                Partitioning::UnknownPartitioning(1),
+                EmissionType::Final,
+                Boundedness::Bounded,
+            )),
+            schema,
+        }))
+    }
+}
+
+/// Reads a queue's new rows, waiting for the first to arrive.
+#[derive(Debug, Clone)]
+struct TailExec {
+    client: Client,
+    table: TableHandle,
+    scan: Arc<NyalaScanExec>,
+    /// The column of the scan's output to sort by (the position).
+    sort_by: usize,
+    /// How many of the scan's first columns are the result's.
+    output: usize,
+    limit: Option<usize>,
+    wait: Duration,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+}
+
+impl TailExec {
+    /// The rows after the position, sorted, once some arrived or the wait is over.
+    async fn rows(&self, context: Arc<TaskContext>) -> Result<RecordBatch> {
+        let deadline = tokio::time::Instant::now() + self.wait;
+        loop {
+            let plan = scan::pin_snapshot(self.scan.clone()).await?;
+            let snapshot = (plan.downcast_ref::<NyalaScanExec>()).and_then(|s| s.snapshot());
+            let batches = collect(plan, context.clone()).await?;
+            let rows = concat_batches(&self.scan.schema(), &batches)?;
+            let now = tokio::time::Instant::now();
+            if rows.num_rows() > 0 || now >= deadline {
+                return self.sorted(rows);
+            }
+            let Some(snapshot) = snapshot else {
+                return self.sorted(rows);
+            };
+            // Nothing yet: wait for a commit in one of the tablets read, then read again.
+            let tablets = self.scan.tablets().to_vec();
+            (self
+                .client
+                .wait_for_write(&self.table, &tablets, snapshot, deadline - now))
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        }
+    }
+
+    /// `rows` in position order, at most `limit` of them, with the columns asked for.
+    fn sorted(&self, rows: RecordBatch) -> Result<RecordBatch> {
+        let order = sort_to_indices(rows.column(self.sort_by), None, self.limit)?;
+        let rows = take_record_batch(&rows, &order)?;
+        let options = RecordBatchOptions::new().with_row_count(Some(rows.num_rows()));
+        let columns = rows.columns()[..self.output].to_vec();
+        Ok(RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            columns,
+            &options,
+        )?)
+    }
+}
+
+impl DisplayAs for TailExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "TailExec: {} waiting up to {} ms",
+            self.table.name,
+            self.wait.as_millis()
+        )
+    }
+}
+
+impl ExecutionPlan for TailExec {
+    fn name(&self) -> &str {
+        "TailExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match children.is_empty() {
+            true => Ok(self),
+            false => Err(DataFusionError::Internal("TailExec has no children".into())),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return Err(DataFusionError::Internal(format!(
+                "TailExec has one partition, not {partition}"
+            )));
+        }
+        let this = self.clone();
+        let rows = futures::stream::once(async move { this.rows(context).await });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema.clone(),
+            rows,
+        )))
+    }
+}
