@@ -1690,6 +1690,72 @@ mod cluster {
         drop(servers);
     }
 
+    /// A queue table in a cluster: positions keep increasing after its tablet's leader is
+    /// killed and another takes over, and a long-polling tail through the master wakes when a
+    /// row commits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queue_positions_increase_across_a_leader_change() {
+        let mut cluster = TestCluster::start(3, &[]);
+        let url = cluster.url.clone();
+        let create = "CREATE TABLE inbox (user_id STRING, pos BIGINT GENERATED ALWAYS AS \
+                      POSITION, body STRING, PRIMARY KEY (user_id, pos)) WITH (replicas = 3)";
+        ddl_when_ready(&url, create).await;
+        let insert = |body: String| {
+            let url = url.clone();
+            async move {
+                let statement =
+                    format!("INSERT INTO inbox (user_id, body) VALUES ('u1', '{body}')");
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while let Err(e) = sql(&url, &statement).await {
+                    assert!(Instant::now() < deadline, "{e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        for i in 0..5 {
+            insert(format!("before-{i}")).await;
+        }
+        let positions = |url: String| async move {
+            let read = "SELECT pos FROM tail('inbox', 0, 0) WHERE user_id = 'u1'";
+            column_i64(&sql(&url, read).await.unwrap(), 0)
+        };
+        let before = positions(url.clone()).await;
+        assert_eq!(before.len(), 5);
+        let tablet = "SELECT leader FROM sys.partitions WHERE table_name = 'inbox'";
+        let leaders = sql(&url, tablet).await.unwrap();
+        let leader = arrow::util::display::array_value_to_string(leaders[0].column(0), 0).unwrap();
+        let victim = cluster.servers.iter().position(|s| s.addr == leader);
+        cluster.servers[victim.expect("the queue's tablet has a leader")].kill();
+        // A consumer long-polls from the last position while a new leader is elected.
+        let last = *before.last().unwrap();
+        let consumer = {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let read = format!(
+                    "SELECT pos, body FROM tail('inbox', {last}, 20000) WHERE user_id = 'u1'"
+                );
+                let deadline = Instant::now() + Duration::from_secs(60);
+                loop {
+                    match sql(&url, &read).await {
+                        Ok(rows) if rows.iter().map(|b| b.num_rows()).sum::<usize>() > 0 => {
+                            return column_i64(&rows, 0)
+                        }
+                        _ => assert!(Instant::now() < deadline, "the tail saw nothing"),
+                    }
+                }
+            })
+        };
+        for i in 0..5 {
+            insert(format!("after-{i}")).await;
+        }
+        let woken = consumer.await.unwrap();
+        assert!(woken.iter().all(|&p| p > last), "{woken:?} after {last}");
+        let all = positions(url.clone()).await;
+        assert_eq!(all.len(), 10);
+        assert!(all.windows(2).all(|w| w[0] < w[1]), "{all:?}");
+        assert_eq!(&all[..5], &before[..]);
+    }
+
     /// Writers insert rows through the master while tablet servers (and sometimes the master)
     /// are killed with SIGKILL and restarted at random, one process down at a time (kills land
     /// in the middle of statements' transactions: writes, prepares, decisions, commits); at the
