@@ -178,6 +178,9 @@ impl Session {
                     .as_ref()
                     .map_or(String::new(), |t| format!(" COMMENT {}", quote(t)));
                 let mut storage = String::new();
+                if schema.position_column() == Some(i) {
+                    storage.push_str(" GENERATED ALWAYS AS POSITION");
+                }
                 if c.encoding != ColumnEncoding::Auto {
                     storage.push_str(&format!(" ENCODING {}", c.encoding.name()));
                 }

@@ -1913,6 +1913,11 @@ async fn queue_tables_assign_positions_in_log_order() {
     )
     .await;
     assert!(bodies.contains("| a    |\n| c    |\n| d    |"), "{bodies}");
+    let shown = text(&s, "SHOW CREATE TABLE inbox").await;
+    assert!(
+        shown.contains("pos INT64 GENERATED ALWAYS AS POSITION"),
+        "{shown}"
+    );
     // Positions are the database's.
     let e = error(&s, "INSERT INTO inbox VALUES ('u1', 5, 'x')").await;
     assert!(e.contains("GENERATED ALWAYS AS POSITION"), "{e}");
