@@ -235,6 +235,9 @@ impl Client {
             .partition
             .split(&table.schema, rows)
             .map_err(|error| WriteError { applied: 0, error })?;
+        if let Some(txn) = txn {
+            txn.writes(&table.schema);
+        }
         let writes = parts.into_iter().map(|(tablet, rows)| async move {
             let tablet = &table.tablets[tablet];
             if let Some(txn) = txn {

@@ -38,6 +38,8 @@ pub struct Transaction {
     id: u64,
     client: Client,
     participants: Arc<Mutex<BTreeSet<String>>>,
+    /// Whether it wrote a queue table (see [`Transaction::commit`]).
+    queues: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Client {
@@ -48,6 +50,7 @@ impl Client {
             id: rand::random::<u64>() | 1,
             client: self.clone(),
             participants: Arc::default(),
+            queues: Arc::default(),
         }
     }
 
@@ -170,6 +173,14 @@ impl Transaction {
             .await
     }
 
+    /// The transaction is about to write a table whose schema is `schema`.
+    pub(super) fn writes(&self, schema: &nyala_storage::Schema) {
+        if schema.position_column().is_some() {
+            self.queues
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+
     /// Tablet `tablet` is about to take a write of the transaction.
     pub(super) fn joins(&self, tablet: &str) {
         let mut participants = self.participants.lock();
@@ -186,19 +197,35 @@ impl Transaction {
         match participants.as_slice() {
             [] => Ok(()),
             [only] => {
-                let finished = tablets
-                    .finish_txn(only, self.id, Some(Timestamp(0)))
-                    .await?;
+                // (A queue's tablet commits no insert while an inserting transaction is
+                // prepared there: this one waits its turn.)
+                let commit = || tablets.finish_txn(only, self.id, Some(Timestamp(0)));
+                let finished = super::when_unlocked(commit).await?;
                 self.client.written_at(finished.visible_at);
                 Ok(())
             }
             _ => {
-                // (A queue table's tablet prepares one inserting transaction at a time.)
-                let prepared = join_all(participants.iter().map(|t| {
-                    super::when_unlocked(move || tablets.prepare_txn(t.as_str(), self.id))
-                }));
+                // A queue's tablet prepares one inserting transaction at a time, which waits
+                // for its turn there; so transactions that wrote queues prepare their
+                // participants one after the other in one order (the tablet ids'), and no two
+                // wait for each other. Others prepare all at once.
+                let prepared = match self.queues.load(std::sync::atomic::Ordering::Acquire) {
+                    true => {
+                        let mut prepared = Vec::with_capacity(participants.len());
+                        for t in &participants {
+                            let answer = self.prepare(t).await;
+                            let failed = answer.is_err();
+                            prepared.push(answer);
+                            if failed {
+                                break;
+                            }
+                        }
+                        prepared
+                    }
+                    false => join_all(participants.iter().map(|t| self.prepare(t))).await,
+                };
                 let mut commit_ts = Timestamp(0);
-                for prepared in prepared.await {
+                for prepared in prepared {
                     match prepared {
                         Ok(ts) => commit_ts = commit_ts.max(ts),
                         Err(e) => {
@@ -241,6 +268,12 @@ impl Transaction {
                 Ok(())
             }
         }
+    }
+
+    /// Prepares the transaction in tablet `tablet`, waiting while the tablet prepares another
+    /// first (a queue's); returns the prepare timestamp.
+    async fn prepare(&self, tablet: &str) -> Result<Timestamp> {
+        super::when_unlocked(|| self.client.tablets.prepare_txn(tablet, self.id)).await
     }
 
     /// Aborts: no write of the transaction becomes visible.

@@ -238,6 +238,16 @@ impl Tablet {
     pub fn commit_txn(&self, index: u64, ts: Timestamp, txn: u64) -> Result<usize, StorageError> {
         let mut state = self.state.write();
         state.last_applied = state.last_applied.max(index);
+        let unprepared_inserts =
+            (state.txns.get(&txn)).is_some_and(|t| t.prepared.is_none() && t.inserts());
+        let other_committing = (state.txns.iter()).any(|(&id, t)| id != txn && t.commits_inserts());
+        if state.schema.position_column().is_some() && unprepared_inserts && other_committing {
+            // Committing at once, its rows would take positions above the prepared one's and
+            // yet become visible before them: it waits (as a plain insert does).
+            return Err(StorageError::Locked {
+                key: "(the queue's next positions: another transaction is committing)".into(),
+            });
+        }
         let Some(pending) = state.txns.remove(&txn) else {
             return Ok(0);
         };
