@@ -237,6 +237,7 @@ impl Session {
         mut statement: Box<SqlStatement>,
     ) -> Result<LogicalPlan> {
         as_of::lower(&mut statement)?;
+        self.refuse_assigned_columns(&statement)?;
         self.name_assigned_columns(&mut statement);
         let plan = self
             .ctx
@@ -245,6 +246,43 @@ impl Session {
             .await?;
         check_plan_depth(&plan)?;
         Ok(plan)
+    }
+
+    /// An INSERT whose column list names a queue table's POSITION column (even to give it
+    /// NULL) is refused: the database assigns it.
+    fn refuse_assigned_columns(&self, statement: &SqlStatement) -> Result<()> {
+        let insert = match statement {
+            SqlStatement::Explain { statement, .. } => match statement.as_ref() {
+                SqlStatement::Insert(insert) => insert,
+                _ => return Ok(()),
+            },
+            SqlStatement::Insert(insert) => insert,
+            _ => return Ok(()),
+        };
+        let TableObject::TableName(name) = &insert.table else {
+            return Ok(());
+        };
+        let Some(table) = object_name(name)
+            .ok()
+            .and_then(|n| self.db.client.table(&n).ok())
+        else {
+            return Ok(());
+        };
+        let Some(position) = table.schema.position_column() else {
+            return Ok(());
+        };
+        let position = &table.schema.columns()[position].name;
+        let named = |column: &ObjectName| {
+            (column.0.last().and_then(|part| part.as_ident()))
+                .is_some_and(|ident| crate::statement::normalize_ident(ident) == *position)
+        };
+        match insert.columns.iter().any(named) {
+            true => Err(SqlError::Invalid(format!(
+                "column '{position}' is GENERATED ALWAYS AS POSITION: the database assigns it, \
+                 so leave it out of INSERT"
+            ))),
+            false => Ok(()),
+        }
     }
 
     /// An INSERT without a column list into a table with a NON UNIQUE PRIMARY KEY lists the

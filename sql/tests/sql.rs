@@ -1921,6 +1921,12 @@ async fn queue_tables_assign_positions_in_log_order() {
     // Positions are the database's.
     let e = error(&s, "INSERT INTO inbox VALUES ('u1', 5, 'x')").await;
     assert!(e.contains("GENERATED ALWAYS AS POSITION"), "{e}");
+    let e = error(
+        &s,
+        "INSERT INTO inbox (user_id, pos, body) VALUES ('u1', NULL, 'x')",
+    )
+    .await;
+    assert!(e.contains("GENERATED ALWAYS AS POSITION"), "{e}");
     let e = error(&s, "UPSERT INTO inbox (user_id, body) VALUES ('u1', 'x')").await;
     assert!(e.contains("UPSERT"), "{e}");
     let e = error(
