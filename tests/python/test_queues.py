@@ -287,3 +287,31 @@ def test_bulk_ingest_assigns_positions(server, table_name):
                 + [b for u, b in zip(users, bodies) if u == queue] + (["last"] if queue == "u1" else [])
             assert [body for _, body in got] == want
             assert got == queue_rows(cur, table_name, queue)
+
+
+def test_a_prepared_consumer_passes_its_position_as_a_parameter(server, table_name):
+    """tail()'s arguments are values, so a prepared consumer gives its position in WHERE
+    (`pos > ?`): the long poll still waits for that condition and wakes on the commit."""
+    with flightsql.connect(server, autocommit=True) as conn, conn.cursor() as cur:
+        create_queue(cur, table_name, buckets=2)
+        cur.execute(f"INSERT INTO {table_name} (user_id, body) VALUES ('u1', 'a'), ('u1', 'b')")
+        poll = (f"SELECT pos, body FROM tail('{table_name}', 0, 30000) "
+                "WHERE user_id = ? AND pos > ?")
+        cur.execute(poll, ("u1", 0))
+        seen = cur.fetchall()
+        assert [b for _, b in seen] == ["a", "b"]
+
+        def produce():
+            time.sleep(0.3)
+            with flightsql.connect(server, autocommit=True) as other, other.cursor() as oc:
+                oc.execute(f"INSERT INTO {table_name} (user_id, body) VALUES ('u1', 'c')")
+
+        producer = threading.Thread(target=produce)
+        started = time.monotonic()
+        producer.start()
+        cur.execute(poll, ("u1", seen[-1][0]))
+        woken = cur.fetchall()
+        producer.join()
+        assert [b for _, b in woken] == ["c"] and woken[0][0] > seen[-1][0]
+        # A liveness bound: the wait was woken by the commit, not timed out.
+        assert time.monotonic() - started < 20
