@@ -179,7 +179,15 @@ impl Tablet {
         // Rows not applied: superseded by a later image of their key (UPSERT), or skipped
         // because their key exists or came earlier in the batch (INSERT IGNORE).
         let mut applied = vec![true; n];
+        // A queue's new rows have positions no row ever had (log indexes are not reused), so
+        // their keys need no lookup.
+        let fresh = schema.position_column().is_some()
+            && matches!(kind, WriteKind::Insert | WriteKind::InsertIgnore);
         for (row, key) in keys.iter().enumerate() {
+            if fresh {
+                locations.push(Location::Absent);
+                continue;
+            }
             if !seen.insert(key.as_slice()) {
                 match kind {
                     WriteKind::Upsert => {
