@@ -268,6 +268,11 @@ impl OpenTxn {
         snapshot: Timestamp,
     ) -> DFResult<Vec<(Vec<u8>, Option<RecordBatch>)>> {
         let storage_error = |e: nyala_storage::StorageError| DataFusionError::External(Box::new(e));
+        if table.schema.position_column().is_some() && kind == WriteKind::Insert {
+            // A queue's new rows have no position (no key) until the commit gives them one:
+            // the transaction reads them after it commits.
+            return Ok(Vec::new());
+        }
         let keys = encode_keys(&table.schema, batch).map_err(storage_error)?;
         if kind == WriteKind::Delete {
             return Ok(keys.into_iter().map(|k| (k, None)).collect());
