@@ -1978,6 +1978,18 @@ async fn queue_tables_assign_positions_in_log_order() {
         ),
     )
     .await;
+    // In a transaction, new messages take positions at COMMIT (and are read back after it).
+    run(&s, "BEGIN").await;
+    run(
+        &s,
+        "INSERT INTO inbox (user_id, body) VALUES ('u9', 'in a transaction')",
+    )
+    .await;
+    let inside = text(&s, "SELECT count(*) AS n FROM inbox WHERE user_id = 'u9'").await;
+    assert!(inside.contains("| 0 |"), "{inside}");
+    run(&s, "COMMIT").await;
+    let after = text(&s, "SELECT body FROM inbox WHERE user_id = 'u9'").await;
+    assert!(after.contains("in a transaction"), "{after}");
     drop(s);
     drop(db);
     // After a restart, positions go on increasing.
