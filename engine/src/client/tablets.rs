@@ -204,18 +204,27 @@ impl Tablets for RemoteTablets {
         after: Timestamp,
         timeout: Duration,
     ) -> Result<Timestamp> {
-        let (_, answer) = self
-            .meta
-            .call_leader(id, |mut server| {
-                let request = WaitForWriteRequest {
-                    tablet_id: id.into(),
-                    after: after.0,
-                    timeout_ms: timeout.as_millis() as u64,
-                };
-                async move { server.wait_for_write(request).await }
-            })
-            .await?;
-        Ok(Timestamp(answer.newest))
+        // Calls on internal connections time out after 30 s: a longer wait takes several.
+        const MOST_PER_CALL: Duration = Duration::from_secs(20);
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let (_, answer) = self
+                .meta
+                .call_leader(id, |mut server| {
+                    let request = WaitForWriteRequest {
+                        tablet_id: id.into(),
+                        after: after.0,
+                        timeout_ms: left.min(MOST_PER_CALL).as_millis() as u64,
+                    };
+                    async move { server.wait_for_write(request).await }
+                })
+                .await?;
+            let newest = Timestamp(answer.newest);
+            if newest > after || tokio::time::Instant::now() >= deadline {
+                return Ok(newest);
+            }
+        }
     }
 
     fn stats(&self, id: &str) -> Result<TabletStats> {
