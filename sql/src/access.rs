@@ -20,7 +20,7 @@ use nyala_engine::{Client, Privilege};
 use parking_lot::RwLock;
 
 use crate::statement::{object_name, Ddl, NyalaStatement, Show};
-use crate::{as_of, Result, SqlError};
+use crate::{as_of, tail, Result, SqlError};
 
 /// The user a session runs as (shared with the session's schema providers, which list only
 /// what the user may see). None: not authenticated (fine while there are no users).
@@ -204,11 +204,12 @@ impl Requirements {
         for table in tables {
             let public = table.schema().is_none_or(|s| s == crate::SCHEMA_NAME);
             let name = table.table();
-            if public && name != as_of::FUNCTION && Some(name) != target {
+            let reads_by_name = name == as_of::FUNCTION || name == tail::FUNCTION;
+            if public && !reads_by_name && Some(name) != target {
                 self.push(name, Privilege::Select);
             }
         }
-        // `nyala_as_of('t', time)` written out reads t.
+        // `nyala_as_of('t', time)` written out, and `tail('t', ...)`, read t.
         let mut direct = AsOfCalls::default();
         let _ = statement.visit(&mut direct);
         for name in direct.tables {
@@ -235,7 +236,8 @@ fn table_factor_name(factor: &TableFactor) -> Result<Option<String>> {
     }
 }
 
-/// The tables named in calls of the time-travel function written out in a statement.
+/// The tables named in calls of the table functions that read a table named by their first
+/// argument (`nyala_as_of`, written out, and `tail`).
 #[derive(Default)]
 struct AsOfCalls {
     tables: Vec<Result<String>>,
@@ -251,7 +253,9 @@ impl Visitor for AsOfCalls {
             ..
         } = factor
         {
-            if object_name(name).is_ok_and(|n| n == as_of::FUNCTION) {
+            let function = object_name(name).ok();
+            let function = function.filter(|n| n == as_of::FUNCTION || n == tail::FUNCTION);
+            if let Some(function) = function {
                 let table = match args.args.first() {
                     Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Value(value)))) => {
                         match &value.value {
@@ -262,10 +266,7 @@ impl Visitor for AsOfCalls {
                     _ => Err(()),
                 };
                 self.tables.push(table.map_err(|()| {
-                    SqlError::Invalid(format!(
-                        "{} takes a table name as a string literal",
-                        as_of::FUNCTION
-                    ))
+                    SqlError::Invalid(format!("{function} takes a table name as a string literal"))
                 }));
             }
         }

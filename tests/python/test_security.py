@@ -427,6 +427,19 @@ def test_login_whose_basic_header_needs_base64_padding(tls_server, admin):
 
 # --- Privileges ---
 
+def test_tail_needs_the_select_privilege(admin, user):
+    """tail('q', ...) reads the queue table it names, so it needs SELECT on it."""
+    name, _, conn = user("tailer")
+    queue = unique("queue")
+    run(admin, f"CREATE TABLE {queue} (k STRING, pos BIGINT GENERATED ALWAYS AS POSITION, "
+               "body STRING, PRIMARY KEY (k, pos))")
+    run(admin, f"INSERT INTO {queue} (k, body) VALUES ('a', 'secret')")
+    read = f"SELECT body FROM tail('{queue}', 0, 0) WHERE k = 'a'"
+    refused((conn, read), lacks(name, "SELECT", queue))
+    run(admin, f"GRANT SELECT ON {queue} TO {name}")
+    assert run(conn, read) == [("secret",)]
+
+
 def test_select_privilege(admin, user, table):
     name, _, conn = user("reader")
     own = unique("own")
