@@ -33,6 +33,20 @@ async fn text(session: &Session, sql: &str) -> String {
         .to_string()
 }
 
+/// The BIGINT values of the first column of `batches`.
+fn first_i64s(batches: &[RecordBatch]) -> Vec<i64> {
+    let columns = batches.iter().map(|b| {
+        let column = b.column(0).as_any();
+        column
+            .downcast_ref::<arrow::array::Int64Array>()
+            .unwrap()
+            .clone()
+    });
+    columns
+        .flat_map(|c| c.iter().flatten().collect::<Vec<_>>())
+        .collect()
+}
+
 async fn error(session: &Session, sql: &str) -> String {
     match session.execute(sql).await {
         Err(e) => e.to_string(),
@@ -1886,20 +1900,8 @@ async fn queue_tables_assign_positions_in_log_order() {
     )
     .await;
     run(&s, "INSERT INTO inbox (user_id, body) VALUES ('u1', 'd')").await;
-    let positions = |batches: Vec<RecordBatch>| -> Vec<i64> {
-        let mut out = Vec::new();
-        for b in batches {
-            let c = b
-                .column(0)
-                .as_any()
-                .downcast_ref::<arrow::array::Int64Array>()
-                .unwrap();
-            out.extend(c.iter().flatten());
-        }
-        out
-    };
-    let u1 = positions(
-        run(
+    let u1 = first_i64s(
+        &run(
             &s,
             "SELECT pos FROM inbox WHERE user_id = 'u1' ORDER BY pos",
         )
@@ -1999,8 +2001,8 @@ async fn queue_tables_assign_positions_in_log_order() {
         "INSERT INTO inbox (user_id, body) VALUES ('u1', 'after')",
     )
     .await;
-    let u1 = positions(
-        run(
+    let u1 = first_i64s(
+        &run(
             &s,
             "SELECT pos FROM inbox WHERE user_id = 'u1' ORDER BY pos",
         )
@@ -2035,17 +2037,7 @@ async fn tail_reads_a_queue_in_order_and_waits_for_new_rows() {
         format!("SELECT pos, body FROM tail('inbox', {after}, {wait}) WHERE user_id = 'u1' {extra}")
     };
     let rows = run(&s, &read(0, 0, "")).await;
-    let positions: Vec<i64> = rows
-        .iter()
-        .flat_map(|b| {
-            let c = b
-                .column(0)
-                .as_any()
-                .downcast_ref::<arrow::array::Int64Array>()
-                .unwrap();
-            c.iter().flatten().collect::<Vec<_>>()
-        })
-        .collect();
+    let positions = first_i64s(&rows);
     assert_eq!(positions.len(), 5);
     assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
     let bodies = text(&s, &read(positions[1], 0, "LIMIT 2")).await;
