@@ -92,6 +92,17 @@ impl TabletPlacement for LocalTablets {
         self.0.replica(id)?.alter_schema(schema).await
     }
 
+    async fn clone_tablet(
+        &self,
+        id: &str,
+        source: &str,
+        as_of: Option<Timestamp>,
+    ) -> Result<Vec<u64>> {
+        let index = self.0.replica(source)?.clone_to(id, as_of).await?;
+        self.0.open_clone(id, source, index, None).await?;
+        Ok(vec![])
+    }
+
     /// Deletes tablets no table owns (a crash during CREATE or DROP TABLE), recreates tablets
     /// a table owns but the server lacks, and finishes schema changes a crash interrupted.
     fn reconcile(&self, tables: &[Arc<TableInfo>]) -> Result<()> {

@@ -91,6 +91,10 @@ impl Requirements {
         let mut needs = Requirements::default();
         match statement {
             NyalaStatement::Ddl(ddl) => needs.ddl(ddl)?,
+            // A clone holds the source's rows: reading them is what it needs.
+            NyalaStatement::CloneTable { source, .. } => needs
+                .0
+                .push(Requirement::Privilege(source.clone(), Privilege::Select)),
             NyalaStatement::CreateTableAs(ctas) => {
                 needs.reads(&Statement::Query(ctas.query.clone()), None)?
             }
@@ -114,6 +118,9 @@ impl Requirements {
     fn ddl(&mut self, ddl: &Ddl) -> Result<()> {
         match ddl {
             Ddl::CreateTable(_) => {}
+            Ddl::CloneTable { source, .. } => {
+                (self.0).push(Requirement::Privilege(source.clone(), Privilege::Select))
+            }
             Ddl::DropTable { name, .. }
             | Ddl::RenameTable { name, .. }
             | Ddl::AlterColumns { name, .. }

@@ -15,13 +15,15 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, TimeUnit};
-use datafusion::catalog::{TableFunctionArgs, TableFunctionImpl};
+use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl};
 use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::datasource::TableProvider;
 use datafusion::error::{DataFusionError, Result as DfResult};
-use datafusion::logical_expr::ColumnarValue;
+use datafusion::logical_expr::simplify::SimplifyContext;
+use datafusion::logical_expr::{ColumnarValue, Expr};
+use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 use datafusion::sql::sqlparser::ast::{
-    Expr, FunctionArg, FunctionArgExpr, Ident, ObjectName, TableAlias, TableFactor,
+    Expr as SqlExpr, FunctionArg, FunctionArgExpr, Ident, ObjectName, TableAlias, TableFactor,
     TableFunctionArgs as SqlFunctionArgs, TableVersion, Value, VisitMut, VisitorMut,
 };
 use nyala_engine::Client;
@@ -77,7 +79,7 @@ pub(crate) fn lower<V: VisitMut>(node: &mut V) -> Result<()> {
             let argument = |expr| FunctionArg::Unnamed(FunctionArgExpr::Expr(expr));
             *args = Some(SqlFunctionArgs {
                 args: vec![
-                    argument(Expr::value(Value::SingleQuotedString(name.to_string()))),
+                    argument(SqlExpr::value(Value::SingleQuotedString(name.to_string()))),
                     argument(time),
                 ],
                 settings: None,
@@ -105,54 +107,71 @@ impl TableFunctionImpl for AsOfFunction {
                 "{FUNCTION} takes a table name and a time"
             )));
         };
-        let evaluate = |expr: &datafusion::logical_expr::Expr| -> DfResult<ScalarValue> {
-            let physical = args
-                .session()
-                .create_physical_expr(expr.clone(), &DFSchema::empty())?;
-            let one_row = RecordBatch::try_new_with_options(
-                Arc::new(arrow::datatypes::Schema::empty()),
-                vec![],
-                &arrow::array::RecordBatchOptions::new().with_row_count(Some(1)),
-            )?;
-            match physical.evaluate(&one_row)? {
-                ColumnarValue::Scalar(value) => Ok(value),
-                ColumnarValue::Array(array) => ScalarValue::try_from_array(&array, 0),
-            }
-        };
-        let ScalarValue::Utf8(Some(name)) = evaluate(name)? else {
+        let session = args.session();
+        let ScalarValue::Utf8(Some(name)) = evaluate(session, name)? else {
             return Err(DataFusionError::Plan(format!(
                 "{FUNCTION}: the first argument is a table name"
             )));
         };
-        let time = evaluate(time)?;
-        let micros = match time.cast_to(&DataType::Timestamp(TimeUnit::Microsecond, None)) {
-            Ok(ScalarValue::TimestampMicrosecond(Some(micros), _)) => micros,
-            _ => {
-                return Err(DataFusionError::Plan(format!(
-                    "AS OF needs a time, got {time}"
-                )))
-            }
-        };
+        let snapshot = snapshot_at(evaluate(session, time)?)?;
         let reference = datafusion::common::TableReference::parse_str(&name);
         let table = self
             .client
             .table(reference.table())
             .map_err(|e| DataFusionError::Plan(e.to_string()))?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-        let micros = u64::try_from(micros)
-            .map_err(|_| DataFusionError::Plan(format!("AS OF {time} is before 1970")))?;
-        if micros > now {
-            return Err(DataFusionError::Plan(format!(
-                "AS OF {} is in the future",
-                Timestamp::from_micros(micros).display()
-            )));
-        }
-        // Every version written within that microsecond is included.
-        let snapshot = Timestamp(Timestamp::from_micros(micros + 1).0 - 1);
         Ok(Arc::new(
             NyalaTable::new(self.client.clone(), table).pinned_at(snapshot),
         ))
+    }
+}
+
+/// The value of the constant expression `expr` (`now() - INTERVAL '5 minutes'`).
+fn evaluate(session: &dyn Session, expr: &Expr) -> DfResult<ScalarValue> {
+    let physical = session.create_physical_expr(expr.clone(), &DFSchema::empty())?;
+    let one_row = RecordBatch::try_new_with_options(
+        Arc::new(arrow::datatypes::Schema::empty()),
+        vec![],
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(1)),
+    )?;
+    match physical.evaluate(&one_row)? {
+        ColumnarValue::Scalar(value) => Ok(value),
+        ColumnarValue::Array(array) => ScalarValue::try_from_array(&array, 0),
+    }
+}
+
+/// The snapshot that reads what was committed at `time` (a time in the past, in UTC).
+fn snapshot_at(time: ScalarValue) -> DfResult<Timestamp> {
+    let micros = match time.cast_to(&DataType::Timestamp(TimeUnit::Microsecond, None)) {
+        Ok(ScalarValue::TimestampMicrosecond(Some(micros), _)) => micros,
+        _ => {
+            return Err(DataFusionError::Plan(format!(
+                "AS OF needs a time, got {time}"
+            )))
+        }
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    let micros = u64::try_from(micros)
+        .map_err(|_| DataFusionError::Plan(format!("AS OF {time} is before 1970")))?;
+    if micros > now {
+        return Err(DataFusionError::Plan(format!(
+            "AS OF {} is in the future",
+            Timestamp::from_micros(micros).display()
+        )));
+    }
+    // Every version written within that microsecond is included.
+    Ok(Timestamp(Timestamp::from_micros(micros + 1).0 - 1))
+}
+
+impl crate::session::Session {
+    /// The snapshot of `AS OF <time>` outside a query (`CREATE TABLE ... CLONE t AS OF`).
+    pub(crate) async fn time_of(&self, time: &SqlExpr) -> Result<Timestamp> {
+        let state = self.ctx.state();
+        let expr = state.create_logical_expr(&time.to_string(), &DFSchema::empty())?;
+        // now() is a constant of the statement, replaced before evaluation.
+        let context = SimplifyContext::builder().with_current_time().build();
+        let expr = ExprSimplifier::new(context).simplify(expr)?;
+        Ok(snapshot_at(evaluate(&state, &expr)?)?)
     }
 }

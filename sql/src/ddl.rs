@@ -26,6 +26,18 @@ impl Ddl {
     pub(crate) async fn apply(self, client: &Client, user: Option<String>) -> Result<()> {
         let op = match self {
             Ddl::CreateTable(spec) => create_op(spec, user),
+            Ddl::CloneTable {
+                name,
+                source,
+                if_not_exists,
+                as_of,
+            } => DdlOp::CloneTable {
+                name,
+                source,
+                as_of,
+                if_not_exists,
+                owner: user,
+            },
             Ddl::DropTable { name, if_exists } => DdlOp::DropTable { name, if_exists },
             Ddl::RenameTable { name, new_name } => DdlOp::RenameTable { name, new_name },
             Ddl::CreateView {

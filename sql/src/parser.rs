@@ -299,7 +299,7 @@ impl<'a> NyalaParser<'a> {
         Ok(node)
     }
 
-    /// `CREATE TABLE ...`, plain or `AS <query>`.
+    /// `CREATE TABLE ...`, plain, `AS <query>` or `CLONE source [AS OF <time>]`.
     fn parse_create_table(&mut self) -> Result<NyalaStatement> {
         self.parser
             .expect_keywords(&[Keyword::CREATE, Keyword::TABLE])?;
@@ -307,6 +307,19 @@ impl<'a> NyalaParser<'a> {
             self.parser
                 .parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
         let name = object_name(&self.parser.parse_object_name(false)?)?;
+        if self.parser.parse_keyword(Keyword::CLONE) {
+            let source = object_name(&self.parser.parse_object_name(false)?)?;
+            let as_of = match self.parser.parse_keywords(&[Keyword::AS, Keyword::OF]) {
+                true => Some(Box::new(self.parser.parse_expr()?)),
+                false => None,
+            };
+            return Ok(NyalaStatement::CloneTable {
+                name,
+                source,
+                if_not_exists,
+                as_of,
+            });
+        }
         let mut elements = TableElements::default();
         // CREATE TABLE t PRIMARY KEY (...) AS SELECT: the key without a column list.
         let bare_key = match self.parser.peek_token_ref().token {

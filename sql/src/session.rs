@@ -166,6 +166,24 @@ impl Session {
                 planned(StatementKind::Ddl, Action::Ddl(ddl))
             }
             NyalaStatement::Ddl(ddl) => planned(StatementKind::Ddl, Action::Ddl(ddl)),
+            NyalaStatement::CloneTable {
+                name,
+                source,
+                if_not_exists,
+                as_of,
+            } => {
+                let as_of = match as_of {
+                    Some(time) => Some(self.time_of(&time).await?),
+                    None => None,
+                };
+                let ddl = Ddl::CloneTable {
+                    name,
+                    source,
+                    if_not_exists,
+                    as_of,
+                };
+                planned(StatementKind::Ddl, Action::Ddl(ddl))
+            }
             NyalaStatement::CreateTableAs(ctas) => {
                 planned(StatementKind::Dml, self.plan_create_table_as(ctas).await?)
             }

@@ -7,7 +7,7 @@
 //! storage schema and partitioning), so what is wrong with them is found before anything runs.
 
 use datafusion::sql::sqlparser::ast::{
-    Ident, ObjectName, ObjectNamePart, Query, Statement, Update,
+    Expr, Ident, ObjectName, ObjectNamePart, Query, Statement, Update,
 };
 use nyala_engine::{ColumnChange, PartitionSchema, RangeSpec};
 use nyala_storage::{ColumnSchema, ColumnType, Schema};
@@ -23,6 +23,14 @@ pub enum NyalaStatement {
     /// `CREATE TABLE t PRIMARY KEY (...) [DISTRIBUTE BY ...] AS <query>`: the columns come from
     /// the query, planned by the session.
     CreateTableAs(CreateTableAsSpec),
+    /// `CREATE TABLE [IF NOT EXISTS] t CLONE source [AS OF <time>]`: the time is evaluated by
+    /// the session.
+    CloneTable {
+        name: String,
+        source: String,
+        if_not_exists: bool,
+        as_of: Option<Box<Expr>>,
+    },
     /// Answered from the catalog or the session (`SHOW TABLES`, `DESCRIBE`, ...).
     Show(Show),
     /// Planned by DataFusion: queries, INSERT/UPSERT/UPDATE/DELETE, EXPLAIN, SET.
@@ -41,6 +49,13 @@ pub enum NyalaStatement {
 #[derive(Debug)]
 pub enum Ddl {
     CreateTable(CreateTableSpec),
+    /// A table clone, its time evaluated (None: as of when it runs).
+    CloneTable {
+        name: String,
+        source: String,
+        if_not_exists: bool,
+        as_of: Option<nyala_storage::Timestamp>,
+    },
     DropTable {
         name: String,
         if_exists: bool,

@@ -2132,3 +2132,77 @@ async fn concurrent_multi_tablet_inserts_into_a_queue_do_not_wait_for_each_other
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clones_are_independent_of_their_source_and_survive_its_drop_and_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let count = |s: &Session, table: &str| {
+        let (s, sql) = (s.clone(), format!("SELECT count(*) FROM {table}"));
+        async move { first_i64s(&run(&s, &sql).await)[0] }
+    };
+    {
+        let (db, s) = open(dir.path()).await;
+        load_metrics(&s).await;
+        run(&s, "CREATE TABLE now_copy CLONE metrics").await;
+        assert_eq!(count(&s, "now_copy").await, 5);
+        // The same partitioning as the source.
+        let shown = text(&s, "SHOW CREATE TABLE now_copy").await;
+        assert!(shown.contains("INTO 4 BUCKETS"), "{shown}");
+        // Writes to either never show in the other.
+        run(
+            &s,
+            "INSERT INTO now_copy VALUES ('z', '2026-01-01T00:00:00', 'cpu', 9.0)",
+        )
+        .await;
+        run(&s, "UPDATE metrics SET value = 100 WHERE host = 'b'").await;
+        let before_delete = first_i64s(&run(&s, "SELECT CAST(now() AS BIGINT)").await)[0];
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        run(&s, "DELETE FROM metrics WHERE host = 'a'").await;
+        assert_eq!(count(&s, "now_copy").await, 6);
+        assert_eq!(count(&s, "metrics").await, 2);
+        let b = text(&s, "SELECT value FROM now_copy WHERE host = 'b'").await;
+        assert!(b.contains("| 3.0 "), "{b}");
+        // As of a time before the DELETE: the source's rows then, with the update.
+        run(
+            &s,
+            &format!(
+                "CREATE TABLE then_copy CLONE metrics AS OF to_timestamp_nanos({before_delete})"
+            ),
+        )
+        .await;
+        assert_eq!(count(&s, "then_copy").await, 5);
+        // The clone flushed the source: count(*) reads its flushed update.
+        assert_eq!(count(&s, "metrics").await, 2);
+        let b = text(&s, "SELECT value FROM then_copy WHERE host = 'b'").await;
+        assert!(b.contains("| 100.0 "), "{b}");
+        // Mistakes.
+        let e = error(&s, "CREATE TABLE c CLONE nowhere").await;
+        assert!(e.contains("nowhere"), "{e}");
+        let e = error(&s, "CREATE TABLE now_copy CLONE metrics").await;
+        assert!(e.contains("now_copy"), "{e}");
+        run(&s, "CREATE TABLE IF NOT EXISTS now_copy CLONE metrics").await;
+        assert_eq!(count(&s, "now_copy").await, 6);
+        let e = error(
+            &s,
+            "CREATE TABLE c CLONE metrics AS OF now() + INTERVAL '1 hour'",
+        )
+        .await;
+        assert!(e.contains("future"), "{e}");
+        let e = error(&s, "CREATE TABLE c CLONE metrics AS OF 'yesterday-ish'").await;
+        assert!(e.contains("yesterday-ish") || e.contains("time"), "{e}");
+        assert!(error(&s, "SELECT * FROM c").await.contains("c"));
+        // The source goes; its clones stay.
+        run(&s, "DROP TABLE metrics").await;
+        assert_eq!(count(&s, "now_copy").await, 6);
+        db.shutdown().await.unwrap();
+    }
+    let (_db, s) = open(dir.path()).await;
+    assert_eq!(count(&s, "now_copy").await, 6);
+    assert_eq!(count(&s, "then_copy").await, 5);
+    run(
+        &s,
+        "INSERT INTO then_copy VALUES ('y', '2026-01-01T00:00:00', 'cpu', 1.0)",
+    )
+    .await;
+    assert_eq!(count(&s, "then_copy").await, 6);
+}

@@ -70,6 +70,12 @@ pub enum TabletOp {
     TxnAbort {
         txn: u64,
     },
+    /// Copy the tablet's committed rows, as of this entry or as of `as_of`, into a new tablet
+    /// `target` (a table clone; see [`crate::Tablet::make_clone`]).
+    Clone {
+        target: String,
+        as_of: Option<Timestamp>,
+    },
 }
 
 const ALTER_SCHEMA: u8 = 0x80;
@@ -77,6 +83,7 @@ const TXN_WRITE: u8 = 0x81;
 const TXN_PREPARE: u8 = 0x82;
 const TXN_COMMIT: u8 = 0x83;
 const TXN_ABORT: u8 = 0x84;
+const CLONE: u8 = 0x85;
 
 /// A transaction entry's id and the bytes after it.
 fn txn(rest: &[u8]) -> Result<(u64, &[u8]), StorageError> {
@@ -116,6 +123,12 @@ impl TabletOp {
                 out
             }
             TabletOp::TxnAbort { txn } => tagged(TXN_ABORT, *txn),
+            TabletOp::Clone { target, as_of } => {
+                // 0: as of the entry itself (timestamp 0 is never a snapshot to clone at).
+                let mut out = tagged(CLONE, as_of.map_or(0, |t| t.0));
+                out.extend_from_slice(target.as_bytes());
+                out
+            }
         }
     }
 
@@ -141,6 +154,19 @@ impl TabletOp {
                 })
             }
             Some((&TXN_ABORT, rest)) => Ok(TabletOp::TxnAbort { txn: txn(rest)?.0 }),
+            Some((&CLONE, rest)) => {
+                let (as_of, target) = rest.split_first_chunk::<8>().ok_or_else(|| {
+                    StorageError::Corruption("clone entry shorter than its time".into())
+                })?;
+                let as_of = u64::from_le_bytes(*as_of);
+                let target = std::str::from_utf8(target).map_err(|_| {
+                    StorageError::Corruption("clone entry: target not UTF-8".into())
+                })?;
+                Ok(TabletOp::Clone {
+                    target: target.to_string(),
+                    as_of: (as_of != 0).then_some(Timestamp(as_of)),
+                })
+            }
             _ => WriteBatch::decode(bytes).map(TabletOp::Write),
         }
     }

@@ -1348,3 +1348,132 @@ fn transactions_apply_at_commit_and_survive_flush_and_reopen() {
     assert_eq!(scan(&tablet, Timestamp(u64::MAX), None).len(), 4);
     assert!(tablet.pending_txns().is_empty());
 }
+
+/// Applies `kind` of `entries` as log entry `index` at `ts`.
+fn write(
+    tablet: &Tablet,
+    index: u64,
+    ts: Timestamp,
+    kind: WriteKind,
+    entries: &[(i64, Option<String>, i64)],
+) {
+    let schema = tablet.schema();
+    let batch = WriteBatch::new(kind, rows(&schema, entries));
+    tablet.apply(index, ts, &batch).unwrap();
+}
+
+/// The rows a scan without columns counts.
+fn count(tablet: &Tablet, snapshot: Timestamp) -> usize {
+    let spec = ScanSpec {
+        projection: Some(vec![]),
+        predicates: vec![],
+        snapshot,
+        limit: None,
+        batch_size: 8192,
+    };
+    let batches = tablet.scan(&spec).unwrap();
+    batches.map(|b| b.unwrap().num_rows()).sum()
+}
+
+/// The number of files named `rowset-*` in `dir` that are also linked elsewhere, and of those
+/// that are not.
+fn shared_and_own_rowsets(dir: &std::path::Path) -> (usize, usize) {
+    use std::os::unix::fs::MetadataExt;
+    let mut counts = (0, 0);
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name().to_string_lossy().starts_with("rowset-") {
+            match entry.metadata().unwrap().nlink() > 1 {
+                true => counts.0 += 1,
+                false => counts.1 += 1,
+            }
+        }
+    }
+    counts
+}
+
+#[test]
+fn a_clone_shares_the_files_and_is_independent_of_its_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, copy) = (dir.path().join("src"), dir.path().join("clone"));
+    let tablet = Tablet::create(&src, schema(), TabletOptions::default()).unwrap();
+    let t0 = now();
+    let at = |n: u64| Timestamp(t0.0 + n);
+    let entries: Vec<_> = (0..100).map(|k| (k, Some(format!("s{k}")), k)).collect();
+    write(&tablet, 1, at(1), WriteKind::Insert, &entries);
+    tablet.flush().unwrap();
+    let updated: Vec<_> = (0..10).map(|k| (k, None, 1000 + k)).collect();
+    write(&tablet, 2, at(2), WriteKind::Update, &updated);
+    let more: Vec<_> = (100..120).map(|k| (k, None, k)).collect();
+    write(&tablet, 3, at(3), WriteKind::Insert, &more);
+
+    tablet.make_clone(&copy, None).unwrap();
+    let clone = Tablet::open(&copy, TabletOptions::default()).unwrap();
+    let expected = scan(&tablet, at(3), None);
+    assert_eq!(expected.len(), 120);
+    assert_eq!(scan(&clone, at(3), None), expected);
+    assert_eq!(clone.durable_index(), 0, "the clone's log starts empty");
+    let (shared, own) = shared_and_own_rowsets(&copy);
+    assert!(shared >= 2 && own == 0, "{shared} shared, {own} copied");
+
+    // Writes to either never show in the other.
+    write(&clone, 1, at(10), WriteKind::Upsert, &[(0, None, -1)]);
+    write(&tablet, 4, at(11), WriteKind::Delete, &[(1, None, 0)]);
+    let (in_clone, in_source) = (scan(&clone, at(12), None), scan(&tablet, at(12), None));
+    assert_eq!(in_clone[&0].1, -1);
+    assert_eq!(in_source[&0].1, 1000);
+    assert!(in_clone.contains_key(&1) && !in_source.contains_key(&1));
+
+    // The source compacts and goes away; the clone keeps its rows, across a reopen.
+    tablet.flush().unwrap();
+    for op in tablet.maintenance_ops() {
+        tablet.compact(&op.kind).unwrap();
+    }
+    drop(tablet);
+    std::fs::remove_dir_all(&src).unwrap();
+    clone.flush().unwrap();
+    drop(clone);
+    let clone = Tablet::open(&copy, TabletOptions::default()).unwrap();
+    assert_eq!(scan(&clone, at(12), None), in_clone);
+}
+
+#[test]
+fn a_clone_as_of_a_time_copies_only_the_rowsets_written_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, copy) = (dir.path().join("src"), dir.path().join("clone"));
+    let tablet = Tablet::create(&src, schema(), TabletOptions::default()).unwrap();
+    let t0 = now();
+    let at = |n: u64| Timestamp(t0.0 + n);
+    let old: Vec<_> = (0..50).map(|k| (k, Some(format!("s{k}")), k)).collect();
+    write(&tablet, 1, at(1), WriteKind::Insert, &old);
+    tablet.flush().unwrap();
+    let untouched: Vec<_> = (50..60).map(|k| (k, None, k)).collect();
+    write(&tablet, 2, at(2), WriteKind::Insert, &untouched);
+    tablet.flush().unwrap();
+    let then = scan(&tablet, at(3), None);
+    // After the clone's time: updates and deletes of the first rowset, new rows in memory.
+    write(&tablet, 3, at(4), WriteKind::Update, &[(3, None, 333)]);
+    write(&tablet, 4, at(5), WriteKind::Delete, &[(4, None, 0)]);
+    tablet.flush().unwrap();
+    write(&tablet, 5, at(6), WriteKind::Insert, &[(70, None, 70)]);
+    write(&tablet, 6, at(7), WriteKind::Upsert, &[(5, None, 555)]);
+
+    tablet.make_clone(&copy, Some(at(3))).unwrap();
+    let clone = Tablet::open(&copy, TabletOptions::default()).unwrap();
+    assert_eq!(scan(&clone, at(8), None), then);
+    assert_eq!(scan(&clone, at(3), None), then);
+    assert_eq!(count(&clone, at(8)), then.len());
+    let (shared, own) = shared_and_own_rowsets(&copy);
+    assert!(shared >= 1 && own >= 1, "{shared} shared, {own} copied");
+    // The source is as it was.
+    let now_in_source = scan(&tablet, at(8), None);
+    assert_eq!(now_in_source[&3].1, 333);
+    assert!(!now_in_source.contains_key(&4));
+
+    // Older than the history kept: refused.
+    let too_old = Timestamp(t0.0 - Timestamp::from_micros(3600 * 1_000_000).0);
+    let err = tablet
+        .make_clone(&dir.path().join("too-old"), Some(too_old))
+        .unwrap_err();
+    assert!(err.to_string().contains("history"), "{err}");
+}

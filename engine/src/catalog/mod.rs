@@ -59,6 +59,16 @@ pub enum DdlOp {
         #[serde(default)]
         owner: Option<String>,
     },
+    /// `CREATE TABLE name CLONE source [AS OF time]`: a table with the source's schema,
+    /// partitioning and rows (as of `as_of`, or now), independent from then on.
+    CloneTable {
+        name: String,
+        source: String,
+        as_of: Option<nyala_storage::Timestamp>,
+        if_not_exists: bool,
+        #[serde(default)]
+        owner: Option<String>,
+    },
     DropTable {
         name: String,
         if_exists: bool,
@@ -148,7 +158,12 @@ impl DdlOp {
                 ..
             }
             | DdlOp::Privileges { object: name, .. } => (Some(name), None),
-            DdlOp::RenameTable { name, new_name } => (Some(name), Some(new_name)),
+            DdlOp::RenameTable { name, new_name }
+            | DdlOp::CloneTable {
+                name,
+                source: new_name,
+                ..
+            } => (Some(name), Some(new_name)),
             DdlOp::CreateUser { .. } | DdlOp::AlterUser { .. } | DdlOp::DropUser { .. } => {
                 (None, None)
             }

@@ -481,25 +481,65 @@ impl Master {
             placement: BTreeMap::new(),
             access: Access::owned_by(owner),
         };
-        self.create_tablets_and_commit(&info.tablets, info.clone())
+        self.create_tablets_and_commit(&info.tablets, info.clone(), None)
             .await?;
         Ok(true)
     }
 
-    /// Creates `tablets` (with the table's schema), then commits `info` to the catalog; if
-    /// either fails, the new tablets are deleted and nothing changes.
+    /// Creates table `name` as a clone of table `source` (see [`DdlOp::CloneTable`]): each of
+    /// its tablets is a clone of the source's tablet in the same place. Returns `Ok(false)` if
+    /// it exists and `if_not_exists`.
+    pub async fn clone_table(
+        &self,
+        name: &str,
+        source: &str,
+        as_of: Option<Timestamp>,
+        if_not_exists: bool,
+        owner: Option<String>,
+    ) -> Result<bool> {
+        let _ddl = self.ddl.lock().await;
+        if self.table(name).is_some() && if_not_exists {
+            return Ok(false);
+        }
+        self.name_is_free(name)?;
+        let source = self.existing(source)?;
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let info = TableInfo {
+            tablets: (0..source.tablets.len())
+                .map(|t| format!("{id}-{t}"))
+                .collect(),
+            id,
+            name: name.to_string(),
+            placement: BTreeMap::new(),
+            access: Access::owned_by(owner),
+            ..(*source).clone()
+        };
+        let clones = Some((source.tablets.as_slice(), as_of));
+        self.create_tablets_and_commit(&info.tablets, info.clone(), clones)
+            .await?;
+        Ok(true)
+    }
+
+    /// Creates `tablets` (with the table's schema, or as clones of the tablets `clones` names
+    /// at its time, one for one), then commits `info` to the catalog; if either fails, the new
+    /// tablets are deleted and nothing changes.
     async fn create_tablets_and_commit(
         &self,
         tablets: &[String],
         mut info: TableInfo,
+        clones: Option<(&[String], Option<Timestamp>)>,
     ) -> Result<()> {
         let mut created = Ok(());
-        for t in tablets {
-            match self
-                .placement
-                .create_tablet(t, &info.schema, info.replicas)
-                .await
-            {
+        for (i, t) in tablets.iter().enumerate() {
+            let placed = match clones {
+                None => {
+                    (self.placement)
+                        .create_tablet(t, &info.schema, info.replicas)
+                        .await
+                }
+                Some((sources, as_of)) => self.placement.clone_tablet(t, &sources[i], as_of).await,
+            };
+            match placed {
                 Ok(servers) if servers.is_empty() => {}
                 Ok(servers) => {
                     info.placement.insert(t.clone(), servers);
@@ -551,6 +591,16 @@ impl Master {
                 owner,
             } => {
                 self.create_table(&name, schema, partition, if_not_exists, replicas, owner)
+                    .await
+            }
+            DdlOp::CloneTable {
+                name,
+                source,
+                as_of,
+                if_not_exists,
+                owner,
+            } => {
+                self.clone_table(&name, &source, as_of, if_not_exists, owner)
                     .await
             }
             DdlOp::DropTable { name, if_exists } => self.drop_table(&name, if_exists).await,
@@ -681,7 +731,7 @@ impl Master {
             tablets,
             ..(*info).clone()
         };
-        self.create_tablets_and_commit(&new, added).await
+        self.create_tablets_and_commit(&new, added, None).await
     }
 
     /// Drops a range partition, deleting its tablets and their rows.

@@ -5,12 +5,12 @@
 
 use std::sync::Arc;
 
-use nyala_storage::Schema;
+use nyala_storage::{Schema, Timestamp};
 
 use super::registry::TServerRegistry;
 use crate::catalog::TableInfo;
 use crate::rpc::proto::common::{Peer, TabletRef};
-use crate::rpc::proto::tserver::{AlterSchemaRequest, CreateReplicaRequest};
+use crate::rpc::proto::tserver::{AlterSchemaRequest, CloneTabletRequest, CreateReplicaRequest};
 use crate::{EngineError, Result};
 
 /// The tablet lifecycle as the master drives it.
@@ -23,6 +23,14 @@ pub trait TabletPlacement: Send + Sync + 'static {
     async fn delete_tablet(&self, id: &str, servers: &[u64]) -> Result<()>;
     /// Changes the schema of tablet `id` through its log.
     async fn alter_schema(&self, id: &str, schema: &Schema) -> Result<()>;
+    /// Creates tablet `id` as a clone of tablet `source` (now, or `as_of`), through the
+    /// source's log, on the servers that hold the source's replicas; returns those servers.
+    async fn clone_tablet(
+        &self,
+        id: &str,
+        source: &str,
+        as_of: Option<Timestamp>,
+    ) -> Result<Vec<u64>>;
     /// After a restart: has the tablets match the catalog's `tables` where this placement owns
     /// them (deletes orphans of an interrupted CREATE or DROP, finishes interrupted schema
     /// changes). In a cluster the tablet servers own their replicas: nothing to do.
@@ -78,6 +86,7 @@ impl TabletPlacement for ClusterPlacement {
                 tablet_id: id.into(),
                 schema_json: schema_json.clone(),
                 peers: peers.clone(),
+                ..Default::default()
             };
             self.registry
                 .meta()
@@ -121,5 +130,42 @@ impl TabletPlacement for ClusterPlacement {
             })
             .await
             .map(drop)
+    }
+
+    async fn clone_tablet(
+        &self,
+        id: &str,
+        source: &str,
+        as_of: Option<Timestamp>,
+    ) -> Result<Vec<u64>> {
+        let meta = self.registry.meta();
+        let request = CloneTabletRequest {
+            tablet_id: source.into(),
+            target_id: id.into(),
+            as_of: as_of.map_or(0, |t| t.0),
+        };
+        let (_, cloned) = meta
+            .call_leader(source, |mut c| {
+                let request = request.clone();
+                async move { c.clone_tablet(request).await }
+            })
+            .await?;
+        let mut servers = Vec::with_capacity(cloned.peers.len());
+        for peer in &cloned.peers {
+            let request = CreateReplicaRequest {
+                tablet_id: id.into(),
+                peers: cloned.peers.clone(),
+                clone_of: source.into(),
+                clone_index: cloned.index,
+                ..Default::default()
+            };
+            meta.call_server(peer.server_id, |mut c| async move {
+                c.create_replica(request).await
+            })
+            .await?;
+            self.registry.count_placed(peer.server_id, id);
+            servers.push(peer.server_id);
+        }
+        Ok(servers)
     }
 }

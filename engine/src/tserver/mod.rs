@@ -33,6 +33,8 @@ use replica::{CopyPosition, Peers, Replication, TabletReplica};
 
 /// How long a write waits for memory before it is refused.
 const ADMISSION_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long opening a clone waits for the source replica to apply the clone's log entry.
+const CLONE_APPLY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default limit on the in-memory data (MemRowSets and deltas) of all tablets of a server.
 pub const DEFAULT_MEMORY_LIMIT: usize = 2 << 30;
 
@@ -76,8 +78,8 @@ impl TabletServer {
             let Some(id) = entry.file_name().to_str().map(str::to_string) else {
                 continue;
             };
-            if id.starts_with(".copy-") {
-                // A tablet copy a crash interrupted.
+            if id.starts_with(".copy-") || id.starts_with(".clone-") {
+                // A tablet copy a crash interrupted, or a clone no replica was made of.
                 std::fs::remove_dir_all(entry.path())?;
                 continue;
             }
@@ -285,6 +287,64 @@ impl TabletServer {
         })?;
         replicas.insert(id.to_string(), Arc::new(replica));
         Ok(())
+    }
+
+    /// Opens tablet `id`, the clone of tablet `source` that this server's replica of it
+    /// staged on applying log entry `index` or before (see [`TabletReplica::clone_to`]), as a
+    /// replica among `peers` (None: a single voter). Waits for the source replica to apply
+    /// that far; opening one that exists is a no-op.
+    pub async fn open_clone(
+        self: &Arc<Self>,
+        id: &str,
+        source: &str,
+        index: u64,
+        peers: Option<Peers>,
+    ) -> Result<()> {
+        let replica = self.replica(source)?;
+        let deadline = tokio::time::Instant::now() + CLONE_APPLY_TIMEOUT;
+        while replica.last_applied() < index {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(EngineError::Busy(format!(
+                    "the replica of tablet {source} on server {} has not applied the clone in {} s",
+                    self.server_id,
+                    CLONE_APPLY_TIMEOUT.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let (server, id) = (self.clone(), id.to_string());
+        let source = source.to_string();
+        crate::rpc::blocking(move || {
+            let mut replicas = server.replicas.write();
+            if replicas.contains_key(&id) {
+                return Ok(());
+            }
+            let staging = replica::clone_staging_dir(&server.tablets_dir, &id);
+            if !staging.join("data").join("metadata").exists() {
+                return Err(EngineError::InvalidTable(format!(
+                    "tablet {source} has no clone {id} on server {} (its replica there may have \
+                     been copied from another since)",
+                    server.server_id
+                )));
+            }
+            let dir = server.tablets_dir.join(&id);
+            std::fs::rename(&staging, &dir)?;
+            let replication = peers.map(|p| server.replication(&id, p)).transpose()?;
+            let opened = TabletReplica::open_clone(
+                &dir,
+                &id,
+                server.options.clone(),
+                server.clock.clone(),
+                replication,
+                Some(server.maintenance.signal().clone()),
+            );
+            let opened = opened.inspect_err(|_| {
+                let _ = std::fs::remove_dir_all(&dir);
+            })?;
+            replicas.insert(id, Arc::new(opened));
+            Ok(())
+        })
+        .await
     }
 
     pub fn server_id(&self) -> u64 {

@@ -199,6 +199,35 @@ pub struct TabletStateMachine {
     maintenance: Option<Arc<MaintenanceSignal>>,
 }
 
+impl TabletStateMachine {
+    /// Stages the clone `target` of this tablet beside the replica's directory (see
+    /// [`clone_staging_dir`]), for the server to open as a replica of its own. An entry
+    /// replayed after the clone became a replica does nothing.
+    fn stage_clone(&self, target: &str, as_of: Option<Timestamp>) -> Result<(), StorageError> {
+        let tablets = self.dir.parent().ok_or_else(|| {
+            StorageError::Corruption(format!("{} has no parent directory", self.dir.display()))
+        })?;
+        if tablets.join(target).exists() {
+            return Ok(());
+        }
+        let staging = clone_staging_dir(tablets, target);
+        if staging.exists() {
+            std::fs::remove_dir_all(&staging)?;
+        }
+        let cloned = self.tablet.make_clone(&staging.join("data"), as_of);
+        if cloned.is_err() {
+            let _ = std::fs::remove_dir_all(&staging);
+        }
+        cloned
+    }
+}
+
+/// Where a replica in `tablets` stages clone `target` of its tablet: a directory that a
+/// server's start removes (an unclaimed clone holds nothing acknowledged).
+pub fn clone_staging_dir(tablets: &Path, target: &str) -> PathBuf {
+    tablets.join(format!(".clone-{target}"))
+}
+
 impl StateMachine for TabletStateMachine {
     type Output = Result<WriteOutcome, StorageError>;
 
@@ -256,6 +285,9 @@ impl StateMachine for TabletStateMachine {
                 }
                 Ok(WriteOutcome::default())
             }
+            TabletOp::Clone { target, as_of } => self
+                .stage_clone(target, *as_of)
+                .map(|()| WriteOutcome::default()),
         };
         if let Ok(outcome) = &result {
             if let Some(at) = outcome.visible_at.filter(|_| outcome.rows > 0) {
@@ -529,6 +561,34 @@ impl TabletReplica {
         self.propose_with(|| Ok(TabletOp::encode_alter_schema(schema)))
             .await
             .map(drop)
+    }
+
+    /// Replicates a clone of the tablet into new tablet `target`: each replica that applies
+    /// the entry stages the clone's files (see [`Tablet::make_clone`]). Returns an index at or
+    /// after the entry's: a replica that has applied it has staged the clone.
+    pub async fn clone_to(&self, target: &str, as_of: Option<Timestamp>) -> Result<u64> {
+        let op = TabletOp::Clone {
+            target: target.to_string(),
+            as_of,
+        };
+        self.propose_with(|| Ok(op.encode())).await?;
+        Ok(self.raft.last_applied())
+    }
+
+    /// Opens the clone staged in `dir` as a new replica (of a group among `replication`'s
+    /// peers, or a single voter).
+    pub fn open_clone(
+        dir: &Path,
+        id: &str,
+        options: TabletOptions,
+        clock: Arc<HybridClock>,
+        replication: Option<Replication>,
+        maintenance: Option<Arc<MaintenanceSignal>>,
+    ) -> Result<Self> {
+        if let Some(r) = &replication {
+            r.peers.write(dir)?;
+        }
+        Self::open(dir, id, options, clock, replication, maintenance)
     }
 
     /// Proposes the operation `encode` makes; it runs under the lock that orders proposals.

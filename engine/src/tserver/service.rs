@@ -9,19 +9,19 @@ use nyala_raft::MembershipChange;
 use nyala_storage::{ScanSpec, Schema, Timestamp, WriteBatch, WriteOutcome};
 use tonic::{Request, Response, Status};
 
-use super::replica::Peers;
+use super::replica::{Peers, TabletReplica};
 use super::scanners::Scanners;
 use super::tablet_copy::{receive_copy, CopySessions};
 use super::TabletServer;
 use crate::rpc;
-use crate::rpc::proto::common::{Empty, ServerStatus, TabletRef};
+use crate::rpc::proto::common::{Empty, Peer, ServerStatus, TabletRef};
 use crate::rpc::proto::tserver::tablet_server_service_server::{self, TabletServerServiceServer};
 use crate::rpc::proto::tserver::{
-    AlterSchemaRequest, ChangeMembershipRequest, CopyTabletRequest, CreateReplicaRequest,
-    FetchChunkRequest, FetchChunkResponse, MembershipChangeKind, SafeSnapshotResponse,
-    ScanNextRequest, ScanOpenRequest, ScanResponse, TabletFiles, TransferLeadershipRequest,
-    TxnFinishRequest, TxnPrepareResponse, TxnRequest, TxnWriteRequest, WaitForWriteRequest,
-    WaitForWriteResponse, WriteRequest, WriteResponse,
+    AlterSchemaRequest, ChangeMembershipRequest, CloneTabletRequest, CloneTabletResponse,
+    CopyTabletRequest, CreateReplicaRequest, FetchChunkRequest, FetchChunkResponse,
+    MembershipChangeKind, SafeSnapshotResponse, ScanNextRequest, ScanOpenRequest, ScanResponse,
+    TabletFiles, TransferLeadershipRequest, TxnFinishRequest, TxnPrepareResponse, TxnRequest,
+    TxnWriteRequest, WaitForWriteRequest, WaitForWriteResponse, WriteRequest, WriteResponse,
 };
 use crate::{EngineError, Result};
 
@@ -68,6 +68,15 @@ impl TabletServerService {
     }
 }
 
+/// Refuses a tablet id that could name something outside the server's tablets directory.
+fn check_tablet_id(id: &str) -> Result<()> {
+    let fine = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    match !id.is_empty() && id.chars().all(fine) {
+        true => Ok(()),
+        false => Err(EngineError::InvalidTable(format!("bad tablet id {id:?}"))),
+    }
+}
+
 fn parse_schema(json: &str) -> Result<Schema> {
     serde_json::from_str(json).map_err(|e| EngineError::InvalidTable(format!("bad schema: {e}")))
 }
@@ -80,16 +89,29 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
     ) -> std::result::Result<Response<Empty>, Status> {
         let create = request.into_inner();
         let server = self.server.clone();
+        let peers = Peers {
+            voters: create.peers.iter().map(|p| p.server_id).collect(),
+            addresses: (create.peers.into_iter())
+                .map(|p| (p.server_id, p.address))
+                .collect(),
+        };
+        if !create.clone_of.is_empty() {
+            let (id, source) = (&create.tablet_id, &create.clone_of);
+            let cloned = async {
+                check_tablet_id(id)?;
+                if !peers.voters.contains(&server.server_id()) {
+                    return Err(EngineError::InvalidTable(format!(
+                        "clone {id}: server {} is not among its replicas {:?}",
+                        server.server_id(),
+                        peers.voters
+                    )));
+                }
+                (server.open_clone(id, source, create.clone_index, Some(peers))).await
+            };
+            return self.respond(cloned.await.map(|()| Empty {}));
+        }
         let created = rpc::blocking(move || {
             let schema = parse_schema(&create.schema_json)?;
-            let peers = Peers {
-                voters: create.peers.iter().map(|p| p.server_id).collect(),
-                addresses: create
-                    .peers
-                    .into_iter()
-                    .map(|p| (p.server_id, p.address))
-                    .collect(),
-            };
             server
                 .create_replicated_tablet(&create.tablet_id, &schema, peers)
                 .map(|_| Empty {})
@@ -120,6 +142,32 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
         }
         .await;
         self.respond(altered.map(|()| Empty {}))
+    }
+
+    async fn clone_tablet(
+        &self,
+        request: Request<CloneTabletRequest>,
+    ) -> std::result::Result<Response<CloneTabletResponse>, Status> {
+        let clone = request.into_inner();
+        let cloned = async {
+            check_tablet_id(&clone.target_id)?;
+            let replica = self.server.replica(&clone.tablet_id)?;
+            let as_of = (clone.as_of != 0).then_some(Timestamp(clone.as_of));
+            let index = replica.clone_to(&clone.target_id, as_of).await?;
+            let known = TabletReplica::peers(replica.dir())?.unwrap_or_default();
+            let peers = (replica.group_state().voters.into_iter())
+                .map(|server_id| {
+                    let address = (known.addresses.get(&server_id).cloned())
+                        .or_else(|| self.server.address_of(server_id))
+                        .ok_or_else(|| {
+                            EngineError::Unavailable(format!("no address of server {server_id}"))
+                        })?;
+                    Ok(Peer { server_id, address })
+                })
+                .collect::<Result<_>>()?;
+            Ok(CloneTabletResponse { index, peers })
+        };
+        self.respond(cloned.await)
     }
 
     async fn write(

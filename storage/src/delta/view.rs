@@ -111,12 +111,15 @@ impl RowsetDeltas {
                 continue;
             }
             let records = source.read(columns)?;
-            let taken =
-                arrow::compute::take_record_batch(&records.images, &UInt32Array::from(rows))?;
+            let rows = UInt32Array::from(rows);
+            // Column by column: a batch of no columns (count(*)) keeps its row count.
+            let taken = (records.images.columns().iter())
+                .map(|c| arrow::compute::take(c, &rows, None))
+                .collect::<Result<Vec<_>, _>>()?;
             batches.push(RecordBatch::try_new_with_options(
                 projected.clone(),
-                taken.columns().to_vec(),
-                &with_rows(taken.num_rows()),
+                taken,
+                &with_rows(rows.len()),
             )?);
         }
         let composed: Vec<&(u32, Vec<UndoPick>)> =

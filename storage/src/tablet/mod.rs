@@ -22,10 +22,11 @@
 //! The module's files, one concept each: `metadata.rs` (the persisted tablet metadata),
 //! `write.rs` (the write path), `scan.rs` (scans and key lookups), `rewrite.rs` (the switch to
 //! rewritten files with the writes made meanwhile carried over), `compaction.rs` (what a flush
-//! and each compaction write), `maintenance.rs` (which of those are worth doing, and how much)
-//! and `alter.rs` (schema changes).
+//! and each compaction write), `maintenance.rs` (which of those are worth doing, and how much),
+//! `alter.rs` (schema changes) and `clone.rs` (table clones sharing the files).
 
 mod alter;
+mod clone;
 mod compaction;
 mod maintenance;
 mod metadata;

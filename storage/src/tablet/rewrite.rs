@@ -381,7 +381,7 @@ struct Next {
 }
 
 /// The files of `rowsets` and of their `deltas`.
-fn paths<'a>(
+pub(super) fn paths<'a>(
     rowsets: &'a [Arc<DiskRowSet>],
     deltas: &'a [RowsetDeltas],
 ) -> impl Iterator<Item = &'a Path> {

@@ -297,6 +297,15 @@ impl Tablet {
         })
     }
 
+    /// Whether a transaction is prepared here and not yet committed or aborted.
+    pub(super) fn has_prepared_txns(&self) -> bool {
+        self.state
+            .read()
+            .txns
+            .values()
+            .any(|t| t.prepared.is_some())
+    }
+
     /// The transactions with pending writes here.
     pub fn pending_txns(&self) -> Vec<TxnState> {
         let state = self.state.read();
