@@ -1756,6 +1756,79 @@ mod cluster {
         assert_eq!(&all[..5], &before[..]);
     }
 
+    /// A clone in a cluster: every replica of each source tablet clones it in its own data
+    /// directory (hard links), through the tablet's log; the clone's tablets are Raft groups of
+    /// their own, which keep serving when a server is killed, and outlive the source.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_replica_clones_its_tablet_and_the_clone_survives_a_kill() {
+        let mut cluster = TestCluster::start(3, &[]);
+        let url = cluster.url.clone();
+        ddl_when_ready(
+            &url,
+            "CREATE TABLE src (id BIGINT PRIMARY KEY, v STRING) \
+             DISTRIBUTE BY HASH (id) INTO 2 BUCKETS WITH (replicas = 3)",
+        )
+        .await;
+        let values: Vec<String> = (0..200).map(|i| format!("({i}, 'v{i}')")).collect();
+        until_ok(
+            &url,
+            &format!("UPSERT INTO src VALUES {}", values.join(", ")),
+        )
+        .await;
+        until_ok(&url, "CREATE TABLE copy CLONE src").await;
+        let count = |table: &str| {
+            let (url, read) = (url.clone(), format!("SELECT count(*) FROM {table}"));
+            async move { column_i64(&until_ok(&url, &read).await, 0)[0] }
+        };
+        assert_eq!(count("copy").await, 200);
+        // Each server holds its own replica of both clone tablets, linked to its source files.
+        for dir in &cluster.dirs {
+            let linked = linked_rowsets(&dir.path().join("tablets"));
+            assert!(
+                linked >= 4,
+                "{linked} linked rowset files in {}",
+                dir.path().display()
+            );
+        }
+        until_ok(&url, "DELETE FROM src WHERE id < 100").await;
+        until_ok(&url, "UPSERT INTO copy VALUES (1000, 'new')").await;
+        assert_eq!((count("src").await, count("copy").await), (100, 201));
+        // A server goes down: the clone's groups elect leaders among the others.
+        cluster.servers[0].kill();
+        until_ok(&url, "UPSERT INTO copy VALUES (1001, 'newer')").await;
+        assert_eq!(count("copy").await, 202);
+        cluster.restart_server(0);
+        until_ok(&url, "DROP TABLE src").await;
+        assert_eq!(count("copy").await, 202);
+    }
+
+    /// Runs `statement` until it succeeds (30 s at most): a retry must be harmless.
+    async fn until_ok(url: &str, statement: &str) -> Vec<RecordBatch> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match sql(url, statement).await {
+                Ok(rows) => return rows,
+                Err(e) => assert!(Instant::now() < deadline, "{statement}: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Files named `rowset-*` under the tablet directories in `tablets` that have another link.
+    fn linked_rowsets(tablets: &Path) -> usize {
+        use std::os::unix::fs::MetadataExt;
+        let mut linked = 0;
+        for tablet in std::fs::read_dir(tablets).unwrap() {
+            let data = tablet.unwrap().path().join("data");
+            for file in std::fs::read_dir(data).into_iter().flatten() {
+                let file = file.unwrap();
+                let rowset = file.file_name().to_string_lossy().starts_with("rowset-");
+                linked += usize::from(rowset && file.metadata().unwrap().nlink() > 1);
+            }
+        }
+        linked
+    }
+
     /// Writers insert rows through the master while tablet servers (and sometimes the master)
     /// are killed with SIGKILL and restarted at random, one process down at a time (kills land
     /// in the middle of statements' transactions: writes, prepares, decisions, commits); at the
@@ -2431,6 +2504,7 @@ mod cluster {
                     tablet_id: tablet.into(),
                     schema_json: serde_json::to_string(&schema()).unwrap(),
                     peers: peers.clone(),
+                    ..Default::default()
                 })
                 .await
                 .unwrap();
