@@ -1407,7 +1407,7 @@ fn a_clone_shares_the_files_and_is_independent_of_its_source() {
     let more: Vec<_> = (100..120).map(|k| (k, None, k)).collect();
     write(&tablet, 3, at(3), WriteKind::Insert, &more);
 
-    tablet.make_clone(&copy, None).unwrap();
+    tablet.make_clone(&copy, 4, None).unwrap();
     let clone = Tablet::open(&copy, TabletOptions::default()).unwrap();
     let expected = scan(&tablet, at(3), None);
     assert_eq!(expected.len(), 120);
@@ -1450,21 +1450,26 @@ fn a_clone_as_of_a_time_copies_only_the_rowsets_written_after_it() {
     let untouched: Vec<_> = (50..60).map(|k| (k, None, k)).collect();
     write(&tablet, 2, at(2), WriteKind::Insert, &untouched);
     tablet.flush().unwrap();
+    // In memory, to be flushed with rows inserted after the clone's time.
+    write(&tablet, 3, at(3), WriteKind::Insert, &[(80, None, 80)]);
     let then = scan(&tablet, at(3), None);
-    // After the clone's time: updates and deletes of the first rowset, new rows in memory.
-    write(&tablet, 3, at(4), WriteKind::Update, &[(3, None, 333)]);
-    write(&tablet, 4, at(5), WriteKind::Delete, &[(4, None, 0)]);
-    tablet.flush().unwrap();
-    write(&tablet, 5, at(6), WriteKind::Insert, &[(70, None, 70)]);
-    write(&tablet, 6, at(7), WriteKind::Upsert, &[(5, None, 555)]);
+    // After the clone's time: updates and deletes of the first rowset (flushed to a REDO
+    // file, and in memory), new rows.
+    write(&tablet, 4, at(4), WriteKind::Update, &[(3, None, 333)]);
+    write(&tablet, 5, at(5), WriteKind::Delete, &[(4, None, 0)]);
+    write(&tablet, 6, at(6), WriteKind::Insert, &[(70, None, 70)]);
+    write(&tablet, 7, at(7), WriteKind::Upsert, &[(5, None, 555)]);
 
-    tablet.make_clone(&copy, Some(at(3))).unwrap();
+    tablet.make_clone(&copy, 8, Some(at(3))).unwrap();
     let clone = Tablet::open(&copy, TabletOptions::default()).unwrap();
     assert_eq!(scan(&clone, at(8), None), then);
     assert_eq!(scan(&clone, at(3), None), then);
     assert_eq!(count(&clone, at(8)), then.len());
+    // The two old rowsets are linked (without the REDO file of the later changes); the one
+    // flushed from memory holds rows of both sides of the time, and is rewritten.
     let (shared, own) = shared_and_own_rowsets(&copy);
-    assert!(shared >= 1 && own >= 1, "{shared} shared, {own} copied");
+    assert_eq!((shared, own), (2, 1));
+    assert_eq!(clone.delta_file_count(), 3, "an UNDO file per rowset, no REDO file");
     // The source is as it was.
     let now_in_source = scan(&tablet, at(8), None);
     assert_eq!(now_in_source[&3].1, 333);
@@ -1473,7 +1478,7 @@ fn a_clone_as_of_a_time_copies_only_the_rowsets_written_after_it() {
     // Older than the history kept: refused.
     let too_old = Timestamp(t0.0 - Timestamp::from_micros(3600 * 1_000_000).0);
     let err = tablet
-        .make_clone(&dir.path().join("too-old"), Some(too_old))
+.make_clone(&dir.path().join("too-old"), 9, Some(too_old))
         .unwrap_err();
     assert!(err.to_string().contains("history"), "{err}");
 }

@@ -200,10 +200,15 @@ pub struct TabletStateMachine {
 }
 
 impl TabletStateMachine {
-    /// Stages the clone `target` of this tablet beside the replica's directory (see
-    /// [`clone_staging_dir`]), for the server to open as a replica of its own. An entry
-    /// replayed after the clone became a replica does nothing.
-    fn stage_clone(&self, target: &str, as_of: Option<Timestamp>) -> Result<(), StorageError> {
+    /// Stages the clone `target` of this tablet, as log entry `index`, beside the replica's
+    /// directory (see [`clone_staging_dir`]), for the server to open as a replica of its own.
+    /// An entry replayed after the clone became a replica does nothing.
+    fn stage_clone(
+        &self,
+        index: u64,
+        target: &str,
+        as_of: Option<Timestamp>,
+    ) -> Result<(), StorageError> {
         let tablets = self.dir.parent().ok_or_else(|| {
             StorageError::Corruption(format!("{} has no parent directory", self.dir.display()))
         })?;
@@ -214,7 +219,7 @@ impl TabletStateMachine {
         if staging.exists() {
             std::fs::remove_dir_all(&staging)?;
         }
-        let cloned = self.tablet.make_clone(&staging.join("data"), as_of);
+        let cloned = self.tablet.make_clone(&staging.join("data"), index, as_of);
         if cloned.is_err() {
             let _ = std::fs::remove_dir_all(&staging);
         }
@@ -286,7 +291,7 @@ impl StateMachine for TabletStateMachine {
                 Ok(WriteOutcome::default())
             }
             TabletOp::Clone { target, as_of } => self
-                .stage_clone(target, *as_of)
+                .stage_clone(index, target, *as_of)
                 .map(|()| WriteOutcome::default()),
         };
         if let Ok(outcome) = &result {

@@ -8,12 +8,16 @@
 //! when the last tablet naming it lets go. Cloning costs a flush and a few links per rowset,
 //! whatever the table's size.
 //!
-//! A clone `as_of` an earlier time must not hold the versions written after it. Rowsets whose
-//! versions are all at or before that time (their delta files say so) are linked as they are;
-//! the others are rewritten from their version chains cut at that time, which drops the newer
-//! versions, so only rowsets written to since then are copied.
+//! A clone `as_of` an earlier time must not hold the versions written after it. Delta files
+//! record their oldest and newest timestamps, and a rowset's UNDO records include its base
+//! images' own: a rowset whose base data is no newer than that time is linked, with the REDO
+//! files no newer than it (updates made since are left behind); a rowset with newer base data
+//! (flushed after that time), or with a REDO file that spans it, is rewritten from its version
+//! chains cut at that time. So only what was flushed or compacted since costs a copy.
 //!
-//! Transactions not yet committed stay behind: the clone holds committed rows only.
+//! Transactions not yet committed stay behind: the clone holds committed rows only. A queue
+//! table's clone assigns positions above every position the source had assigned (its
+//! `position_base`), as its own log starts anew.
 
 use std::path::Path;
 
@@ -27,10 +31,16 @@ use crate::{StorageError, Timestamp};
 
 impl Tablet {
     /// Makes `dir` (which must not exist) a new tablet with this tablet's committed rows as of
-    /// now, or as of `as_of`. Called in log order (the tablet's Raft apply), so no write
-    /// arrives meanwhile; one flush, compaction or schema change at a time still holds. A
-    /// failure leaves `dir` incomplete: without metadata it is not a tablet.
-    pub fn make_clone(&self, dir: &Path, as_of: Option<Timestamp>) -> Result<(), StorageError> {
+    /// log entry `index`, or as of `as_of`. Called in log order, as the tablet's Raft apply of
+    /// entry `index`, so no write arrives meanwhile; the flush it starts with makes the files
+    /// durable up to that entry, which is therefore not replayed. A failure leaves `dir`
+    /// incomplete: without metadata it is not a tablet.
+    pub fn make_clone(
+        &self,
+        dir: &Path,
+        index: u64,
+        as_of: Option<Timestamp>,
+    ) -> Result<(), StorageError> {
         let _rewriting = self.rewriting.lock();
         if let Some(t) = as_of {
             let ancient = self.ancient_history_mark();
@@ -48,8 +58,12 @@ impl Tablet {
                 "transactions are committing in the table; clone it again in a moment".into(),
             ));
         }
+        {
+            let mut state = self.state.write();
+            state.last_applied = state.last_applied.max(index);
+        }
         self.flush_rewriting()?;
-        let snap = {
+        let (snap, position_base) = {
             let state = self.state.read();
             let in_memory = !state.mrs.is_empty() || state.deltas.iter().any(|d| !d.dms.is_empty());
             if in_memory {
@@ -57,7 +71,7 @@ impl Tablet {
                     "the table was written to while it was cloned".into(),
                 ));
             }
-            Snapshot::of(&state)
+            (Snapshot::of(&state), state.entry_position(index))
         };
         std::fs::create_dir_all(dir)?;
         let no_failures = |_: &str| Ok(());
@@ -72,42 +86,65 @@ impl Tablet {
         let mut deltas = Vec::with_capacity(snap.rowsets.len());
         let ancient = self.ancient_history_mark();
         for (rowset, history) in snap.rowsets.iter().zip(&snap.deltas) {
-            let newest = history.files().map(|f| f.meta.max_ts).max();
-            match as_of {
-                Some(t) if newest.is_some_and(|newest| newest > t) => {
-                    for new in cut_at(rowset, history, t, &snap, &mut files, ancient)? {
-                        rowsets.push(new.rowset);
-                        deltas.push(new.deltas);
+            let kept = match as_of {
+                None => history.without_dms(),
+                Some(t) => match history_until(history, t)? {
+                    Some(kept) => kept,
+                    None => {
+                        for new in cut_at(rowset, history, t, &snap, &mut files, ancient)? {
+                            rowsets.push(new.rowset);
+                            deltas.push(new.deltas);
+                        }
+                        continue;
                     }
-                }
-                _ => {
-                    let (rowset, history) =
-                        (std::slice::from_ref(rowset), std::slice::from_ref(history));
-                    for path in paths(rowset, history) {
-                        let name = path.file_name().ok_or_else(|| {
-                            StorageError::Corruption(format!("{} has no file name", path.display()))
-                        })?;
-                        std::fs::hard_link(path, dir.join(name))?;
-                    }
-                    rowsets.push(rowset[0].clone());
-                    deltas.push(history[0].without_dms());
-                }
+                },
+            };
+            let (linked, with) = (std::slice::from_ref(rowset), std::slice::from_ref(&kept));
+            for path in paths(linked, with) {
+                let name = path.file_name().ok_or_else(|| {
+                    StorageError::Corruption(format!("{} has no file name", path.display()))
+                })?;
+                std::fs::hard_link(path, dir.join(name))?;
             }
+            rowsets.push(rowset.clone());
+            deltas.push(kept);
         }
         // The clone's log starts empty: its files are durable up to entry 0.
-        let meta = Metadata::of(
-            &snap.schema,
-            &rowsets,
-            &deltas,
-            files.next_id,
-            0,
-            self.next_auto_id(),
-            None,
-        );
+        let meta = Metadata {
+            position_base,
+            ..Metadata::of(
+                &snap.schema,
+                &rowsets,
+                &deltas,
+                files.next_id,
+                0,
+                self.next_auto_id(),
+                None,
+            )
+        };
         // New files are synced as they are written, links share synced files; the metadata's
         // write syncs the directory with their names.
         write_metadata(dir, &meta, &no_failures)
     }
+}
+
+/// The delta files of a rowset that give its rows as of `t` when its base data is kept as it
+/// is: its UNDO files and the REDO files no newer than `t`. None if that is not enough (base
+/// data newer than `t`, or a REDO file with records on both sides of it).
+fn history_until(
+    history: &RowsetDeltas,
+    t: Timestamp,
+) -> Result<Option<RowsetDeltas>, StorageError> {
+    let spans =
+        |f: &&std::sync::Arc<crate::delta::DeltaFile>| f.meta.min_ts <= t && f.meta.max_ts > t;
+    if history.undo.iter().any(|f| f.meta.max_ts > t) || history.redo.iter().any(|f| spans(&f)) {
+        return Ok(None);
+    }
+    let redo = (history.redo.iter().filter(|f| f.meta.max_ts <= t)).cloned();
+    Ok(Some(RowsetDeltas::new(
+        history.undo.clone(),
+        redo.collect(),
+    )?))
 }
 
 /// The rows of `rowset` rewritten into `files` with every version after `t` left out.

@@ -42,6 +42,10 @@ pub(super) struct Metadata {
     /// The file with the transactions pending as of `durable_index` (`txns-<id>`), if any.
     #[serde(default)]
     pub(super) txns_file: Option<u64>,
+    /// Added to every queue position this tablet assigns: above the positions of the rows a
+    /// clone starts with (see [`super::State::entry_position`]).
+    #[serde(default)]
+    pub(super) position_base: u64,
 }
 
 impl Metadata {
@@ -80,6 +84,7 @@ impl Metadata {
             durable_index,
             next_auto_id,
             txns_file,
+            position_base: 0,
         }
     }
 }

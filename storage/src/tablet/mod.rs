@@ -154,6 +154,8 @@ struct State {
     locks: HashMap<Vec<u8>, u64>,
     /// The file holding the pending transactions as of `durable_index`, if there were any.
     txns_file: Option<u64>,
+    /// See [`Metadata::position_base`].
+    position_base: u64,
 }
 
 impl Tablet {
@@ -256,6 +258,7 @@ impl Tablet {
                 txns: pending.0,
                 locks: pending.1,
                 txns_file: meta.txns_file,
+                position_base: meta.position_base,
             }),
         }
     }
@@ -370,6 +373,14 @@ impl Tablet {
             ))),
             _ => Ok(()),
         }
+    }
+}
+
+impl State {
+    /// The position of the first row log entry `index` inserts into a queue table:
+    /// `position_base + (index << POSITION_ROW_BITS)`.
+    fn entry_position(&self, index: u64) -> u64 {
+        self.position_base + (index << write::POSITION_ROW_BITS)
     }
 }
 

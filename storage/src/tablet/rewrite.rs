@@ -82,15 +82,18 @@ impl Tablet {
         if state.txns_file != snap.txns_file {
             old_files.extend(state.txns_file.map(|id| self.dir.join(txn::file_name(id))));
         }
-        let written = self.write_metadata(&Metadata::of(
-            schema,
-            &next.rowsets,
-            &next.deltas,
-            state.next_rowset_id,
-            durable_index,
-            state.next_auto_id,
-            snap.txns_file,
-        ));
+        let written = self.write_metadata(&Metadata {
+            position_base: state.position_base,
+            ..Metadata::of(
+                schema,
+                &next.rowsets,
+                &next.deltas,
+                state.next_rowset_id,
+                durable_index,
+                state.next_auto_id,
+                snap.txns_file,
+            )
+        });
         if let Err(e) = written {
             state.thaw();
             return Err(e);

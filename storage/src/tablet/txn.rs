@@ -263,7 +263,8 @@ impl Tablet {
                 // A queue's new rows take their positions now, from the commit's log entry.
                 QueueWrite::Insert => {
                     let n = write.rows.num_rows() as u64;
-                    let positioned = with_positions(&schema, &write.rows, index, inserted, false)?;
+                    let entry = state.entry_position(index);
+                    let positioned = with_positions(&schema, &write.rows, entry, inserted, false)?;
                     inserted += n;
                     positioned
                 }

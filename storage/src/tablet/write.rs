@@ -69,7 +69,8 @@ impl Tablet {
                         key: "(the queue's next positions: a transaction is committing)".into(),
                     });
                 }
-                let rows = with_positions(&schema, &batch.rows, index, 0, true)?;
+                let entry = state.entry_position(index);
+                let rows = with_positions(&schema, &batch.rows, entry, 0, true)?;
                 let batch = WriteBatch {
                     rows,
                     ..batch.clone()
@@ -525,13 +526,14 @@ pub(super) fn queue_write(schema: &Schema, kind: WriteKind) -> Result<QueueWrite
     }
 }
 
-/// `rows`, inserted into a queue table by log entry `index`, with their positions: `(index <<
-/// POSITION_ROW_BITS) + first + i`, increasing in log order within the tablet, the same on
-/// every replica and after every replay. With `fresh`, the rows must leave the position NULL.
+/// `rows`, inserted into a queue table by a log entry whose first position is `entry` (see
+/// [`super::State::entry_position`]), with their positions: `entry + first + i`, increasing in
+/// log order within the tablet, the same on every replica and after every replay. With
+/// `fresh`, the rows must leave the position NULL.
 pub(super) fn with_positions(
     schema: &Schema,
     rows: &RecordBatch,
-    index: u64,
+    entry: u64,
     first: u64,
     fresh: bool,
 ) -> Result<RecordBatch, StorageError> {
@@ -546,7 +548,7 @@ pub(super) fn with_positions(
             1u64 << POSITION_ROW_BITS
         )));
     }
-    let base = (index << POSITION_ROW_BITS) + first;
+    let base = entry + first;
     let positions: ArrayRef = Arc::new(Int64Array::from_iter_values(
         (base..base + n).map(|p| p as i64),
     ));
