@@ -22,8 +22,9 @@ not being loaded would be, then measures, over ADBC Flight SQL:
    dropped afterwards (its background flushes would disturb the next disk measurement);
 3. after `UPDATE orders ... WHERE o_id % 100 = 0` (--update-percent of the rows), the time of
    `CREATE TABLE c3 CLONE orders AS OF to_timestamp_nanos(<before the update>)`, and its growth.
-   The AS OF clone rewrites each rowset that has versions after that time (with the updates
-   spread over the keys: every rowset), and its clone flushes the updates first.
+   The clone flushes the updates first (into REDO files); the AS OF clone links every rowset
+   whose base data predates that time without those newer REDO files, and rewrites only the
+   rowsets flushed or compacted after it.
 
 Prints each time, the ratio clone / CTAS and the growth, with the targets for reference
 (clone <= 10 % of CTAS, growth <= 5 % of the table's bytes); timings are never asserted. It
