@@ -12,8 +12,10 @@
 //!   returns Pending, and some sources never do (`generate_series` claims to cooperate with
 //!   tokio's budget but does not), so [`YieldingLeaves`] puts every such source behind a
 //!   `CooperativeExec`. Tablet scans yield by themselves (their rows come through a channel).
-//!   A nested-loop join with a selective filter still computes for seconds between two polls
-//!   of its inputs, so its statement ends some seconds after its timeout.
+//!   A nested-loop join evaluates its filter over every buffered row against a whole probe
+//!   batch between two polls of its probe input, for seconds with a million rows buffered; so
+//!   its probe input comes in slices of about [`PAIRS_PER_SLICE`] pairs' worth of rows, which
+//!   yield to the runtime every [`YIELD_EVERY`] ([`ProbeSlicesExec`]).
 //! - **Admission**: at most [`QueryLimits::max_running_queries`] queries run at once; more wait
 //!   their turn (within their timeout) instead of all competing for memory and cores.
 //!   Statements that change rows are not queued behind queries.
@@ -28,17 +30,20 @@ use std::time::Duration;
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{
     GreedyMemoryPool, MemoryLimit, MemoryPool, MemoryReservation,
 };
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::joins::NestedLoopJoinExec;
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
@@ -273,7 +278,8 @@ pub(crate) fn statement_timeout(timeout: Duration) -> DataFusionError {
 }
 
 /// Puts every source of rows except tablet scans behind a [`CooperativeExec`], so the
-/// operators above it yield to the runtime now and then (see the module documentation).
+/// operators above it yield to the runtime now and then, and the probe input of every
+/// nested-loop join behind a [`ProbeSlicesExec`] (see the module documentation).
 #[derive(Debug, Default)]
 pub(crate) struct YieldingLeaves;
 
@@ -284,6 +290,31 @@ impl YieldingLeaves {
             true => Arc::new(CooperativeExec::new(plan)),
             false => plan,
         }
+    }
+
+    /// `join`'s probe input sliced, if `join` is a nested-loop join that does not have it yet.
+    fn slice_probe(join: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(nlj) = join.downcast_ref::<NestedLoopJoinExec>() else {
+            return Ok(None);
+        };
+        if nlj.right().is::<ProbeSlicesExec>() {
+            return Ok(None);
+        }
+        // The buffered side's rows, as far as its statistics know.
+        let statistics =
+            StatisticsContext::new().compute(nlj.left().as_ref(), &StatisticsArgs::new());
+        let buffered = statistics?.num_rows;
+        let rows = match buffered.get_value() {
+            Some(&n) => PAIRS_PER_SLICE / n.max(1),
+            None => UNKNOWN_BUFFERED_SLICE_ROWS,
+        };
+        let probe = Arc::new(ProbeSlicesExec {
+            input: nlj.right().clone(),
+            rows: rows.clamp(1, MAX_SLICE_ROWS),
+        });
+        let children = vec![nlj.left().clone(), probe as Arc<dyn ExecutionPlan>];
+        let keep = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
+        Ok(Some(join.clone().replace_children(children, keep)?))
     }
 }
 
@@ -298,6 +329,10 @@ impl PhysicalOptimizerRule for YieldingLeaves {
                 if node.is::<CooperativeExec>() {
                     return Ok(Transformed::no(node));
                 }
+                let node = match Self::slice_probe(&node)? {
+                    Some(sliced) => sliced,
+                    None => node,
+                };
                 let children: Vec<_> = node.children().into_iter().cloned().collect();
                 let wrapped: Vec<_> = children.iter().cloned().map(Self::wrap).collect();
                 if wrapped
@@ -320,5 +355,116 @@ impl PhysicalOptimizerRule for YieldingLeaves {
 
     fn schema_check(&self) -> bool {
         true
+    }
+}
+
+/// Pairs of buffered and probe rows a nested-loop join evaluates per probe slice, roughly.
+const PAIRS_PER_SLICE: usize = 1 << 20;
+/// Probe rows per slice when the buffered side's size is unknown.
+const UNKNOWN_BUFFERED_SLICE_ROWS: usize = 16;
+/// Probe rows per slice at most (DataFusion's default batch size).
+const MAX_SLICE_ROWS: usize = 8192;
+/// How long a sliced probe input lets its consumer compute before it yields to the runtime.
+const YIELD_EVERY: Duration = Duration::from_millis(10);
+
+/// The probe input of a nested-loop join in slices of `rows` rows, yielding to the runtime
+/// when [`YIELD_EVERY`] has passed since it last did (see the module documentation).
+#[derive(Debug)]
+pub(crate) struct ProbeSlicesExec {
+    input: Arc<dyn ExecutionPlan>,
+    rows: usize,
+}
+
+impl DisplayAs for ProbeSlicesExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "ProbeSlicesExec: rows={}", self.rows)
+    }
+}
+
+impl ExecutionPlan for ProbeSlicesExec {
+    fn name(&self) -> &str {
+        "ProbeSlicesExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let input = children
+            .pop()
+            .ok_or_else(|| DataFusionError::Internal("ProbeSlicesExec needs an input".into()))?;
+        Ok(Arc::new(Self {
+            input,
+            rows: self.rows,
+        }))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        Ok(Box::pin(Slices {
+            input: self.input.execute(partition, context)?,
+            rows: self.rows,
+            current: None,
+            yielded: std::time::Instant::now(),
+        }))
+    }
+}
+
+/// The stream of a [`ProbeSlicesExec`].
+struct Slices {
+    input: SendableRecordBatchStream,
+    rows: usize,
+    /// The batch being sliced and the offset of its next slice.
+    current: Option<(RecordBatch, usize)>,
+    yielded: std::time::Instant,
+}
+
+impl Stream for Slices {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.yielded.elapsed() >= YIELD_EVERY {
+            self.yielded = std::time::Instant::now();
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        loop {
+            if let Some((batch, offset)) = self.current.take() {
+                if offset < batch.num_rows() {
+                    let len = self.rows.min(batch.num_rows() - offset);
+                    let slice = batch.slice(offset, len);
+                    self.current = Some((batch, offset + len));
+                    return Poll::Ready(Some(Ok(slice)));
+                }
+            }
+            match self.input.poll_next_unpin(cx) {
+                Poll::Ready(Some(Ok(batch))) => self.current = Some((batch, 0)),
+                other => return other,
+            }
+        }
+    }
+}
+
+impl RecordBatchStream for Slices {
+    fn schema(&self) -> SchemaRef {
+        self.input.schema()
     }
 }

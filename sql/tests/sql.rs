@@ -254,7 +254,33 @@ async fn statement_timeout_cancels_a_long_query() {
         "cancelled after {:?}",
         started.elapsed()
     );
+    // A nested-loop join of a million rows with a million, whose filter keeps nothing: its
+    // probe side comes in slices, so the join yields and the timeout ends it (debug build,
+    // shared machine: the bound is a liveness check, generous; minutes without slices).
+    let started = std::time::Instant::now();
+    let e = error(
+        &s,
+        "SELECT count(*) FROM generate_series(1, 1000000) a, generate_series(1, 1000000) b \
+         WHERE a.value + b.value = 7",
+    )
+    .await;
+    assert!(e.contains("statement timeout"), "{e}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "cancelled after {:?}",
+        started.elapsed()
+    );
+    let plan = text(
+        &s,
+        "EXPLAIN SELECT count(*) FROM generate_series(1, 100) a, \
+         generate_series(1, 100) b WHERE a.value < b.value",
+    )
+    .await;
+    assert!(plan.contains("ProbeSlicesExec"), "{plan}");
     run(&s, "SET statement_timeout = 0").await;
+    let pairs = "SELECT count(*) FROM generate_series(1, 300) a, generate_series(1, 300) b \
+         WHERE a.value < b.value";
+    assert!(text(&s, pairs).await.contains("44850"));
     assert!(text(&s, "SELECT count(*) FROM generate_series(1, 1000)")
         .await
         .contains("1000"));
