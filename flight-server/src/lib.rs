@@ -216,6 +216,14 @@ pub fn status(e: SqlError) -> Status {
         }
         // Retryable: the transaction met a concurrent one.
         SqlError::Conflict(_) => Status::aborted(excerpt(&e.to_string(), MAX_ERROR_CHARS)),
+        // A limit of one statement: its memory, its statement_timeout.
+        SqlError::Exhausted(_) => {
+            Status::resource_exhausted(excerpt(&e.to_string(), MAX_ERROR_CHARS))
+        }
+        // Retryable later: the server is busy, or a server it needs is unreachable.
+        SqlError::Engine(
+            nyala_engine::EngineError::Busy(_) | nyala_engine::EngineError::Unavailable(_),
+        ) => Status::unavailable(excerpt(&e.to_string(), MAX_ERROR_CHARS)),
         // Everything else a statement can fail with is about the statement or the data it
         // touches (parse, planning, types, duplicate keys): the client's to fix.
         _ => invalid(e),

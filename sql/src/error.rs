@@ -23,6 +23,9 @@ pub enum SqlError {
     /// Planning or execution failed inside DataFusion (the message of the innermost error).
     #[error("{0}")]
     DataFusion(String),
+    /// The statement reached a limit of what one statement may use (its memory, its time).
+    #[error("{0}")]
+    Exhausted(String),
     /// The engine (catalog, tablets) rejected or failed an operation.
     #[error("{0}")]
     Arrow(#[from] arrow::error::ArrowError),
@@ -37,7 +40,11 @@ impl From<DataFusionError> for SqlError {
                 return SqlError::Conflict(message.clone());
             }
         }
-        let message = strip_categories(&e.find_root().strip_backtrace());
+        let root = e.find_root();
+        let message = strip_categories(&root.strip_backtrace());
+        if let DataFusionError::ResourcesExhausted(_) = root {
+            return SqlError::Exhausted(message);
+        }
         SqlError::DataFusion(signature_mismatch(&message).unwrap_or(message))
     }
 }

@@ -121,6 +121,20 @@ def test_set_in_one_adbc_connection_is_invisible_in_another(server):
         assert adbc_setting(c, BATCH_SIZE) == DEFAULT_BATCH_SIZE
 
 
+def test_statement_timeout_ends_a_query_with_resource_exhausted(server):
+    """A session's statement_timeout ends its long query with a clear, typed error (gRPC
+    RESOURCE_EXHAUSTED, a limit of the statement), and the session goes on."""
+    with flightsql.connect(server, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("SET statement_timeout = '200ms'")
+        with pytest.raises(flightsql.Error) as failed:
+            cur.execute("SELECT sum(value) FROM generate_series(1, 3000000000)")
+            cur.fetchall()
+        message = str(failed.value)
+        assert "statement timeout" in message and "ResourceExhausted" in message, message
+        cur.execute("SELECT 1")
+        assert cur.fetchall() == [(1,)]
+
+
 def test_set_in_one_pyarrow_connection_is_invisible_in_another(clients):
     a, b = clients(), clients()
     a.update(f"SET {BATCH_SIZE} = 2222")

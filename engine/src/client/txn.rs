@@ -239,8 +239,9 @@ impl Transaction {
                     Ok(Some(_)) => {}
                     Ok(None) => {
                         self.abort().await;
-                        return Err(EngineError::Remote(
-                            "the transaction was aborted while it committed (it took too long)"
+                        return Err(EngineError::Busy(
+                            "the transaction was aborted while it committed (it took too long); \
+                             run it again"
                                 .into(),
                         ));
                     }
