@@ -62,6 +62,11 @@ pub enum TabletOp {
     TxnPrepare {
         txn: u64,
     },
+    /// Transaction `txn` is no longer prepared here (its coordinator let go, to prepare again
+    /// later).
+    TxnUnprepare {
+        txn: u64,
+    },
     /// Transaction `txn` commits at `commit_ts`.
     TxnCommit {
         txn: u64,
@@ -84,6 +89,7 @@ const TXN_PREPARE: u8 = 0x82;
 const TXN_COMMIT: u8 = 0x83;
 const TXN_ABORT: u8 = 0x84;
 const CLONE: u8 = 0x85;
+const TXN_UNPREPARE: u8 = 0x86;
 
 /// A transaction entry's id and the bytes after it.
 fn txn(rest: &[u8]) -> Result<(u64, &[u8]), StorageError> {
@@ -117,6 +123,7 @@ impl TabletOp {
                 out
             }
             TabletOp::TxnPrepare { txn } => tagged(TXN_PREPARE, *txn),
+            TabletOp::TxnUnprepare { txn } => tagged(TXN_UNPREPARE, *txn),
             TabletOp::TxnCommit { txn, commit_ts } => {
                 let mut out = tagged(TXN_COMMIT, *txn);
                 out.extend_from_slice(&commit_ts.0.to_le_bytes());
@@ -143,6 +150,7 @@ impl TabletOp {
                 Ok(TabletOp::TxnWrite { txn, batch })
             }
             Some((&TXN_PREPARE, rest)) => Ok(TabletOp::TxnPrepare { txn: txn(rest)?.0 }),
+            Some((&TXN_UNPREPARE, rest)) => Ok(TabletOp::TxnUnprepare { txn: txn(rest)?.0 }),
             Some((&TXN_COMMIT, rest)) => {
                 let (txn, rest) = txn(rest)?;
                 let ts = rest.first_chunk::<8>().ok_or_else(|| {

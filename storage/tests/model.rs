@@ -1469,7 +1469,11 @@ fn a_clone_as_of_a_time_copies_only_the_rowsets_written_after_it() {
     // flushed from memory holds rows of both sides of the time, and is rewritten.
     let (shared, own) = shared_and_own_rowsets(&copy);
     assert_eq!((shared, own), (2, 1));
-    assert_eq!(clone.delta_file_count(), 3, "an UNDO file per rowset, no REDO file");
+    assert_eq!(
+        clone.delta_file_count(),
+        3,
+        "an UNDO file per rowset, no REDO file"
+    );
     // The source is as it was.
     let now_in_source = scan(&tablet, at(8), None);
     assert_eq!(now_in_source[&3].1, 333);
@@ -1478,7 +1482,7 @@ fn a_clone_as_of_a_time_copies_only_the_rowsets_written_after_it() {
     // Older than the history kept: refused.
     let too_old = Timestamp(t0.0 - Timestamp::from_micros(3600 * 1_000_000).0);
     let err = tablet
-.make_clone(&dir.path().join("too-old"), 9, Some(too_old))
+        .make_clone(&dir.path().join("too-old"), 9, Some(too_old))
         .unwrap_err();
     assert!(err.to_string().contains("history"), "{err}");
 }

@@ -5,6 +5,7 @@
 //! part (say, a duplicate key), the parts already accepted by other tablets stay, and
 //! [`WriteError`] says how many rows were applied.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
@@ -107,6 +108,9 @@ pub struct Client {
     /// read below it, so they see every write acknowledged before them, whichever tablets the
     /// writes and the reads went to.
     last_write: Arc<std::sync::atomic::AtomicU64>,
+    /// One lock per queue table (by table id), held by a transaction of this client from its
+    /// prepare to its commit (see [`Transaction::commit`]).
+    queue_commits: Arc<parking_lot::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -127,6 +131,7 @@ impl Client {
             catalog,
             tablets,
             last_write: Arc::default(),
+            queue_commits: Arc::default(),
         }
     }
 
@@ -236,7 +241,7 @@ impl Client {
             .split(&table.schema, rows)
             .map_err(|error| WriteError { applied: 0, error })?;
         if let Some(txn) = txn {
-            txn.writes(&table.schema);
+            txn.writes(table);
         }
         let writes = parts.into_iter().map(|(tablet, rows)| async move {
             let tablet = &table.tablets[tablet];

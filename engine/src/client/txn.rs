@@ -38,8 +38,8 @@ pub struct Transaction {
     id: u64,
     client: Client,
     participants: Arc<Mutex<BTreeSet<String>>>,
-    /// Whether it wrote a queue table (see [`Transaction::commit`]).
-    queues: Arc<std::sync::atomic::AtomicBool>,
+    /// The ids of the queue tables it wrote (see [`Transaction::commit`]).
+    queues: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl Client {
@@ -173,12 +173,26 @@ impl Transaction {
             .await
     }
 
-    /// The transaction is about to write a table whose schema is `schema`.
-    pub(super) fn writes(&self, schema: &nyala_storage::Schema) {
-        if schema.position_column().is_some() {
-            self.queues
-                .store(true, std::sync::atomic::Ordering::Release);
+    /// The transaction is about to write `table`.
+    pub(super) fn writes(&self, table: &crate::catalog::TableInfo) {
+        if table.schema.position_column().is_some() {
+            self.queues.lock().insert(table.id.clone());
         }
+    }
+
+    /// Takes this client's locks of the queue tables the transaction wrote, in table id order
+    /// (so two transactions never wait for each other).
+    async fn lock_queues(&self) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+        let queues: Vec<String> = self.queues.lock().iter().cloned().collect();
+        let mut guards = Vec::with_capacity(queues.len());
+        for id in queues {
+            let lock = (self.client.queue_commits.lock())
+                .entry(id)
+                .or_default()
+                .clone();
+            guards.push(lock.lock_owned().await);
+        }
+        guards
     }
 
     /// Tablet `tablet` is about to take a write of the transaction.
@@ -194,6 +208,9 @@ impl Transaction {
     pub async fn commit(&self) -> Result<()> {
         let participants: Vec<String> = self.participants.lock().iter().cloned().collect();
         let tablets = &self.client.tablets;
+        // A queue tablet commits one inserting transaction at a time: those of this client
+        // take turns here rather than retrying against each other there.
+        let turn = self.lock_queues().await;
         match participants.as_slice() {
             [] => Ok(()),
             [only] => {
@@ -205,23 +222,8 @@ impl Transaction {
                 Ok(())
             }
             _ => {
-                // A queue's tablet prepares one inserting transaction at a time, which waits
-                // for its turn there; so transactions that wrote queues prepare their
-                // participants one after the other in one order (the tablet ids'), and no two
-                // wait for each other. Others prepare all at once.
-                let prepared = match self.queues.load(std::sync::atomic::Ordering::Acquire) {
-                    true => {
-                        let mut prepared = Vec::with_capacity(participants.len());
-                        for t in &participants {
-                            let answer = self.prepare(t).await;
-                            let failed = answer.is_err();
-                            prepared.push(answer);
-                            if failed {
-                                break;
-                            }
-                        }
-                        prepared
-                    }
+                let prepared = match !turn.is_empty() {
+                    true => vec![self.prepare_queues(&participants).await],
                     false => join_all(participants.iter().map(|t| self.prepare(t))).await,
                 };
                 let mut commit_ts = Timestamp(0);
@@ -271,10 +273,39 @@ impl Transaction {
         }
     }
 
-    /// Prepares the transaction in tablet `tablet`, waiting while the tablet prepares another
-    /// first (a queue's); returns the prepare timestamp.
+    /// Prepares the transaction in tablet `tablet`; returns the prepare timestamp.
     async fn prepare(&self, tablet: &str) -> Result<Timestamp> {
         super::when_unlocked(|| self.client.tablets.prepare_txn(tablet, self.id)).await
+    }
+
+    /// Prepares a transaction that wrote queue tables in all its `participants` at once;
+    /// returns the newest prepare timestamp. A queue's tablet prepares one inserting
+    /// transaction at a time: this client's take turns (see [`Self::lock_queues`]), but
+    /// another client's may hold some of the tablets. Then this one lets go of those it
+    /// prepared, so that neither waits for the other, and tries again a little later.
+    async fn prepare_queues(&self, participants: &[String]) -> Result<Timestamp> {
+        let tablets = &self.client.tablets;
+        let started = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_micros(200);
+        loop {
+            let answers = join_all(participants.iter().map(|t| tablets.prepare_txn(t, self.id)));
+            let answers = answers.await;
+            let locked = |a: &Result<Timestamp>| {
+                matches!(a, Err(EngineError::Storage(StorageError::Locked { .. })))
+            };
+            if !answers.iter().any(locked) || started.elapsed() + pause >= super::LOCK_WAIT {
+                return answers
+                    .into_iter()
+                    .try_fold(Timestamp(0), |newest, a| Ok(newest.max(a?)));
+            }
+            let prepared = (participants.iter().zip(&answers)).filter(|(_, a)| a.is_ok());
+            let undone = join_all(prepared.map(|(t, _)| tablets.unprepare_txn(t, self.id)));
+            undone.await.into_iter().collect::<Result<Vec<()>>>()?;
+            // Jittered, so that two clients do not meet again at once.
+            let jitter = rand::random::<u32>() % 1000;
+            tokio::time::sleep(pause.mul_f64(0.5 + f64::from(jitter) / 1000.0)).await;
+            pause = (pause * 2).min(std::time::Duration::from_millis(20));
+        }
     }
 
     /// Aborts: no write of the transaction becomes visible.
@@ -306,5 +337,107 @@ pub(crate) fn crash_point(step: &str) {
     if at.as_deref() == Some(step) {
         eprintln!("NYALA_CRASH_AT={step}: aborting the process");
         std::process::abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
+    use nyala_storage::{
+        ColumnSchema, ColumnType, ScanSpec, Schema, TabletOptions, Timestamp, WriteKind,
+    };
+
+    use crate::catalog::DdlOp;
+    use crate::client::Client;
+    use crate::partition::{HashLevel, PartitionSchema};
+
+    /// Two coordinators (clients that do not take turns with each other, as two servers of a
+    /// cluster) insert batches that span every tablet of one queue table at once: a queue's
+    /// tablet prepares one inserting transaction at a time, so they meet there, let go and try
+    /// again; none waits for the other for good, and every row arrives once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_coordinators_inserting_into_queue_tablets_take_turns() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = crate::embedded::open(dir.path(), TabletOptions::default(), 1 << 30).unwrap();
+        let column = |name: &str, t| ColumnSchema::new(name, t, false);
+        let columns = vec![
+            column("queue", ColumnType::String),
+            column("pos", ColumnType::Int64),
+            column("body", ColumnType::String),
+        ];
+        let schema = Schema::new(columns, vec![0, 1])
+            .unwrap()
+            .with_position(1)
+            .unwrap();
+        let hash = vec![HashLevel {
+            columns: vec![0],
+            buckets: 4,
+        }];
+        let partition = PartitionSchema::new(&schema, hash, vec![], vec![]).unwrap();
+        let create = DdlOp::CreateTable {
+            name: "q".into(),
+            schema,
+            partition,
+            if_not_exists: false,
+            replicas: 0,
+            owner: None,
+        };
+        node.client.ddl(create).await.unwrap();
+        let table = node.client.table("q").unwrap();
+        let other = Client::new(node.client.catalog.clone(), node.client.tablets.clone());
+        let producers = [node.client.clone(), other].map(|client| {
+            let table = table.clone();
+            tokio::spawn(async move {
+                let batch_schema = Arc::new(ArrowSchema::new(vec![
+                    Field::new("queue", DataType::Utf8, false),
+                    Field::new("body", DataType::Utf8, false),
+                ]));
+                for i in 0..20 {
+                    let queues: Vec<String> = (0..16).map(|q| format!("q{q}")).collect();
+                    let bodies = vec![format!("{i}"); 16];
+                    let rows = RecordBatch::try_new(
+                        batch_schema.clone(),
+                        vec![
+                            Arc::new(StringArray::from(queues)) as ArrayRef,
+                            Arc::new(StringArray::from(bodies)),
+                        ],
+                    )
+                    .unwrap();
+                    let txn = client.begin();
+                    txn.write(&table, WriteKind::Insert, &rows, None)
+                        .await
+                        .unwrap();
+                    txn.commit().await.unwrap();
+                }
+            })
+        });
+        for producer in producers {
+            producer.await.unwrap();
+        }
+        let mut rows = 0;
+        for tablet in 0..table.tablets.len() {
+            let spec = ScanSpec {
+                projection: None,
+                predicates: vec![],
+                snapshot: Timestamp(0),
+                limit: None,
+                batch_size: 1024,
+            };
+            let scan = node.client.scan_tablet(&table, tablet, spec, None);
+            for batch in scan.unwrap() {
+                let batch = batch.unwrap();
+                let positions = batch
+                    .column(1)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap();
+                assert_eq!(positions.null_count(), 0);
+                rows += batch.num_rows();
+            }
+        }
+        assert_eq!(rows, 2 * 20 * 16);
     }
 }

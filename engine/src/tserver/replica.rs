@@ -268,6 +268,12 @@ impl StateMachine for TabletStateMachine {
                 }
                 prepared.map(|_| WriteOutcome::default())
             }
+            TabletOp::TxnUnprepare { txn } => {
+                if let Some(p) = tablet.unprepare_txn(index, *txn) {
+                    self.inflight.release(p.0);
+                }
+                Ok(WriteOutcome::default())
+            }
             TabletOp::TxnCommit { txn, commit_ts } => {
                 let prepared = tablet.txn_state(*txn).and_then(|t| t.prepared);
                 // A commit without prepare (one participant) commits at its own timestamp.
@@ -541,6 +547,13 @@ impl TabletReplica {
         // Prepared before (a retried call): that prepare holds, at its timestamp.
         let prepared = self.tablet.txn_state(txn).and_then(|t| t.prepared);
         Ok(prepared.unwrap_or(ts))
+    }
+
+    /// Replicates that transaction `txn` is no longer prepared here (see
+    /// [`Tablet::unprepare_txn`]).
+    pub async fn unprepare_txn(&self, txn: u64) -> Result<()> {
+        let op = TabletOp::TxnUnprepare { txn };
+        self.propose_with(|| Ok(op.encode())).await.map(drop)
     }
 
     /// Replicates the end of transaction `txn`: its commit at `commit` (None: an abort; a

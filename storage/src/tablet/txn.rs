@@ -232,6 +232,14 @@ impl Tablet {
         }
     }
 
+    /// Applies log entry `index`: transaction `txn` is no longer prepared (it may prepare
+    /// again); its prepare timestamp, if it was prepared.
+    pub fn unprepare_txn(&self, index: u64, txn: u64) -> Option<Timestamp> {
+        let mut state = self.state.write();
+        state.last_applied = state.last_applied.max(index);
+        state.txns.get_mut(&txn).and_then(|t| t.prepared.take())
+    }
+
     /// Applies log entry `index`: transaction `txn` commits at `ts`, its writes become visible
     /// and its keys unlocked. Returns the rows applied (0 for a transaction unknown here: one
     /// already finished).
