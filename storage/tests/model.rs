@@ -73,6 +73,30 @@ fn lookup(tablet: &Tablet, snapshot: Timestamp, keys: &[i64]) -> Model {
     scan_with(tablet, snapshot, vec![ColumnPredicate { column: 1, op }])
 }
 
+/// The keys a lookup of `keys` that reads only the key column finds, sorted.
+fn lookup_keys(tablet: &Tablet, snapshot: Timestamp, keys: &[i64]) -> Vec<i64> {
+    let scalar = |k: i64| Scalar(Arc::new(Int64Array::from(vec![k])));
+    let op = match keys {
+        [k] => PredicateOp::Eq(scalar(*k)),
+        many => PredicateOp::InList(many.iter().map(|&k| scalar(k)).collect()),
+    };
+    let spec = ScanSpec {
+        projection: Some(vec![1]),
+        predicates: vec![ColumnPredicate { column: 1, op }],
+        snapshot,
+        limit: None,
+        batch_size: 7,
+    };
+    let mut found: Vec<i64> = (tablet.scan(&spec).unwrap())
+        .flat_map(|b| {
+            let b = b.unwrap();
+            b.column(0).as_primitive::<Int64Type>().values().to_vec()
+        })
+        .collect();
+    found.sort();
+    found
+}
+
 fn scan_with(tablet: &Tablet, snapshot: Timestamp, predicates: Vec<ColumnPredicate>) -> Model {
     scan_columns(tablet, snapshot, predicates, vec![1, 0, 2])
 }
@@ -357,6 +381,12 @@ fn run_model(iterations: usize, seed: u64) {
                 lookup(&tablet, *old_ts, &wanted),
                 expected,
                 "lookup of {wanted:?} at {old_ts:?}"
+            );
+            // Reading the key alone (as UPDATE and DELETE do) finds the same rows.
+            assert_eq!(
+                lookup_keys(&tablet, *old_ts, &wanted),
+                expected.keys().copied().collect::<Vec<_>>(),
+                "key-only lookup of {wanted:?} at {old_ts:?}"
             );
         }
     }
@@ -1485,4 +1515,33 @@ fn a_clone_as_of_a_time_copies_only_the_rowsets_written_after_it() {
         .make_clone(&dir.path().join("too-old"), 9, Some(too_old))
         .unwrap_err();
     assert!(err.to_string().contains("history"), "{err}");
+}
+
+/// A row updated after its flush (the update in its rowset's DeltaMemStore, changing no key
+/// column) is found by a lookup that reads only its key, as UPDATE and DELETE read it.
+#[test]
+fn a_key_only_lookup_finds_a_row_updated_after_its_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let tablet = Tablet::create(dir.path(), schema(), TabletOptions::default()).unwrap();
+    let t0 = now();
+    let at = |n: u64| Timestamp(t0.0 + n);
+    write(
+        &tablet,
+        1,
+        at(1),
+        WriteKind::Insert,
+        &[(1, None, 1), (2, None, 2)],
+    );
+    tablet.flush().unwrap();
+    write(&tablet, 2, at(3), WriteKind::Update, &[(1, None, 10)]);
+    assert_eq!(lookup_keys(&tablet, at(4), &[1]), [1]);
+    assert_eq!(lookup_keys(&tablet, at(4), &[1, 2]), [1, 2]);
+    assert_eq!(lookup(&tablet, at(4), &[1])[&1].1, 10);
+    write(&tablet, 3, at(5), WriteKind::Delete, &[(1, None, 0)]);
+    assert_eq!(lookup_keys(&tablet, at(6), &[1, 2]), [2]);
+    assert_eq!(
+        lookup_keys(&tablet, at(4), &[1]),
+        [1],
+        "as of before the DELETE"
+    );
 }

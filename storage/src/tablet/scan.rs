@@ -97,9 +97,10 @@ impl Tablet {
                     RecordBatch::try_new(table.clone(), row.columns().to_vec())?
                         .project(&read_columns)?
                 }
-                // Images put together from per-column deltas.
+                // Images put together from per-column deltas; none if the changes leave the
+                // columns read as the base data has them.
                 Image::Undo | Image::Mem(_) => {
-                    let (_, images) = state.deltas[rs].view(
+                    let (hidden, images) = state.deltas[rs].view(
                         &state.rowsets[rs],
                         spec.snapshot,
                         &table,
@@ -107,19 +108,14 @@ impl Tablet {
                         &state.arena,
                         Some(ordinal),
                     )?;
-                    arrow::compute::concat_batches(
-                        &Arc::new(table.project(&read_columns)?),
-                        &images,
-                    )?
+                    let projected = Arc::new(table.project(&read_columns)?);
+                    let row = arrow::compute::concat_batches(&projected, &images)?;
+                    match row.num_rows() == 0 && !hidden.contains(&ordinal) {
+                        true => base_row(state, rs, ordinal, &table, &read_columns)?,
+                        false => row,
+                    }
                 }
-                Image::Base | Image::Absent => {
-                    let row = state.rowsets[rs].read_rows(&read_columns, &[ordinal])?;
-                    RecordBatch::try_new_with_options(
-                        Arc::new(table.project(&read_columns)?),
-                        row.columns().to_vec(),
-                        &arrow::array::RecordBatchOptions::new().with_row_count(Some(1)),
-                    )?
-                }
+                Image::Base | Image::Absent => base_row(state, rs, ordinal, &table, &read_columns)?,
             };
             sources.push_back(Source::Batch(row));
         }
@@ -132,6 +128,22 @@ impl Tablet {
         }
         Ok(boxed_scan(state, spec, read_columns, output_len, sources))
     }
+}
+
+/// Row `ordinal` of rowset `rs` as its base data has it (the columns `read_columns`).
+fn base_row(
+    state: &State,
+    rs: usize,
+    ordinal: u32,
+    table: &arrow::datatypes::SchemaRef,
+    read_columns: &[usize],
+) -> Result<RecordBatch, StorageError> {
+    let row = state.rowsets[rs].read_rows(read_columns, &[ordinal])?;
+    Ok(RecordBatch::try_new_with_options(
+        Arc::new(table.project(read_columns)?),
+        row.columns().to_vec(),
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(1)),
+    )?)
 }
 
 /// The scan `spec` asks for, of `sources` (rows of the table columns `read_columns`).
