@@ -24,7 +24,7 @@
 //! reported as GenericDialect, so sqlparser's dialect checks treat both alike.
 
 use std::any::TypeId;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
@@ -38,11 +38,30 @@ use datafusion::sql::sqlparser::tokenizer::{Span, Token};
 use crate::{Result, SqlError};
 
 /// GenericDialect with Nyala's hooks. One per statement parsed: it keeps the AS OF clauses
-/// found while parsing until they are attached to the AST.
-#[derive(Debug, Default)]
+/// found while parsing until they are attached to the AST, and bounds the parser's work.
+#[derive(Debug)]
 pub(crate) struct NyalaDialect {
     /// AS OF clauses by the position of the word sqlparser took for the table's alias.
     time_travel: RefCell<Vec<(Span, TimeTravel)>>,
+    /// Expressions the parser may still begin to parse. sqlparser tries some nested shapes
+    /// (`NOT (`, `CAST((`, `EXISTS (SELECT`) one way and then another at every level, which
+    /// takes time exponential in their depth: 45 levels of `NOT (` would parse for hours. Its
+    /// expressions are counted instead, up to a budget linear in the statement's length.
+    expressions_left: Cell<usize>,
+}
+
+/// Expressions any statement may begin, and more per byte of its text.
+const EXPRESSION_BUDGET: usize = 20_000;
+const EXPRESSION_BUDGET_PER_BYTE: usize = 8;
+
+impl Default for NyalaDialect {
+    /// A dialect for tokenizing, and for parsing without a bound.
+    fn default() -> Self {
+        Self {
+            time_travel: RefCell::default(),
+            expressions_left: Cell::new(usize::MAX),
+        }
+    }
 }
 
 /// An AS OF clause: the time and the table's alias after it, or why they did not parse.
@@ -89,6 +108,15 @@ impl StorageOption {
 }
 
 impl NyalaDialect {
+    /// The dialect to parse statement `sql` with (its work bounded).
+    pub(crate) fn for_statement(sql: &str) -> Self {
+        let budget = EXPRESSION_BUDGET.saturating_add(EXPRESSION_BUDGET_PER_BYTE * sql.len());
+        Self {
+            expressions_left: Cell::new(budget),
+            ..Self::default()
+        }
+    }
+
     /// The first AS OF clause that did not parse: the error to report, whatever sqlparser
     /// made of the rest of the statement.
     pub(crate) fn time_travel_error(&self) -> Option<SqlError> {
@@ -197,6 +225,18 @@ impl Dialect for NyalaDialect {
 
     fn is_identifier_part(&self, ch: char) -> bool {
         GenericDialect.is_identifier_part(ch)
+    }
+
+    fn parse_prefix(&self, _parser: &mut Parser) -> Option<std::result::Result<Expr, ParserError>> {
+        match self.expressions_left.get().checked_sub(1) {
+            Some(left) => {
+                self.expressions_left.set(left);
+                None
+            }
+            None => Some(Err(ParserError::ParserError(
+                "the statement is too complex to parse (its expressions nest too deeply)".into(),
+            ))),
+        }
     }
 
     fn parse_statement(

@@ -76,7 +76,7 @@ struct TableElements {
 impl<'a> NyalaParser<'a> {
     /// Parses exactly one statement (trailing semicolons are allowed).
     pub fn parse_sql(sql: &str) -> Result<NyalaStatement> {
-        let dialect = NyalaDialect::default();
+        let dialect = NyalaDialect::for_statement(sql);
         let mut parser = NyalaParser::new(&dialect, sql)?;
         let statement = parser.parse_single()?;
         dialect.check_time_travel_attached()?;

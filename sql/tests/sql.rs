@@ -236,6 +236,28 @@ async fn deep_statements_are_refused_not_a_stack_overflow() {
     run(&s, &ctes(300)).await;
     let nested = format!("SELECT {}1{}", "(".repeat(10_000), ")".repeat(10_000));
     assert!(error(&s, &nested).await.contains("recursion limit"));
+    // Shapes sqlparser parses one way and then another at every level: time exponential in
+    // the depth, unless the parser's work is bounded (found by tests/python/fuzz_traffic.py;
+    // 45 levels of NOT ( froze a server). The bound is a liveness check, generous.
+    let started = std::time::Instant::now();
+    let not = format!("SELECT {}true{}", "NOT (".repeat(45), ")".repeat(45));
+    let cast = format!("SELECT {}1{}", "CAST((".repeat(26), ") AS INT)".repeat(26));
+    let exists = format!("SELECT {}1{}", "EXISTS (SELECT ".repeat(30), ")".repeat(30));
+    let scalar = format!("SELECT {}1{}", "(SELECT (".repeat(25), "))".repeat(25));
+    for deep in [not, cast, exists, scalar] {
+        let e = error(&s, &deep).await;
+        assert!(
+            e.contains("too complex") || e.contains("recursion limit"),
+            "{e}"
+        );
+    }
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    let shallow = format!("SELECT {}true{}", "NOT (".repeat(8), ")".repeat(8));
+    assert!(text(&s, &shallow).await.contains("true"));
     // Still serving.
     assert!(text(&s, "SELECT count(*) FROM metrics").await.contains('5'));
 }
