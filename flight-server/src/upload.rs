@@ -17,10 +17,8 @@
 //! while let Some(batch) = upload.try_next().await? { /* a valid batch of upload.schema() */ }
 //! ```
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::io::Read;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -33,6 +31,7 @@ use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::error::FlightError;
 use arrow_flight::FlightData;
 use futures::{Stream, StreamExt, TryStreamExt};
+use nyala_storage::panics::{catch_quietly, panic_message};
 use tonic::Status;
 
 use crate::invalid;
@@ -94,12 +93,12 @@ impl Stream for Upload {
             return Poll::Ready(None);
         }
         let batches = &mut this.batches;
-        match catch_unwind(AssertUnwindSafe(|| batches.poll_next_unpin(cx))) {
+        match catch_quietly(|| batches.poll_next_unpin(cx)) {
             Ok(poll) => poll.map(|next| next.map(|batch| batch.map_err(upload_error))),
             Err(panic) => {
                 this.broken = true;
                 let message = panic_message(panic.as_ref());
-                tracing::warn!(message, "arrow panicked on uploaded data");
+                tracing::info!(message, "arrow could not decode uploaded data");
                 Poll::Ready(Some(Err(malformed(message))))
             }
         }
@@ -119,14 +118,6 @@ fn upload_error(e: FlightError) -> Status {
         }
         e => malformed(e),
     }
-}
-
-fn panic_message(panic: &(dyn Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("inconsistent buffers")
 }
 
 /// The checks of each message before arrow-ipc reads it.

@@ -14,6 +14,7 @@ mod error;
 mod history;
 mod key;
 mod memrowset;
+pub mod panics;
 mod rowset_tree;
 mod scan;
 mod schema;

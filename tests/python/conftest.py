@@ -29,3 +29,11 @@ def table_name(request):
     """A table name unique in the session (a module's tests share one server)."""
     base = "".join(c if c.isalnum() else "_" for c in request.node.name.lower())[:40].strip("_")
     return f"{base}_{next(_numbers)}"
+
+
+def pytest_collect_file(file_path, parent):
+    """fuzz_traffic.py is also a script, hence not named test_*.py: collect it with the rest
+    (a path given on the command line pytest collects by itself)."""
+    if file_path.name == "fuzz_traffic.py" and not parent.session.isinitpath(file_path):
+        return pytest.Module.from_parent(parent, path=file_path)
+    return None

@@ -194,13 +194,11 @@ pub(crate) fn guard<T>(
     path: &Path,
     read: impl FnOnce() -> Result<T, StorageError>,
 ) -> Result<T, StorageError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|panic| {
-        let message = (panic.downcast_ref::<String>().map(String::as_str))
-            .or_else(|| panic.downcast_ref::<&str>().copied())
-            .unwrap_or("a panic");
+    crate::panics::catch_quietly(read).unwrap_or_else(|panic| {
         Err(StorageError::Corruption(format!(
-            "{} cannot be read: {message}",
-            path.display()
+            "{} cannot be read: {}",
+            path.display(),
+            crate::panics::panic_message(panic.as_ref())
         )))
     })
 }
