@@ -8,6 +8,7 @@
 
 use arrow::array::RecordBatch;
 use arrow::compute::concat_batches;
+use arrow::datatypes::{DataType, Schema};
 use arrow_flight::FlightData;
 use datafusion::common::ScalarValue;
 use futures::TryStreamExt;
@@ -92,7 +93,40 @@ pub async fn read_params(mut upload: Upload) -> Result<Option<RecordBatch>, Stat
     }
     let batch =
         concat_batches(&schema, &batches).map_err(|e| Status::invalid_argument(e.to_string()))?;
-    Ok(Some(batch))
+    Ok(Some(without_dictionaries(batch)?))
+}
+
+/// `batch` with its dictionary-encoded columns decoded: a parameter is a value (and rows of
+/// parameters travel on in tickets, whose encoding has no dictionaries).
+fn without_dictionaries(batch: RecordBatch) -> Result<RecordBatch, Status> {
+    let schema = batch.schema();
+    let dictionary = |t: &DataType| matches!(t, DataType::Dictionary(..));
+    if !schema.fields().iter().any(|f| dictionary(f.data_type())) {
+        return Ok(batch);
+    }
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        let (field, column) = match field.data_type() {
+            DataType::Dictionary(_, values) => {
+                let decoded = arrow::compute::cast(column, values).map_err(|e| {
+                    Status::invalid_argument(format!("parameter {}: {e}", field.name()))
+                })?;
+                (
+                    field
+                        .as_ref()
+                        .clone()
+                        .with_data_type(values.as_ref().clone()),
+                    decoded,
+                )
+            }
+            _ => (field.as_ref().clone(), column.clone()),
+        };
+        fields.push(field);
+        columns.push(column);
+    }
+    RecordBatch::try_new(std::sync::Arc::new(Schema::new(fields)), columns)
+        .map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
 /// The most parameter rows one statement runs with: a row of NULL-typed columns (or of no

@@ -41,3 +41,16 @@ def test_errors_are_clear_and_change_nothing(conn):
     cur.execute("SELECT v FROM py_keys")
     assert cur.fetch_arrow_table().column("v").to_pylist() == ["x"]
     cur.close()
+
+
+def test_dictionary_encoded_parameters_bind_as_their_values(conn):
+    """A parameter column that arrives dictionary-encoded (as pandas categoricals do) binds
+    as its values (found by fuzz_traffic.py: it failed with an internal IPC error)."""
+    import pyarrow as pa
+
+    cur = conn.cursor()
+    cur.execute("CREATE TABLE dict_params (k BIGINT PRIMARY KEY, v STRING)")
+    cur.execute("INSERT INTO dict_params VALUES (1, 'a'), (2, 'b')")
+    params = pa.record_batch([pa.array(["b"]).dictionary_encode()], names=["p"])
+    cur.execute("SELECT k FROM dict_params WHERE v = ?", parameters=params)
+    assert cur.fetchall() == [(2,)]
