@@ -222,20 +222,20 @@ impl Transaction {
                 Ok(())
             }
             _ => {
-                let prepared = match !turn.is_empty() {
-                    true => vec![self.prepare_queues(&participants).await],
-                    false => join_all(participants.iter().map(|t| self.prepare(t))).await,
-                };
-                let mut commit_ts = Timestamp(0);
-                for prepared in prepared {
-                    match prepared {
-                        Ok(ts) => commit_ts = commit_ts.max(ts),
-                        Err(e) => {
-                            self.abort().await;
-                            return Err(e);
-                        }
+                let prepared = match turn.is_empty() {
+                    true => {
+                        let all = join_all(participants.iter().map(|t| self.prepare(t))).await;
+                        newest(all)
                     }
-                }
+                    false => self.prepare_queues(&participants).await,
+                };
+                let commit_ts = match prepared {
+                    Ok(ts) => ts,
+                    Err(e) => {
+                        self.abort().await;
+                        return Err(e);
+                    }
+                };
                 crash_point("txn-prepared");
                 match self.client.decide_txn(self.id, Some(commit_ts)).await {
                     Ok(Some(_)) => {}
@@ -294,9 +294,7 @@ impl Transaction {
                 matches!(a, Err(EngineError::Storage(StorageError::Locked { .. })))
             };
             if !answers.iter().any(locked) || started.elapsed() + pause >= super::LOCK_WAIT {
-                return answers
-                    .into_iter()
-                    .try_fold(Timestamp(0), |newest, a| Ok(newest.max(a?)));
+                return newest(answers);
             }
             let prepared = (participants.iter().zip(&answers)).filter(|(_, a)| a.is_ok());
             let undone = join_all(prepared.map(|(t, _)| tablets.unprepare_txn(t, self.id)));
@@ -324,6 +322,12 @@ impl Transaction {
             }
         }
     }
+}
+
+/// The newest of the participants' prepare timestamps (the commit timestamp), or the first
+/// error.
+fn newest(prepared: Vec<Result<Timestamp>>) -> Result<Timestamp> {
+    (prepared.into_iter()).try_fold(Timestamp(0), |newest, ts| Ok(newest.max(ts?)))
 }
 
 /// A test hook, as Kudu's crash flags: with `NYALA_CRASH_AT=<step>` in its environment, the

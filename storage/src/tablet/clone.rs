@@ -135,12 +135,12 @@ fn history_until(
     history: &RowsetDeltas,
     t: Timestamp,
 ) -> Result<Option<RowsetDeltas>, StorageError> {
-    let spans =
-        |f: &&std::sync::Arc<crate::delta::DeltaFile>| f.meta.min_ts <= t && f.meta.max_ts > t;
-    if history.undo.iter().any(|f| f.meta.max_ts > t) || history.redo.iter().any(|f| spans(&f)) {
+    let newer = |f: &std::sync::Arc<crate::delta::DeltaFile>| f.meta.max_ts > t;
+    let spans = |f: &std::sync::Arc<crate::delta::DeltaFile>| f.meta.min_ts <= t && newer(f);
+    if history.undo.iter().any(newer) || history.redo.iter().any(spans) {
         return Ok(None);
     }
-    let redo = (history.redo.iter().filter(|f| f.meta.max_ts <= t)).cloned();
+    let redo = (history.redo.iter().filter(|f| !newer(f))).cloned();
     Ok(Some(RowsetDeltas::new(
         history.undo.clone(),
         redo.collect(),
