@@ -250,6 +250,9 @@ def test_admin_commands_and_ksck_on_a_cluster():
 
         # A fourth server gets replicas by rebalancing, one move at a time.
         c.start_tserver()
+        # "listening" is printed before the server's first heartbeat reaches the master.
+        c.until(lambda: "4 of 4 tablet servers live" in c.admin("ksck").stdout,
+                "the fourth server never registered")
         moved = c.admin("rebalance")
         assert moved.returncode == 0, moved.stderr
         assert re.search(r"^[1-9]\d* replica\(s\) moved", moved.stdout, re.M), moved.stdout
