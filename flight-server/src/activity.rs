@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
+use nyala_sql::{Interrupt, Stop};
 use parking_lot::Mutex;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -277,6 +278,34 @@ impl TrackedStatement {
             done = work => done,
             () = self.cancelled() => Err(tonic::Status::cancelled("the statement was cancelled")),
         };
+        self.record(done, rows)
+    }
+
+    /// Runs `work`, which changes rows, to its end: cancelling the statement asks `interrupt`
+    /// to stop it, which it does only where that changes nothing (see [`Interrupt`]). Records
+    /// its outcome as [`Self::run`] does.
+    pub async fn run_to_end<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, tonic::Status>>,
+        interrupt: &Interrupt,
+        rows: impl FnOnce(&T) -> u64,
+    ) -> Result<T, tonic::Status> {
+        tokio::pin!(work);
+        let done = tokio::select! {
+            done = &mut work => done,
+            () = self.cancelled() => {
+                interrupt.stop(Stop::Cancelled("the statement was cancelled".into()));
+                work.await
+            }
+        };
+        self.record(done, rows)
+    }
+
+    fn record<T>(
+        &self,
+        done: Result<T, tonic::Status>,
+        rows: impl FnOnce(&T) -> u64,
+    ) -> Result<T, tonic::Status> {
         match &done {
             Ok(value) => self.add_rows(rows(value)),
             Err(status) => self.failed(status),

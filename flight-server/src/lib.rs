@@ -45,7 +45,7 @@ use arrow_flight::{
 };
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use nyala_sql::{
-    Database, IngestMode, IngestTarget, PlannedStatement, PreparedStatement, SqlError,
+    Database, IngestMode, IngestTarget, Interrupt, PlannedStatement, PreparedStatement, SqlError,
     StatementKind, CATALOG_NAME, SCHEMA_NAME,
 };
 use prost::Message;
@@ -214,6 +214,7 @@ pub fn status(e: SqlError) -> Status {
         SqlError::PermissionDenied(_) => {
             Status::permission_denied(excerpt(&e.to_string(), MAX_ERROR_CHARS))
         }
+        SqlError::Cancelled(_) => Status::cancelled(excerpt(&e.to_string(), MAX_ERROR_CHARS)),
         // Retryable: the transaction met a concurrent one.
         SqlError::Conflict(_) => Status::aborted(excerpt(&e.to_string(), MAX_ERROR_CHARS)),
         // A limit of one statement: its memory, its statement_timeout.
@@ -542,9 +543,9 @@ impl NyalaFlightService {
             session.forget_statements();
         }
         let tracked = self.track(session, statement.sql(), kind);
-        tracked
-            .run(self.run_rows(session, statement, rows), |total| *total)
-            .await
+        let interrupt = Interrupt::default();
+        let work = self.run_rows(session, statement, rows, &interrupt);
+        tracked.run_to_end(work, &interrupt, |total| *total).await
     }
 
     /// Runs a DDL or DML statement once per parameter row (see [`Self::run_update`]).
@@ -553,12 +554,14 @@ impl NyalaFlightService {
         session: &ClientSession,
         statement: &PreparedStatement,
         rows: &[Vec<datafusion::common::ScalarValue>],
+        interrupt: &Interrupt,
     ) -> Result<u64, Status> {
         let mut total = 0;
         for (i, row) in rows.iter().enumerate() {
             let result = async {
                 let planned = session.sql().plan_prepared(statement, row).await?;
-                let batches: Vec<RecordBatch> = planned.execute().await?.try_collect().await?;
+                let applied = planned.execute_until(interrupt.clone()).await?;
+                let batches: Vec<RecordBatch> = applied.try_collect().await?;
                 Ok::<_, SqlError>(nyala_sql::count_of(&batches))
             }
             .await;

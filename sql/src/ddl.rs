@@ -13,6 +13,7 @@ use nyala_engine::catalog::hash_password;
 use nyala_engine::{Access, Client, ColumnChange, DdlOp, UserInfo, ViewInfo};
 
 use crate::as_of;
+use crate::limits::Interrupt;
 use crate::planned::Action;
 use crate::results::{count_batch, one_stream};
 use crate::session::Session;
@@ -171,6 +172,7 @@ impl Session {
         &self,
         spec: CreateTableSpec,
         insert: &str,
+        interrupt: Interrupt,
     ) -> Result<SendableRecordBatchStream> {
         let client = &self.db.client;
         let name = spec.name.clone();
@@ -182,7 +184,10 @@ impl Session {
             let planned = self.plan(insert).await?;
             match planned.action {
                 // Boxed: executing a statement may create a table as, statically, this does.
-                Action::Plan(_) => Ok(Box::pin(planned.execute()).await?.try_collect().await?),
+                Action::Plan(_) => Ok(Box::pin(planned.apply(interrupt))
+                    .await?
+                    .try_collect()
+                    .await?),
                 _ => Err(SqlError::Invalid(format!("cannot run {insert}"))),
             }
         }

@@ -42,6 +42,7 @@ use futures::StreamExt;
 use nyala_engine::{Client, EngineError, TableHandle, Written};
 use nyala_storage::{Timestamp, WriteKind};
 
+use crate::limits::Interrupt;
 use crate::table::NyalaTable;
 use crate::transaction::TxnSlot;
 
@@ -128,12 +129,14 @@ impl NyalaSink {
         unchanged_since: Option<Timestamp>,
         context: &TaskContext,
     ) -> Result<Outcome> {
+        // Asked to stop, the statement stops while it reads, never in a write it has begun.
+        let interrupt = Interrupt::of(context);
         if let Some(txn) = TxnSlot::of(context) {
             // In the session's transaction: written when all rows are known (the statement's
             // reads of the table do not see its own writes), at the transaction's snapshot.
             let mut batches = Vec::new();
             loop {
-                match self.next_batch(&mut data).await {
+                match self.next_batch(&mut data, &interrupt).await {
                     Ok(Some(batch)) => batches.push(batch),
                     Ok(None) => break,
                     Err(e) => {
@@ -147,10 +150,10 @@ impl NyalaSink {
                 .await?;
             return Ok(Outcome::Written(rows));
         }
-        let Some(first) = self.next_batch(&mut data).await? else {
+        let Some(first) = self.next_batch(&mut data, &interrupt).await? else {
             return Ok(Outcome::Written(0));
         };
-        let second = self.next_batch(&mut data).await?;
+        let second = self.next_batch(&mut data, &interrupt).await?;
         let single = second.is_none()
             && (self.client.is_single_write(&self.table, &first)).map_err(|e| self.failed(e))?;
         if single {
@@ -188,7 +191,7 @@ impl NyalaSink {
                 }
                 batch = next.take();
                 if batch.is_some() {
-                    next = self.next_batch(&mut data).await?;
+                    next = self.next_batch(&mut data, &interrupt).await?;
                 }
             }
             Ok(Outcome::Written(rows))
@@ -206,11 +209,17 @@ impl NyalaSink {
         }
     }
 
-    /// The next batch of `data` with rows, in the table's types.
+    /// The next batch of `data` with rows, in the table's types; an error if the statement is
+    /// asked to stop first.
     async fn next_batch(
         &self,
         data: &mut SendableRecordBatchStream,
+        interrupt: &Interrupt,
     ) -> Result<Option<RecordBatch>> {
+        interrupt.unless_stopped(self.next_rows(data)).await
+    }
+
+    async fn next_rows(&self, data: &mut SendableRecordBatchStream) -> Result<Option<RecordBatch>> {
         while let Some(batch) = data.next().await {
             let batch = batch.map_err(|e| self.failed(e.find_root().strip_backtrace()))?;
             if batch.num_rows() > 0 {

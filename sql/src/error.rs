@@ -26,6 +26,10 @@ pub enum SqlError {
     /// The statement reached a limit of what one statement may use (its memory, its time).
     #[error("{0}")]
     Exhausted(String),
+    /// The statement was stopped before it changed anything: cancelled, or its client went
+    /// away.
+    #[error("{0}")]
+    Cancelled(String),
     /// The engine (catalog, tablets) rejected or failed an operation.
     #[error("{0}")]
     Arrow(#[from] arrow::error::ArrowError),
@@ -36,8 +40,10 @@ pub enum SqlError {
 impl From<DataFusionError> for SqlError {
     fn from(e: DataFusionError) -> Self {
         if let DataFusionError::External(inner) = e.find_root() {
-            if let Some(SqlError::Conflict(message)) = inner.downcast_ref::<SqlError>() {
-                return SqlError::Conflict(message.clone());
+            match inner.downcast_ref::<SqlError>() {
+                Some(SqlError::Conflict(message)) => return SqlError::Conflict(message.clone()),
+                Some(SqlError::Cancelled(message)) => return SqlError::Cancelled(message.clone()),
+                _ => {}
             }
         }
         let root = e.find_root();

@@ -24,6 +24,7 @@ use nyala_engine::Privilege;
 use nyala_storage::Schema as TableSchema;
 
 use crate::access::Requirements;
+use crate::limits::detached;
 use crate::partitioning::PartitionSpec;
 use crate::session::Session;
 use crate::statement::{CreateTableSpec, Ddl, Nullability};
@@ -123,11 +124,15 @@ impl Session {
                 if batch.num_rows() == 0 {
                     return Ok(Some(0));
                 }
-                let counts = self
-                    .ctx
-                    .read_batch(columns.apply(&batch, &schema)?)?
-                    .write_table(&name, DataFrameWriteOptions::new())
-                    .await?;
+                let rows = self.ctx.read_batch(columns.apply(&batch, &schema)?)?;
+                // In a task of its own: a batch is written whole even if the client goes away
+                // meanwhile.
+                let name = name.clone();
+                let write = async move {
+                    let options = DataFrameWriteOptions::new();
+                    rows.write_table(&name, options).await
+                };
+                let counts = detached(write).await??;
                 Ok(Some(count_of(&counts)))
             }
             .await;

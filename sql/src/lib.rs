@@ -48,7 +48,7 @@ pub use access::{redact_passwords, Login};
 pub use database::{Database, DatabaseOptions};
 pub use error::SqlError;
 pub use ingest::{count_of, IngestMode, IngestTarget};
-pub use limits::QueryLimits;
+pub use limits::{Interrupt, QueryLimits, Stop};
 pub use planned::{PlannedStatement, StatementInfo, StatementKind};
 pub use prepared::PreparedStatement;
 pub use session::Session;

@@ -32,6 +32,7 @@ use datafusion::physical_plan::{
 use nyala_storage::Timestamp;
 
 use crate::dml::{NyalaSink, Outcome};
+use crate::limits::Interrupt;
 use crate::scan::{self, NyalaScanExec};
 
 /// How often a statement starts again before it gives up: each time, a concurrent statement
@@ -97,6 +98,7 @@ impl ConditionalMutationExec {
                 Outcome::Conflict => {}
             }
             tokio::time::sleep(pause(restart)).await;
+            Interrupt::of(&context).check()?;
             plan = self.state.create_physical_plan(&self.logical).await?;
             plan = scan::pin_snapshot(plan).await?;
         }

@@ -18,7 +18,7 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use futures::TryStreamExt;
 
-use crate::limits::limited;
+use crate::limits::{detached, limited, Interrupt, Stop};
 use crate::lookup::{BoundLookup, BoundMutation};
 use crate::results::{count_batch, count_schema, empty_schema, no_rows, one_stream, stream_of};
 use crate::session::{Session, TxnControl};
@@ -142,7 +142,7 @@ impl PlannedStatement {
                     Some(ts) => scan::with_snapshot(plan.clone(), scan::returned_snapshot(ts)?)?,
                     None => self.session.pin(plan.clone()).await?,
                 };
-                run(&self.session, plan, Some(partition), true).await
+                run(&self.session, plan, Some(partition)).await
             }
             _ => Err(SqlError::Invalid(format!(
                 "partition {partition} does not exist for this statement (its tables changed since it was planned?)"
@@ -155,7 +155,7 @@ impl PlannedStatement {
         match (&self.action, self.kind) {
             (Action::Plan(plan), StatementKind::Query) => {
                 let plan = self.session.pin(plan.clone()).await?;
-                run(&self.session, plan, None, true).await
+                run(&self.session, plan, None).await
             }
             (Action::Rows(batch), _) => one_stream(vec![batch.clone()]),
             (Action::Lookup(lookup), _) => {
@@ -169,9 +169,26 @@ impl PlannedStatement {
 
     /// Runs the statement; DDL and DML are applied when this returns, queries stream.
     pub async fn execute(self) -> Result<SendableRecordBatchStream> {
+        self.execute_until(Interrupt::default()).await
+    }
+
+    /// Runs the statement as [`Self::execute`] does; one that changes something stops when
+    /// `interrupt` asks, where stopping leaves nothing changed (see [`Interrupt`]). It runs in
+    /// a task of its own, so a caller that goes away meanwhile (a client that disconnects)
+    /// stops it the same way instead of cutting a write in two.
+    pub async fn execute_until(self, interrupt: Interrupt) -> Result<SendableRecordBatchStream> {
         if self.kind == StatementKind::Query {
             return self.execute_query().await;
         }
+        interrupt.check()?;
+        let stop_if_dropped = interrupt.stop_on_drop();
+        let applied = detached(self.apply(interrupt)).await;
+        stop_if_dropped.disarm();
+        applied?
+    }
+
+    /// Applies a statement that changes something (see [`Self::execute_until`]).
+    pub(crate) async fn apply(self, interrupt: Interrupt) -> Result<SendableRecordBatchStream> {
         if let Some(txn) = self.session.transaction() {
             let ddl = matches!(self.action, Action::Ddl(_) | Action::CreateTableAs { .. });
             if ddl && txn.has_written() {
@@ -209,7 +226,7 @@ impl PlannedStatement {
                 no_rows()
             }
             Action::CreateTableAs { spec, insert } => {
-                self.session.create_table_as(spec, &insert).await
+                self.session.create_table_as(spec, &insert, interrupt).await
             }
             Action::Rows(batch) => one_stream(vec![batch]),
             Action::Lookup(_) => self.execute_query().await,
@@ -223,41 +240,58 @@ impl PlannedStatement {
             }
             Action::Plan(plan) => {
                 let plan = self.session.pin(plan).await?;
-                // DML is applied entirely before the statement returns; it does not wait
-                // behind queries for a turn.
-                let stream = run(&self.session, plan, None, false).await?;
-                let batches = stream.try_collect().await?;
-                one_stream(batches)
+                one_stream(run_to_end(&self.session, plan, &interrupt).await?)
             }
         }
     }
 }
 
-/// Runs partition `partition` of `plan` (None: all of it) within the statement's limits:
-/// a memory pool of its own, its timeout, and (`queued`) a turn among running queries.
+/// Runs partition `partition` of query `plan` (None: all of it) within the statement's limits:
+/// a memory pool of its own, its timeout, and a turn among running queries.
 async fn run(
     session: &Session,
     plan: Arc<dyn ExecutionPlan>,
     partition: Option<usize>,
-    queued: bool,
 ) -> Result<SendableRecordBatchStream> {
     let limits = &session.db.limits;
-    let timeout = {
-        let state = session.ctx.state_ref();
-        let state = state.read();
-        settings::statement_timeout(state.config_options(), limits.default_timeout())
-    };
-    let deadline = timeout.map(|t| (tokio::time::Instant::now() + t, t));
-    let permit = match queued {
-        true => Some(limits.admit(deadline.map(|(at, _)| at)).await?),
-        false => None,
-    };
-    let task = limits.task_context(session.ctx.task_ctx())?;
+    let deadline = timeout(session).map(|t| (tokio::time::Instant::now() + t, t));
+    let permit = limits.admit(deadline.map(|(at, _)| at)).await?;
+    let task = limits.task_context(session.ctx.task_ctx(), None)?;
     let stream = match partition {
         Some(partition) => plan.execute(partition, task)?,
         None => execute_stream(plan, task)?,
     };
-    Ok(limited(stream, deadline, permit))
+    Ok(limited(stream, deadline, Some(permit)))
+}
+
+/// Runs `plan`, which changes rows, to its end within the statement's limits: a memory pool of
+/// its own, and its timeout, which stops it through `interrupt` rather than by dropping it (see
+/// [`Interrupt`]). It does not wait behind queries for a turn.
+async fn run_to_end(
+    session: &Session,
+    plan: Arc<dyn ExecutionPlan>,
+    interrupt: &Interrupt,
+) -> Result<Vec<RecordBatch>> {
+    let task = (session.db.limits).task_context(session.ctx.task_ctx(), Some(interrupt))?;
+    let work = execute_stream(plan, task)?.try_collect::<Vec<_>>();
+    let Some(timeout) = timeout(session) else {
+        return Ok(work.await?);
+    };
+    tokio::pin!(work);
+    tokio::select! {
+        done = &mut work => Ok(done?),
+        () = tokio::time::sleep(timeout) => {
+            interrupt.stop(Stop::Timeout(timeout));
+            Ok(work.await?)
+        }
+    }
+}
+
+/// The session's statement timeout (or the server's default).
+fn timeout(session: &Session) -> Option<std::time::Duration> {
+    let state = session.ctx.state_ref();
+    let state = state.read();
+    settings::statement_timeout(state.config_options(), session.db.limits.default_timeout())
 }
 
 fn partitions(plan: &Arc<dyn ExecutionPlan>) -> usize {

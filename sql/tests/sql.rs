@@ -314,6 +314,61 @@ async fn statement_timeout_cancels_a_long_query() {
         .contains("1000"));
 }
 
+/// A statement that changes rows stops on its timeout, or when its caller goes away, only
+/// where that leaves nothing changed: the rows an INSERT had written in a transaction of its own
+/// are rolled back at once (not left locked until the transaction is taken for abandoned), and
+/// a timeout inside the session's transaction fails that transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_statement_changes_nothing_and_locks_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = open(dir.path()).await;
+    run(
+        &s,
+        "CREATE TABLE t (k BIGINT PRIMARY KEY, v BIGINT) DISTRIBUTE BY HASH (k) INTO 4 BUCKETS",
+    )
+    .await;
+    let endless = "INSERT INTO t SELECT value, 0 FROM generate_series(1, 3000000000)";
+    // Its first batches written, the INSERT is still reading when its time is up.
+    run(&s, "SET statement_timeout = '500ms'").await;
+    let e = error(&s, endless).await;
+    assert!(e.contains("statement timeout"), "{e}");
+    run(&s, "SET statement_timeout = 0").await;
+    // (A write to a locked row waits 10 s for it, then fails.)
+    run(&s, "INSERT INTO t VALUES (1, 1)").await;
+    assert_eq!(first_i64s(&run(&s, "SELECT count(*) FROM t").await), [1]);
+
+    // The caller goes away (a client disconnects): the same.
+    let other = s.clone();
+    let gone = tokio::time::timeout(std::time::Duration::from_millis(500), async move {
+        let endless = "INSERT INTO t SELECT value + 10, 0 FROM generate_series(1, 3000000000)";
+        let stream = other.execute(endless).await?;
+        collect(stream).await.map_err(nyala_sql::SqlError::from)
+    })
+    .await;
+    assert!(gone.is_err(), "{gone:?}");
+    run(&s, "INSERT INTO t VALUES (11, 2)").await;
+    assert_eq!(
+        first_i64s(&run(&s, "SELECT k FROM t ORDER BY k").await),
+        [1, 11]
+    );
+
+    // In a transaction, the timeout fails the transaction.
+    run(&s, "SET statement_timeout = '500ms'").await;
+    run(&s, "BEGIN").await;
+    run(&s, "INSERT INTO t VALUES (3, 3)").await;
+    let e = error(
+        &s,
+        "UPDATE t SET v = 9 WHERE k IN (SELECT value FROM generate_series(1, 3000000000))",
+    )
+    .await;
+    assert!(e.contains("statement timeout"), "{e}");
+    let e = error(&s, "SELECT count(*) FROM t").await;
+    assert!(e.contains("rolled back"), "{e}");
+    run(&s, "ROLLBACK").await;
+    let rows = run(&s, "SELECT k, v FROM t ORDER BY k").await;
+    assert_eq!(first_i64s(&rows), [1, 11]);
+}
+
 /// A query over its memory limit fails with the limit in the message (or spills); other
 /// statements keep running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -135,6 +135,32 @@ def test_statement_timeout_ends_a_query_with_resource_exhausted(server):
         assert cur.fetchall() == [(1,)]
 
 
+def test_an_insert_stopped_by_its_timeout_or_its_client_leaves_nothing(server, clients):
+    """A statement that changes rows is never cut in the middle of a write. An INSERT that has
+    written some of its rows when its statement_timeout passes, or when its client goes away,
+    leaves none of them, and no lock on them either (a write to a locked row waits 10 s for it,
+    then fails)."""
+    endless = "INSERT INTO stopped SELECT value + {}, 0 FROM generate_series(1, 3000000000)"
+    with flightsql.connect(server, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE stopped (k BIGINT PRIMARY KEY, v BIGINT) "
+                    "DISTRIBUTE BY HASH (k) INTO 4 BUCKETS")
+        cur.execute("SET statement_timeout = '300ms'")
+        with pytest.raises(flightsql.Error) as failed:
+            cur.execute(endless.format(0))
+        assert "statement timeout" in str(failed.value), failed.value
+        cur.execute("SET statement_timeout = 0")
+        cur.execute("INSERT INTO stopped VALUES (1, 1)")
+
+        # A client whose call has a deadline of 300 ms: gRPC cancels the call then.
+        gone = clients()
+        gone.options = flight.FlightCallOptions(timeout=0.3)
+        with pytest.raises(flight.FlightTimedOutError):
+            gone.update(endless.format(10))
+        cur.execute("INSERT INTO stopped VALUES (11, 11)")
+        cur.execute("SELECT k FROM stopped ORDER BY k")
+        assert cur.fetchall() == [(1,), (11,)]
+
+
 def test_set_in_one_pyarrow_connection_is_invisible_in_another(clients):
     a, b = clients(), clients()
     a.update(f"SET {BATCH_SIZE} = 2222")
