@@ -486,7 +486,7 @@ class Worker(threading.Thread):
         self.skipped = 0
         self.fp = None              # fingerprint of self.table, as last seen
         self.current = None         # (kind, request, started) of the request in flight
-        self.recent = deque(maxlen=8)  # the last requests sent
+        self.recent = deque(maxlen=40)  # the last requests sent
         self.harness_errors = []
         self.db = self.cur = self.raw = self.rawput = None
 
@@ -583,7 +583,8 @@ class Worker(threading.Thread):
             return answer
         finally:
             self.current = None
-            self.recent.append(f"{short(request, 150)} -> {outcome}")
+            at = time.strftime("%H:%M:%S")
+            self.recent.append(f"{at} {short(request, 150)} -> {outcome}")
 
     def execute(self, sql, params=None, many=False, update=False):
         """Runs a statement on the ADBC cursor; the rows of its result (bounded) or None."""
@@ -1445,7 +1446,10 @@ class Worker(threading.Thread):
             def drop():
                 info = raw.info(statement_query(sql))
                 reader = raw.client.do_get(info.endpoints[0].ticket, raw.options)
-                reader.read_chunk()
+                try:
+                    reader.read_chunk()
+                except StopIteration:  # an empty result
+                    return
                 if r.random() < 0.5:
                     reader.cancel()
             self.track("flight.abandon", sql, drop)
