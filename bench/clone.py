@@ -37,18 +37,13 @@ adbc-driver-flightsql (tests/python/requirements.txt).
 import os
 import sys
 
-# bench/queue.py is named like the standard library's `queue` (which pyarrow imports): keep
-# this directory off the module search path.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [d for d in sys.path if os.path.abspath(d or os.curdir) != _HERE]
-
-import argparse  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
+import argparse
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
 
 BATCH = 100_000
 STATUSES = ("open", "paid", "shipped", "delivered", "returned")

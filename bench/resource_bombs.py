@@ -4,13 +4,9 @@ client runs SELECT 1 every 50 ms; prints how each ended and the SELECT 1 latenci
 
 Usage: python3 bench/resource_bombs.py $CARGO_TARGET_DIR/release/nyala
 """
-import os, sys
-# bench/queue.py is named like the standard library's `queue` (which pyarrow imports): keep
-# this directory off the module search path.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [d for d in sys.path if os.path.abspath(d or os.curdir) != _HERE]
-import subprocess, time, tempfile, socket, threading  # noqa: E402
-import adbc_driver_flightsql.dbapi as flight_sql  # noqa: E402
+import sys
+import subprocess, time, tempfile, socket, threading
+import adbc_driver_flightsql.dbapi as flight_sql
 binary=sys.argv[1]
 d = tempfile.mkdtemp()
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Queue tables: enqueue throughput and commit-to-consumer latency, one node or 3 replicas.
 
-    python3 bench/queue.py [--seconds 10 | --messages N] [--threads 2] [--queues 6]
+    python3 bench/queue_bench.py [--seconds 10 | --messages N] [--threads 2] [--queues 6]
                            [--cluster | --connect grpc://HOST:PORT [--replicas N]]
                            [--rate 200] [--latency-seconds 5] [--keep-data-dir]
 
@@ -41,20 +41,15 @@ Needs pyarrow and adbc-driver-flightsql (tests/python/requirements.txt).
 import os
 import sys
 
-# This file is named like the standard library's `queue` (which pyarrow and threading-based
-# libraries import): keep its directory off the module search path.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [d for d in sys.path if os.path.abspath(d or os.curdir) != _HERE]
-
-import argparse  # noqa: E402
-import math  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
+import argparse
+import math
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
 
 BATCH = 1024          # messages per enqueue call
 BODY_BYTES = 100      # bytes of each message body
