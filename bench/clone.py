@@ -34,14 +34,13 @@ updated): FAILED lines and a non-zero exit code otherwise. The server is stopped
 after an error or Ctrl-C. Client and server share this machine's CPUs. Needs pyarrow and
 adbc-driver-flightsql (tests/python/requirements.txt).
 """
-import os
-import sys
-
 import argparse
+import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 

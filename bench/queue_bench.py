@@ -38,15 +38,14 @@ process the script started is stopped on exit, also after an error or Ctrl-C. Cl
 servers share this machine's CPUs; the load average is printed at the start and the end.
 Needs pyarrow and adbc-driver-flightsql (tests/python/requirements.txt).
 """
-import os
-import sys
-
 import argparse
 import math
+import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
