@@ -375,6 +375,7 @@ fn run_round(
         let pressure = total as f64 / memory_limit.max(1) as f64;
         match log.record(replica, None, (pressure, true), || replica.flush()) {
             Ok(()) => did_work = true,
+            Err(_) if replica.is_deleted() => {}
             Err(e) => tracing::error!(tablet = replica.id(), error = %e, "flush failed"),
         }
         signal.flushed.notify_waiters();
@@ -405,8 +406,11 @@ fn run_round(
             Some(kind) => replica.compact(kind),
         });
         if let Err(e) = done {
-            // Tried again at the next round that writes or the idle interval bring.
-            tracing::error!(tablet = replica.id(), error = %e, "maintenance failed");
+            // (Failing because its table was dropped meanwhile is no error.) Tried again at the
+            // next round that writes or the idle interval bring.
+            if !replica.is_deleted() {
+                tracing::error!(tablet = replica.id(), error = %e, "maintenance failed");
+            }
             return did_work;
         }
         did_work = true;

@@ -375,6 +375,8 @@ pub struct TabletReplica {
     raft: RaftNode<TabletStateMachine>,
     clock: Arc<HybridClock>,
     inflight: Inflight,
+    /// Set when the replica is stopped for its data to be deleted.
+    deleted: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for TabletReplica {
@@ -465,6 +467,7 @@ impl TabletReplica {
             raft,
             clock,
             inflight,
+            deleted: Default::default(),
         })
     }
 
@@ -827,6 +830,14 @@ impl TabletReplica {
 
     /// Stops the replica without flushing (its data is about to be deleted).
     pub fn stop(&self) {
+        self.deleted
+            .store(true, std::sync::atomic::Ordering::Release);
         self.raft.shutdown();
+    }
+
+    /// Whether the replica was stopped for its data to be deleted (maintenance running on it
+    /// meanwhile fails, and that is no error).
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.load(std::sync::atomic::Ordering::Acquire)
     }
 }
