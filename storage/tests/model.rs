@@ -899,6 +899,79 @@ fn the_sparse_key_index_finds_keys_and_ranges_across_pages() {
     }
 }
 
+/// A rowset's predicates run after decoding while most rows pass them and as a row filter
+/// while few do, switching between row groups (64 K rows) as the share that passes changes;
+/// either way a scan returns the same rows, also with rows hidden by later deletes and
+/// updates, and with a string predicate (decoded as dictionaries).
+#[test]
+fn predicates_switch_between_row_groups_as_their_selectivity_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = schema();
+    let tablet = Tablet::create(dir.path(), schema.clone(), TabletOptions::default()).unwrap();
+    const GROUP: i64 = 64 * 1024;
+    // Row groups 0 and 3: every row passes; 1, 2 and 4: one in a hundred.
+    let passes = |k: i64| matches!(k / GROUP, 0 | 3) || k % 100 == 0;
+    let entries: Vec<_> = (0..5 * GROUP)
+        .map(|k| match passes(k) {
+            true => (k, Some("pass".to_string()), 1),
+            false => (k, Some("fail".to_string()), 0),
+        })
+        .collect();
+    let batch = WriteBatch::new(WriteKind::Insert, rows(&schema, &entries));
+    tablet.apply(1, now(), &batch).unwrap();
+    tablet.flush().unwrap();
+    let mut model: Model = entries.iter().map(|e| (e.0, (e.1.clone(), e.2))).collect();
+    // Hidden rows: some deleted, some updated (one of them to pass, one to fail).
+    let gone: Vec<i64> = vec![5, 1000, GROUP + 100, 3 * GROUP + 7, 4 * GROUP + 200];
+    let batch = rows(
+        &schema,
+        &gone.iter().map(|&k| (k, None, 0)).collect::<Vec<_>>(),
+    );
+    let batch = batch.project(&[1]).unwrap();
+    tablet
+        .apply(2, now(), &WriteBatch::new(WriteKind::Delete, batch))
+        .unwrap();
+    for k in &gone {
+        model.remove(k);
+    }
+    let changed = [
+        (GROUP + 1, Some("pass".to_string()), 1),
+        (3 * GROUP + 9, Some("fail".to_string()), 0),
+    ];
+    let batch = WriteBatch::new(WriteKind::Update, rows(&schema, &changed));
+    tablet.apply(3, now(), &batch).unwrap();
+    for (k, s, v) in changed {
+        model.insert(k, (s, v));
+    }
+    let at = Timestamp(u64::MAX);
+    let scalar = |v: i64| Scalar(Arc::new(Int64Array::from(vec![v])));
+    let on_v = vec![ColumnPredicate {
+        column: 2,
+        op: PredicateOp::GtEq(scalar(1)),
+    }];
+    let expected: Model = model
+        .iter()
+        .filter(|(_, (_, v))| *v >= 1)
+        .map(|(k, row)| (*k, row.clone()))
+        .collect();
+    assert_eq!(scan_with(&tablet, at, on_v), expected);
+    let on_s = vec![ColumnPredicate {
+        column: 0,
+        op: PredicateOp::Eq(Scalar(Arc::new(StringArray::from(vec!["pass"])))),
+    }];
+    assert_eq!(scan_with(&tablet, at, on_s), expected);
+    // Only the predicate's own column and the key: after decoding throughout.
+    let on_k = vec![ColumnPredicate {
+        column: 1,
+        op: PredicateOp::Lt(scalar(2 * GROUP + 5)),
+    }];
+    let expected: Model = model
+        .range(..2 * GROUP + 5)
+        .map(|(k, row)| (*k, row.clone()))
+        .collect();
+    assert_eq!(scan_with(&tablet, at, on_k), expected);
+}
+
 /// A write applied while a flush is writing its files (here: from the flush's own fail-point
 /// hook, on another thread) completes without waiting for the flush, and the flush keeps it:
 /// flushes no longer hold writers off.

@@ -102,6 +102,7 @@ impl DiskRowSet {
         predicates.retain(|p| {
             !matches!(&p.op, PredicateOp::JoinFilter { filter, check_bounds: false } if !filter.has_bloom())
         });
+        let group_rows = read_groups.iter().map(|g| g.num_rows() as usize).collect();
         let dictionaries = dictionary_columns(schema, &predicates);
         let decoded = match dictionaries.is_empty() {
             true => None,
@@ -117,7 +118,16 @@ impl DiskRowSet {
         if !skipped.is_empty() {
             builder = builder.with_row_selection(selection(skipped, start));
         }
+        let mut predicate_columns: Vec<usize> = predicates.iter().map(|p| p.column).collect();
+        predicate_columns.sort_unstable();
+        predicate_columns.dedup();
         let mut reader = FileReader {
+            late: false,
+            more_columns: columns.iter().any(|c| !predicate_columns.contains(c)),
+            predicate_columns,
+            group_rows,
+            tested: 0,
+            passed: 0,
             dictionaries: decoded.is_some(),
             path: self.path.clone(),
             file,
@@ -438,9 +448,16 @@ impl Iterator for ZipReader {
 }
 
 /// Decodes a rowset for a scan one row group at a time, so that between row groups it can drop
-/// predicates that stopped paying (join filters that switched themselves off). Predicates run
-/// as a Parquet row filter: their columns are decoded first (and kept for the output), the other
-/// columns only for the rows and pages that pass.
+/// predicates that stopped paying (join filters that switched themselves off) and choose how
+/// the predicates run for the next row group, from how many rows passed them in the last one:
+/// - after decoding (every column of every row decoded, then filtered): cheapest when most
+///   rows pass, or when the scan reads no column but the predicates' own;
+/// - as a Parquet row filter (late materialisation): the predicates' columns are decoded
+///   first, the other columns only for the rows and pages that pass. That pays when few pass,
+///   but a scattered selection slows the decoding of the others, so the row filter is used only
+///   while at most [`LATE_BELOW`] of the rows pass.
+///
+/// The first row group is filtered after decoding, which measures the predicates.
 pub(crate) struct FileReader {
     path: PathBuf,
     file: File,
@@ -455,7 +472,20 @@ pub(crate) struct FileReader {
     next_ordinal: u64,
     /// Whether string columns are decoded as dictionaries (to be cast back).
     dictionaries: bool,
+    /// Whether the predicates run as a row filter (else after decoding).
+    late: bool,
+    /// Whether the scan reads columns that no predicate reads.
+    more_columns: bool,
+    predicate_columns: Vec<usize>,
+    /// The rows of each row group still to be read, in order.
+    group_rows: std::collections::VecDeque<usize>,
+    /// Rows the predicates tested and passed in the current row group.
+    tested: usize,
+    passed: usize,
 }
+
+/// Predicates run as a row filter while at most this share of the rows pass them.
+const LATE_BELOW: f64 = 0.25;
 
 /// String columns that predicates test (but for join filters, which hash values): decoded as
 /// dictionaries, a predicate compares each distinct value once instead of every row's, and
@@ -543,6 +573,22 @@ fn without_dictionaries(batch: RecordBatch) -> Result<RecordBatch, StorageError>
 }
 
 impl FileReader {
+    /// `batch` as decoded, filtered by the predicates unless a row filter did; counts the rows
+    /// tested and passed.
+    fn filter(&mut self, batch: RecordBatch) -> Result<RecordBatch, StorageError> {
+        if self.predicates.is_empty() {
+            return Ok(batch);
+        }
+        if self.late {
+            self.passed += batch.num_rows();
+            return Ok(batch);
+        }
+        let mask = predicate_mask(&self.schema, &self.predicates, &batch)?;
+        self.tested += batch.num_rows();
+        self.passed += mask.true_count();
+        Ok(arrow::compute::filter_record_batch(&batch, &mask)?)
+    }
+
     /// `batch` (the next rows in ordinal order) without the hidden rows.
     fn drop_hidden(&mut self, batch: RecordBatch) -> Result<RecordBatch, StorageError> {
         let Some(hidden) = &self.hidden else {
@@ -566,16 +612,13 @@ impl FileReader {
     }
 
     fn with_filter(&self, builder: ParquetPushDecoderBuilder) -> ParquetPushDecoderBuilder {
-        if self.predicates.is_empty() {
+        if self.predicates.is_empty() || !self.late {
             return builder.with_row_filter(RowFilter::new(vec![]));
         }
-        let mut predicate_columns: Vec<usize> = self.predicates.iter().map(|p| p.column).collect();
-        predicate_columns.sort_unstable();
-        predicate_columns.dedup();
         let schema = self.schema.clone();
         let predicates = self.predicates.clone();
         let filter = ArrowPredicateFn::new(
-            ProjectionMask::roots(&self.parquet_schema, predicate_columns),
+            ProjectionMask::roots(&self.parquet_schema, self.predicate_columns.iter().copied()),
             move |batch| {
                 predicate_mask(&schema, &predicates, &batch)
                     .map_err(|e| ArrowError::ExternalError(Box::new(e)))
@@ -584,7 +627,8 @@ impl FileReader {
         builder.with_row_filter(RowFilter::new(vec![Box::new(filter)]))
     }
 
-    /// Between row groups: rebuilds the decoder without bloom filters that switched off.
+    /// Between row groups: rebuilds the decoder without bloom filters that switched off, or
+    /// to run the predicates the other way (see [`FileReader`]).
     fn adapt(&mut self) -> Result<(), StorageError> {
         let switched_off = |p: &ColumnPredicate| matches!(&p.op, PredicateOp::JoinFilter { filter, .. } if filter.stats.disabled());
         let Some(decoder) = self
@@ -593,10 +637,16 @@ impl FileReader {
         else {
             return Ok(());
         };
-        if !self.predicates.iter().any(switched_off) {
+        let late = match self.tested {
+            0 => self.late,
+            tested => self.more_columns && (self.passed as f64) <= LATE_BELOW * tested as f64,
+        };
+        (self.tested, self.passed) = (0, 0);
+        if !self.predicates.iter().any(switched_off) && late == self.late {
             self.decoder = Some(decoder);
             return Ok(());
         }
+        self.late = late;
         self.predicates.retain(|p| !switched_off(p));
         let builder = decoder.into_builder()?;
         self.decoder = Some(self.with_filter(builder).build()?);
@@ -633,6 +683,13 @@ impl FileReader {
                 }
                 DecodeResult::Data(reader) => {
                     self.current = Some(reader);
+                    // Measured in rows of the group under a row filter (the rows selected
+                    // ahead of it, which the key range and hidden rows leave, are not known
+                    // here), in rows decoded after.
+                    let rows = self.group_rows.pop_front().unwrap_or(0);
+                    if self.late {
+                        self.tested += rows;
+                    }
                     return Ok(true);
                 }
                 DecodeResult::Finished => {
@@ -662,7 +719,12 @@ impl FileReader {
     fn next_unguarded(&mut self) -> Option<Result<RecordBatch, StorageError>> {
         loop {
             if let Some(batch) = self.current.as_mut().and_then(Iterator::next) {
-                let batch = batch.map_err(StorageError::from);
+                let batch = batch
+                    .map_err(StorageError::from)
+                    .and_then(|b| self.filter(b));
+                if batch.as_ref().is_ok_and(|b| b.num_rows() == 0) {
+                    continue;
+                }
                 return Some(
                     match self.dictionaries {
                         true => batch.and_then(without_dictionaries),
