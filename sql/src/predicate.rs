@@ -13,7 +13,7 @@ use arrow::datatypes::DataType;
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{Between, BinaryExpr, Expr, Operator};
 use datafusion::physical_expr::expressions::{
-    BinaryExpr as PhysicalBinaryExpr, Column, InListExpr, IsNotNullExpr, Literal,
+    BinaryExpr as PhysicalBinaryExpr, CaseExpr, Column, InListExpr, IsNotNullExpr, Literal,
 };
 use datafusion::physical_expr::PhysicalExpr;
 use nyala_storage::{ColumnPredicate, PredicateOp, Scalar, Schema};
@@ -224,6 +224,9 @@ pub fn physical_to_predicates(
             None => vec![],
         };
     }
+    if let Some(case) = expr.downcast_ref::<CaseExpr>() {
+        return any_branch(schema, columns, case, in_lists);
+    }
     if let Some(inner) = expr.downcast_ref::<IsNotNullExpr>() {
         if let Some(column) = column_of(inner.arg()) {
             return vec![ColumnPredicate {
@@ -233,4 +236,100 @@ pub fn physical_to_predicates(
         }
     }
     vec![]
+}
+
+/// What every row that a `CASE ... THEN filter ... END` filter passes satisfies. The dynamic
+/// filter of a partitioned hash join is such a CASE, with one branch per partition (the bounds
+/// and keys of that partition's build side, or `false` for an empty one). A row passes only
+/// the branch its partition picks, so it passes one of the branches: for each column that
+/// every branch constrains, the union of their IN lists and the widest of their bounds.
+fn any_branch(
+    schema: &Schema,
+    columns: &[usize],
+    case: &CaseExpr,
+    in_lists: bool,
+) -> Vec<ColumnPredicate> {
+    let branches = (case.when_then_expr().iter().map(|(_, then)| then)).chain(case.else_expr());
+    let mut alternatives = Vec::new();
+    for then in branches {
+        let literal = then.downcast_ref::<Literal>().map(|l| l.value());
+        if let Some(ScalarValue::Boolean(None | Some(false))) = literal {
+            continue; // passes no row
+        }
+        match physical_to_predicates(schema, columns, then, in_lists) {
+            predicates if predicates.is_empty() => return Vec::new(),
+            predicates => alternatives.push(predicates),
+        }
+    }
+    let Some(first) = alternatives.first() else {
+        return Vec::new();
+    };
+    let mut constrained: Vec<usize> = first.iter().map(|p| p.column).collect();
+    constrained.sort_unstable();
+    constrained.dedup();
+    let mut union = Vec::new();
+    for column in constrained {
+        // Each branch's first predicate on the column of the kind `pick` takes.
+        let each = |pick: &dyn Fn(&PredicateOp) -> Option<Vec<Scalar>>| {
+            (alternatives.iter())
+                .map(|branch| {
+                    (branch.iter())
+                        .filter(|p| p.column == column)
+                        .find_map(|p| pick(&p.op))
+                })
+                .collect::<Option<Vec<Vec<Scalar>>>>()
+        };
+        let values = each(&|op| match op {
+            PredicateOp::Eq(v) => Some(vec![v.clone()]),
+            PredicateOp::InList(values) => Some(values.clone()),
+            _ => None,
+        });
+        if let Some(values) = values {
+            let op = PredicateOp::InList(values.into_iter().flatten().collect());
+            union.push(ColumnPredicate { column, op });
+        }
+        let lows = each(&|op| match op {
+            PredicateOp::Eq(v) | PredicateOp::GtEq(v) | PredicateOp::Gt(v) => Some(vec![v.clone()]),
+            _ => None,
+        });
+        if let Some(low) = lows.and_then(|l| extreme(l.into_iter().flatten(), true)) {
+            union.push(ColumnPredicate {
+                column,
+                op: PredicateOp::GtEq(low),
+            });
+        }
+        let highs = each(&|op| match op {
+            PredicateOp::Eq(v) | PredicateOp::LtEq(v) | PredicateOp::Lt(v) => Some(vec![v.clone()]),
+            _ => None,
+        });
+        if let Some(high) = highs.and_then(|h| extreme(h.into_iter().flatten(), false)) {
+            union.push(ColumnPredicate {
+                column,
+                op: PredicateOp::LtEq(high),
+            });
+        }
+    }
+    union
+}
+
+/// The least (`least`) or greatest of `values` (of one type); None if they do not compare.
+fn extreme(values: impl Iterator<Item = Scalar>, least: bool) -> Option<Scalar> {
+    let mut best: Option<Scalar> = None;
+    for value in values {
+        let better = match &best {
+            None => true,
+            Some(b) => {
+                let b = arrow::array::Scalar::new(b.0.clone());
+                let beats = match least {
+                    true => arrow::compute::kernels::cmp::lt(&value.0, &b),
+                    false => arrow::compute::kernels::cmp::gt(&value.0, &b),
+                };
+                beats.ok()?.value(0)
+            }
+        };
+        if better {
+            best = Some(value);
+        }
+    }
+    best
 }
