@@ -16,7 +16,7 @@ use datafusion::physical_expr::expressions::{
     BinaryExpr as PhysicalBinaryExpr, CaseExpr, Column, InListExpr, IsNotNullExpr, Literal,
 };
 use datafusion::physical_expr::PhysicalExpr;
-use nyala_storage::{ColumnPredicate, PredicateOp, Scalar, Schema};
+use nyala_storage::{ColumnPredicate, JoinFilter, PredicateOp, Scalar, Schema};
 
 /// The storage predicates equivalent to `expr` (a conjunction), or None if it cannot be pushed.
 pub fn to_predicates(schema: &Schema, expr: &Expr) -> Option<Vec<ColumnPredicate>> {
@@ -161,8 +161,28 @@ fn value_for_column(schema: &Schema, column: usize, literal: &ScalarValue) -> Op
 /// Storage predicates implied by a physical filter expression over a scan's output, whose
 /// column `i` is table column `columns[i]`: the convertible conjuncts of `expr` (each one a
 /// necessary condition, so dropping the others only lets more rows through). IN lists are
-/// converted only when `in_lists` is set.
+/// converted only when `in_lists` is set, those of more than [`MAX_IN_LIST`] values (the keys
+/// of a join's build side) into bloom filters.
 pub fn physical_to_predicates(
+    schema: &Schema,
+    columns: &[usize],
+    expr: &Arc<dyn PhysicalExpr>,
+    in_lists: bool,
+) -> Vec<ColumnPredicate> {
+    let predicates = implied_predicates(schema, columns, expr, in_lists);
+    (predicates.into_iter())
+        .map(|p| match p.op {
+            PredicateOp::InList(values) => ColumnPredicate {
+                column: p.column,
+                op: key_set(values),
+            },
+            _ => p,
+        })
+        .collect()
+}
+
+/// [`physical_to_predicates`], with IN lists as they are.
+fn implied_predicates(
     schema: &Schema,
     columns: &[usize],
     expr: &Arc<dyn PhysicalExpr>,
@@ -177,8 +197,8 @@ pub fn physical_to_predicates(
     if let Some(binary) = expr.downcast_ref::<PhysicalBinaryExpr>() {
         let op = *binary.op();
         if op == Operator::And {
-            let mut predicates = physical_to_predicates(schema, columns, binary.left(), in_lists);
-            predicates.extend(physical_to_predicates(
+            let mut predicates = implied_predicates(schema, columns, binary.left(), in_lists);
+            predicates.extend(implied_predicates(
                 schema,
                 columns,
                 binary.right(),
@@ -256,7 +276,7 @@ fn any_branch(
         if let Some(ScalarValue::Boolean(None | Some(false))) = literal {
             continue; // passes no row
         }
-        match physical_to_predicates(schema, columns, then, in_lists) {
+        match implied_predicates(schema, columns, then, in_lists) {
             predicates if predicates.is_empty() => return Vec::new(),
             predicates => alternatives.push(predicates),
         }
@@ -310,6 +330,31 @@ fn any_branch(
         }
     }
     union
+}
+
+/// Most values of a join's keys tested as an IN list (row by row, value by value); more are
+/// tested through a bloom filter (within the keys' bounds), which also switches itself off
+/// when it removes few rows.
+const MAX_IN_LIST: usize = 16;
+
+/// "The column's value is one of `values`" (a join's build keys, of the column's type), for a
+/// filter that need not be exact.
+fn key_set(values: Vec<Scalar>) -> PredicateOp {
+    if values.len() <= MAX_IN_LIST {
+        return PredicateOp::InList(values);
+    }
+    let arrays: Vec<&dyn arrow::array::Array> = values.iter().map(|v| v.0.as_ref()).collect();
+    let Ok(keys) = arrow::compute::concat(&arrays) else {
+        return PredicateOp::InList(values);
+    };
+    let low = extreme(values.iter().cloned(), true);
+    let high = extreme(values.iter().cloned(), false);
+    let mut filter = JoinFilter::new(keys.data_type().clone(), low.zip(high), false);
+    match filter.add_bloom(&[keys], values.len()) {
+        Ok(()) => PredicateOp::join_filter(Arc::new(filter)),
+        // A type the bloom filter cannot hash.
+        Err(_) => PredicateOp::InList(values),
+    }
 }
 
 /// The least (`least`) or greatest of `values` (of one type); None if they do not compare.
