@@ -298,6 +298,7 @@ class Shared:
         self.violations = []
         self.notes = []
         self.stop = threading.Event()
+        self.ops = ()  # the kinds of traffic sent (empty: all)
         self.server_dead = threading.Event()
         self.alive = lambda: True  # the server process's liveness, set by run()
 
@@ -1469,8 +1470,9 @@ class Worker(threading.Thread):
     ]
 
     def run(self):
-        names = [name for name, _ in self.OPS]
-        weights = [w for _, w in self.OPS]
+        ops = [(name, w) for name, w in self.OPS if not self.shared.ops or name in self.shared.ops]
+        names = [name for name, _ in ops]
+        weights = [w for _, w in ops]
         try:
             self.connect()
             self.create_table()
@@ -1688,7 +1690,7 @@ class Result:
         return "\n".join(self.lines)
 
 
-def run(seconds, binary, clients=4, seed=None, out=print, keep_dir=False):
+def run(seconds, binary, clients=4, seed=None, out=print, keep_dir=False, ops=()):
     """Starts a server, runs `clients` threads of traffic for `seconds` and checks the server
     afterwards; a Result whose `violations` lists every one found."""
     if seed is None:
@@ -1703,6 +1705,7 @@ def run(seconds, binary, clients=4, seed=None, out=print, keep_dir=False):
     server = Server(binary, workdir)
     shared = Shared(server.url, seed, say)
     shared.alive = server.alive
+    shared.ops = ops
     say(f"fuzz_traffic: seed {seed}, {clients} clients, {seconds:g} s, {binary}, server "
         f"{server.url} (pid {server.proc.pid}, dir {workdir})")
     started = time.monotonic()
@@ -1850,12 +1853,19 @@ def main():
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the server's data and logs")
+    parser.add_argument("--ops", default="", help="only these kinds of traffic, comma-separated "
+                        "(Worker.OPS names, e.g. op_prepared,op_transaction), to narrow down a "
+                        "violation")
     args = parser.parse_args()
+    ops = tuple(o for o in args.ops.split(",") if o)
+    unknown = set(ops) - {name for name, _ in Worker.OPS}
+    if unknown:
+        sys.exit(f"unknown --ops: {', '.join(sorted(unknown))}")
     binary = args.bin or release_bin()
     if not os.path.exists(binary):
         sys.exit(f"no nyala binary at {binary}: build it, or give --bin / NYALA_BIN")
     result = run(args.seconds, binary, args.clients, args.seed, out=lambda s: print(s, flush=True),
-                 keep_dir=args.keep)
+                 keep_dir=args.keep, ops=ops)
     sys.exit(1 if result.violations or result.harness_errors else 0)
 
 
