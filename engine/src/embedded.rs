@@ -171,6 +171,18 @@ impl Tablets for LocalTablets {
         self.0.replica(id)?.scan(spec, snapshot)
     }
 
+    fn scan_if_ready(
+        &self,
+        id: &str,
+        spec: ScanSpec,
+        snapshot: Timestamp,
+    ) -> Option<Result<ScanIterator>> {
+        match self.0.replica(id) {
+            Ok(replica) => replica.scan_if_ready(spec, snapshot),
+            Err(e) => Some(Err(e)),
+        }
+    }
+
     async fn safe_snapshot(&self, id: &str) -> Result<Timestamp> {
         Ok(self.0.replica(id)?.safe_snapshot())
     }

@@ -239,16 +239,30 @@ impl BoundLookup {
         let Some(tablet) = self.tablet else {
             return Ok(Vec::new());
         };
-        let (client, table, spec) = (client.clone(), self.table.clone(), self.spec.clone());
-        // Opening a scan may wait for writes in flight below the snapshot.
-        let batches = tokio::task::spawn_blocking(move || {
-            client
-                .scan_tablet(&table, tablet, spec, Some(snapshot))?
+        let ready = client.scan_tablet_if_ready(&self.table, tablet, self.spec.clone(), snapshot);
+        let batches = match ready {
+            // A tablet of this process with every write below the snapshot applied: the lookup
+            // reads a few key-index and data pages, here rather than through a hand-off to the
+            // blocking pool and back (which cost more than the lookup).
+            Some(scan) => scan?
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(nyala_engine::EngineError::from)
-        })
-        .await
-        .map_err(|e| SqlError::DataFusion(format!("the key lookup did not finish: {e}")))??;
+                .map_err(nyala_engine::EngineError::from)?,
+            None => {
+                let (client, table) = (client.clone(), self.table.clone());
+                let spec = self.spec.clone();
+                // Opening a scan may wait for writes in flight below the snapshot.
+                tokio::task::spawn_blocking(move || {
+                    client
+                        .scan_tablet(&table, tablet, spec, Some(snapshot))?
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(nyala_engine::EngineError::from)
+                })
+                .await
+                .map_err(|e| {
+                    SqlError::DataFusion(format!("the key lookup did not finish: {e}"))
+                })??
+            }
+        };
         // The scan's schema has the table's names; the client was promised the statement's.
         batches
             .into_iter()

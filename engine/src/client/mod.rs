@@ -310,6 +310,19 @@ impl Client {
         self.tablets.scan(tablet, spec, snapshot)
     }
 
+    /// [`Self::scan_tablet`] at `snapshot`, if it can start without waiting (see
+    /// [`Tablets::scan_if_ready`]).
+    pub fn scan_tablet_if_ready(
+        &self,
+        table: &TableInfo,
+        tablet: usize,
+        spec: ScanSpec,
+        snapshot: Timestamp,
+    ) -> Option<Result<ScanIterator>> {
+        let id = table.tablets.get(tablet)?;
+        self.tablets.scan_if_ready(id, spec, snapshot)
+    }
+
     /// About how many rows tablet number `tablet` holds (all tablets: None), for planning.
     pub fn estimated_rows(&self, table: &TableInfo, tablet: Option<usize>) -> usize {
         let tablets = match tablet {

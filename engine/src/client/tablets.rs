@@ -66,6 +66,16 @@ pub trait Tablets: Send + Sync + 'static {
     ) -> Result<WriteOutcome>;
     /// Scans tablet `id` at `snapshot` (None: its leader's safe snapshot).
     fn scan(&self, id: &str, spec: ScanSpec, snapshot: Option<Timestamp>) -> Result<ScanIterator>;
+    /// [`Self::scan`], if it can start without waiting: the tablet is in this process and has
+    /// applied every write below `snapshot`. None: call `scan` (on a thread that may block).
+    fn scan_if_ready(
+        &self,
+        _id: &str,
+        _spec: ScanSpec,
+        _snapshot: Timestamp,
+    ) -> Option<Result<ScanIterator>> {
+        None
+    }
     /// The newest snapshot at which tablet `id` has applied every write it will take below it.
     async fn safe_snapshot(&self, id: &str) -> Result<Timestamp>;
     /// Waits up to `timeout` for rows to become visible in tablet `id` above `after`; returns

@@ -125,6 +125,11 @@ impl InflightWrites {
 
     /// Waits until no write or prepared transaction at or below `snapshot` is pending; false
     /// after `timeout`.
+    /// Whether every write and transaction below `snapshot` is applied.
+    fn applied(&self, snapshot: Timestamp) -> bool {
+        !self.pending.lock().below(snapshot)
+    }
+
     fn wait_until_applied(&self, snapshot: Timestamp, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut pending = self.pending.lock();
@@ -688,7 +693,7 @@ impl TabletReplica {
     /// replica: the clock first moves past it, so no later write lands below it, and the scan
     /// waits for writes still in flight below it. Every scan waits for the transactions
     /// prepared at or below its snapshot to commit or abort.
-    pub fn scan(&self, mut spec: ScanSpec, snapshot: Option<Timestamp>) -> Result<ScanIterator> {
+    pub fn scan(&self, spec: ScanSpec, snapshot: Option<Timestamp>) -> Result<ScanIterator> {
         let s = match snapshot {
             None => self.safe_snapshot(),
             Some(s) => {
@@ -703,7 +708,24 @@ impl TabletReplica {
                 self.id, s.0
             )));
         }
-        spec.snapshot = s;
+        self.scan_at(spec, s)
+    }
+
+    /// [`Self::scan`] at `snapshot`, if every write below it is applied already (None: the
+    /// scan would have to wait for them, which `scan` does).
+    pub fn scan_if_ready(
+        &self,
+        spec: ScanSpec,
+        snapshot: Timestamp,
+    ) -> Option<Result<ScanIterator>> {
+        self.clock.observe(snapshot);
+        self.inflight
+            .applied(snapshot)
+            .then(|| self.scan_at(spec, snapshot))
+    }
+
+    fn scan_at(&self, mut spec: ScanSpec, snapshot: Timestamp) -> Result<ScanIterator> {
+        spec.snapshot = snapshot;
         Ok(Box::new(crate::metrics::CountedScan(
             self.tablet.scan(&spec)?,
         )))
