@@ -539,7 +539,9 @@ class Worker(threading.Thread):
 
     def violation(self, what, request, error=""):
         if what.startswith(("partial effect", "executemany", "transaction")):
-            error = f"{error}\n  this thread's requests before: {list(self.recent)[:-1]}"
+            # Newest first: a long report is cut at its end.
+            before = list(reversed(self.recent))[1:]
+            error = f"{error}\n  this thread's requests before, newest first: {before}"
         self.shared.violation(what, request, error, self.index, self.seed)
 
     def judge(self, kind, request, error):
