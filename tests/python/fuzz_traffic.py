@@ -488,6 +488,7 @@ class Worker(threading.Thread):
         self.fp = None              # fingerprint of self.table, as last seen
         self.current = None         # (kind, request, started) of the request in flight
         self.recent = deque(maxlen=40)  # the last requests sent
+        self.history = []               # every request sent, for a kept directory
         self.harness_errors = []
         self.db = self.cur = self.raw = self.rawput = None
 
@@ -586,8 +587,10 @@ class Worker(threading.Thread):
             return answer
         finally:
             self.current = None
-            at = time.strftime("%H:%M:%S")
+            now = time.time()
+            at = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"
             self.recent.append(f"{at} {short(request, 150)} -> {outcome}")
+            self.history.append(f"{at} {kind} {short(request, 400)} -> {outcome}")
 
     def execute(self, sql, params=None, many=False, update=False):
         """Runs a statement on the ADBC cursor; the rows of its result (bounded) or None."""
@@ -1833,7 +1836,10 @@ def run(seconds, binary, clients=4, seed=None, out=print, keep_dir=False, ops=()
         if count > 3:
             say(f"  ... and {count - 3} more [{what}]")
     if result.violations or harness_errors or keep_dir:
-        say(f"server data and logs kept in {workdir}")
+        for w in workers:
+            with open(os.path.join(workdir, f"requests-{w.index}.log"), "w") as f:
+                f.write("\n".join(w.history) + "\n")
+        say(f"server data and logs kept in {workdir} (each client's requests in requests-N.log)")
     else:
         shutil.rmtree(workdir, ignore_errors=True)
     return result
