@@ -308,25 +308,21 @@ fn any_branch(
             let op = PredicateOp::InList(values.into_iter().flatten().collect());
             union.push(ColumnPredicate { column, op });
         }
-        let lows = each(&|op| match op {
-            PredicateOp::Eq(v) | PredicateOp::GtEq(v) | PredicateOp::Gt(v) => Some(vec![v.clone()]),
-            _ => None,
-        });
-        if let Some(low) = lows.and_then(|l| extreme(l.into_iter().flatten(), true)) {
-            union.push(ColumnPredicate {
-                column,
-                op: PredicateOp::GtEq(low),
+        // The lowest lower bound, then the highest upper bound.
+        for least in [true, false] {
+            let bounds = each(&|op| match (op, least) {
+                (PredicateOp::Eq(v), _)
+                | (PredicateOp::GtEq(v) | PredicateOp::Gt(v), true)
+                | (PredicateOp::LtEq(v) | PredicateOp::Lt(v), false) => Some(vec![v.clone()]),
+                _ => None,
             });
-        }
-        let highs = each(&|op| match op {
-            PredicateOp::Eq(v) | PredicateOp::LtEq(v) | PredicateOp::Lt(v) => Some(vec![v.clone()]),
-            _ => None,
-        });
-        if let Some(high) = highs.and_then(|h| extreme(h.into_iter().flatten(), false)) {
-            union.push(ColumnPredicate {
-                column,
-                op: PredicateOp::LtEq(high),
-            });
+            if let Some(bound) = bounds.and_then(|b| extreme(b.into_iter().flatten(), least)) {
+                let op = match least {
+                    true => PredicateOp::GtEq(bound),
+                    false => PredicateOp::LtEq(bound),
+                };
+                union.push(ColumnPredicate { column, op });
+            }
         }
     }
     union
