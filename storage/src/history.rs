@@ -434,11 +434,16 @@ pub(crate) fn nullable(schema: &arrow::datatypes::SchemaRef) -> arrow::datatypes
 
 /// Merges the chains of several rowsets (each in key order) into one chain per key, in key
 /// order. Chains of a key deleted before the ancient history mark are dropped first: the
-/// others have disjoint lifetimes, so their versions sort by timestamp.
+/// others have disjoint lifetimes, so their versions sort by timestamp. Lifetimes may touch:
+/// a transaction that deletes a key and writes it again does both at its commit timestamp,
+/// the deletion ending the older chain and the new image starting a chain in another rowset.
+/// So a key's chains are put in the order they began (the rowsets' order says nothing: a
+/// rewritten rowset comes after the newer ones), and the sort keeps ties in that order.
 pub fn merge_chains(parts: Vec<Vec<Chain>>, ancient: Timestamp) -> Vec<Chain> {
     let dead = |c: &Chain| matches!(c.versions.last(), Some((ts, None)) if *ts <= ancient);
+    let began = |c: &Chain| c.versions.first().map(|v| v.0);
     let mut all: Vec<Chain> = parts.into_iter().flatten().filter(|c| !dead(c)).collect();
-    all.sort_by(|a, b| a.key.cmp(&b.key));
+    all.sort_by(|a, b| a.key.cmp(&b.key).then_with(|| began(a).cmp(&began(b))));
     let mut merged: Vec<Chain> = Vec::with_capacity(all.len());
     for chain in all {
         match merged.last_mut() {

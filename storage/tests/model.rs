@@ -1452,6 +1452,118 @@ fn transactions_apply_at_commit_and_survive_flush_and_reopen() {
     assert!(tablet.pending_txns().is_empty());
 }
 
+/// A transaction that writes one key several times (a DELETE then an UPSERT of it, an INSERT
+/// then an UPDATE, ...) commits its last write of the key, also after the tablet flushes,
+/// compacts and reopens: all its writes share the commit timestamp, so storage must not be
+/// left to order them.
+#[test]
+fn a_transaction_writing_a_key_twice_commits_its_last_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = schema();
+    let options = TabletOptions::default();
+    let mut tablet = Tablet::create(dir.path(), schema.clone(), options.clone()).unwrap();
+    let t0 = now().0;
+    let full = |k: i64, v: i64| rows(&schema, &[(k, Some(format!("s{k}.{v}")), v)]);
+    let batch = |kind: WriteKind, k: i64, v: i64| {
+        let rows = full(k, v);
+        let rows = match kind {
+            WriteKind::Update => rows.project(&[1, 2]).unwrap(),
+            WriteKind::Delete => rows.project(&[1]).unwrap(),
+            _ => rows,
+        };
+        WriteBatch::new(kind, rows)
+    };
+    use WriteKind::{Delete, Insert, Update, Upsert};
+    // Per key: whether it exists before the transaction, then its writes in it (v values).
+    let cases: Vec<(bool, Vec<(WriteKind, i64)>)> = vec![
+        (true, vec![(Delete, 0), (Upsert, 1)]),
+        (true, vec![(Delete, 0), (Insert, 2)]),
+        (true, vec![(Update, 3), (Delete, 0)]),
+        (true, vec![(Update, 4), (Update, 5)]),
+        (true, vec![(Upsert, 6), (Update, 7)]),
+        (true, vec![(Delete, 0), (Insert, 8), (Update, 9)]),
+        (false, vec![(Insert, 10), (Delete, 0)]),
+        (false, vec![(Insert, 11), (Update, 12)]),
+        (false, vec![(Upsert, 13), (Upsert, 14)]),
+        (false, vec![(Insert, 15), (Delete, 0), (Insert, 16)]),
+    ];
+    // Keys 0-9 with their rows flushed, 10-19 in the MemRowSet.
+    let mut index = 0;
+    let mut model = Model::new();
+    for on_disk in [true, false] {
+        for (case, (exists, _)) in cases.iter().enumerate() {
+            let k = case as i64 + if on_disk { 0 } else { 10 };
+            if *exists {
+                index += 1;
+                tablet
+                    .apply(index, Timestamp(t0 + index), &batch(Insert, k, 100))
+                    .unwrap();
+                model.insert(k, (Some(format!("s{k}.100")), 100));
+            }
+        }
+        if on_disk {
+            tablet.flush().unwrap();
+        }
+    }
+    let txn = 7;
+    let mut expected = model.clone();
+    for on_disk in [true, false] {
+        for (case, (_, writes)) in cases.iter().enumerate() {
+            let k = case as i64 + if on_disk { 0 } else { 10 };
+            for &(kind, v) in writes {
+                index += 1;
+                tablet
+                    .apply_txn_write(index, Timestamp(t0 + index), txn, &batch(kind, k, v))
+                    .unwrap();
+                match kind {
+                    Delete => drop(expected.remove(&k)),
+                    Update => expected.get_mut(&k).unwrap().1 = v,
+                    _ => drop(expected.insert(k, (Some(format!("s{k}.{v}")), v))),
+                }
+            }
+        }
+    }
+    index += 1;
+    let committed = Timestamp(t0 + index);
+    tablet.commit_txn(index, committed, txn).unwrap();
+    assert_eq!(scan(&tablet, committed, None), expected, "at the commit");
+    assert_eq!(
+        scan(&tablet, Timestamp(committed.0 - 1), None),
+        model,
+        "before it"
+    );
+    tablet.flush().unwrap();
+    assert_eq!(scan(&tablet, committed, None), expected, "after a flush");
+    // The older rowset (the rows deleted at the commit) is rewritten, which places it after
+    // the newer one (the rows inserted at the commit): a merge must still order each key's
+    // versions at the commit timestamp as they were written.
+    let older = tablet.rowset_ids()[0];
+    tablet
+        .compact(&MaintenanceKind::MergeRedo { rowset: older })
+        .unwrap();
+    tablet
+        .compact(&MaintenanceKind::ApplyRedo { rowset: older })
+        .unwrap();
+    assert_eq!(
+        scan(&tablet, committed, None),
+        expected,
+        "after delta compactions"
+    );
+    let rowsets = tablet.rowset_ids();
+    tablet
+        .compact(&MaintenanceKind::MergeRowsets { rowsets })
+        .unwrap();
+    assert_eq!(
+        scan(&tablet, committed, None),
+        expected,
+        "after a rowset compaction"
+    );
+    drop(tablet);
+    tablet = Tablet::open(dir.path(), options).unwrap();
+    assert_eq!(scan(&tablet, committed, None), expected, "after a reopen");
+    assert_eq!(scan(&tablet, Timestamp(u64::MAX), None), expected);
+}
+
 /// Applies `kind` of `entries` as log entry `index` at `ts`.
 fn write(
     tablet: &Tablet,
