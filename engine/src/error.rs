@@ -29,6 +29,12 @@ pub enum EngineError {
     /// Another server could not be reached.
     #[error("server unavailable: {0}")]
     Unavailable(String),
+    /// A transaction's commit was sent but its answer lost: it is committed or rolled back,
+    /// as the transaction status table decides, within seconds.
+    #[error(
+        "the transaction's outcome is unknown (it is committed or rolled back within seconds): {0}"
+    )]
+    OutcomeUnknown(String),
     #[error("{0}")]
     Storage(#[from] StorageError),
     #[error("replication: {0}")]

@@ -223,7 +223,9 @@ pub fn status(e: SqlError) -> Status {
         }
         // Retryable later: the server is busy, or a server it needs is unreachable.
         SqlError::Engine(
-            nyala_engine::EngineError::Busy(_) | nyala_engine::EngineError::Unavailable(_),
+            nyala_engine::EngineError::Busy(_)
+            | nyala_engine::EngineError::Unavailable(_)
+            | nyala_engine::EngineError::OutcomeUnknown(_),
         ) => Status::unavailable(excerpt(&e.to_string(), MAX_ERROR_CHARS)),
         // Everything else a statement can fail with is about the statement or the data it
         // touches (parse, planning, types, duplicate keys): the client's to fix.

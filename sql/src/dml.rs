@@ -199,7 +199,13 @@ impl NyalaSink {
         .await;
         match written {
             Ok(Outcome::Written(rows)) => {
-                txn.commit().await.map_err(|e| self.failed(e))?;
+                txn.commit().await.map_err(|e| match e {
+                    // Not "changed nothing": the status table decides.
+                    e @ EngineError::OutcomeUnknown(_) => {
+                        DataFusionError::External(Box::new(crate::SqlError::Engine(e)))
+                    }
+                    e => self.failed(e),
+                })?;
                 Ok(Outcome::Written(rows))
             }
             other => {

@@ -43,6 +43,10 @@ impl From<DataFusionError> for SqlError {
             match inner.downcast_ref::<SqlError>() {
                 Some(SqlError::Conflict(message)) => return SqlError::Conflict(message.clone()),
                 Some(SqlError::Cancelled(message)) => return SqlError::Cancelled(message.clone()),
+                Some(SqlError::Engine(nyala_engine::EngineError::OutcomeUnknown(message))) => {
+                    let unknown = nyala_engine::EngineError::OutcomeUnknown(message.clone());
+                    return SqlError::Engine(unknown);
+                }
                 _ => {}
             }
         }

@@ -176,10 +176,12 @@ impl OpenTxn {
             self.txn.abort().await;
             return Err(e);
         }
-        self.txn.commit().await.map_err(|e| {
-            SqlError::Invalid(format!(
+        self.txn.commit().await.map_err(|e| match e {
+            // Decided or not, the status table says; not "rolled back".
+            e @ nyala_engine::EngineError::OutcomeUnknown(_) => SqlError::Engine(e),
+            e => SqlError::Invalid(format!(
                 "COMMIT failed, the transaction was rolled back: {e}"
-            ))
+            )),
         })
     }
 

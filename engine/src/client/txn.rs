@@ -250,10 +250,7 @@ impl Transaction {
                     Err(e) => {
                         // The decision may have been recorded without the answer arriving: the
                         // status table decides, when the tablets resolve the transaction.
-                        return Err(EngineError::Unavailable(format!(
-                            "the transaction's outcome is unknown (it is committed or rolled \
-                             back within seconds): {e}"
-                        )));
+                        return Err(EngineError::OutcomeUnknown(e.to_string()));
                     }
                 }
                 crash_point("txn-decided");

@@ -248,7 +248,9 @@ pub fn to_status(e: &EngineError, leader_address: impl Fn(u64) -> Option<String>
         EngineError::NoRangePartition(_) => (ErrorCode::NoRangePartition, Code::InvalidArgument),
         EngineError::Unsupported(_) => (ErrorCode::Unsupported, Code::InvalidArgument),
         EngineError::Busy(_) => (ErrorCode::Busy, Code::ResourceExhausted),
-        EngineError::Unavailable(_) => (ErrorCode::ServerError, Code::Unavailable),
+        EngineError::Unavailable(_) | EngineError::OutcomeUnknown(_) => {
+            (ErrorCode::ServerError, Code::Unavailable)
+        }
         EngineError::Storage(StorageError::Locked { key }) => {
             detail.subject = key.clone();
             (ErrorCode::Locked, Code::Aborted)
