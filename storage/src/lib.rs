@@ -35,4 +35,4 @@ pub use schema::{
     ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema, AUTO_INCREMENT_COLUMN,
 };
 pub use tablet::{FailPoint, MaintenanceKind, MaintenanceOp, Tablet, TabletOptions, TxnState};
-pub use write::{TabletOp, Timestamp, WriteBatch, WriteKind, WriteOutcome};
+pub use write::{rows_bytes, TabletOp, Timestamp, WriteBatch, WriteKind, WriteOutcome};

@@ -66,7 +66,7 @@ impl RowArena {
         let refs = (0..batch.num_rows() as u32)
             .map(|row| RowRef { batch: b, row })
             .collect();
-        self.bytes += batch.get_array_memory_size();
+        self.bytes += crate::write::rows_bytes(&batch);
         self.batches.push(batch);
         self.partial.push(partial);
         refs
@@ -154,7 +154,7 @@ impl RowArena {
     pub fn drop_before(&mut self, end: u32) {
         let n = (end.saturating_sub(self.first) as usize).min(self.batches.len());
         for batch in self.batches.drain(..n) {
-            self.bytes -= batch.get_array_memory_size();
+            self.bytes -= crate::write::rows_bytes(&batch);
         }
         self.partial.drain(..n);
         self.first += n as u32;

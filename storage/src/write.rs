@@ -282,3 +282,15 @@ impl WriteBatch {
         })
     }
 }
+
+/// The bytes of the values `rows` holds. Unlike `RecordBatch::get_array_memory_size`, which
+/// counts every buffer an array points into in full, this counts each array's slice once: the
+/// columns of a decoded Arrow IPC message all point into one buffer, which that method counts
+/// once per column.
+pub fn rows_bytes(rows: &RecordBatch) -> usize {
+    (rows.columns().iter())
+        .map(|c| {
+            (c.to_data().get_slice_memory_size()).unwrap_or_else(|_| c.get_array_memory_size())
+        })
+        .sum()
+}

@@ -427,7 +427,7 @@ impl Client {
 
 /// Splits a batch into slices of at most [`MAX_WRITE_BYTES`] of Arrow memory (zero-copy).
 fn chunks(rows: &RecordBatch) -> Vec<RecordBatch> {
-    let bytes = rows.get_array_memory_size().max(1);
+    let bytes = nyala_storage::rows_bytes(rows).max(1);
     let n = rows.num_rows();
     if bytes <= MAX_WRITE_BYTES || n <= 1 {
         return vec![rows.clone()];

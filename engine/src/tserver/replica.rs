@@ -321,7 +321,7 @@ impl StateMachine for TabletStateMachine {
                 metrics.rows_written.inc_by(outcome.rows as u64);
             }
             if let TabletOp::Write(batch) | TabletOp::TxnWrite { batch, .. } = &logged.op {
-                let bytes = batch.rows.get_array_memory_size() as u64;
+                let bytes = nyala_storage::rows_bytes(&batch.rows) as u64;
                 metrics.bytes_written.inc_by(bytes);
             }
         }
