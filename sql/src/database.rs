@@ -167,7 +167,9 @@ impl Database {
         let mut views = Vec::new();
         for view in self.client.views() {
             let schema = match catalog::view_plan(&state, &view.sql).await {
-                Ok(plan) => Arc::new(plan.schema().as_arrow().clone()),
+                Ok(plan) => {
+                    crate::results::client_schema(&Arc::new(plan.schema().as_arrow().clone()))
+                }
                 Err(_) => Arc::new(arrow::datatypes::Schema::empty()),
             };
             views.push((view.name.clone(), schema));

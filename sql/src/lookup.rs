@@ -205,6 +205,7 @@ impl KeyLookup {
                 snapshot: Timestamp(0), // the tablet's safe snapshot, when run
                 limit: None,
                 batch_size: 1024,
+                string_views: false,
             },
             tablet,
             schema: self.schema.clone(),

@@ -20,7 +20,10 @@ use futures::TryStreamExt;
 
 use crate::limits::{detached, limited, Interrupt, Stop};
 use crate::lookup::{BoundLookup, BoundMutation};
-use crate::results::{count_batch, count_schema, empty_schema, no_rows, one_stream, stream_of};
+use crate::results::{
+    client_schema, client_stream, count_batch, count_schema, empty_schema, no_rows, one_stream,
+    stream_of,
+};
 use crate::session::{Session, TxnControl};
 use crate::statement::{CreateTableSpec, Ddl};
 use crate::{scan, settings};
@@ -85,7 +88,7 @@ impl PlannedStatement {
             Action::CreateTableAs { .. } | Action::KeyMutation(_) => count_schema(),
             Action::Rows(batch) => batch.schema(),
             Action::Lookup(lookup) => lookup.schema(),
-            Action::Plan(plan) => plan.schema(),
+            Action::Plan(plan) => client_schema(&plan.schema()),
         }
     }
 
@@ -257,10 +260,10 @@ async fn run(
     let deadline = timeout(session).map(|t| (tokio::time::Instant::now() + t, t));
     let permit = limits.admit(deadline.map(|(at, _)| at)).await?;
     let task = limits.task_context(session.ctx.task_ctx(), None)?;
-    let stream = match partition {
+    let stream = client_stream(match partition {
         Some(partition) => plan.execute(partition, task)?,
         None => execute_stream(plan, task)?,
-    };
+    });
     Ok(limited(stream, deadline, Some(permit)))
 }
 

@@ -39,7 +39,7 @@ use crate::dml::{self, MutationNode};
 use crate::lookup::{KeyLookup, KeyMutation};
 use crate::params::{bind, parameter_types};
 use crate::planned::{Action, PlannedStatement, StatementInfo, StatementKind};
-use crate::results::empty_schema;
+use crate::results::{client_schema, client_type, empty_schema};
 use crate::scan::NyalaScanExec;
 use crate::session::Session;
 use crate::table::NyalaTable;
@@ -121,7 +121,7 @@ impl Session {
                 let parameters = parameter_types(&plan)?;
                 let schema = match kind {
                     StatementKind::Ddl => empty_schema(),
-                    _ => Arc::new(plan.schema().as_arrow().clone()),
+                    _ => client_schema(&Arc::new(plan.schema().as_arrow().clone())),
                 };
                 let typed = parameters.iter().all(|p| p.is_some());
                 let fields = parameters
@@ -129,7 +129,8 @@ impl Session {
                     .cloned()
                     .enumerate()
                     .map(|(i, t)| {
-                        Field::new(format!("${}", i + 1), t.unwrap_or(DataType::Utf8), true)
+                        let t = t.as_ref().map_or(DataType::Utf8, client_type);
+                        Field::new(format!("${}", i + 1), t, true)
                     })
                     .collect::<Vec<_>>();
                 let info = StatementInfo {

@@ -5,10 +5,13 @@
 
 use std::sync::Arc;
 
+use arrow::array::RecordBatchOptions;
 use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
-use arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef};
+use arrow::datatypes::{DataType, Field, FieldRef, Fields, Schema as ArrowSchema, SchemaRef};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::memory::MemoryStream;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::StreamExt;
 
 use crate::Result;
 
@@ -73,4 +76,73 @@ pub(crate) fn string_batch(columns: Vec<(&str, Vec<String>)>) -> Result<RecordBa
         .map(|(_, values)| Arc::new(StringArray::from(values)) as ArrayRef)
         .collect();
     Ok(RecordBatch::try_new(schema, arrays)?)
+}
+
+/// The type clients are given for `data_type`: the query engine reads strings as `Utf8View`
+/// (tables' scans return them so), and not every Flight SQL client reads view types (the JDBC
+/// driver does not), so results carry them as `Utf8` (and `BinaryView` as `Binary`).
+pub(crate) fn client_type(data_type: &DataType) -> DataType {
+    let field = |f: &FieldRef| -> FieldRef {
+        Arc::new(
+            f.as_ref()
+                .clone()
+                .with_data_type(client_type(f.data_type())),
+        )
+    };
+    match data_type {
+        DataType::Utf8View => DataType::Utf8,
+        DataType::BinaryView => DataType::Binary,
+        DataType::List(f) => DataType::List(field(f)),
+        DataType::LargeList(f) => DataType::LargeList(field(f)),
+        DataType::FixedSizeList(f, n) => DataType::FixedSizeList(field(f), *n),
+        DataType::Struct(fields) => DataType::Struct(fields.iter().map(field).collect::<Fields>()),
+        DataType::Map(f, sorted) => DataType::Map(field(f), *sorted),
+        other => other.clone(),
+    }
+}
+
+/// `schema` as clients are given it (see [`client_type`]).
+pub(crate) fn client_schema(schema: &SchemaRef) -> SchemaRef {
+    let changed = |f: &FieldRef| client_type(f.data_type()) != *f.data_type();
+    if !schema.fields().iter().any(changed) {
+        return schema.clone();
+    }
+    let fields = schema.fields().iter().map(|f| {
+        Arc::new(
+            f.as_ref()
+                .clone()
+                .with_data_type(client_type(f.data_type())),
+        )
+    });
+    Arc::new(ArrowSchema::new_with_metadata(
+        fields.collect::<Fields>(),
+        schema.metadata().clone(),
+    ))
+}
+
+/// `batch` with the types of `schema` (same columns; types that cast).
+pub(crate) fn cast_to(batch: RecordBatch, schema: &SchemaRef) -> arrow::error::Result<RecordBatch> {
+    let columns = (batch.columns().iter().zip(schema.fields()))
+        .map(
+            |(column, field)| match column.data_type() == field.data_type() {
+                true => Ok(column.clone()),
+                false => arrow::compute::cast(column, field.data_type()),
+            },
+        )
+        .collect::<arrow::error::Result<Vec<_>>>()?;
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    RecordBatch::try_new_with_options(schema.clone(), columns, &options)
+}
+
+/// `stream` as clients are given it (see [`client_type`]).
+pub(crate) fn client_stream(stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
+    let schema = client_schema(&stream.schema());
+    if Arc::ptr_eq(&schema, &stream.schema()) {
+        return stream;
+    }
+    let target = schema.clone();
+    Box::pin(RecordBatchStreamAdapter::new(
+        schema,
+        stream.map(move |batch| Ok(cast_to(batch?, &target)?)),
+    ))
 }

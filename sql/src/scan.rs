@@ -184,7 +184,10 @@ impl NyalaScanExec {
         spec: ScanSpec,
         pushed: Vec<String>,
     ) -> Result<Self> {
-        let full = table.schema.arrow_schema();
+        let full = match spec.string_views {
+            true => table.schema.arrow_view_schema(),
+            false => table.schema.arrow_schema(),
+        };
         let schema = match &spec.projection {
             Some(p) => Arc::new(full.project(p)?),
             None => full,
@@ -258,14 +261,16 @@ impl NyalaScanExec {
     /// files record (all inexact: rows in memory and updates are not in the ranges; the scan's
     /// predicates are not applied). A single-column primary key has as many values as rows.
     fn compute_statistics(&self) -> ScanStatistics {
-        let full = self.table.schema.arrow_schema();
+        let full = self.full_schema();
         let unique_key = match self.table.schema.key_columns() {
             [key] => Some(*key),
             _ => None,
         };
-        let inexact = |range: Option<&ArrayRef>| {
+        // Ranges are stored values (`Utf8` strings); the scan's types may differ (`Utf8View`).
+        let inexact = |range: Option<&ArrayRef>, c: usize| {
             range
                 .and_then(|values| ScalarValue::try_from_array(values, 0).ok())
+                .and_then(|value| value.cast_to(full.field(c).data_type()).ok())
                 .map_or(Precision::Absent, Precision::Inexact)
         };
         let tablet = |b: usize| {
@@ -275,8 +280,8 @@ impl NyalaScanExec {
             statistics.num_rows = Precision::Inexact(rows);
             for (c, stats) in statistics.column_statistics.iter_mut().enumerate() {
                 if let Some(range) = ranges.get(c) {
-                    stats.min_value = inexact(range.min.as_ref());
-                    stats.max_value = inexact(range.max.as_ref());
+                    stats.min_value = inexact(range.min.as_ref(), c);
+                    stats.max_value = inexact(range.max.as_ref(), c);
                     stats.null_count = range
                         .null_count
                         .map_or(Precision::Absent, |n| Precision::Inexact(n as usize));
@@ -317,6 +322,14 @@ impl NyalaScanExec {
         match estimate {
             Ok(estimate) => estimate.as_ref().clone(),
             Err(_) => statistics,
+        }
+    }
+
+    /// The schema of all the table's columns as this scan returns them.
+    fn full_schema(&self) -> SchemaRef {
+        match self.spec.string_views {
+            true => self.table.schema.arrow_view_schema(),
+            false => self.table.schema.arrow_schema(),
         }
     }
 
@@ -553,6 +566,12 @@ impl ExecutionPlan for NyalaScanExec {
                     let mut batch = batch.map_err(|e| DataFusionError::External(Box::new(e)));
                     if let (Some((overlay, asked, _)), Ok(stored)) = (&overlay, &batch) {
                         batch = overlay.hide_replaced(&table, stored.clone(), *asked);
+                    }
+                    // A remote tablet returns strings as `Utf8`.
+                    if let Ok(b) = &batch {
+                        if b.schema().fields() != schema.fields() {
+                            batch = crate::results::cast_to(b.clone(), &schema).map_err(Into::into);
+                        }
                     }
                     let failed = batch.is_err();
                     // The receiver is gone when the query was cancelled or finished early (LIMIT).

@@ -102,6 +102,7 @@ impl NyalaTable {
             snapshot: Timestamp(0),
             limit,
             batch_size: SCAN_BATCH_ROWS,
+            string_views: true,
         };
         let scan = NyalaScanExec::try_new(self.client.clone(), self.table.clone(), spec, pushed)?;
         Ok(match self.as_of {
@@ -163,8 +164,9 @@ impl NyalaTable {
 
 #[async_trait]
 impl TableProvider for NyalaTable {
+    /// String columns are `Utf8View`, as scans return them (see `ScanSpec::string_views`).
     fn schema(&self) -> SchemaRef {
-        self.table.schema.arrow_schema()
+        self.table.schema.arrow_view_schema()
     }
 
     fn constraints(&self) -> Option<&Constraints> {
@@ -255,7 +257,7 @@ impl NyalaTable {
             .ok()?
             .data;
         let schema = datafusion::common::DFSchema::try_from(
-            self.table.schema.arrow_schema().as_ref().clone(),
+            self.table.schema.arrow_view_schema().as_ref().clone(),
         )
         .ok()?;
         state.create_physical_expr(unqualified, &schema).ok()

@@ -129,7 +129,7 @@ struct TailTable {
 #[async_trait]
 impl TableProvider for TailTable {
     fn schema(&self) -> SchemaRef {
-        self.table.schema.arrow_schema()
+        self.inner.schema()
     }
 
     fn table_type(&self) -> TableType {

@@ -451,6 +451,7 @@ async fn read_rows(
                 snapshot,
                 limit: None,
                 batch_size: 1024,
+                string_views: false,
             };
             let scan = client.scan_tablet(&table, tablet, spec, Some(snapshot));
             for batch in scan.map_err(engine_error)? {

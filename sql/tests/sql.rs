@@ -650,8 +650,9 @@ async fn scans_report_column_ranges_from_their_files() {
     assert!(line.contains("Null=Inexact(2143)"), "{line}");
 }
 
-/// Filters on string columns in files (decoded as dictionaries to be tested) select the same
-/// rows as on rows in memory, and the strings come back as strings.
+/// Filters on string columns in files (decoded as dictionaries to be tested, or as views)
+/// select the same rows as on rows in memory, and the strings come back as `Utf8` (the query
+/// engine works on `Utf8View`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn string_filters_on_flushed_rows() {
     let dir = tempfile::tempdir().unwrap();
@@ -671,6 +672,11 @@ async fn string_filters_on_flushed_rows() {
         "SELECT count(*), min(s), max(s) FROM strs WHERE s >= 'c' AND s <> 'd'",
         "SELECT count(*) FROM strs WHERE s IS NULL",
         "SELECT s, count(*) FROM strs WHERE s IN ('d', 'zz') GROUP BY s",
+        "SELECT s, count(*), min(k) FROM strs GROUP BY s ORDER BY s",
+        "SELECT count(*) FROM strs WHERE s LIKE 'a%' OR s > 'c'",
+        "SELECT a.s, count(*) FROM strs a JOIN strs b ON a.s = b.s WHERE a.k < 40 AND b.k < 30 \
+         GROUP BY a.s ORDER BY a.s",
+        "SELECT k, upper(s), s || '!', length(s) FROM strs WHERE k < 6 ORDER BY k",
     ];
     let mut in_memory = Vec::new();
     for q in queries {
@@ -685,6 +691,64 @@ async fn string_filters_on_flushed_rows() {
         assert_eq!(&text(&s, q).await, expected, "{q}");
     }
     assert!(in_memory[0].contains("| 400      | b"), "{}", in_memory[0]);
+    // Rows in files and in memory together.
+    run(&s, "UPDATE strs SET s = 'e' WHERE k % 100 = 1").await;
+    let mixed = text(
+        &s,
+        "SELECT s, count(*) FROM strs WHERE s >= 'd' GROUP BY s ORDER BY s",
+    )
+    .await;
+    assert!(
+        mixed.contains("| d | 400      |") && mixed.contains("| e | 20       |"),
+        "{mixed}"
+    );
+    let rows = run(
+        &s,
+        "SELECT k, s, upper(s) AS u FROM strs WHERE k < 3 ORDER BY k",
+    )
+    .await;
+    for field in rows[0].schema().fields().iter().skip(1) {
+        assert_eq!(
+            field.data_type(),
+            &arrow::datatypes::DataType::Utf8,
+            "{field}"
+        );
+    }
+}
+
+/// A transaction that changed rows of a table keyed by a string reads its own rows in place of
+/// the stored ones, whether those are in files or in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_reads_its_writes_to_a_table_keyed_by_strings() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s) = open(dir.path()).await;
+    run(&s, "CREATE TABLE names (name STRING PRIMARY KEY, v BIGINT)").await;
+    run(&s, "INSERT INTO names VALUES ('a', 1), ('b', 2), ('c', 3)").await;
+    db.shutdown().await.unwrap();
+    drop(s);
+    drop(db);
+    let (_db, s) = open(dir.path()).await;
+    run(&s, "INSERT INTO names VALUES ('d', 4)").await;
+    run(&s, "BEGIN").await;
+    run(&s, "UPDATE names SET v = 20 WHERE name = 'b'").await;
+    run(&s, "UPDATE names SET v = 40 WHERE name = 'd'").await;
+    let inside = text(&s, "SELECT name, v FROM names ORDER BY name").await;
+    run(&s, "ROLLBACK").await;
+    let after = text(&s, "SELECT name, v FROM names ORDER BY name").await;
+    let rows = |t: &str| {
+        t.lines()
+            .filter(|l| l.starts_with("| ") && !l.contains("name"))
+            .count()
+    };
+    assert_eq!(rows(&inside), 4, "{inside}");
+    assert!(
+        inside.contains("| b    | 20 |") && inside.contains("| d    | 40 |"),
+        "{inside}"
+    );
+    assert!(
+        after.contains("| b    | 2 |") && after.contains("| d    | 4 |"),
+        "{after}"
+    );
 }
 
 fn scan_line<'a>(plan: &'a str, table: &str) -> &'a str {

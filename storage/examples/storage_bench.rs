@@ -118,6 +118,7 @@ fn scan_tablet(tablet: &Tablet, column: usize, snapshot: Timestamp) -> (u64, Dur
         snapshot,
         limit: None,
         batch_size: 64 * 1024,
+        string_views: false,
     };
     let mut sum = 0u64;
     for batch in tablet.scan(&spec).expect("scan") {
@@ -293,6 +294,7 @@ fn main() {
         snapshot: now,
         limit: None,
         batch_size: 64 * 1024,
+        string_views: false,
     };
     let mut times = Vec::new();
     for run in 0..args.runs.max(1) {
@@ -326,6 +328,7 @@ fn main() {
                 snapshot: now,
                 limit: None,
                 batch_size: 1024,
+                string_views: false,
             };
             let found: usize = tablet
                 .scan(&spec)

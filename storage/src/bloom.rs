@@ -171,7 +171,7 @@ impl JoinFilter {
         let count: usize = keys.iter().map(|k| k.len() - k.null_count()).sum();
         let mut filter = SplitBlockFilter::with_keys(count.clamp(1, max_keys.max(1)));
         for array in keys {
-            if array.data_type() != &self.data_type {
+            if !same_values(array.data_type(), &self.data_type) {
                 return Err(StorageError::InvalidPredicate(format!(
                     "bloom filter keys of types {} and {}",
                     self.data_type,
@@ -219,7 +219,7 @@ impl JoinFilter {
         if self.stats.disabled() {
             return Ok(all());
         }
-        if column.data_type() != &self.data_type {
+        if !same_values(column.data_type(), &self.data_type) {
             return Err(StorageError::InvalidPredicate(format!(
                 "join filter of {} keys applied to a {} column",
                 self.data_type,
@@ -228,10 +228,10 @@ impl JoinFilter {
         }
         let mut keep: Option<BooleanBuffer> = None;
         if let (true, Some((min, max))) = (check_bounds, &self.bounds) {
-            let s = |v: &Scalar| arrow::array::Scalar::new(v.0.clone());
+            let s = |v: &Scalar| v.datum_of(column.data_type());
             let inside = arrow::compute::and(
-                &cmp::gt_eq(&column, &s(min))?,
-                &cmp::lt_eq(&column, &s(max))?,
+                &cmp::gt_eq(&column, &s(min)?)?,
+                &cmp::lt_eq(&column, &s(max)?)?,
             )?;
             // NULL compares as unknown: not inside.
             keep = Some(match inside.nulls() {
@@ -325,6 +325,15 @@ fn map_hashes(
             )))
         }
     })
+}
+
+/// Whether values of types `a` and `b` hash alike: the same type, or strings (or binaries) in
+/// different layouts (`Utf8` rows meet `Utf8View` join keys).
+fn same_values(a: &DataType, b: &DataType) -> bool {
+    use DataType::*;
+    let strings = |t: &DataType| matches!(t, Utf8 | LargeUtf8 | Utf8View);
+    let binaries = |t: &DataType| matches!(t, Binary | LargeBinary | BinaryView);
+    a == b || (strings(a) && strings(b)) || (binaries(a) && binaries(b))
 }
 
 /// The 64-bit image of a fixed-width value, the same for equal values of one type.

@@ -50,6 +50,11 @@ pub fn encode_key_columns(key_columns: &[ArrayRef], row: usize, out: &mut Vec<u8
                 i == last,
                 out,
             ),
+            DataType::Utf8View => encode_bytes(
+                column.as_string_view().value(row).as_bytes(),
+                i == last,
+                out,
+            ),
             DataType::Binary => encode_bytes(column.as_binary::<i32>().value(row), i == last, out),
             _ => {}
         }

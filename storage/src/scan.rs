@@ -13,6 +13,7 @@ use arrow::array::{Array, ArrayRef, BooleanArray, BooleanBufferBuilder, RecordBa
 use arrow::buffer::BooleanBuffer;
 use arrow::compute::kernels::{boolean, cmp};
 use arrow::compute::{filter_record_batch, is_not_null, is_null};
+use arrow::datatypes::DataType;
 
 use crate::bloom::JoinFilter;
 use crate::diskrowset::RowsetReader;
@@ -20,6 +21,20 @@ use crate::{Schema, StorageError, Timestamp};
 
 #[derive(Clone, Debug)]
 pub struct Scalar(pub ArrayRef);
+
+impl Scalar {
+    /// The value for a comparison with an array of type `data_type`: a string value meets
+    /// `Utf8View` columns (rowsets decode strings into views) as a view.
+    pub(crate) fn datum_of(
+        &self,
+        data_type: &DataType,
+    ) -> Result<arrow::array::Scalar<ArrayRef>, arrow::error::ArrowError> {
+        match self.0.data_type() == data_type {
+            true => Ok(arrow::array::Scalar::new(self.0.clone())),
+            false => arrow::compute::cast(&self.0, data_type).map(arrow::array::Scalar::new),
+        }
+    }
+}
 
 #[derive(Clone, Debug)]
 pub enum PredicateOp {
@@ -69,7 +84,7 @@ pub struct ColumnPredicate {
 /// let spec = ScanSpec {
 ///     projection: Some(vec![0, 2]), // table columns, in output order
 ///     predicates: vec![ColumnPredicate { column: 0, op: PredicateOp::Eq(key) }],
-///     snapshot, limit: None, batch_size: 1024,
+///     snapshot, limit: None, batch_size: 1024, string_views: false,
 /// };
 /// for batch in tablet.scan(&spec)? { let _columns_0_and_2 = batch?; }
 /// # Ok(()) }
@@ -82,6 +97,10 @@ pub struct ScanSpec {
     pub snapshot: Timestamp,
     pub limit: Option<usize>,
     pub batch_size: usize,
+    /// Return string columns as `Utf8View` (the query engine's string type, which rowsets
+    /// decode into without copying values) instead of `Utf8`. Not sent to other servers: a
+    /// remote scan returns `Utf8`.
+    pub string_views: bool,
 }
 
 pub type ScanIterator = Box<dyn Iterator<Item = Result<RecordBatch, StorageError>> + Send>;
@@ -103,6 +122,8 @@ pub(crate) struct Scan {
     pub predicates: Vec<ColumnPredicate>,
     pub remaining: Option<usize>,
     pub sources: VecDeque<Source>,
+    /// [`ScanSpec::string_views`].
+    pub string_views: bool,
 }
 
 impl Scan {
@@ -140,8 +161,44 @@ impl Scan {
             filter_record_batch(&batch, &mask)?
         };
         let keep: Vec<usize> = (0..self.output_len).collect();
-        Ok(batch.project(&keep)?)
+        let batch = batch.project(&keep)?;
+        match self.string_views {
+            true => string_views(batch),
+            false => Ok(batch),
+        }
     }
+}
+
+/// `batch` with its `Utf8` columns as `Utf8View` (rows decoded from rowsets already are).
+fn string_views(batch: RecordBatch) -> Result<RecordBatch, StorageError> {
+    let schema = batch.schema();
+    if !schema
+        .fields()
+        .iter()
+        .any(|f| f.data_type() == &DataType::Utf8)
+    {
+        return Ok(batch);
+    }
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut columns = Vec::with_capacity(fields.capacity());
+    for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        match field.data_type() {
+            DataType::Utf8 => {
+                fields.push(field.as_ref().clone().with_data_type(DataType::Utf8View));
+                columns.push(arrow::compute::cast(column, &DataType::Utf8View)?);
+            }
+            _ => {
+                fields.push(field.as_ref().clone());
+                columns.push(column.clone());
+            }
+        }
+    }
+    let options = arrow::array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    Ok(RecordBatch::try_new_with_options(
+        Arc::new(arrow::datatypes::Schema::new(fields)),
+        columns,
+        &options,
+    )?)
 }
 
 /// Which rows of `batch` (holding at least the predicate columns, by name) pass `predicates`.
@@ -218,17 +275,17 @@ fn reorder(
 }
 
 fn evaluate(column: &ArrayRef, op: &PredicateOp) -> Result<BooleanArray, arrow::error::ArrowError> {
-    let s = |v: &Scalar| arrow::array::Scalar::new(v.0.clone());
+    let s = |v: &Scalar| v.datum_of(column.data_type());
     Ok(match op {
-        PredicateOp::Eq(v) => cmp::eq(column, &s(v))?,
-        PredicateOp::Lt(v) => cmp::lt(column, &s(v))?,
-        PredicateOp::LtEq(v) => cmp::lt_eq(column, &s(v))?,
-        PredicateOp::Gt(v) => cmp::gt(column, &s(v))?,
-        PredicateOp::GtEq(v) => cmp::gt_eq(column, &s(v))?,
+        PredicateOp::Eq(v) => cmp::eq(column, &s(v)?)?,
+        PredicateOp::Lt(v) => cmp::lt(column, &s(v)?)?,
+        PredicateOp::LtEq(v) => cmp::lt_eq(column, &s(v)?)?,
+        PredicateOp::Gt(v) => cmp::gt(column, &s(v)?)?,
+        PredicateOp::GtEq(v) => cmp::gt_eq(column, &s(v)?)?,
         PredicateOp::InList(values) => {
             let mut acc = BooleanArray::from(vec![false; column.len()]);
             for v in values {
-                acc = boolean::or_kleene(&acc, &cmp::eq(column, &s(v))?)?;
+                acc = boolean::or_kleene(&acc, &cmp::eq(column, &s(v)?)?)?;
             }
             acc
         }

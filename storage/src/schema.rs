@@ -259,6 +259,8 @@ pub struct Schema {
     position: Option<u32>,
     #[serde(skip)]
     arrow: OnceLock<SchemaRef>,
+    #[serde(skip)]
+    views: OnceLock<SchemaRef>,
 }
 
 /// The hidden key column of a table with a NON UNIQUE PRIMARY KEY (Kudu 1.17's name).
@@ -377,6 +379,7 @@ impl Schema {
             auto_increment: false,
             position: None,
             arrow: OnceLock::new(),
+            views: OnceLock::new(),
         })
     }
 
@@ -388,6 +391,7 @@ impl Schema {
         let mut schema = self.clone();
         schema.position = Some(self.ids()[column]);
         schema.arrow = OnceLock::new();
+        schema.views = OnceLock::new();
         Ok(schema)
     }
 
@@ -587,6 +591,23 @@ impl Schema {
                         })
                         .collect::<Vec<_>>(),
                 ))
+            })
+            .clone()
+    }
+
+    /// [`Self::arrow_schema`] with string columns as `Utf8View`: what a scan returns when its
+    /// [`crate::ScanSpec::string_views`] is set (the query engine's string type).
+    pub fn arrow_view_schema(&self) -> SchemaRef {
+        self.views
+            .get_or_init(|| {
+                let arrow = self.arrow_schema();
+                let fields = arrow.fields().iter().map(|f| match f.data_type() {
+                    DataType::Utf8 => {
+                        Arc::new(f.as_ref().clone().with_data_type(DataType::Utf8View))
+                    }
+                    _ => f.clone(),
+                });
+                Arc::new(ArrowSchema::new(fields.collect::<Vec<_>>()))
             })
             .clone()
     }

@@ -143,6 +143,7 @@ impl ScanSpec {
             snapshot: Timestamp(wire.snapshot),
             limit: wire.limit,
             batch_size: wire.batch_size.max(1),
+            string_views: false,
         })
     }
 }
@@ -177,6 +178,7 @@ mod tests {
             snapshot: Timestamp(42),
             limit: Some(10),
             batch_size: 100,
+            string_views: false,
         };
         let back = ScanSpec::decode(&spec.encode().unwrap()).unwrap();
         assert_eq!(format!("{back:?}"), format!("{spec:?}"));

@@ -86,6 +86,7 @@ fn lookup_keys(tablet: &Tablet, snapshot: Timestamp, keys: &[i64]) -> Vec<i64> {
         snapshot,
         limit: None,
         batch_size: 7,
+        string_views: false,
     };
     let mut found: Vec<i64> = (tablet.scan(&spec).unwrap())
         .flat_map(|b| {
@@ -113,28 +114,46 @@ fn without_v(model: &Model) -> Model {
         .collect()
 }
 
-/// A scan of k, s and v (or of the first `projection.len()` of them).
+/// A scan of k, s and v (or of the first `projection.len()` of them); the same rows whether
+/// strings are read as `Utf8` or as `Utf8View`.
 fn scan_columns(
     tablet: &Tablet,
     snapshot: Timestamp,
     predicates: Vec<ColumnPredicate>,
     projection: Vec<usize>,
 ) -> Model {
-    let with_v = projection.len() == 3;
     let spec = ScanSpec {
         projection: Some(projection),
         predicates,
         snapshot,
         limit: None,
         batch_size: 7,
+        string_views: false,
     };
+    let rows = scan_spec(tablet, &spec);
+    let views = ScanSpec {
+        string_views: true,
+        ..spec
+    };
+    assert_eq!(scan_spec(tablet, &views), rows, "string views differ");
+    rows
+}
+
+fn scan_spec(tablet: &Tablet, spec: &ScanSpec) -> Model {
+    let with_v = spec.projection.as_ref().is_some_and(|p| p.len() == 3);
     let mut out = Model::new();
-    for batch in tablet.scan(&spec).unwrap() {
+    for batch in tablet.scan(spec).unwrap() {
         let batch = batch.unwrap();
         let k = batch.column(0).as_primitive::<Int64Type>();
-        let s = batch.column(1).as_string::<i32>();
-        for i in 0..batch.num_rows() {
-            let s = (!s.is_null(i)).then(|| s.value(i).to_string());
+        let s: Vec<Option<String>> = match spec.string_views {
+            true => (batch.column(1).as_string_view().iter())
+                .map(|s| s.map(str::to_string))
+                .collect(),
+            false => (batch.column(1).as_string::<i32>().iter())
+                .map(|s| s.map(str::to_string))
+                .collect(),
+        };
+        for (i, s) in s.into_iter().enumerate() {
             let v = match with_v {
                 true => batch.column(2).as_primitive::<Int64Type>().value(i),
                 false => 0,
@@ -608,6 +627,7 @@ fn history_beyond_the_retention_is_refused_and_dropped() {
         snapshot: hours_ago(1.5),
         limit: None,
         batch_size: 100,
+        string_views: false,
     });
     let message = too_old
         .err()
@@ -1585,6 +1605,7 @@ fn count(tablet: &Tablet, snapshot: Timestamp) -> usize {
         snapshot,
         limit: None,
         batch_size: 8192,
+        string_views: false,
     };
     let batches = tablet.scan(&spec).unwrap();
     batches.map(|b| b.unwrap().num_rows()).sum()

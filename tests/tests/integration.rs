@@ -2449,6 +2449,7 @@ mod cluster {
             snapshot: Timestamp(0),
             limit: None,
             batch_size: 1000,
+            string_views: false,
         };
         let mut answer = client
             .scan_open(ScanOpenRequest {

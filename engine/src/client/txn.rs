@@ -100,6 +100,7 @@ impl Client {
             snapshot: Timestamp(0),
             limit: None,
             batch_size: 16,
+            string_views: false,
         };
         let (client, table) = (self.clone(), table.clone());
         crate::rpc::blocking(move || {
@@ -426,6 +427,7 @@ mod tests {
                 snapshot: Timestamp(0),
                 limit: None,
                 batch_size: 1024,
+                string_views: false,
             };
             let scan = node.client.scan_tablet(&table, tablet, spec, None);
             for batch in scan.unwrap() {

@@ -156,6 +156,7 @@ impl Master {
             snapshot: Timestamp(0),
             limit: None,
             batch_size: 1024,
+            string_views: false,
         };
         let strings = |batch: &RecordBatch, c: usize| {
             let column = batch.column(c).as_any().downcast_ref::<StringArray>();

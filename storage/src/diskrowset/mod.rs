@@ -62,7 +62,7 @@ const DICTIONARY_BYTES: usize = 64 * 1024;
 /// if let Some(ordinal) = rowset.find(&key, hash_bytes(&key), &cache)? {
 ///     let row = rowset.read_rows(&columns, &[ordinal])?; // a few rows by ordinal
 /// }
-/// let scan = rowset.reader(&schema, &columns, &hidden, &predicates, 1024)?; // skips `hidden`
+/// let scan = rowset.reader(&schema, &columns, &hidden, &predicates, 1024, false)?; // skips `hidden`
 /// ```
 pub struct DiskRowSet {
     pub id: u64,

@@ -35,7 +35,8 @@ use crate::{ColumnType, Schema, StorageError};
 impl DiskRowSet {
     /// A reader of the table columns `columns` (indexes into `schema`, the predicates'
     /// columns among them), in ordinal order, without the rows at `hidden` (sorted ordinals)
-    /// and with `predicates` applied.
+    /// and with `predicates` applied; string columns decoded as `Utf8View` if
+    /// `string_views` (values are then not copied out of the pages).
     ///
     /// Row groups whose min/max statistics exclude a predicate are skipped unread. When all
     /// the columns are in the rowset's own file, the predicate columns are decoded and
@@ -49,6 +50,7 @@ impl DiskRowSet {
         hidden: &[u32],
         predicates: &[ColumnPredicate],
         batch_size: usize,
+        string_views: bool,
     ) -> Result<RowsetReader, StorageError> {
         if columns.iter().any(|&c| self.source(c).0.is_some()) {
             return self
@@ -104,9 +106,9 @@ impl DiskRowSet {
         });
         let group_rows = read_groups.iter().map(|g| g.num_rows() as usize).collect();
         let dictionaries = dictionary_columns(schema, &predicates);
-        let decoded = match dictionaries.is_empty() {
+        let decoded = match dictionaries.is_empty() && !string_views {
             true => None,
-            false => as_dictionaries(&metadata, &dictionaries),
+            false => decoded_as(&metadata, &dictionaries, string_views),
         };
         let mut builder =
             ParquetPushDecoderBuilder::new_with_metadata(decoded.clone().unwrap_or(metadata))
@@ -129,6 +131,7 @@ impl DiskRowSet {
             tested: 0,
             passed: 0,
             dictionaries: decoded.is_some(),
+            string_views,
             path: self.path.clone(),
             file,
             decoder: None,
@@ -302,23 +305,25 @@ fn excluded_by_statistics<'a>(
         if min.null_count() > 0 || max.null_count() > 0 {
             continue;
         }
-        let s = |v: &Scalar| arrow::array::Scalar::new(v.0.clone());
+        let s = |v: &Scalar| v.datum_of(min.data_type());
         let all = |b: BooleanArray| b.null_count() == 0 && b.true_count() == b.len();
         let excluded = match &p.op {
-            PredicateOp::Eq(v) => all(cmp::gt(&min, &s(v))?) || all(cmp::lt(&max, &s(v))?),
-            PredicateOp::Lt(v) => all(cmp::gt_eq(&min, &s(v))?),
-            PredicateOp::LtEq(v) => all(cmp::gt(&min, &s(v))?),
-            PredicateOp::Gt(v) => all(cmp::lt_eq(&max, &s(v))?),
-            PredicateOp::GtEq(v) => all(cmp::lt(&max, &s(v))?),
+            PredicateOp::Eq(v) => all(cmp::gt(&min, &s(v)?)?) || all(cmp::lt(&max, &s(v)?)?),
+            PredicateOp::Lt(v) => all(cmp::gt_eq(&min, &s(v)?)?),
+            PredicateOp::LtEq(v) => all(cmp::gt(&min, &s(v)?)?),
+            PredicateOp::Gt(v) => all(cmp::lt_eq(&max, &s(v)?)?),
+            PredicateOp::GtEq(v) => all(cmp::lt(&max, &s(v)?)?),
             PredicateOp::InList(values) => {
                 let mut outside = true;
                 for v in values {
-                    outside &= all(cmp::gt(&min, &s(v))?) || all(cmp::lt(&max, &s(v))?);
+                    outside &= all(cmp::gt(&min, &s(v)?)?) || all(cmp::lt(&max, &s(v)?)?);
                 }
                 outside
             }
             PredicateOp::JoinFilter { filter, .. } => match filter.bounds() {
-                Some((low, high)) => all(cmp::lt(&max, &s(low))?) || all(cmp::gt(&min, &s(high))?),
+                Some((low, high)) => {
+                    all(cmp::lt(&max, &s(low)?)?) || all(cmp::gt(&min, &s(high)?)?)
+                }
                 None => false,
             },
             PredicateOp::IsNull | PredicateOp::IsNotNull => false,
@@ -347,11 +352,10 @@ fn within_bounds(
     if min.null_count() > 0 || max.null_count() > 0 || nulls.null_count() > 0 {
         return Ok(false);
     }
-    let s = |v: &Scalar| arrow::array::Scalar::new(v.0.clone());
     let all = |b: BooleanArray| b.null_count() == 0 && b.true_count() == b.len();
     Ok(nulls.values().iter().all(|&n| n == 0)
-        && all(cmp::gt_eq(&min, &s(low))?)
-        && all(cmp::lt_eq(&max, &s(high))?))
+        && all(cmp::gt_eq(&min, &low.datum_of(min.data_type())?)?)
+        && all(cmp::lt_eq(&max, &high.datum_of(max.data_type())?)?))
 }
 
 /// Reads a rowset's base data for a scan (see [`DiskRowSet::reader`]).
@@ -470,8 +474,10 @@ pub(crate) struct FileReader {
     /// and the ordinal of the next row decoded.
     hidden: Option<Vec<u32>>,
     next_ordinal: u64,
-    /// Whether string columns are decoded as dictionaries (to be cast back).
+    /// Whether string columns may be decoded as dictionaries (to be cast back).
     dictionaries: bool,
+    /// Whether string columns are returned as `Utf8View`.
+    string_views: bool,
     /// Whether the predicates run as a row filter (else after decoding).
     late: bool,
     /// Whether the scan reads columns that no predicate reads.
@@ -506,23 +512,23 @@ fn dictionary_columns(schema: &Schema, predicates: &[ColumnPredicate]) -> Vec<us
     columns
 }
 
-/// `metadata` with the string columns `columns` (positions in the file) read as dictionaries;
-/// None if the reader cannot be told so.
-fn as_dictionaries(
+/// `metadata` with the string columns `dictionaries` (positions in the file) read as
+/// dictionaries and, if `views`, the other string columns as `Utf8View`; None if the reader
+/// cannot be told so.
+fn decoded_as(
     metadata: &ArrowReaderMetadata,
-    columns: &[usize],
+    dictionaries: &[usize],
+    views: bool,
 ) -> Option<ArrowReaderMetadata> {
     let arrow = metadata.schema();
     let fields: Vec<arrow::datatypes::Field> = (arrow.fields().iter().enumerate())
-        .map(
-            |(i, f)| match columns.contains(&i) && f.data_type() == &DataType::Utf8 {
-                true => f.as_ref().clone().with_data_type(DataType::Dictionary(
-                    Box::new(DataType::Int32),
-                    Box::new(DataType::Utf8),
-                )),
-                false => f.as_ref().clone(),
-            },
-        )
+        .map(|(i, f)| match f.data_type() {
+            DataType::Utf8 if dictionaries.contains(&i) => f.as_ref().clone().with_data_type(
+                DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+            ),
+            DataType::Utf8 if views => f.as_ref().clone().with_data_type(DataType::Utf8View),
+            _ => f.as_ref().clone(),
+        })
         .collect();
     let schema = Arc::new(ArrowSchema::new_with_metadata(
         fields,
@@ -532,8 +538,9 @@ fn as_dictionaries(
     ArrowReaderMetadata::try_new(metadata.metadata().clone(), options).ok()
 }
 
-/// `batch` with its dictionary columns cast back to their values' type.
-fn without_dictionaries(batch: RecordBatch) -> Result<RecordBatch, StorageError> {
+/// `batch` with its dictionary columns cast back to their values' type (as `Utf8View` if
+/// `views`).
+fn without_dictionaries(batch: RecordBatch, views: bool) -> Result<RecordBatch, StorageError> {
     let schema = batch.schema();
     if !schema
         .fields()
@@ -547,13 +554,12 @@ fn without_dictionaries(batch: RecordBatch) -> Result<RecordBatch, StorageError>
     for (field, column) in schema.fields().iter().zip(batch.columns()) {
         match field.data_type() {
             DataType::Dictionary(_, values) => {
-                columns.push(arrow::compute::cast(column, values)?);
-                fields.push(
-                    field
-                        .as_ref()
-                        .clone()
-                        .with_data_type(values.as_ref().clone()),
-                );
+                let values = match (views, values.as_ref()) {
+                    (true, DataType::Utf8) => DataType::Utf8View,
+                    (_, values) => values.clone(),
+                };
+                columns.push(arrow::compute::cast(column, &values)?);
+                fields.push(field.as_ref().clone().with_data_type(values));
             }
             _ => {
                 columns.push(column.clone());
@@ -727,7 +733,7 @@ impl FileReader {
                 }
                 return Some(
                     match self.dictionaries {
-                        true => batch.and_then(without_dictionaries),
+                        true => batch.and_then(|b| without_dictionaries(b, self.string_views)),
                         false => batch,
                     }
                     .and_then(|b| self.drop_hidden(b)),

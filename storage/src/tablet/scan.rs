@@ -52,6 +52,7 @@ impl Tablet {
                 &hidden,
                 &spec.predicates,
                 batch_size,
+                spec.string_views,
             )?)));
             sources.extend(images.into_iter().map(Source::Batch));
         }
@@ -161,6 +162,7 @@ fn boxed_scan(
         predicates: spec.predicates.clone(),
         remaining: spec.limit,
         sources,
+        string_views: spec.string_views,
     })
 }
 

@@ -343,6 +343,7 @@ fn read_all(tablet: &Tablet) {
                 snapshot,
                 limit: None,
                 batch_size: 100,
+                string_views: false,
             };
             if let Ok(batches) = tablet.scan(&spec) {
                 batches.for_each(drop);
