@@ -403,7 +403,7 @@ fn write_columns(
     batches: &[RecordBatch],
 ) -> Result<u32, StorageError> {
     let file = ChecksumWriter::create(path)?;
-    let props = writer_properties(table, columns).build();
+    let props = writer_properties(table, columns, batches).build();
     let schema = Arc::new(table.arrow_schema().project(columns)?);
     let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
     for batch in batches {
@@ -415,11 +415,13 @@ fn write_columns(
     writer.into_inner()?.finish()
 }
 
-/// Writer settings for the table columns `columns`: statistics per page, row groups and pages
-/// of fixed row counts, and for each column the encoding and compression of its schema.
+/// Writer settings for the table columns `columns` (`batches` hold them, in order):
+/// statistics per page, row groups and pages of fixed row counts, and for each column the
+/// encoding and compression of its schema.
 fn writer_properties(
     table: &Schema,
     columns: &[usize],
+    batches: &[RecordBatch],
 ) -> parquet::file::properties::WriterPropertiesBuilder {
     let mut props = WriterProperties::builder()
         .set_compression(Compression::LZ4_RAW)
@@ -429,9 +431,18 @@ fn writer_properties(
         // Small pages: a key lookup decodes one page per column, found by the offset index.
         .set_data_page_row_count_limit(PAGE_ROWS)
         .set_dictionary_page_size_limit(DICTIONARY_BYTES);
-    for column in columns.iter().map(|&c| &table.columns()[c]) {
+    for (i, column) in columns.iter().map(|&c| &table.columns()[c]).enumerate() {
         let path = ColumnPath::from(column.name.as_str());
         let encoding = match column.encoding {
+            // Integers (dates, timestamps and decimals of up to 18 digits among them) with more
+            // distinct values than a dictionary page holds are delta-encoded: keys and other
+            // ordered or narrow values take a few bits each, decoded without decompression.
+            ColumnEncoding::Auto
+                if delta_encodes(&column.column_type)
+                    && outgrows_dictionary(batches.iter().map(|b| b.column(i))) =>
+            {
+                Some(Encoding::DELTA_BINARY_PACKED)
+            }
             ColumnEncoding::Auto | ColumnEncoding::Dictionary => None,
             ColumnEncoding::Rle if column.column_type != ColumnType::Bool => None,
             ColumnEncoding::Rle => Some(Encoding::RLE),
@@ -453,6 +464,50 @@ fn writer_properties(
         props = props.set_column_compression(path, compression);
     }
     props
+}
+
+/// Whether Parquet stores values of `column_type` as integers (which delta encoding takes).
+fn delta_encodes(column_type: &ColumnType) -> bool {
+    match column_type {
+        ColumnType::Int8
+        | ColumnType::Int16
+        | ColumnType::Int32
+        | ColumnType::Int64
+        | ColumnType::Date
+        | ColumnType::Timestamp => true,
+        ColumnType::Decimal { precision, .. } => *precision <= 18,
+        _ => false,
+    }
+}
+
+/// Whether the first row group's values of a fixed-width column (its arrays, in order) are
+/// too many distinct ones for a dictionary page: the writer would fill one and fall back.
+fn outgrows_dictionary<'a>(arrays: impl Iterator<Item = &'a ArrayRef>) -> bool {
+    let mut distinct = std::collections::HashSet::new();
+    let mut seen = 0;
+    for array in arrays {
+        let data = array.to_data();
+        let Some(width) = array.data_type().primitive_width().filter(|&w| w <= 16) else {
+            return false;
+        };
+        let Some(values) = data.buffers().first() else {
+            return false;
+        };
+        let values = &values.as_slice()[data.offset() * width..];
+        for value in values.chunks_exact(width).take(array.len()) {
+            let mut bytes = [0u8; 16];
+            bytes[..width].copy_from_slice(value);
+            distinct.insert(u128::from_le_bytes(bytes));
+            if distinct.len() * width > DICTIONARY_BYTES {
+                return true;
+            }
+            seen += 1;
+            if seen == ROW_GROUP_ROWS {
+                return false;
+            }
+        }
+    }
+    false
 }
 
 /// Reads the columns `roots` (ascending) of the rows at `positions` (sorted, distinct) of a
@@ -503,4 +558,61 @@ pub(crate) fn read_positions(
         let batches = reader.collect::<Result<Vec<_>, _>>()?;
         Ok(arrow::compute::concat_batches(&schema, &batches)?)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ColumnSchema;
+    use arrow::array::{Int32Array, Int64Array, StringArray};
+
+    /// Integers with more distinct values than a dictionary page holds are delta-encoded:
+    /// ordered keys take a fraction of a byte each, uncompressed. Fewer keep their dictionary.
+    #[test]
+    fn integers_beyond_the_dictionary_are_delta_encoded() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Schema::new(
+            vec![
+                ColumnSchema::new("k", ColumnType::Int64, false),
+                ColumnSchema::new("s", ColumnType::String, true),
+                ColumnSchema::new("q", ColumnType::Int32, false),
+            ],
+            vec![0],
+        )
+        .unwrap();
+        let rows = 100_000;
+        let batch = RecordBatch::try_new(
+            schema.arrow_schema(),
+            vec![
+                Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i * 3))),
+                Arc::new(StringArray::from_iter_values(
+                    (0..rows).map(|i| format!("s{}", i % 5)),
+                )),
+                Arc::new(Int32Array::from_iter_values(
+                    (0..rows).map(|i| (i % 50) as i32),
+                )),
+            ],
+        )
+        .unwrap();
+        let path = dir.path().join("r.parquet");
+        write_columns(&path, &schema, &[0, 1, 2], &[batch]).unwrap();
+        let metadata = load_metadata(&path, &File::open(&path).unwrap()).unwrap();
+        let mut key_bytes = 0;
+        for group in metadata.metadata().row_groups() {
+            let k = group.column(0);
+            assert!(
+                k.encodings().any(|e| e == Encoding::DELTA_BINARY_PACKED),
+                "{:?}",
+                k.encodings().collect::<Vec<_>>()
+            );
+            key_bytes += k.uncompressed_size();
+            let q: Vec<Encoding> = group.column(2).encodings().collect();
+            assert!(q.contains(&Encoding::RLE_DICTIONARY), "{q:?}");
+            assert!(!q.contains(&Encoding::DELTA_BINARY_PACKED), "{q:?}");
+        }
+        assert!(
+            key_bytes < rows / 2,
+            "{key_bytes} bytes of keys for {rows} rows"
+        );
+    }
 }
