@@ -49,6 +49,9 @@ impl From<DataFusionError> for SqlError {
                 }
                 _ => {}
             }
+            if let Some(e) = transient(inner.as_ref()) {
+                return SqlError::Engine(e);
+            }
         }
         let root = e.find_root();
         let message = strip_categories(&root.strip_backtrace());
@@ -56,6 +59,21 @@ impl From<DataFusionError> for SqlError {
             return SqlError::Exhausted(message);
         }
         SqlError::DataFusion(signature_mismatch(&message).unwrap_or(message))
+    }
+}
+
+/// A busy or unreachable tablet behind `error` (retryable, unlike the statement's own
+/// mistakes), also when a remote scan reported it as its iterator's I/O error.
+fn transient(error: &(dyn std::error::Error + 'static)) -> Option<nyala_engine::EngineError> {
+    use nyala_engine::EngineError;
+    let engine = match error.downcast_ref::<nyala_storage::StorageError>() {
+        Some(nyala_storage::StorageError::Io(io)) => io.get_ref()?.downcast_ref::<EngineError>(),
+        _ => error.downcast_ref::<EngineError>(),
+    };
+    match engine? {
+        EngineError::Busy(message) => Some(EngineError::Busy(message.clone())),
+        EngineError::Unavailable(message) => Some(EngineError::Unavailable(message.clone())),
+        _ => None,
     }
 }
 
@@ -120,6 +138,31 @@ impl From<datafusion::sql::sqlparser::parser::ParserError> for SqlError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tablet that stayed busy during a remote scan is reported as busy (UNAVAILABLE to
+    /// Flight SQL clients, retryable), not as the statement's mistake.
+    #[test]
+    fn a_busy_tablet_behind_a_scan_stays_busy() {
+        use nyala_engine::EngineError;
+        let busy =
+            EngineError::Busy("tablet t: writes below snapshot 1 are still being applied".into());
+        let scan = nyala_storage::StorageError::Io(std::io::Error::other(busy));
+        let e = DataFusionError::Context(
+            "scan".into(),
+            Box::new(DataFusionError::External(Box::new(scan))),
+        );
+        match SqlError::from(e) {
+            SqlError::Engine(EngineError::Busy(message)) => {
+                assert!(message.contains("still being applied"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let gone = DataFusionError::External(Box::new(EngineError::Unavailable("down".into())));
+        assert!(matches!(
+            SqlError::from(gone),
+            SqlError::Engine(EngineError::Unavailable(_))
+        ));
+    }
 
     #[test]
     fn internal_errors_of_ordinary_mistakes_become_user_errors() {

@@ -1274,8 +1274,19 @@ mod cluster {
         };
         cluster.servers[victim].kill();
         let killed = Instant::now();
+        // Reads may fail while the tablet changes leader (UNAVAILABLE: a replica still
+        // applying writes of the old leader's term); they must work again within the wait.
         let count = |url: String| async move {
-            column_i64(&sql(&url, "SELECT count(*) FROM events").await.unwrap(), 0)[0]
+            loop {
+                match sql(&url, "SELECT count(*) FROM events").await {
+                    Ok(batches) => return column_i64(&batches, 0)[0],
+                    Err(e) if killed.elapsed() < Duration::from_secs(30) => {
+                        eprintln!("count during the failover: {e}");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => panic!("reads did not resume: {e}"),
+                }
+            }
         };
         let before = count(flight_url.clone()).await;
         while count(flight_url.clone()).await <= before {

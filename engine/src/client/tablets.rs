@@ -317,7 +317,9 @@ impl Iterator for RemoteScan {
             if let Err(e) = self.fetch() {
                 self.spec = None;
                 self.scanner = None;
-                return Some(Err(StorageError::Io(std::io::Error::other(e.to_string()))));
+                // (The engine's error rides inside, so that a busy or unreachable tablet is
+                // reported as such: `nyala_sql`'s errors look for it.)
+                return Some(Err(StorageError::Io(std::io::Error::other(e))));
             }
         }
     }
