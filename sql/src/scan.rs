@@ -157,6 +157,14 @@ pub async fn pin_snapshot(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn Execut
     }
 }
 
+/// The schema of all of `table`'s columns as a scan by `spec` returns them.
+fn full_schema(table: &TableHandle, spec: &ScanSpec) -> SchemaRef {
+    match spec.string_views {
+        true => table.schema.arrow_view_schema(),
+        false => table.schema.arrow_schema(),
+    }
+}
+
 impl NyalaScanExec {
     /// The id of the table scanned.
     pub fn table_id(&self) -> &str {
@@ -184,10 +192,7 @@ impl NyalaScanExec {
         spec: ScanSpec,
         pushed: Vec<String>,
     ) -> Result<Self> {
-        let full = match spec.string_views {
-            true => table.schema.arrow_view_schema(),
-            false => table.schema.arrow_schema(),
-        };
+        let full = full_schema(&table, &spec);
         let schema = match &spec.projection {
             Some(p) => Arc::new(full.project(p)?),
             None => full,
@@ -261,7 +266,7 @@ impl NyalaScanExec {
     /// files record (all inexact: rows in memory and updates are not in the ranges; the scan's
     /// predicates are not applied). A single-column primary key has as many values as rows.
     fn compute_statistics(&self) -> ScanStatistics {
-        let full = self.full_schema();
+        let full = full_schema(&self.table, &self.spec);
         let unique_key = match self.table.schema.key_columns() {
             [key] => Some(*key),
             _ => None,
@@ -322,14 +327,6 @@ impl NyalaScanExec {
         match estimate {
             Ok(estimate) => estimate.as_ref().clone(),
             Err(_) => statistics,
-        }
-    }
-
-    /// The schema of all the table's columns as this scan returns them.
-    fn full_schema(&self) -> SchemaRef {
-        match self.spec.string_views {
-            true => self.table.schema.arrow_view_schema(),
-            false => self.table.schema.arrow_schema(),
         }
     }
 

@@ -436,7 +436,8 @@ fn writer_properties(
         let encoding = match column.encoding {
             // Integers (dates, timestamps and decimals of up to 18 digits among them) with more
             // distinct values than a dictionary page holds are delta-encoded: keys and other
-            // ordered or narrow values take a few bits each, decoded without decompression.
+            // ordered or narrow values take a few bits each, and pages shrink to a fraction of
+            // the plain ones a full dictionary falls back to (less to decompress and decode).
             ColumnEncoding::Auto
                 if delta_encodes(&column.column_type)
                     && outgrows_dictionary(batches.iter().map(|b| b.column(i))) =>
