@@ -255,6 +255,10 @@ impl Transaction {
                     }
                 }
                 crash_point("txn-decided");
+                // Decided: this client's next transaction on the same queues may prepare now.
+                // Each tablet puts its prepare in the log after this one's commit (see
+                // `TabletReplica::prepare_txn`), so positions still follow the commits.
+                drop(turn);
                 let finished = join_all(
                     (participants.iter()).map(|t| tablets.finish_txn(t, self.id, Some(commit_ts))),
                 );

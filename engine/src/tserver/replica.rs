@@ -41,6 +41,10 @@ pub struct Peers {
 
 const PEERS_FILE: &str = "peers.json";
 
+/// How long a queue tablet's prepare waits for the commits it must follow to be in the log
+/// before it is proposed anyway (and refused when applied, if they are still not there).
+const QUEUE_PREPARE_WAIT: Duration = Duration::from_millis(50);
+
 impl Peers {
     fn read(dir: &Path) -> Result<Option<Peers>> {
         match std::fs::read(dir.join(PEERS_FILE)) {
@@ -83,12 +87,17 @@ struct InflightWrites {
     /// The newest timestamp rows became visible at, for readers waiting for new rows (see
     /// [`TabletReplica::wait_for_write`]).
     written: tokio::sync::watch::Sender<u64>,
+    /// Woken when a transaction's end is proposed or applied (see
+    /// [`TabletReplica::prepare_txn`]).
+    ending: tokio::sync::Notify,
 }
 
 #[derive(Default)]
 struct Pending {
     writes: BTreeSet<u64>,
     prepared: BTreeSet<u64>,
+    /// Transactions whose commit or abort is in the log, not yet applied.
+    ending: BTreeSet<u64>,
 }
 
 impl Pending {
@@ -549,9 +558,32 @@ impl TabletReplica {
 
     /// Replicates that transaction `txn` is committing; returns the prepare timestamp, a lower
     /// bound of the commit timestamp.
+    ///
+    /// A queue tablet commits one inserting transaction at a time (positions follow commits):
+    /// the prepare of one goes into the log once the commits of those committing before it
+    /// are there ahead of it, so a client's next transaction prepares while the tablet applies
+    /// the last one's commit. It waits up to [`QUEUE_PREPARE_WAIT`] for that; then it is
+    /// proposed anyway, and refused when applied if they are still committing.
     pub async fn prepare_txn(&self, txn: u64) -> Result<Timestamp> {
-        let op = TabletOp::TxnPrepare { txn };
-        let (ts, _) = self.propose_with(|| Ok(op.encode())).await?;
+        let op = TabletOp::TxnPrepare { txn }.encode();
+        let deadline = tokio::time::Instant::now() + QUEUE_PREPARE_WAIT;
+        let (ts, applied) = loop {
+            let ending = self.inflight.ending.notified();
+            tokio::pin!(ending);
+            ending.as_mut().enable();
+            let blockers = self.tablet.queue_prepare_blockers(txn);
+            {
+                let mut pending = self.inflight.lock();
+                let ahead = blockers.iter().all(|b| pending.ending.contains(b));
+                if ahead || tokio::time::Instant::now() >= deadline {
+                    break self.enqueue(&mut pending, &op);
+                }
+            }
+            // (A commit that ends some other way, an abort by resolution, also notifies; the
+            // short timeout only bounds a missed case.)
+            let _ = tokio::time::timeout(Duration::from_millis(2), ending).await;
+        };
+        let (ts, _) = self.applied(ts, applied).await?;
         // Prepared before (a retried call): that prepare holds, at its timestamp.
         let prepared = self.tablet.txn_state(txn).and_then(|t| t.prepared);
         Ok(prepared.unwrap_or(ts))
@@ -561,7 +593,9 @@ impl TabletReplica {
     /// [`Tablet::unprepare_txn`]).
     pub async fn unprepare_txn(&self, txn: u64) -> Result<()> {
         let op = TabletOp::TxnUnprepare { txn };
-        self.propose_with(|| Ok(op.encode())).await.map(drop)
+        let unprepared = self.propose_with(|| Ok(op.encode())).await.map(drop);
+        self.inflight.ending.notify_waiters();
+        unprepared
     }
 
     /// Replicates the end of transaction `txn`: its commit at `commit` (None: an abort; a
@@ -569,12 +603,28 @@ impl TabletReplica {
     /// was not prepared). Returns the rows it applied and when they became visible.
     pub async fn finish_txn(&self, txn: u64, commit: Option<Timestamp>) -> Result<WriteOutcome> {
         let op = match commit {
-            Some(commit_ts) => TabletOp::TxnCommit { txn, commit_ts },
+            Some(commit_ts) => {
+                // A prepare proposed after this commit (see `prepare_txn`) takes a later
+                // timestamp, so the next transaction commits above this one.
+                if commit_ts.0 != 0 {
+                    self.clock.observe(commit_ts);
+                }
+                TabletOp::TxnCommit { txn, commit_ts }
+            }
             None => TabletOp::TxnAbort { txn },
+        }
+        .encode();
+        let (ts, applied) = {
+            let mut pending = self.inflight.lock();
+            let enqueued = self.enqueue(&mut pending, &op);
+            pending.ending.insert(txn);
+            enqueued
         };
-        self.propose_with(|| Ok(op.encode()))
-            .await
-            .map(|(_, outcome)| outcome)
+        self.inflight.ending.notify_waiters();
+        let finished = self.applied(ts, applied).await;
+        self.inflight.lock().ending.remove(&txn);
+        self.inflight.ending.notify_waiters();
+        finished.map(|(_, outcome)| outcome)
     }
 
     /// The transactions with writes here that have not ended.
@@ -624,13 +674,44 @@ impl TabletReplica {
         encode: impl FnOnce() -> Result<Vec<u8>>,
     ) -> Result<(Timestamp, WriteOutcome)> {
         let (ts, applied) = {
-            let mut inflight = self.inflight.lock();
+            let mut pending = self.inflight.lock();
             let encoded = encode()?;
-            let ts = self.clock.now();
-            inflight.writes.insert(ts.0);
-            // `propose` enqueues before returning, so entries reach the log in timestamp order.
-            (ts, self.raft.propose(LoggedOp::encode(ts, &encoded)))
+            self.enqueue(&mut pending, &encoded)
         };
+        self.applied(ts, applied).await
+    }
+
+    /// Proposes `encoded` at a new timestamp, with `pending` (the in-flight lock) held: the
+    /// Raft node enqueues before this returns, so entries reach the log in timestamp order.
+    fn enqueue(
+        &self,
+        pending: &mut Pending,
+        encoded: &[u8],
+    ) -> (
+        Timestamp,
+        impl std::future::Future<
+            Output = std::result::Result<
+                std::result::Result<WriteOutcome, nyala_storage::StorageError>,
+                nyala_raft::RaftError,
+            >,
+        >,
+    ) {
+        let ts = self.clock.now();
+        pending.writes.insert(ts.0);
+        (ts, self.raft.propose(LoggedOp::encode(ts, encoded)))
+    }
+
+    /// The answer of the entry proposed at `ts` once `applied`.
+    async fn applied(
+        &self,
+        ts: Timestamp,
+        applied: impl std::future::Future<
+            Output = std::result::Result<
+                std::result::Result<WriteOutcome, nyala_storage::StorageError>,
+                nyala_raft::RaftError,
+            >,
+        >,
+    ) -> Result<(Timestamp, WriteOutcome)> {
         match applied.await {
             Ok(result) => Ok((ts, result?)),
             Err(e) => {

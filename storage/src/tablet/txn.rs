@@ -306,6 +306,21 @@ impl Tablet {
         })
     }
 
+    /// The other transactions whose commit must apply here before transaction `txn` may be
+    /// prepared: in a queue table, those committing inserts while `txn` inserts too (see
+    /// [`Self::prepare_txn`]).
+    pub fn queue_prepare_blockers(&self, txn: u64) -> Vec<u64> {
+        let state = self.state.read();
+        let inserts = state.txns.get(&txn).is_some_and(|t| t.inserts());
+        if state.schema.position_column().is_none() || !inserts {
+            return Vec::new();
+        }
+        (state.txns.iter())
+            .filter(|&(&id, t)| id != txn && t.commits_inserts())
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
     /// Whether a transaction is prepared here and not yet committed or aborted.
     pub(super) fn has_prepared_txns(&self) -> bool {
         self.state
