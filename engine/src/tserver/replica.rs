@@ -41,6 +41,12 @@ pub struct Peers {
 
 const PEERS_FILE: &str = "peers.json";
 
+/// What the Raft node answers once a proposed entry is applied.
+type AppliedAnswer = std::result::Result<
+    std::result::Result<WriteOutcome, nyala_storage::StorageError>,
+    nyala_raft::RaftError,
+>;
+
 /// How long a queue tablet's prepare waits for the commits it must follow to be in the log
 /// before it is proposed anyway (and refused when applied, if they are still not there).
 const QUEUE_PREPARE_WAIT: Duration = Duration::from_millis(50);
@@ -687,15 +693,7 @@ impl TabletReplica {
         &self,
         pending: &mut Pending,
         encoded: &[u8],
-    ) -> (
-        Timestamp,
-        impl std::future::Future<
-            Output = std::result::Result<
-                std::result::Result<WriteOutcome, nyala_storage::StorageError>,
-                nyala_raft::RaftError,
-            >,
-        >,
-    ) {
+    ) -> (Timestamp, impl std::future::Future<Output = AppliedAnswer>) {
         let ts = self.clock.now();
         pending.writes.insert(ts.0);
         (ts, self.raft.propose(LoggedOp::encode(ts, encoded)))
@@ -705,12 +703,7 @@ impl TabletReplica {
     async fn applied(
         &self,
         ts: Timestamp,
-        applied: impl std::future::Future<
-            Output = std::result::Result<
-                std::result::Result<WriteOutcome, nyala_storage::StorageError>,
-                nyala_raft::RaftError,
-            >,
-        >,
+        applied: impl std::future::Future<Output = AppliedAnswer>,
     ) -> Result<(Timestamp, WriteOutcome)> {
         match applied.await {
             Ok(result) => Ok((ts, result?)),

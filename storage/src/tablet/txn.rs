@@ -210,10 +210,7 @@ impl Tablet {
     pub fn prepare_txn(&self, index: u64, ts: Timestamp, txn: u64) -> Result<bool, StorageError> {
         let mut state = self.state.write();
         state.last_applied = state.last_applied.max(index);
-        let inserts = state.txns.get(&txn).is_some_and(|t| t.inserts());
-        let queue = state.schema.position_column().is_some();
-        let other_committing = (state.txns.iter()).any(|(&id, t)| id != txn && t.commits_inserts());
-        if queue && inserts && other_committing {
+        if !state.queue_blockers(txn).is_empty() {
             // One transaction inserting into a queue commits at a time, so positions (taken
             // at the commit) increase with the commit timestamps.
             return Err(StorageError::Locked {
@@ -310,15 +307,7 @@ impl Tablet {
     /// prepared: in a queue table, those committing inserts while `txn` inserts too (see
     /// [`Self::prepare_txn`]).
     pub fn queue_prepare_blockers(&self, txn: u64) -> Vec<u64> {
-        let state = self.state.read();
-        let inserts = state.txns.get(&txn).is_some_and(|t| t.inserts());
-        if state.schema.position_column().is_none() || !inserts {
-            return Vec::new();
-        }
-        (state.txns.iter())
-            .filter(|&(&id, t)| id != txn && t.commits_inserts())
-            .map(|(&id, _)| id)
-            .collect()
+        self.state.read().queue_blockers(txn)
     }
 
     /// Whether a transaction is prepared here and not yet committed or aborted.
@@ -344,6 +333,18 @@ impl Tablet {
 }
 
 impl State {
+    /// See [`Tablet::queue_prepare_blockers`].
+    fn queue_blockers(&self, txn: u64) -> Vec<u64> {
+        let inserts = self.txns.get(&txn).is_some_and(|t| t.inserts());
+        if self.schema.position_column().is_none() || !inserts {
+            return Vec::new();
+        }
+        (self.txns.iter())
+            .filter(|&(&id, t)| id != txn && t.commits_inserts())
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
     /// Whether `key` has a live version.
     fn exists(&self, key: &[u8], cache: &crate::KeyCache) -> Result<bool, StorageError> {
         Ok(!matches!(
