@@ -36,6 +36,7 @@ use crate::params::cast_params;
 use crate::predicate::to_predicates;
 use crate::results::stream_of;
 use crate::table::NyalaTable;
+use crate::transaction::OpenTxn;
 use crate::{Result, SqlError};
 
 /// A prepared query recognised as a lookup by the whole primary key.
@@ -219,12 +220,34 @@ impl BoundLookup {
     }
 
     /// Reads the row (none or one) at the tablet's safe snapshot, which includes every write
-    /// this client saw acknowledged.
-    pub(crate) async fn run(&self, client: &Client) -> Result<Vec<RecordBatch>> {
-        match self.snapshot(client).await? {
-            Some(snapshot) => self.read_at(client, snapshot).await,
-            None => Ok(Vec::new()),
+    /// this client saw acknowledged; in a transaction `txn`, at its snapshot, where its own
+    /// version of the key (written or deleted) replaces the stored one.
+    pub(crate) async fn run(
+        &self,
+        client: &Client,
+        txn: Option<&OpenTxn>,
+    ) -> Result<Vec<RecordBatch>> {
+        let Some(txn) = txn.filter(|_| self.tablet.is_some()) else {
+            return match self.snapshot(client).await? {
+                Some(snapshot) => self.read_at(client, snapshot).await,
+                None => Ok(Vec::new()),
+            };
+        };
+        let snapshot = txn.snapshot_for(&self.table).await?;
+        let Some(overlay) = txn.overlay(&self.table.id) else {
+            return self.read_at(client, snapshot).await;
+        };
+        let (spec, asked) = overlay.widen(&self.table, self.spec.clone());
+        let mut rows = Vec::new();
+        for stored in self.read(client, spec, snapshot).await? {
+            let kept = overlay.hide_replaced(&self.table, stored, asked)?;
+            rows.push(RecordBatch::try_new(
+                self.schema.clone(),
+                kept.columns().to_vec(),
+            )?);
         }
+        rows.extend(overlay.rows_matching(&self.table, &self.spec, &self.schema)?);
+        Ok(rows.into_iter().filter(|b| b.num_rows() > 0).collect())
     }
 
     /// The safe snapshot of the tablet that can hold the key; None if no tablet can.
@@ -237,11 +260,33 @@ impl BoundLookup {
 
     /// Reads the row (none or one) at `snapshot`.
     async fn read_at(&self, client: &Client, snapshot: Timestamp) -> Result<Vec<RecordBatch>> {
+        let batches = self.read(client, self.spec.clone(), snapshot).await?;
+        // The scan's schema has the table's names; the client was promised the statement's.
+        batches
+            .into_iter()
+            .filter(|b| b.num_rows() > 0)
+            .map(|b| {
+                Ok(RecordBatch::try_new(
+                    self.schema.clone(),
+                    b.columns().to_vec(),
+                )?)
+            })
+            .collect()
+    }
+
+    /// The stored rows `spec` reads from the key's tablet at `snapshot`, as the scan gives
+    /// them.
+    async fn read(
+        &self,
+        client: &Client,
+        spec: ScanSpec,
+        snapshot: Timestamp,
+    ) -> Result<Vec<RecordBatch>> {
         let Some(tablet) = self.tablet else {
             return Ok(Vec::new());
         };
-        let ready = client.scan_tablet_if_ready(&self.table, tablet, self.spec.clone(), snapshot);
-        let batches = match ready {
+        let ready = client.scan_tablet_if_ready(&self.table, tablet, spec.clone(), snapshot);
+        Ok(match ready {
             // A tablet of this process with every write below the snapshot applied: the lookup
             // reads a few key-index and data pages, here rather than through a hand-off to the
             // blocking pool and back (which cost more than the lookup).
@@ -250,7 +295,6 @@ impl BoundLookup {
                 .map_err(nyala_engine::EngineError::from)?,
             None => {
                 let (client, table) = (client.clone(), self.table.clone());
-                let spec = self.spec.clone();
                 // Opening a scan may wait for writes in flight below the snapshot.
                 tokio::task::spawn_blocking(move || {
                     client
@@ -263,18 +307,7 @@ impl BoundLookup {
                     SqlError::DataFusion(format!("the key lookup did not finish: {e}"))
                 })??
             }
-        };
-        // The scan's schema has the table's names; the client was promised the statement's.
-        batches
-            .into_iter()
-            .filter(|b| b.num_rows() > 0)
-            .map(|b| {
-                Ok(RecordBatch::try_new(
-                    self.schema.clone(),
-                    b.columns().to_vec(),
-                )?)
-            })
-            .collect()
+        })
     }
 }
 

@@ -162,7 +162,9 @@ impl PlannedStatement {
             }
             (Action::Rows(batch), _) => one_stream(vec![batch.clone()]),
             (Action::Lookup(lookup), _) => {
-                stream_of(lookup.schema(), lookup.run(&self.session.db.client).await?)
+                let txn = self.session.transaction();
+                let rows = lookup.run(&self.session.db.client, txn.as_deref()).await?;
+                stream_of(lookup.schema(), rows)
             }
             _ => Err(SqlError::Invalid(
                 "this statement is not a query: run it as an update".into(),

@@ -205,11 +205,10 @@ impl Session {
                 mutation,
                 physical,
             } if self.is_current(tables) => {
-                // The key paths read and write outside DataFusion's plans, where a
-                // transaction's snapshot and rows are not.
-                let keyed = !self.in_transaction();
-                let mutation = mutation.as_ref().filter(|_| keyed);
-                let lookup = lookup.as_ref().filter(|_| keyed);
+                // A key write runs outside DataFusion's plans, where a transaction's writes
+                // are not; a key lookup reads at the transaction's snapshot through its
+                // writes (`BoundLookup::run`).
+                let mutation = mutation.as_ref().filter(|_| !self.in_transaction());
                 if let Some(Some(bound)) = mutation.map(|m| m.bind(params)).transpose()? {
                     return Ok(PlannedStatement {
                         kind: StatementKind::Dml,
@@ -224,7 +223,7 @@ impl Session {
                         action: Action::Plan(physical.clone()),
                     });
                 }
-                if let Some(Some(bound)) = lookup.map(|l| l.bind(params)).transpose()? {
+                if let Some(Some(bound)) = lookup.as_ref().map(|l| l.bind(params)).transpose()? {
                     return Ok(PlannedStatement {
                         kind: StatementKind::Query,
                         session: self.clone(),

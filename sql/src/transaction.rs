@@ -140,7 +140,7 @@ impl OpenTxn {
     }
 
     /// The transaction's snapshot, taken now (from `table`'s first tablet) if none was.
-    async fn snapshot_for(&self, table: &TableHandle) -> DFResult<Timestamp> {
+    pub(crate) async fn snapshot_for(&self, table: &TableHandle) -> DFResult<Timestamp> {
         if let Some(snapshot) = self.snapshot() {
             return Ok(snapshot);
         }

@@ -1661,6 +1661,57 @@ async fn run_prepared(
     pretty_format_batches(&rows).unwrap().to_string()
 }
 
+/// A prepared key lookup in a transaction (ADBC's DB-API runs every statement in one, its
+/// autocommit being off) reads at the transaction's snapshot and sees what the transaction
+/// wrote: keys it updated, deleted and inserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_key_lookups_in_a_transaction_read_its_snapshot_and_its_writes() {
+    use datafusion::common::ScalarValue;
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s1) = open(dir.path()).await;
+    let s2 = db.session();
+    run(
+        &s1,
+        "CREATE TABLE kv (k STRING, v BIGINT, PRIMARY KEY (k)) DISTRIBUTE BY HASH (k) INTO 3 BUCKETS",
+    )
+    .await;
+    run(&s1, "INSERT INTO kv VALUES ('a', 1), ('b', 2), ('c', 3)").await;
+    let lookup = s1
+        .prepare_statement("SELECT v FROM kv WHERE k = $1")
+        .await
+        .unwrap();
+    assert!(lookup.is_keyed());
+    let get = |key: &'static str| {
+        let (s1, lookup) = (&s1, &lookup);
+        async move {
+            let params = [ScalarValue::from(key)];
+            let planned = s1.plan_prepared(lookup, &params).await.unwrap();
+            first_i64s(&collect(planned.execute().await.unwrap()).await.unwrap())
+        }
+    };
+    let none = Vec::<i64>::new();
+    run(&s1, "BEGIN").await;
+    assert_eq!(get("a").await, [1]);
+    // What others commit after the snapshot is not seen.
+    run(&s2, "UPDATE kv SET v = 10 WHERE k = 'b'").await;
+    run(&s2, "INSERT INTO kv VALUES ('d', 4)").await;
+    assert_eq!(get("b").await, [2]);
+    assert_eq!(get("d").await, none);
+    // Its own writes are.
+    run(&s1, "UPDATE kv SET v = 100 WHERE k = 'a'").await;
+    run(&s1, "DELETE FROM kv WHERE k = 'c'").await;
+    run(&s1, "INSERT INTO kv VALUES ('e', 5)").await;
+    assert_eq!(get("a").await, [100]);
+    assert_eq!(get("c").await, none);
+    assert_eq!(get("e").await, [5]);
+    assert_eq!(get("b").await, [2]);
+    run(&s1, "COMMIT").await;
+    assert_eq!(get("a").await, [100]);
+    assert_eq!(get("b").await, [10]);
+    assert_eq!(get("c").await, none);
+    assert_eq!(get("d").await, [4]);
+}
+
 /// A prepared query by the whole primary key is answered without DataFusion, with the rows
 /// DataFusion gives for the same statement with its values written in: present and absent
 /// keys, values that need a cast, a value that cannot be the key's type, rows in memory and on
