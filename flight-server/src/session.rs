@@ -40,9 +40,10 @@ pub const SESSION_COOKIE: &str = "arrow_flight_session_id";
 const MAX_CACHED_STATEMENTS: usize = 64;
 const MAX_CACHED_STATEMENT_BYTES: usize = 16 << 10;
 
-/// A random handle: 128 bits as 32 hex digits.
+/// A random handle: 128 bits as 32 hex digits, from the thread's cryptographically secure
+/// generator (seeded from the OS, so no system call per handle).
 fn random_handle() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
+    format!("{:032x}", rand::random::<u128>())
 }
 
 /// All sessions of a server.
@@ -481,9 +482,7 @@ impl SessionState {
 }
 
 fn rand_id() -> u64 {
-    let bytes = uuid::Uuid::new_v4();
-    let (high, _) = bytes.as_u64_pair();
-    high
+    rand::random()
 }
 
 /// The session the [`SessionLayer`] attached to a request.

@@ -49,6 +49,12 @@ use key_index::{key_page_starts, read_keys, ExactLen, KeyIndex};
 const ROW_GROUP_ROWS: usize = 64 * 1024;
 /// Most rows per data page.
 const PAGE_ROWS: usize = 4 * 1024;
+/// Data pages end once their values take this many bytes (give or take one write batch of
+/// [`WRITE_BATCH_ROWS`]): a key lookup decompresses and decodes one page per column it returns,
+/// so wide values (100-byte strings fill 4 096 rows with 400 KB) make smaller pages.
+const PAGE_BYTES: usize = 64 * 1024;
+/// Rows the Parquet writer encodes at once, between its checks of the page size.
+const WRITE_BATCH_ROWS: usize = 256;
 /// Largest dictionary page: a column whose values need more falls back to plain encoding for
 /// the rest of the row group, so a key lookup never decodes a large dictionary.
 const DICTIONARY_BYTES: usize = 64 * 1024;
@@ -430,6 +436,8 @@ fn writer_properties(
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
         // Small pages: a key lookup decodes one page per column, found by the offset index.
         .set_data_page_row_count_limit(PAGE_ROWS)
+        .set_data_page_size_limit(PAGE_BYTES)
+        .set_write_batch_size(WRITE_BATCH_ROWS)
         .set_dictionary_page_size_limit(DICTIONARY_BYTES);
     for (i, column) in columns.iter().map(|&c| &table.columns()[c]).enumerate() {
         let path = ColumnPath::from(column.name.as_str());
@@ -615,5 +623,51 @@ mod tests {
             key_bytes < rows / 2,
             "{key_bytes} bytes of keys for {rows} rows"
         );
+    }
+
+    /// Wide values make small pages (a key lookup decodes one per column), narrow ones keep
+    /// the row limit.
+    #[test]
+    fn pages_end_at_a_byte_size_or_a_row_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Schema::new(
+            vec![
+                ColumnSchema::new("k", ColumnType::Int64, false),
+                ColumnSchema::new("body", ColumnType::String, false),
+            ],
+            vec![0],
+        )
+        .unwrap();
+        let rows = 40_000;
+        let batch = RecordBatch::try_new(
+            schema.arrow_schema(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..rows as i64)),
+                Arc::new(StringArray::from_iter_values(
+                    (0..rows).map(|i| format!("{i:0100}")),
+                )),
+            ],
+        )
+        .unwrap();
+        let path = dir.path().join("r.parquet");
+        write_columns(&path, &schema, &[0, 1], &[batch]).unwrap();
+        let metadata = load_metadata(&path, &File::open(&path).unwrap()).unwrap();
+        let index = metadata.metadata().offset_index().expect("an offset index");
+        let pages = |column: usize| -> Vec<i64> {
+            let locations = index
+                .iter()
+                .flat_map(|group| group[column].page_locations());
+            let starts: Vec<i64> = locations.map(|p| p.first_row_index).collect();
+            let ends = starts.iter().skip(1).copied().chain([rows as i64]);
+            ends.zip(&starts).map(|(end, start)| end - start).collect()
+        };
+        let widest = PAGE_BYTES + WRITE_BATCH_ROWS * 104;
+        assert!(
+            pages(1).iter().all(|&n| n as usize * 104 <= widest),
+            "{:?}",
+            pages(1)
+        );
+        assert!(pages(0).iter().all(|&n| n as usize <= PAGE_ROWS));
+        assert!(pages(0).len() < pages(1).len());
     }
 }
