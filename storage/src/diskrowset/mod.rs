@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, BinaryArray, RecordBatch};
+use arrow::buffer::ScalarBuffer;
 use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
@@ -446,11 +447,13 @@ fn writer_properties(
             // distinct values than a dictionary page holds are delta-encoded: keys and other
             // ordered or narrow values take a few bits each, and pages shrink to a fraction of
             // the plain ones a full dictionary falls back to (less to decompress and decode).
-            ColumnEncoding::Auto
-                if delta_encodes(&column.column_type)
-                    && outgrows_dictionary(batches.iter().map(|b| b.column(i))) =>
-            {
-                Some(Encoding::DELTA_BINARY_PACKED)
+            // Other values too varied for a dictionary are written plain from the start, not
+            // after a full dictionary page that every lookup would decode.
+            ColumnEncoding::Auto if outgrows_dictionary(batches.iter().map(|b| b.column(i))) => {
+                match delta_encodes(&column.column_type) {
+                    true => Some(Encoding::DELTA_BINARY_PACKED),
+                    false => Some(Encoding::PLAIN),
+                }
             }
             ColumnEncoding::Auto | ColumnEncoding::Dictionary => None,
             ColumnEncoding::Rle if column.column_type != ColumnType::Bool => None,
@@ -489,31 +492,46 @@ fn delta_encodes(column_type: &ColumnType) -> bool {
     }
 }
 
-/// Whether the first row group's values of a fixed-width column (its arrays, in order) are
-/// too many distinct ones for a dictionary page: the writer would fill one and fall back.
+/// Whether the first row group's values of a column (its arrays, in order) are too many
+/// distinct ones for a dictionary page: the writer would fill one and fall back, and every key
+/// lookup would decode that page before the one holding its row. Strings and binary values
+/// and fixed-width ones are counted; other types never are.
 fn outgrows_dictionary<'a>(arrays: impl Iterator<Item = &'a ArrayRef>) -> bool {
-    let mut distinct = std::collections::HashSet::new();
-    let mut seen = 0;
+    let mut distinct = std::collections::HashSet::<Vec<u8>>::new();
+    let (mut bytes, mut seen) = (0, 0);
+    // Some(answer) once the values decide it.
+    let mut add = |value: &[u8], cost: usize| {
+        if !distinct.contains(value) {
+            distinct.insert(value.to_vec());
+            bytes += cost;
+            if bytes > DICTIONARY_BYTES {
+                return Some(true);
+            }
+        }
+        seen += 1;
+        (seen == ROW_GROUP_ROWS).then_some(false)
+    };
     for array in arrays {
         let data = array.to_data();
-        let Some(width) = array.data_type().primitive_width().filter(|&w| w <= 16) else {
-            return false;
-        };
-        let Some(values) = data.buffers().first() else {
-            return false;
-        };
-        let values = &values.as_slice()[data.offset() * width..];
-        for value in values.chunks_exact(width).take(array.len()) {
-            let mut bytes = [0u8; 16];
-            bytes[..width].copy_from_slice(value);
-            distinct.insert(u128::from_le_bytes(bytes));
-            if distinct.len() * width > DICTIONARY_BYTES {
-                return true;
+        let decided = match (array.data_type(), data.buffers()) {
+            (DataType::Utf8 | DataType::Binary, [offsets, values]) => {
+                let offsets =
+                    ScalarBuffer::<i32>::new(offsets.clone(), data.offset(), data.len() + 1);
+                // A dictionary page stores each value with its 4-byte length.
+                (offsets.windows(2)).find_map(|w| {
+                    let (start, end) = (w[0] as usize, w[1] as usize);
+                    add(&values[start..end], end - start + 4)
+                })
             }
-            seen += 1;
-            if seen == ROW_GROUP_ROWS {
-                return false;
+            (t, [values]) if t.primitive_width().is_some_and(|w| w <= 16) => {
+                let width = t.primitive_width().unwrap_or(16);
+                let values = &values[data.offset() * width..];
+                (values.chunks_exact(width).take(data.len())).find_map(|v| add(v, width))
             }
+            _ => return false,
+        };
+        if let Some(outgrows) = decided {
+            return outgrows;
         }
     }
     false
@@ -626,7 +644,7 @@ mod tests {
     }
 
     /// Wide values make small pages (a key lookup decodes one per column), narrow ones keep
-    /// the row limit.
+    /// the row limit; strings too varied for a dictionary have none.
     #[test]
     fn pages_end_at_a_byte_size_or_a_row_count() {
         let dir = tempfile::tempdir().unwrap();
@@ -669,5 +687,11 @@ mod tests {
         );
         assert!(pages(0).iter().all(|&n| n as usize <= PAGE_ROWS));
         assert!(pages(0).len() < pages(1).len());
+        // Distinct bodies outgrow a dictionary: they are plain from the first page.
+        for group in metadata.metadata().row_groups() {
+            let body = group.column(1);
+            assert!(body.dictionary_page_offset().is_none());
+            assert!(!body.encodings().any(|e| e == Encoding::RLE_DICTIONARY));
+        }
     }
 }
