@@ -240,11 +240,7 @@ impl BoundLookup {
         let (spec, asked) = overlay.widen(&self.table, self.spec.clone());
         let mut rows = Vec::new();
         for stored in self.read(client, spec, snapshot).await? {
-            let kept = overlay.hide_replaced(&self.table, stored, asked)?;
-            rows.push(RecordBatch::try_new(
-                self.schema.clone(),
-                kept.columns().to_vec(),
-            )?);
+            rows.push(self.renamed(&overlay.hide_replaced(&self.table, stored, asked)?)?);
         }
         rows.extend(overlay.rows_matching(&self.table, &self.spec, &self.schema)?);
         Ok(rows.into_iter().filter(|b| b.num_rows() > 0).collect())
@@ -261,17 +257,19 @@ impl BoundLookup {
     /// Reads the row (none or one) at `snapshot`.
     async fn read_at(&self, client: &Client, snapshot: Timestamp) -> Result<Vec<RecordBatch>> {
         let batches = self.read(client, self.spec.clone(), snapshot).await?;
-        // The scan's schema has the table's names; the client was promised the statement's.
-        batches
-            .into_iter()
+        (batches.iter())
             .filter(|b| b.num_rows() > 0)
-            .map(|b| {
-                Ok(RecordBatch::try_new(
-                    self.schema.clone(),
-                    b.columns().to_vec(),
-                )?)
-            })
+            .map(|b| self.renamed(b))
             .collect()
+    }
+
+    /// `batch`, with the table's column names, in the statement's schema (promised to the
+    /// client).
+    fn renamed(&self, batch: &RecordBatch) -> Result<RecordBatch> {
+        Ok(RecordBatch::try_new(
+            self.schema.clone(),
+            batch.columns().to_vec(),
+        )?)
     }
 
     /// The stored rows `spec` reads from the key's tablet at `snapshot`, as the scan gives
