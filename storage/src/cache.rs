@@ -1,15 +1,23 @@
-//! A cache of decoded pages of rowset keys, shared by the tablets of a server (Kudu's block
-//! cache, for the pages that key lookups read): the least recently used pages are evicted
-//! beyond its capacity in bytes.
+//! A cache of decoded pages of rowsets, shared by the tablets of a server (Kudu's block cache,
+//! for the pages that key lookups read: pages of keys, and the data pages that hold the rows
+//! found): the least recently used pages are evicted beyond its capacity in bytes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use arrow::array::{Array, BinaryArray};
+use arrow::array::{Array, ArrayRef};
 use parking_lot::Mutex;
 
-/// A page: (the id of its rowset's index, the page number).
+/// A page: (the id of its rowset's key index or of a file, the page number; for data pages
+/// the column's position in the file and the page number, see [`data_page`]).
 pub(crate) type PageId = (u64, u32);
+
+/// The [`PageId`] of data page `page` (counted over the file's row groups) of the column at
+/// `position` of file `file`; None beyond the numbers it has room for.
+pub(crate) fn data_page(file: u64, position: usize, page: usize) -> Option<PageId> {
+    let (position, page) = (u32::try_from(position).ok()?, u32::try_from(page).ok()?);
+    (position < 1 << 12 && page < 1 << 20).then_some((file, position << 20 | page))
+}
 
 pub struct KeyCache {
     capacity: usize,
@@ -19,14 +27,14 @@ pub struct KeyCache {
 #[derive(Default)]
 struct Inner {
     /// Each page with the tick of its last use.
-    pages: HashMap<PageId, (BinaryArray, u64)>,
+    pages: HashMap<PageId, (ArrayRef, u64)>,
     /// Pages by last use, oldest first.
     by_use: BTreeMap<u64, PageId>,
     tick: u64,
     bytes: usize,
 }
 
-/// Ids for [`PageId`]: one per rowset key index opened in the process.
+/// Ids for [`PageId`]: one per rowset key index and per file opened in the process.
 static NEXT_INDEX_ID: AtomicU64 = AtomicU64::new(1);
 
 pub(crate) fn next_index_id() -> u64 {
@@ -46,7 +54,7 @@ impl KeyCache {
         self.inner.lock().bytes
     }
 
-    pub(crate) fn get(&self, id: PageId) -> Option<BinaryArray> {
+    pub(crate) fn get(&self, id: PageId) -> Option<ArrayRef> {
         let mut inner = self.inner.lock();
         inner.tick += 1;
         let tick = inner.tick;
@@ -57,7 +65,7 @@ impl KeyCache {
         Some(page)
     }
 
-    pub(crate) fn insert(&self, id: PageId, page: BinaryArray) {
+    pub(crate) fn insert(&self, id: PageId, page: ArrayRef) {
         let size = page.get_array_memory_size();
         if size > self.capacity {
             return;
@@ -91,10 +99,15 @@ impl std::fmt::Debug for KeyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn evicts_the_least_recently_used_pages_beyond_its_capacity() {
-        let page = |n: usize| BinaryArray::from_iter_values((0..n).map(|i| i.to_be_bytes()));
+        let page = |n: usize| -> ArrayRef {
+            Arc::new(arrow::array::BinaryArray::from_iter_values(
+                (0..n).map(|i| i.to_be_bytes()),
+            ))
+        };
         let size = page(100).get_array_memory_size();
         let cache = KeyCache::new(size * 3);
         for p in 0..3 {

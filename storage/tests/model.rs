@@ -8,7 +8,7 @@ mod fuzz;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
+use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::Int64Type;
 use nyala_storage::{
     ColumnPredicate, ColumnSchema, ColumnType, FailPoint, MaintenanceKind, PredicateOp, Scalar,

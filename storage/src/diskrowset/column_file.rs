@@ -35,6 +35,8 @@ pub struct ColumnFile {
     pub(super) path: PathBuf,
     bytes: u64,
     pub(super) metadata: ArrowReaderMetadata,
+    /// The id of the file's data pages in the page cache.
+    pub(super) cache_id: u64,
 }
 
 impl ColumnFile {
@@ -71,6 +73,7 @@ impl ColumnFile {
             metadata,
             meta,
             path,
+            cache_id: crate::cache::next_index_id(),
         })
     }
 }
@@ -127,6 +130,7 @@ impl DiskRowSet {
             column_files,
             bytes: self.bytes,
             metadata: self.metadata.clone(),
+            cache_id: self.cache_id,
             checksum: self.checksum,
             ranges: Default::default(),
         }
@@ -171,6 +175,7 @@ impl DiskRowSet {
                         FileColumns {
                             path,
                             metadata,
+                            cache_id: file.map_or(self.cache_id, |f| f.cache_id),
                             columns,
                         },
                     ));
@@ -190,6 +195,8 @@ impl DiskRowSet {
 pub(super) struct FileColumns<'a> {
     pub(super) path: &'a Path,
     pub(super) metadata: &'a ArrowReaderMetadata,
+    /// The id of the file's data pages in the page cache.
+    pub(super) cache_id: u64,
     /// For each column: its index in the columns read, and in the file; in file order.
     pub(super) columns: Vec<(usize, usize)>,
 }

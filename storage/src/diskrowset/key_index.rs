@@ -9,7 +9,9 @@
 
 use std::path::Path;
 
-use arrow::array::{Array, ArrayRef, BinaryArray};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, BinaryArray};
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 
 use super::{read_positions, DiskRowSet};
@@ -184,12 +186,15 @@ impl DiskRowSet {
     /// Page `p` of the key column, from `cache` or the file.
     fn key_page(&self, p: usize, cache: &KeyCache) -> Result<BinaryArray, StorageError> {
         let id = (self.keys.cache_id, p as u32);
-        if let Some(page) = cache.get(id) {
+        if let Some(page) = cache
+            .get(id)
+            .and_then(|p| p.as_binary_opt::<i32>().cloned())
+        {
             return Ok(page);
         }
         let (start, end) = (self.keys.starts[p], self.keys.starts[p + 1]);
         let page = self.read_key_rows(&(start..end).collect::<Vec<_>>())?;
-        cache.insert(id, page.clone());
+        cache.insert(id, Arc::new(page.clone()));
         Ok(page)
     }
 

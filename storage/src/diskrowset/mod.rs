@@ -84,6 +84,8 @@ pub struct DiskRowSet {
     bytes: u64,
     /// The file's footer and page index, read once.
     metadata: ArrowReaderMetadata,
+    /// The id of the file's data pages in the page cache.
+    cache_id: u64,
     /// CRC32 of the file (None for files written before checksums were recorded).
     pub checksum: Option<u32>,
     /// What the files' statistics say of each column, worked out when first asked.
@@ -264,7 +266,7 @@ impl DiskRowSet {
             let page = &keys[range[0] as usize..range[1] as usize];
             cache.insert(
                 (index.cache_id, p as u32),
-                BinaryArray::from_iter_values(page),
+                Arc::new(BinaryArray::from_iter_values(page)),
             );
         }
         let keys = index;
@@ -276,6 +278,7 @@ impl DiskRowSet {
             column_files: Vec::new(),
             bytes,
             metadata,
+            cache_id: crate::cache::next_index_id(),
             checksum: Some(checksum),
             ranges: Default::default(),
         })
@@ -334,6 +337,7 @@ impl DiskRowSet {
             column_files,
             bytes,
             metadata,
+            cache_id: crate::cache::next_index_id(),
             checksum,
             ranges: Default::default(),
         })
@@ -399,6 +403,104 @@ impl DiskRowSet {
             &arrow::array::RecordBatchOptions::new().with_row_count(Some(ordinals.len())),
         )?)
     }
+}
+
+impl DiskRowSet {
+    /// Reads the table columns `columns` of the row at `ordinal` (a key lookup's) from the data
+    /// pages holding it, which `cache` keeps decoded: a row read once is likely to be read
+    /// again, and a page read again costs no decompression or decoding.
+    pub fn read_row(
+        &self,
+        columns: &[usize],
+        ordinal: u32,
+        cache: &KeyCache,
+    ) -> Result<RecordBatch, StorageError> {
+        let mut arrays: Vec<Option<ArrayRef>> = vec![None; columns.len()];
+        let mut fields: Vec<Option<Field>> = vec![None; columns.len()];
+        for file in self.by_file(columns) {
+            for (i, root) in file.columns.iter().copied() {
+                let page = match page_holding(file.metadata, file.cache_id, root, ordinal) {
+                    Some(page) => page,
+                    // (No page index: the row alone.)
+                    None => PageOfRow {
+                        id: None,
+                        rows: ordinal..ordinal + 1,
+                    },
+                };
+                let cached = page.id.and_then(|id| cache.get(id));
+                let values = match cached {
+                    Some(values) => values,
+                    None => {
+                        let rows: Vec<u32> = page.rows.clone().collect();
+                        let values = read_positions(file.path, file.metadata, &[root], &rows)?;
+                        let values = values.column(0).clone();
+                        if let Some(id) = page.id {
+                            cache.insert(id, values.clone());
+                        }
+                        values
+                    }
+                };
+                let field = file.metadata.schema().field(root).clone();
+                arrays[i] = Some(values.slice((ordinal - page.rows.start) as usize, 1));
+                fields[i] = Some(field);
+            }
+        }
+        Ok(RecordBatch::try_new_with_options(
+            Arc::new(ArrowSchema::new(
+                fields.into_iter().flatten().collect::<Vec<_>>(),
+            )),
+            arrays.into_iter().flatten().collect(),
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(1)),
+        )?)
+    }
+}
+
+/// The data page of a column holding a row: its rows (file ordinals) and its id in the page
+/// cache (None where it has none).
+struct PageOfRow {
+    id: Option<crate::cache::PageId>,
+    rows: std::ops::Range<u32>,
+}
+
+/// The data page of the column at `position` of a file (with `metadata`, whose pages are
+/// `file` in the page cache) that holds row `ordinal`, from the file's offset index; None
+/// without one, or where columns are not leaves.
+fn page_holding(
+    metadata: &ArrowReaderMetadata,
+    file: u64,
+    position: usize,
+    ordinal: u32,
+) -> Option<PageOfRow> {
+    let parquet = metadata.metadata();
+    let index = parquet.offset_index()?;
+    let leaves = parquet.file_metadata().schema_descr().num_columns();
+    if leaves != metadata.schema().fields().len() {
+        return None;
+    }
+    let (mut group_start, mut pages_before) = (0u32, 0usize);
+    for (group, pages) in parquet.row_groups().iter().zip(index) {
+        let group_rows = u32::try_from(group.num_rows()).ok()?;
+        let locations = pages.get(position)?.page_locations();
+        if ordinal >= group_start + group_rows {
+            group_start += group_rows;
+            pages_before += locations.len();
+            continue;
+        }
+        let row = i64::from(ordinal - group_start);
+        let p = locations
+            .partition_point(|l| l.first_row_index <= row)
+            .checked_sub(1)?;
+        let first = u32::try_from(locations[p].first_row_index).ok()?;
+        let end = match locations.get(p + 1) {
+            Some(next) => u32::try_from(next.first_row_index).ok()?,
+            None => group_rows,
+        };
+        return Some(PageOfRow {
+            id: crate::cache::data_page(file, position, pages_before + p),
+            rows: group_start + first..group_start + end,
+        });
+    }
+    None
 }
 
 /// Writes the table columns `columns` (`batches` hold them, in order) as a Parquet file at
@@ -641,6 +743,68 @@ mod tests {
             key_bytes < rows / 2,
             "{key_bytes} bytes of keys for {rows} rows"
         );
+    }
+
+    /// A row read by a key lookup comes from its data pages, kept decoded in the page cache:
+    /// the same values as a plain read, in any row group and page, for any columns; a page
+    /// read again costs nothing more.
+    #[test]
+    fn a_looked_up_row_is_read_through_the_page_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Schema::new(
+            vec![
+                ColumnSchema::new("k", ColumnType::Int64, false),
+                ColumnSchema::new("body", ColumnType::String, true),
+                ColumnSchema::new("n", ColumnType::Int32, true),
+            ],
+            vec![0],
+        )
+        .unwrap();
+        let rows = ROW_GROUP_ROWS as i64 + 5_000;
+        let batch = RecordBatch::try_new(
+            schema.arrow_schema(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..rows)),
+                Arc::new(StringArray::from_iter(
+                    (0..rows).map(|i| (i % 7 != 0).then(|| format!("{i:080}"))),
+                )),
+                Arc::new(Int32Array::from_iter(
+                    (0..rows).map(|i| Some(i as i32 % 1000)),
+                )),
+            ],
+        )
+        .unwrap();
+        let keys = crate::encode_keys(&schema, &batch).unwrap();
+        let cache = KeyCache::new(64 << 20);
+        let rowset = DiskRowSet::write(dir.path(), 1, &schema, &[batch], keys, &cache).unwrap();
+        let ordinals = [
+            0,
+            1,
+            4_095,
+            4_096,
+            30_001,
+            ROW_GROUP_ROWS as u32,
+            rows as u32 - 1,
+        ];
+        for columns in [vec![0, 1, 2], vec![2, 1], vec![1]] {
+            for &ordinal in &ordinals {
+                let expected = rowset.read_rows(&columns, &[ordinal]).unwrap();
+                let before = cache.bytes();
+                assert_eq!(
+                    rowset.read_row(&columns, ordinal, &cache).unwrap(),
+                    expected
+                );
+                let after = cache.bytes();
+                assert_eq!(
+                    rowset.read_row(&columns, ordinal, &cache).unwrap(),
+                    expected
+                );
+                assert_eq!(cache.bytes(), after, "a second read finds its pages");
+                if columns.len() == 3 && ordinal == 30_001 {
+                    assert!(after > before, "the pages read are kept");
+                }
+            }
+        }
     }
 
     /// Wide values make small pages (a key lookup decodes one per column), narrow ones keep

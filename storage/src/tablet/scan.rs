@@ -112,11 +112,13 @@ impl Tablet {
                     let projected = Arc::new(table.project(&read_columns)?);
                     let row = arrow::compute::concat_batches(&projected, &images)?;
                     match row.num_rows() == 0 && !hidden.contains(&ordinal) {
-                        true => base_row(state, rs, ordinal, &table, &read_columns)?,
+                        true => base_row(state, rs, ordinal, &table, &read_columns, cache)?,
                         false => row,
                     }
                 }
-                Image::Base | Image::Absent => base_row(state, rs, ordinal, &table, &read_columns)?,
+                Image::Base | Image::Absent => {
+                    base_row(state, rs, ordinal, &table, &read_columns, cache)?
+                }
             };
             sources.push_back(Source::Batch(row));
         }
@@ -138,8 +140,9 @@ fn base_row(
     ordinal: u32,
     table: &arrow::datatypes::SchemaRef,
     read_columns: &[usize],
+    cache: &KeyCache,
 ) -> Result<RecordBatch, StorageError> {
-    let row = state.rowsets[rs].read_rows(read_columns, &[ordinal])?;
+    let row = state.rowsets[rs].read_row(read_columns, ordinal, cache)?;
     Ok(RecordBatch::try_new_with_options(
         Arc::new(table.project(read_columns)?),
         row.columns().to_vec(),
