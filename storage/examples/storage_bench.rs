@@ -342,7 +342,7 @@ fn main() {
             "point lookups by primary key (warm, {} rowsets, key pages cached {:.1} MB): \
              {:.0} per second, {:.0} µs each",
             tablet.rowset_count(),
-            options.key_cache.bytes() as f64 / 1e6,
+            options.page_cache.bytes() as f64 / 1e6,
             args.lookups as f64 / lookup_time.as_secs_f64(),
             lookup_time.as_secs_f64() * 1e6 / args.lookups as f64
         );

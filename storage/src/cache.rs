@@ -19,7 +19,7 @@ pub(crate) fn data_page(file: u64, position: usize, page: usize) -> Option<PageI
     (position < 1 << 12 && page < 1 << 20).then_some((file, position << 20 | page))
 }
 
-pub struct KeyCache {
+pub struct PageCache {
     capacity: usize,
     inner: Mutex<Inner>,
 }
@@ -41,9 +41,9 @@ pub(crate) fn next_index_id() -> u64 {
     NEXT_INDEX_ID.fetch_add(1, Ordering::Relaxed)
 }
 
-impl KeyCache {
+impl PageCache {
     pub fn new(capacity_bytes: usize) -> Self {
-        KeyCache {
+        PageCache {
             capacity: capacity_bytes,
             inner: Mutex::new(Inner::default()),
         }
@@ -90,9 +90,9 @@ impl KeyCache {
     }
 }
 
-impl std::fmt::Debug for KeyCache {
+impl std::fmt::Debug for PageCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "KeyCache({} of {} bytes)", self.bytes(), self.capacity)
+        write!(f, "PageCache({} of {} bytes)", self.bytes(), self.capacity)
     }
 }
 
@@ -109,7 +109,7 @@ mod tests {
             ))
         };
         let size = page(100).get_array_memory_size();
-        let cache = KeyCache::new(size * 3);
+        let cache = PageCache::new(size * 3);
         for p in 0..3 {
             cache.insert((1, p), page(100));
         }

@@ -40,7 +40,7 @@ pub struct NewFiles<'a> {
     /// Called after each file is written (crash tests).
     pub fail: &'a dyn Fn(&str) -> Result<(), StorageError>,
     /// Takes the key pages of new rowsets, so lookups find them warm.
-    pub key_cache: &'a crate::KeyCache,
+    pub page_cache: &'a crate::PageCache,
 }
 
 impl NewFiles<'_> {
@@ -164,7 +164,7 @@ impl Pending {
         let id = files.take_id();
         files.paths.push(files.dir.join(DiskRowSet::file_name(id)));
         let rowset =
-            DiskRowSet::write(files.dir, id, schema, &batches, self.keys, files.key_cache)?;
+            DiskRowSet::write(files.dir, id, schema, &batches, self.keys, files.page_cache)?;
         (files.fail)("rowset_written")?;
         let undo = match self.undo.is_empty() {
             true => vec![],

@@ -23,7 +23,7 @@ mod wire;
 mod write;
 
 pub use bloom::{FilterStats, JoinFilter, BLOOM_WARMUP_ROWS};
-pub use cache::KeyCache;
+pub use cache::PageCache;
 pub use diskrowset::ColumnRange;
 pub use error::StorageError;
 pub use key::{encode_key_columns, encode_keys, format_key};

@@ -4,7 +4,7 @@
 //! when read. What stays in memory is the first key of each page and a bloom filter (Kudu's
 //! sparse index and bloom filter), so that a lookup of a key the rowset does not hold usually
 //! costs one cache line, and one that it may hold decodes a single page of keys (kept in the
-//! shared [`KeyCache`]).
+//! shared [`PageCache`]).
 //! Keys within a rowset are unique and ascending with the ordinal: checked when indexed.
 
 use std::path::Path;
@@ -16,7 +16,7 @@ use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 
 use super::{read_positions, DiskRowSet};
 use crate::bloom::{hash_bytes, SplitBlockFilter};
-use crate::cache::KeyCache;
+use crate::cache::PageCache;
 use crate::StorageError;
 
 /// A rowset's primary-key index (Kudu's sparse index and bloom filter): in memory, the first
@@ -32,7 +32,7 @@ pub(super) struct KeyIndex {
     /// The ordinal of each page's first row, then the number of rows.
     pub(super) starts: Vec<u32>,
     bloom: SplitBlockFilter,
-    /// Names this index's pages in a [`KeyCache`].
+    /// Names this index's pages in a [`PageCache`].
     pub(super) cache_id: u64,
 }
 
@@ -184,7 +184,7 @@ impl DiskRowSet {
     }
 
     /// Page `p` of the key column, from `cache` or the file.
-    fn key_page(&self, p: usize, cache: &KeyCache) -> Result<BinaryArray, StorageError> {
+    fn key_page(&self, p: usize, cache: &PageCache) -> Result<BinaryArray, StorageError> {
         let id = (self.keys.cache_id, p as u32);
         if let Some(page) = cache
             .get(id)
@@ -204,7 +204,7 @@ impl DiskRowSet {
         &self,
         key: &[u8],
         hash: u64,
-        cache: &KeyCache,
+        cache: &PageCache,
     ) -> Result<Option<u32>, StorageError> {
         let Some(p) = self.keys.page_of(key, hash) else {
             return Ok(None);

@@ -40,7 +40,7 @@ pub(crate) use crate::bloom::hash_bytes;
 pub use column_file::{ColumnFile, ColumnFileMeta};
 pub(crate) use reader::RowsetReader;
 
-use crate::cache::KeyCache;
+use crate::cache::PageCache;
 use crate::checksum::ChecksumWriter;
 use crate::{ColumnCompression, ColumnEncoding, ColumnType, Schema, StorageError};
 use key_index::{key_page_starts, read_keys, ExactLen, KeyIndex};
@@ -251,7 +251,7 @@ impl DiskRowSet {
         table: &Schema,
         batches: &[RecordBatch],
         keys: Vec<Vec<u8>>,
-        cache: &KeyCache,
+        cache: &PageCache,
     ) -> Result<DiskRowSet, StorageError> {
         let path = dir.join(Self::file_name(id));
         let all: Vec<usize> = (0..table.columns().len()).collect();
@@ -413,7 +413,7 @@ impl DiskRowSet {
         &self,
         columns: &[usize],
         ordinal: u32,
-        cache: &KeyCache,
+        cache: &PageCache,
     ) -> Result<RecordBatch, StorageError> {
         let mut arrays: Vec<Option<ArrayRef>> = vec![None; columns.len()];
         let mut fields: Vec<Option<Field>> = vec![None; columns.len()];
@@ -775,7 +775,7 @@ mod tests {
         )
         .unwrap();
         let keys = crate::encode_keys(&schema, &batch).unwrap();
-        let cache = KeyCache::new(64 << 20);
+        let cache = PageCache::new(64 << 20);
         let rowset = DiskRowSet::write(dir.path(), 1, &schema, &[batch], keys, &cache).unwrap();
         let ordinals = [
             0,

@@ -80,7 +80,7 @@ impl Tablet {
             next_id: snap.next_rowset_id,
             paths: Vec::new(),
             fail: &no_failures,
-            key_cache: &self.options.key_cache,
+            page_cache: &self.options.page_cache,
         };
         let mut rowsets = Vec::with_capacity(snap.rowsets.len());
         let mut deltas = Vec::with_capacity(snap.rowsets.len());

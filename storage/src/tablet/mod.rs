@@ -46,7 +46,7 @@ use crate::delta::{DeltaFile, DeltaMeta, RowsetDeltas};
 use crate::diskrowset::{ColumnFile, ColumnRange, DiskRowSet};
 use crate::memrowset::{MemRowSet, RowArena};
 use crate::rowset_tree::RowSetTree;
-use crate::KeyCache;
+use crate::PageCache;
 use crate::{Schema, StorageError, Timestamp};
 
 pub use maintenance::{MaintenanceKind, MaintenanceOp};
@@ -68,9 +68,9 @@ pub struct TabletOptions {
     /// that REDO records change while the rowset has fewer, and the whole rowset otherwise
     /// (0: always whole).
     pub max_column_files: usize,
-    /// Decoded pages of rowset keys for lookups, shared by the tablets whose options are
-    /// clones of one another.
-    pub key_cache: Arc<KeyCache>,
+    /// Decoded pages of rowsets that key lookups read (keys, and the data pages of the rows
+    /// found), shared by the tablets whose options are clones of one another.
+    pub page_cache: Arc<PageCache>,
     /// For crash tests: called at each step of a flush, compaction or schema change; `true`
     /// makes that step fail as if the process had died there (what is on disk stays as it is).
     pub fail_point: Option<FailPoint>,
@@ -96,7 +96,7 @@ impl Default for TabletOptions {
             history_max_age: Duration::from_secs(15 * 60),
             compaction_budget_bytes: 128 << 20,
             max_column_files: 4,
-            key_cache: Arc::new(KeyCache::new(256 << 20)),
+            page_cache: Arc::new(PageCache::new(256 << 20)),
             fail_point: None,
         }
     }

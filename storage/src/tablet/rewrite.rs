@@ -46,7 +46,7 @@ impl Tablet {
             next_id: snap.next_rowset_id,
             paths: Vec::new(),
             fail: &fail,
-            key_cache: &self.options.key_cache,
+            page_cache: &self.options.page_cache,
         };
         if snap.txns_file.is_some() && snap.txns_file != self.state.read().txns_file {
             // A flush's new file of pending transactions: removed with the others on failure.
@@ -251,7 +251,7 @@ impl Tablet {
         (rows, keys): PendingMoves,
         moves: &mut Moves,
     ) -> Result<(), StorageError> {
-        let cache = &self.options.key_cache;
+        let cache = &self.options.page_cache;
         let find = |key: &[u8]| {
             let hash = crate::diskrowset::hash_bytes(key);
             for (j, o) in out.iter().enumerate().filter(|(_, o)| o.origin.is_none()) {

@@ -14,7 +14,7 @@ use super::{State, Tablet};
 use crate::delta::Image;
 use crate::memrowset::{visible, MemRowSet, RowRef, Version};
 use crate::scan::{self, ScanIterator, ScanSpec, Source};
-use crate::{KeyCache, StorageError, Timestamp};
+use crate::{PageCache, StorageError, Timestamp};
 
 /// The rowset index [`State::locate_at`] gives rows of the MemRowSet.
 const IN_MEMROWSET: usize = usize::MAX;
@@ -81,7 +81,7 @@ impl Tablet {
         let mut sources = VecDeque::new();
         let mut in_memory = Vec::new();
         for key in keys {
-            let cache = &self.options.key_cache;
+            let cache = &self.options.page_cache;
             let Some((rs, ordinal, image)) = state.locate_at(&key, spec.snapshot, cache)? else {
                 continue;
             };
@@ -140,7 +140,7 @@ fn base_row(
     ordinal: u32,
     table: &arrow::datatypes::SchemaRef,
     read_columns: &[usize],
-    cache: &KeyCache,
+    cache: &PageCache,
 ) -> Result<RecordBatch, StorageError> {
     let row = state.rowsets[rs].read_row(read_columns, ordinal, cache)?;
     Ok(RecordBatch::try_new_with_options(
@@ -191,7 +191,7 @@ impl State {
         &self,
         key: &[u8],
         snapshot: Timestamp,
-        cache: &KeyCache,
+        cache: &PageCache,
     ) -> Result<Option<(usize, u32, Image)>, StorageError> {
         fn in_memory<'a>(mrs: &'a MemRowSet, key: &[u8], at: Timestamp) -> Option<&'a Version> {
             mrs.index.get(key).and_then(|v| visible(v, at))

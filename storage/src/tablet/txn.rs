@@ -129,9 +129,9 @@ impl Tablet {
                 let changed = match batch.kind {
                     // An UPSERT may write a row that does not exist.
                     WriteKind::Upsert => {
-                        state.written_after(key, snapshot, &self.options.key_cache)?
+                        state.written_after(key, snapshot, &self.options.page_cache)?
                     }
-                    _ => state.changed_after(key, snapshot, &self.options.key_cache)?,
+                    _ => state.changed_after(key, snapshot, &self.options.page_cache)?,
                 };
                 if !written_here && changed {
                     keep[row] = false;
@@ -150,7 +150,7 @@ impl Tablet {
         let exists = |key: &[u8]| -> Result<bool, StorageError> {
             match own.and_then(|t| t.present.get(key)) {
                 Some(&present) => Ok(present),
-                None => state.exists(key, &self.options.key_cache),
+                None => state.exists(key, &self.options.page_cache),
             }
         };
         let mut seen: HashSet<&[u8]> = HashSet::new();
@@ -346,7 +346,7 @@ impl State {
     }
 
     /// Whether `key` has a live version.
-    fn exists(&self, key: &[u8], cache: &crate::KeyCache) -> Result<bool, StorageError> {
+    fn exists(&self, key: &[u8], cache: &crate::PageCache) -> Result<bool, StorageError> {
         Ok(!matches!(
             self.locate(key, cache)?,
             super::write::Location::Absent

@@ -22,7 +22,7 @@ use crate::delta::Image;
 use crate::history;
 use crate::key::{encode_keys, format_key};
 use crate::memrowset::{RowRef, Version};
-use crate::{ColumnType, KeyCache};
+use crate::{ColumnType, PageCache};
 use crate::{Schema, StorageError, Timestamp, WriteBatch, WriteKind, WriteOutcome};
 
 /// Where the live version of a key is.
@@ -133,7 +133,7 @@ impl Tablet {
         let mut conflicts = Vec::new();
         for (row, key) in keys.iter().enumerate() {
             if state.locks.contains_key(key)
-                || state.changed_after(key, snapshot, &self.options.key_cache)?
+                || state.changed_after(key, snapshot, &self.options.page_cache)?
             {
                 conflicts.push(row as u32);
             }
@@ -207,7 +207,7 @@ impl Tablet {
                     }
                 }
             }
-            let location = state.locate(key, &self.options.key_cache)?;
+            let location = state.locate(key, &self.options.page_cache)?;
             match (kind, &location) {
                 (WriteKind::Insert, Location::Mem(_) | Location::Disk { .. }) => {
                     return Err(StorageError::DuplicateKey {
@@ -437,7 +437,7 @@ impl State {
         &self,
         key: &[u8],
         snapshot: Timestamp,
-        cache: &KeyCache,
+        cache: &PageCache,
     ) -> Result<bool, StorageError> {
         let frozen = || self.frozen.as_ref()?.latest(key);
         if let Some(v) = self.mrs.latest(key).or_else(frozen) {
@@ -462,7 +462,7 @@ impl State {
         &self,
         key: &[u8],
         snapshot: Timestamp,
-        cache: &KeyCache,
+        cache: &PageCache,
     ) -> Result<bool, StorageError> {
         let frozen = || self.frozen.as_ref()?.latest(key);
         if let Some(v) = self.mrs.latest(key).or_else(frozen) {
@@ -479,7 +479,7 @@ impl State {
         Ok(false)
     }
 
-    pub(super) fn locate(&self, key: &[u8], cache: &KeyCache) -> Result<Location, StorageError> {
+    pub(super) fn locate(&self, key: &[u8], cache: &PageCache) -> Result<Location, StorageError> {
         let frozen = || self.frozen.as_ref()?.latest(key);
         if let Some(v) = self.mrs.latest(key).or_else(frozen) {
             return Ok(match v.row {
