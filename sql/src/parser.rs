@@ -24,7 +24,7 @@
 //! with `?` placeholders numbered `$1, $2, ...` in the order they appear (JDBC and ADBC send
 //! `?`, DataFusion binds `$n`).
 //!
-//! Expressions nest at most [`MAX_EXPRESSION_DEPTH`] levels. sqlparser builds a chain of
+//! Expressions nest at most [`MAX_EXPRESSION_DEPTH`] levels, queries [`MAX_QUERY_DEPTH`]. sqlparser builds a chain of
 //! binary operators (`a OR b OR ...`, `1 + 1 + ...`) without recursing, so a statement of
 //! 10 000 terms parses into a tree 10 000 levels deep, which every recursive walk after it
 //! (visitors, planning, dropping the tree) would follow into a stack overflow: such a
@@ -53,6 +53,11 @@ use crate::{Result, SqlError};
 
 /// Most levels of expressions and queries nested in one another in a statement.
 pub const MAX_EXPRESSION_DEPTH: usize = 512;
+
+/// Most queries nested in one another in a statement (the statement's own query, subqueries,
+/// derived tables): DataFusion's checks of a plan take time exponential in it (23 levels of
+/// scalar subqueries took 11 s to plan, each level more doubles that).
+pub const MAX_QUERY_DEPTH: usize = 16;
 
 /// Stack for tearing down a statement refused for its depth: dropping a tree is recursive,
 /// and a 1 MiB statement can nest a few hundred thousand levels.
@@ -286,13 +291,19 @@ impl<'a> NyalaParser<'a> {
             return Err(e);
         }
         let mut node = parsed?;
-        if too_deep(&node) {
+        if let Some(too_deep) = too_deep(&node) {
             // Dropped on a stack of its own: the drop recurses as deep as the tree.
             stacker::grow(TEARDOWN_STACK, move || drop(node));
-            return Err(SqlError::Invalid(format!(
-                "the statement nests expressions deeper than the {MAX_EXPRESSION_DEPTH} levels \
-                 allowed; write long lists of alternatives as `x IN (...)`"
-            )));
+            return Err(SqlError::Invalid(match too_deep {
+                TooDeep::Expressions => format!(
+                    "the statement nests expressions deeper than the {MAX_EXPRESSION_DEPTH} \
+                     levels allowed; write long lists of alternatives as `x IN (...)`"
+                ),
+                TooDeep::Queries => format!(
+                    "the statement nests queries (subqueries, derived tables) deeper than the \
+                     {MAX_QUERY_DEPTH} levels allowed"
+                ),
+            }));
         }
         self.dialect.attach_time_travel(&mut node)?;
         number_placeholders(&mut node);
@@ -921,47 +932,63 @@ fn classify(statement: Statement) -> Result<NyalaStatement> {
     })
 }
 
-/// JDBC and ADBC send `?` placeholders; DataFusion binds `$1`, `$2`, ...: each `?` is numbered
-/// by its place in the text, and `?n` is `$n`.
-/// Whether `node` nests expressions or queries deeper than [`MAX_EXPRESSION_DEPTH`]. The walk
-/// stops at that depth, so its own recursion is bounded.
-fn too_deep<V: Visit>(node: &V) -> bool {
-    struct Depth(usize);
+/// What a statement nests too deeply.
+enum TooDeep {
+    /// Expressions and queries together, beyond [`MAX_EXPRESSION_DEPTH`].
+    Expressions,
+    /// Queries, beyond [`MAX_QUERY_DEPTH`].
+    Queries,
+}
+
+/// What `node` nests too deeply, if anything. The walk stops at the first excess, so its own
+/// recursion is bounded.
+fn too_deep<V: Visit>(node: &V) -> Option<TooDeep> {
+    #[derive(Default)]
+    struct Depth {
+        all: usize,
+        queries: usize,
+    }
     impl Depth {
-        fn enter(&mut self) -> ControlFlow<()> {
-            self.0 += 1;
-            match self.0 > MAX_EXPRESSION_DEPTH {
-                true => ControlFlow::Break(()),
+        fn enter(&mut self) -> ControlFlow<TooDeep> {
+            self.all += 1;
+            match self.all > MAX_EXPRESSION_DEPTH {
+                true => ControlFlow::Break(TooDeep::Expressions),
                 false => ControlFlow::Continue(()),
             }
         }
-        fn leave(&mut self) -> ControlFlow<()> {
-            self.0 -= 1;
+        fn leave(&mut self) -> ControlFlow<TooDeep> {
+            self.all -= 1;
             ControlFlow::Continue(())
         }
     }
     impl Visitor for Depth {
-        type Break = ();
-        fn pre_visit_expr(&mut self, _: &Expr) -> ControlFlow<()> {
+        type Break = TooDeep;
+        fn pre_visit_expr(&mut self, _: &Expr) -> ControlFlow<TooDeep> {
             self.enter()
         }
-        fn post_visit_expr(&mut self, _: &Expr) -> ControlFlow<()> {
+        fn post_visit_expr(&mut self, _: &Expr) -> ControlFlow<TooDeep> {
             self.leave()
         }
-        fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<()> {
+        fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<TooDeep> {
             // UNION / INTERSECT / EXCEPT chains nest too, in the query's body, which the
             // visitor would follow recursively before reaching an expression.
             if set_operation_depth(&query.body) > MAX_EXPRESSION_DEPTH {
-                return ControlFlow::Break(());
+                return ControlFlow::Break(TooDeep::Expressions);
+            }
+            self.queries += 1;
+            if self.queries > MAX_QUERY_DEPTH {
+                return ControlFlow::Break(TooDeep::Queries);
             }
             self.enter()
         }
-        fn post_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+        fn post_visit_query(&mut self, _: &Query) -> ControlFlow<TooDeep> {
+            self.queries -= 1;
             self.leave()
         }
     }
     // The walk recurses a few frames per level: room for MAX_EXPRESSION_DEPTH levels.
-    stacker::maybe_grow(64 << 10, 16 << 20, || node.visit(&mut Depth(0)).is_break())
+    let walk = || node.visit(&mut Depth::default()).break_value();
+    stacker::maybe_grow(64 << 10, 16 << 20, walk)
 }
 
 /// How deep set operations nest in a query body (1: none), walked without recursion.
@@ -978,6 +1005,8 @@ fn set_operation_depth(body: &SetExpr) -> usize {
     deepest
 }
 
+/// JDBC and ADBC send `?` placeholders; DataFusion binds `$1`, `$2`, ...: each `?` is numbered
+/// by its place in the text, and `?n` is `$n`.
 fn number_placeholders<V: VisitMut>(node: &mut V) {
     fn placeholder(expr: &mut Expr) -> Option<(&mut String, Location)> {
         match expr {
