@@ -358,7 +358,9 @@ impl OpenTxn {
         let table_overlay = Arc::make_mut(entry);
         let mut added = 0;
         for (key, row) in changes {
-            added += key.len() + row.as_ref().map_or(0, |r| r.get_array_memory_size());
+            // (Each row is a slice of its statement's batch: counted alone, not the whole
+            // buffers it shares.)
+            added += key.len() + row.as_ref().map_or(0, nyala_storage::rows_bytes);
             table_overlay.rows.insert(key, row);
         }
         table_overlay.bytes += added;
