@@ -403,9 +403,7 @@ impl DiskRowSet {
             &arrow::array::RecordBatchOptions::new().with_row_count(Some(ordinals.len())),
         )?)
     }
-}
 
-impl DiskRowSet {
     /// Reads the table columns `columns` of the row at `ordinal` (a key lookup's) from the data
     /// pages holding it, which `cache` keeps decoded: a row read once is likely to be read
     /// again, and a page read again costs no decompression or decoding.
