@@ -165,8 +165,8 @@ pub fn tables(
             .map(|t| (t, "TABLE"));
         let views = views
             .iter()
-            .cloned()
             .filter(|_| views_ok)
+            .cloned()
             .map(|v| (v, "VIEW"));
         for ((name, schema), kind) in tables.chain(views) {
             if pattern.as_deref().is_none_or(|p| like(&name, p)) && sees(&name) {
