@@ -108,10 +108,16 @@ impl Master {
 
     /// Deletes replicas that live servers hold but that belong to no table, or that their
     /// tablet's group no longer counts as members (a server back after it was replaced, or a
-    /// copy whose re-replication failed).
+    /// copy whose re-replication failed). Not while a replica moves: its copy is in no group
+    /// until the leader has added it and reported so (deleting it there left a rebalance
+    /// waiting for a learner that was gone).
     async fn delete_stale_replicas(&self, registry: &TServerRegistry) {
         // Holding the DDL lock: a table being created has replicas before the catalog has it.
         let _ddl = self.ddl.lock().await;
+        // (A move takes the DDL lock while it holds this one: not waited for here.)
+        let Ok(_no_move) = self.moves.try_lock() else {
+            return;
+        };
         let placement: HashMap<String, Vec<u64>> = self
             .tables()
             .iter()
