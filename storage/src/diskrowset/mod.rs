@@ -395,13 +395,7 @@ impl DiskRowSet {
                 fields[i] = Some(batch.schema().field(j).clone());
             }
         }
-        Ok(RecordBatch::try_new_with_options(
-            Arc::new(ArrowSchema::new(
-                fields.into_iter().flatten().collect::<Vec<_>>(),
-            )),
-            arrays.into_iter().flatten().collect(),
-            &arrow::array::RecordBatchOptions::new().with_row_count(Some(ordinals.len())),
-        )?)
+        batch_of(fields, arrays, ordinals.len())
     }
 
     /// Reads the table columns `columns` of the row at `ordinal` (a key lookup's) from the data
@@ -443,14 +437,23 @@ impl DiskRowSet {
                 fields[i] = Some(field);
             }
         }
-        Ok(RecordBatch::try_new_with_options(
-            Arc::new(ArrowSchema::new(
-                fields.into_iter().flatten().collect::<Vec<_>>(),
-            )),
-            arrays.into_iter().flatten().collect(),
-            &arrow::array::RecordBatchOptions::new().with_row_count(Some(1)),
-        )?)
+        batch_of(fields, arrays, 1)
     }
+}
+
+/// The batch of `rows` rows of the columns read (each column's field and values, in the order
+/// asked for).
+fn batch_of(
+    fields: Vec<Option<Field>>,
+    arrays: Vec<Option<ArrayRef>>,
+    rows: usize,
+) -> Result<RecordBatch, StorageError> {
+    let schema = ArrowSchema::new(fields.into_iter().flatten().collect::<Vec<_>>());
+    Ok(RecordBatch::try_new_with_options(
+        Arc::new(schema),
+        arrays.into_iter().flatten().collect(),
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(rows)),
+    )?)
 }
 
 /// The data page of a column holding a row: its rows (file ordinals) and its id in the page
