@@ -43,7 +43,7 @@ impl Write for ChecksumWriter {
 
 /// Checks that the file at `path` has checksum `expected`.
 pub fn verify(path: &Path, expected: u32) -> Result<(), StorageError> {
-    let mut file = File::open(path)?;
+    let mut file = File::open(path).map_err(StorageError::on(path))?;
     let mut hasher = crc32fast::Hasher::new();
     let mut buf = vec![0; 1 << 20];
     loop {

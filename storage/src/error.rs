@@ -33,10 +33,25 @@ pub enum StorageError {
     TxnState(String),
     #[error("storage I/O error: {0}")]
     Io(#[from] std::io::Error),
+    #[error("storage I/O error on {path}: {source}")]
+    File {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("storage corrupted: {0}")]
     Corruption(String),
     #[error("{0}")]
     Arrow(#[from] ArrowError),
     #[error("parquet: {0}")]
     Parquet(#[from] ParquetError),
+}
+
+impl StorageError {
+    /// Names `path` in an I/O error reading or writing it: `.map_err(StorageError::on(&path))`.
+    pub fn on(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> StorageError + '_ {
+        move |source| StorageError::File {
+            path: path.display().to_string(),
+            source,
+        }
+    }
 }

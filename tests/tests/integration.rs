@@ -393,6 +393,71 @@ async fn acknowledged_writes_survive_kill_9() {
     );
 }
 
+/// A crash while a replica's directory is made (creation, tablet copy, clone) or deleted
+/// (DROP TABLE, a moved replica) leaves a directory beside the replicas, never half a replica:
+/// the next start removes what was left and opens the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_made_or_deleted_when_the_server_died_is_cleaned_up_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let tablets = dir.path().join("tserver").join("tablets");
+    {
+        let server = Server::start(dir.path());
+        let mut c = server.client().await;
+        update(
+            &mut c,
+            "CREATE TABLE kept (id BIGINT PRIMARY KEY) DISTRIBUTE BY HASH (id) INTO 2 BUCKETS",
+        )
+        .await
+        .unwrap();
+        update(&mut c, "INSERT INTO kept VALUES (1), (2), (3)")
+            .await
+            .unwrap();
+        update(&mut c, "CREATE TABLE dropped (id BIGINT PRIMARY KEY)")
+            .await
+            .unwrap();
+        update(&mut c, "DROP TABLE dropped").await.unwrap();
+        server.kill();
+    }
+    let replicas = |tablets: &Path| {
+        let mut names: Vec<String> = std::fs::read_dir(tablets)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    // The two of `kept` and the transaction status table's (the INSERT spans two tablets).
+    let before = replicas(&tablets);
+    assert_eq!(before.len(), 3, "{before:?}");
+    // What a kill leaves: a replica half deleted (its metadata gone first), one half built
+    // (no metadata yet), a tablet copy half received.
+    let half_deleted = tablets.join(format!(".deleted-{}", before[0]));
+    copy_dir(&tablets.join(&before[0]), &half_deleted);
+    std::fs::remove_file(half_deleted.join("data").join("metadata")).unwrap();
+    std::fs::create_dir_all(tablets.join(".new-t9").join("data")).unwrap();
+    std::fs::create_dir_all(tablets.join(".copy-t8")).unwrap();
+    std::fs::write(tablets.join(".copy-t8").join("rowset-1"), b"partial").unwrap();
+    let server = Server::start(dir.path());
+    let mut c = server.client().await;
+    let got = text(&mut c, "SELECT count(*) AS n FROM kept").await;
+    assert!(got.contains("| 3 |"), "{got}");
+    assert_eq!(replicas(&tablets), before);
+}
+
+/// Copies directory `from` to `to`, recursively.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sql_command_against_server_and_embedded() {
     let dir = tempfile::tempdir().unwrap();

@@ -92,7 +92,8 @@ impl Master {
             .as_ref()
             .map(|r| r.peers.addresses.clone())
             .unwrap_or_default();
-        let catalog = if catalog_dir.join("data").exists() {
+        // The catalog replica's directory appears whole (see `TabletReplica::create`).
+        let catalog = if catalog_dir.exists() {
             TabletReplica::open(
                 &catalog_dir,
                 CATALOG_TABLET,
@@ -102,10 +103,6 @@ impl Master {
                 None,
             )?
         } else {
-            if catalog_dir.exists() {
-                // Left by a crash during the very first start: nothing in it was acknowledged.
-                std::fs::remove_dir_all(&catalog_dir)?;
-            }
             TabletReplica::create(
                 &catalog_dir,
                 CATALOG_TABLET,

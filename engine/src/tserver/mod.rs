@@ -73,16 +73,12 @@ impl TabletServer {
         let server_id = server_id(dir)?;
         let maintenance = MaintenanceManager::new();
         let mut replicas = HashMap::new();
+        replica::remove_staging(&tablets_dir)?;
         for entry in std::fs::read_dir(&tablets_dir)? {
             let entry = entry?;
             let Some(id) = entry.file_name().to_str().map(str::to_string) else {
                 continue;
             };
-            if id.starts_with(".copy-") || id.starts_with(".clone-") {
-                // A tablet copy a crash interrupted, or a clone no replica was made of.
-                std::fs::remove_dir_all(entry.path())?;
-                continue;
-            }
             if id.starts_with('.') || !entry.file_type()?.is_dir() {
                 continue;
             }
@@ -110,7 +106,13 @@ impl TabletServer {
                 clock.clone(),
                 replication,
                 Some(maintenance.signal().clone()),
-            )?;
+            )
+            .map_err(|e| {
+                EngineError::CatalogCorrupted(format!(
+                    "cannot open the replica of tablet {id} in {}: {e}",
+                    entry.path().display()
+                ))
+            })?;
             tracing::debug!(tablet = %id, "opened tablet replica");
             replicas.insert(id, Arc::new(replica));
         }
@@ -232,10 +234,8 @@ impl TabletServer {
             return Ok(existing.clone());
         }
         let dir = self.tablets_dir.join(id);
-        // A directory left by a crash half-way through an earlier creation holds nothing acknowledged.
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir)?;
-        }
+        // A replica not open here but with a directory failed to open: not this replica.
+        replica::discard(&dir)?;
         let replication = peers.map(|p| self.replication(id, p)).transpose()?;
         let replica = Arc::new(TabletReplica::create(
             &dir,
@@ -253,7 +253,7 @@ impl TabletServer {
     /// Where the files of a tablet copy being received are put (a directory `open` skips,
     /// and removes).
     pub fn staging_dir(&self, id: &str) -> PathBuf {
-        self.tablets_dir.join(format!(".copy-{id}"))
+        replica::beside(&self.tablets_dir.join(id), "copy")
     }
 
     /// Creates this server's replica of tablet `id` from the files copied into
@@ -267,15 +267,12 @@ impl TabletServer {
             )));
         }
         let dir = self.tablets_dir.join(id);
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir)?;
-        }
-        std::fs::create_dir_all(&dir)?;
-        std::fs::rename(self.staging_dir(id), dir.join("data"))?;
+        replica::discard(&dir)?;
         let replication = self.replication(id, peers)?;
         let replica = TabletReplica::install(
             &dir,
             id,
+            &self.staging_dir(id),
             copy,
             self.options.clone(),
             self.clock.clone(),
@@ -283,7 +280,7 @@ impl TabletServer {
             Some(self.maintenance.signal().clone()),
         )
         .inspect_err(|_| {
-            let _ = std::fs::remove_dir_all(&dir);
+            let _ = replica::discard(&dir);
         })?;
         replicas.insert(id.to_string(), Arc::new(replica));
         Ok(())
@@ -328,9 +325,9 @@ impl TabletServer {
                 )));
             }
             let dir = server.tablets_dir.join(&id);
-            std::fs::rename(&staging, &dir)?;
             let replication = peers.map(|p| server.replication(&id, p)).transpose()?;
             let opened = TabletReplica::open_clone(
+                &staging,
                 &dir,
                 &id,
                 server.options.clone(),
@@ -339,7 +336,7 @@ impl TabletServer {
                 Some(server.maintenance.signal().clone()),
             );
             let opened = opened.inspect_err(|_| {
-                let _ = std::fs::remove_dir_all(&dir);
+                let _ = replica::discard(&dir);
             })?;
             replicas.insert(id, Arc::new(opened));
             Ok(())
@@ -396,7 +393,7 @@ impl TabletServer {
         let replica = self.replicas.write().remove(id);
         if let Some(replica) = replica {
             replica.stop();
-            std::fs::remove_dir_all(replica.dir())?;
+            replica::discard(replica.dir())?;
         }
         Ok(())
     }

@@ -250,7 +250,78 @@ impl TabletStateMachine {
 /// Where a replica in `tablets` stages clone `target` of its tablet: a directory that a
 /// server's start removes (an unclaimed clone holds nothing acknowledged).
 pub fn clone_staging_dir(tablets: &Path, target: &str) -> PathBuf {
-    tablets.join(format!(".clone-{target}"))
+    beside(&tablets.join(target), "clone")
+}
+
+/// The directory named `.{kind}-{name}` next to `dir` (named `name`): where a replica's
+/// directory is built before it appears, or goes before it is deleted. Names starting with a
+/// dot are no replica's; a tablet server's start removes them (see [`remove_staging`]).
+pub fn beside(dir: &Path, kind: &str) -> PathBuf {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    dir.with_file_name(format!(".{kind}-{name}"))
+}
+
+/// Makes the replica directory `dir` appear whole: `build` fills a staging directory beside
+/// it, which is then renamed to `dir` (and the rename made durable). A crash leaves either no
+/// `dir` or a complete one, never half a replica that the next start cannot open.
+fn build_in_place(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let staging = beside(dir, "new");
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)?;
+    }
+    std::fs::create_dir_all(&staging)?;
+    let built = build(&staging).and_then(|()| place(&staging, dir));
+    if built.is_err() {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    built
+}
+
+/// Renames the complete replica directory `staging` to `dir`, durably.
+fn place(staging: &Path, dir: &Path) -> Result<()> {
+    std::fs::rename(staging, dir)?;
+    sync_parent(dir)
+}
+
+fn sync_parent(dir: &Path) -> Result<()> {
+    if let Some(parent) = dir.parent() {
+        std::fs::File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Deletes the replica directory `dir`, if there is one, in a way a crash cannot leave half
+/// done: it is first renamed away (a name the next start removes), then removed.
+pub fn discard(dir: &Path) -> Result<()> {
+    let trash = beside(dir, "deleted");
+    if trash.exists() {
+        std::fs::remove_dir_all(&trash)?;
+    }
+    match std::fs::rename(dir, &trash) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    sync_parent(dir)?;
+    std::fs::remove_dir_all(&trash)?;
+    Ok(())
+}
+
+/// Removes what a crash left in `tablets` next to the replicas' directories: replicas half
+/// built (a creation, a tablet copy, a clone no replica was made of) or half deleted. Nothing
+/// in them was acknowledged as a replica of this server.
+pub fn remove_staging(tablets: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(tablets)? {
+        let entry = entry?;
+        if entry.file_name().to_string_lossy().starts_with('.') && entry.file_type()?.is_dir() {
+            tracing::info!(dir = %entry.path().display(), "removing a replica directory a crash left half made");
+            std::fs::remove_dir_all(entry.path())?;
+        }
+    }
+    Ok(())
 }
 
 impl StateMachine for TabletStateMachine {
@@ -420,12 +491,14 @@ impl TabletReplica {
         replication: Option<Replication>,
         maintenance: Option<Arc<MaintenanceSignal>>,
     ) -> Result<Self> {
-        std::fs::create_dir_all(dir)?;
-        if let Some(r) = &replication {
-            r.peers.write(dir)?;
-        }
-        let tablet = Tablet::create(&dir.join("data"), schema, options)?;
-        Self::start(dir, id, tablet, clock, replication, maintenance)
+        build_in_place(dir, |staging| {
+            if let Some(r) = &replication {
+                r.peers.write(staging)?;
+            }
+            Tablet::create(&staging.join("data"), schema, options.clone())?;
+            Ok(())
+        })?;
+        Self::open(dir, id, options, clock, replication, maintenance)
     }
 
     /// The peers of the replica in `dir`, if it is replicated.
@@ -657,9 +730,10 @@ impl TabletReplica {
         Ok(self.raft.last_applied())
     }
 
-    /// Opens the clone staged in `dir` as a new replica (of a group among `replication`'s
-    /// peers, or a single voter).
+    /// Makes the clone staged in `staged` (see [`clone_staging_dir`]) the replica `id` in
+    /// `dir` and opens it (one of a group among `replication`'s peers, or a single voter).
     pub fn open_clone(
+        staged: &Path,
         dir: &Path,
         id: &str,
         options: TabletOptions,
@@ -668,8 +742,9 @@ impl TabletReplica {
         maintenance: Option<Arc<MaintenanceSignal>>,
     ) -> Result<Self> {
         if let Some(r) = &replication {
-            r.peers.write(dir)?;
+            r.peers.write(staged)?;
         }
+        place(staged, dir)?;
         Self::open(dir, id, options, clock, replication, maintenance)
     }
 
@@ -833,32 +908,35 @@ impl TabletReplica {
             })?
     }
 
-    /// Opens replica `id` in `dir`, whose `data` holds files copied from another replica at
-    /// `copy`, as a learner of its group.
+    /// Creates replica `id` in `dir` from the tablet files in `copied` (taken from another
+    /// replica at `copy`) and opens it as a learner of its group.
+    #[allow(clippy::too_many_arguments)]
     pub fn install(
         dir: &Path,
         id: &str,
+        copied: &Path,
         copy: CopyPosition,
         options: TabletOptions,
         clock: Arc<HybridClock>,
         replication: Replication,
         maintenance: Option<Arc<MaintenanceSignal>>,
     ) -> Result<Self> {
-        let data = dir.join("data");
         let mut learners = copy.learners.clone();
         if !learners.contains(&replication.server_id) {
             learners.push(replication.server_id);
         }
-        nyala_raft::create_log_at(
-            &dir.join("wal"),
-            copy.index,
-            copy.term,
-            copy.voters,
-            learners,
-        )?;
-        replication.peers.write(dir)?;
-        let tablet = Tablet::open(&data, options)?;
-        Self::start(dir, id, tablet, clock, Some(replication), maintenance)
+        build_in_place(dir, |staging| {
+            std::fs::rename(copied, staging.join("data"))?;
+            nyala_raft::create_log_at(
+                &staging.join("wal"),
+                copy.index,
+                copy.term,
+                copy.voters,
+                learners,
+            )?;
+            replication.peers.write(staging)
+        })?;
+        Self::open(dir, id, options, clock, Some(replication), maintenance)
     }
 
     /// Proposes one membership change of the tablet's group (on its leader); `member_address`

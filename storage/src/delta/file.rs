@@ -178,7 +178,7 @@ impl DeltaFile {
         if let Some(expected) = meta.checksum {
             crate::checksum::verify(&path, expected)?;
         }
-        let file = File::open(&path)?;
+        let file = File::open(&path).map_err(StorageError::on(&path))?;
         let bytes = file.metadata()?.len();
         let metadata = load_metadata(&path, &file)?;
         let width = table.columns().len();

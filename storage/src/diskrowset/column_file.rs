@@ -61,7 +61,7 @@ impl ColumnFile {
     ) -> Result<ColumnFile, StorageError> {
         let path = dir.join(Self::file_name(meta.id));
         crate::checksum::verify(&path, meta.checksum)?;
-        let file = File::open(&path)?;
+        let file = File::open(&path).map_err(StorageError::on(&path))?;
         let metadata = load_metadata(&path, &file)?;
         let columns: Vec<usize> = meta.columns.iter().map(|&c| c as usize).collect();
         let expected = table.arrow_schema().project(&columns).map_err(|_| {

@@ -256,7 +256,7 @@ impl DiskRowSet {
         let path = dir.join(Self::file_name(id));
         let all: Vec<usize> = (0..table.columns().len()).collect();
         let checksum = write_columns(&path, table, &all, batches)?;
-        let file = File::open(&path)?;
+        let file = File::open(&path).map_err(StorageError::on(&path))?;
         let bytes = file.metadata()?.len();
         let metadata = load_metadata(&path, &file)?;
         let key_columns = table.key_columns().to_vec();
@@ -302,7 +302,7 @@ impl DiskRowSet {
         if let Some(expected) = checksum {
             crate::checksum::verify(&path, expected)?;
         }
-        let file = File::open(&path)?;
+        let file = File::open(&path).map_err(StorageError::on(&path))?;
         let bytes = file.metadata()?.len();
         let metadata = load_metadata(&path, &file)?;
         check_columns(&path, &metadata, &schema.arrow_schema())?;

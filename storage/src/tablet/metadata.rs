@@ -138,7 +138,7 @@ pub(super) fn write_metadata(
 
 pub(super) fn read_metadata(dir: &Path) -> Result<Metadata, StorageError> {
     let path = dir.join(METADATA);
-    let bytes = std::fs::read(&path)?;
+    let bytes = std::fs::read(&path).map_err(StorageError::on(&path))?;
     let bad = || StorageError::Corruption(format!("{} is damaged", path.display()));
     let (crc, json) = bytes.split_at_checked(9).ok_or_else(bad)?;
     let crc = std::str::from_utf8(&crc[..8])

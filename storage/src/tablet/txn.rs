@@ -398,7 +398,7 @@ pub(super) fn write_file(
 
 /// Reads a file [`write_file`] wrote: the pending transactions and their locks.
 pub(super) fn read_file(path: &Path, schema: &crate::Schema) -> Result<Pending, StorageError> {
-    let bytes = std::fs::read(path)?;
+    let bytes = std::fs::read(path).map_err(StorageError::on(path))?;
     let bad =
         |what: &str| StorageError::Corruption(format!("{} is damaged: {what}", path.display()));
     let (body, crc) = bytes
