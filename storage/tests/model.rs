@@ -670,6 +670,64 @@ fn history_beyond_the_retention_is_refused_and_dropped() {
     assert_eq!(scan(&tablet, now(), None), expected_now);
 }
 
+/// Flushes whose key ranges all overlap (a queue tablet's two queues, or scattered keys) are
+/// merged only with rowsets of alike size, as the maintenance thread runs them: each flushed
+/// row is rewritten about log2(flushes) times, not once per later flush, and a key is in about
+/// as many rowsets.
+#[test]
+fn merges_of_overlapping_flushes_rewrite_each_row_a_few_times() {
+    const FLUSHES: i64 = 32;
+    const ROWS: i64 = 100;
+    let schema = schema();
+    let dir = tempfile::tempdir().unwrap();
+    let tablet = Tablet::create(dir.path(), schema.clone(), TabletOptions::default()).unwrap();
+    // How many flushes each rowset holds, and how many flushes merges rewrote in all.
+    let mut holds: BTreeMap<u64, i64> = BTreeMap::new();
+    let mut rewritten = 0;
+    for f in 0..FLUSHES {
+        let entries: Vec<_> = (0..ROWS).map(|i| (i * FLUSHES + f, None, f)).collect();
+        let batch = WriteBatch::new(WriteKind::Insert, rows(&schema, &entries));
+        tablet.apply(f as u64 + 1, now(), &batch).unwrap();
+        tablet.flush().unwrap();
+        let flushed: Vec<u64> = tablet
+            .rowset_ids()
+            .into_iter()
+            .filter(|id| !holds.contains_key(id))
+            .collect();
+        assert_eq!(flushed.len(), 1);
+        holds.insert(flushed[0], 1);
+        while let Some(op) = tablet
+            .maintenance_ops()
+            .into_iter()
+            .find(|op| op.score >= 1.0 && matches!(op.kind, MaintenanceKind::MergeRowsets { .. }))
+        {
+            let MaintenanceKind::MergeRowsets { rowsets } = &op.kind else {
+                unreachable!()
+            };
+            let merged: i64 = rowsets.iter().map(|id| holds.remove(id).unwrap()).sum();
+            rewritten += merged;
+            tablet.compact(&op.kind).unwrap();
+            let made: Vec<u64> = tablet
+                .rowset_ids()
+                .into_iter()
+                .filter(|id| !holds.contains_key(id))
+                .collect();
+            assert_eq!(made.len(), 1, "{op:?}");
+            holds.insert(made[0], merged);
+        }
+    }
+    let log2 = FLUSHES.ilog2() as i64;
+    assert!(
+        rewritten <= FLUSHES * log2,
+        "merges rewrote {rewritten} flushes of {FLUSHES}"
+    );
+    assert!(tablet.rowset_count() as i64 <= log2 + 1, "{holds:?}");
+    let expected: Model = (0..ROWS * FLUSHES)
+        .map(|k| (k, (None, k % FLUSHES)))
+        .collect();
+    assert_eq!(scan(&tablet, now(), None), expected);
+}
+
 /// A damaged rowset or delta file is reported when the tablet opens, naming the file, instead
 /// of being read.
 #[test]

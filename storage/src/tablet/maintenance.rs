@@ -101,31 +101,41 @@ impl Tablet {
     }
 }
 
-/// The rowsets to merge so that key lookups consult fewer rowsets: those whose key ranges
-/// cover the key covered by most rowsets, smallest first within `budget` bytes; None if fewer
-/// than two.
+/// The rowsets to merge so that key lookups consult fewer rowsets: of those whose key ranges
+/// cover one key, the most that are alike in size, smallest first within `budget` bytes; None
+/// if fewer than two.
+///
+/// A rowset joins the smaller ones chosen before it only if it is at most 1.5 times their total
+/// size (flushes of the same rows differ a little). Merging every new flush into the big rowset it overlaps rewrote that rowset after each
+/// flush (a queue or any workload of scattered keys); merging only rowsets of alike size
+/// rewrites a row about log2(flushes) times, and leaves about as many rowsets at a key.
 fn overlapping_rowsets(
     rowsets: &[Arc<DiskRowSet>],
     tree: &RowSetTree,
     budget: u64,
 ) -> Option<Vec<u64>> {
-    // The deepest point is the first key of some rowset.
-    let mut best: Vec<usize> = Vec::new();
+    let size = |i: usize| rowsets[i].disk_bytes().max(1);
+    let mut best: Vec<u64> = Vec::new();
+    // The keys covered by most rowsets include the first key of some rowset.
     for (first, _) in rowsets.iter().filter_map(|r| r.key_bounds()) {
-        let covering = tree.covering(first);
-        if covering.len() > best.len() {
-            best = covering;
+        let mut covering = tree.covering(first);
+        if covering.len() <= best.len().max(1) {
+            continue;
+        }
+        covering.sort_by_key(|&i| size(i));
+        let mut total = 0;
+        let alike: Vec<u64> = covering
+            .into_iter()
+            .take_while(|&i| {
+                let joins = total == 0 || (2 * size(i) <= 3 * total && total + size(i) <= budget);
+                total += size(i);
+                joins
+            })
+            .map(|i| rowsets[i].id)
+            .collect();
+        if alike.len() > best.len() {
+            best = alike;
         }
     }
-    best.sort_by_key(|&i| rowsets[i].disk_bytes());
-    let mut total = 0;
-    let chosen: Vec<u64> = best
-        .into_iter()
-        .take_while(|&i| {
-            total += rowsets[i].disk_bytes();
-            total <= budget
-        })
-        .map(|i| rowsets[i].id)
-        .collect();
-    (chosen.len() >= 2).then_some(chosen)
+    (best.len() >= 2).then_some(best)
 }
