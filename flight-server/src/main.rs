@@ -262,6 +262,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() {
+    no_transparent_huge_pages();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -272,6 +273,20 @@ async fn main() {
     if let Err(e) = run(Cli::parse()).await {
         eprintln!("Error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+/// Turns transparent huge pages off for this process. The allocator returns freed memory to
+/// the system and takes it again as writes come and go; with huge pages each time meant a
+/// page fault that zeroed 2 MiB, wherever the memory was needed: under a steady enqueue load,
+/// 18 % of the Raft threads' time went to `clear_page_erms`. Without them bulk enqueue took
+/// 10 % less CPU per message and ran 10 % faster (`bench/queue_bench.py --threads 8`);
+/// lookups and queries did not change measurably.
+fn no_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: PR_SET_THP_DISABLE takes integers and only sets a flag of this process.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
     }
 }
 
