@@ -41,6 +41,13 @@ pub enum EngineError {
     Raft(#[from] RaftError),
     #[error("catalog corrupted: {0}")]
     CatalogCorrupted(String),
+    /// A tablet server's start could not open one of its replicas.
+    #[error("cannot open the replica of tablet {tablet} in {dir}: {source}")]
+    OpenReplica {
+        tablet: String,
+        dir: String,
+        source: Box<EngineError>,
+    },
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]

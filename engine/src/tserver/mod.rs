@@ -107,11 +107,10 @@ impl TabletServer {
                 replication,
                 Some(maintenance.signal().clone()),
             )
-            .map_err(|e| {
-                EngineError::CatalogCorrupted(format!(
-                    "cannot open the replica of tablet {id} in {}: {e}",
-                    entry.path().display()
-                ))
+            .map_err(|e| EngineError::OpenReplica {
+                tablet: id.clone(),
+                dir: entry.path().display().to_string(),
+                source: Box::new(e),
             })?;
             tracing::debug!(tablet = %id, "opened tablet replica");
             replicas.insert(id, Arc::new(replica));
