@@ -139,6 +139,9 @@ struct Segment {
     path: PathBuf,
     /// Bytes of its records (a recycled segment's file is longer).
     len: u64,
+    /// Whether it may become a spare: not if it holds entries a new leader replaced (the next
+    /// segment starts inside it), which a recycled file's reader could take for new ones.
+    recyclable: bool,
 }
 
 /// How a spare segment's file name starts (see the module comment).
@@ -246,6 +249,7 @@ impl DurableLog {
                     first_index: first,
                     path,
                     len: 0,
+                    recyclable: true,
                 });
             }
         }
@@ -254,9 +258,11 @@ impl DurableLog {
         // The index after what the mirror holds: each segment continues it or (a new leader
         // overwrote a suffix) starts inside it. Checked here, since MemStorage panics on a gap.
         let mut next_index = self.state.truncated_index.saturating_add(1);
+        let mut newest = Vec::with_capacity(segments.len());
         for (i, segment) in segments.iter_mut().enumerate() {
             let (entries, valid_len, torn) = read_segment(&segment.path, segment.first_index)?;
             segment.len = valid_len;
+            newest.push(entries.last().map(|e| e.index));
             if torn {
                 if i != last {
                     return Err(corruption(
@@ -295,6 +301,12 @@ impl DurableLog {
             }
             self.mem.wl().append(&entries)?;
         }
+        // A segment the next one starts inside holds entries a new leader replaced.
+        for i in 1..segments.len() {
+            if newest[i - 1].is_some_and(|n| n >= segments[i].first_index) {
+                segments[i - 1].recyclable = false;
+            }
+        }
         self.segments = segments;
         Ok(())
     }
@@ -326,6 +338,10 @@ impl DurableLog {
                 self.bytes = self.bytes.saturating_sub(seg.len);
                 std::fs::remove_file(&seg.path)?;
                 self.segments.pop();
+            }
+            // The segment the new entries replace part of.
+            if let Some(segment) = self.segments.last_mut() {
+                segment.recyclable = false;
             }
             self.roll(first)?;
         }
@@ -375,6 +391,7 @@ impl DurableLog {
                 first_index,
                 path: path.clone(),
                 len: 0,
+                recyclable: true,
             });
         }
         let file = OpenOptions::new()
@@ -393,7 +410,7 @@ impl DurableLog {
     /// becomes a spare if `recycle` and there are fewer than [`SPARES`], else it is deleted.
     fn retire(&mut self, segment: Segment, recycle: bool) -> Result<(), RaftError> {
         self.bytes = self.bytes.saturating_sub(segment.len);
-        if recycle && self.spares.len() < SPARES {
+        if recycle && segment.recyclable && self.spares.len() < SPARES {
             let spare = self.dir.join(format!("{SPARE}{}", segment.first_index));
             std::fs::rename(&segment.path, &spare)?;
             self.spares.push(spare);
@@ -765,5 +782,33 @@ mod tests {
         drop(log);
         let log = DurableLog::open(dir.path(), &[1], 1024, true).unwrap();
         assert_eq!(log.last_index(), 61);
+    }
+
+    /// A segment in which a new leader replaced entries is deleted, never written over: its
+    /// replaced entries are above the next segment's first index. Also after a restart.
+    #[test]
+    fn segments_with_replaced_entries_are_not_recycled() {
+        for restart in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut log = DurableLog::open(dir.path(), &[1], 1 << 20, true).unwrap();
+            let old: Vec<Entry> = (1..=10).map(|i| entry(i, vec![1; 50])).collect();
+            log.append(&old).unwrap();
+            let new: Vec<Entry> = (6..=20)
+                .map(|i| Entry {
+                    term: 2,
+                    ..entry(i, vec![2; 50])
+                })
+                .collect();
+            log.append(&new[..3]).unwrap();
+            log.append(&new[3..]).unwrap();
+            if restart {
+                drop(log);
+                log = DurableLog::open(dir.path(), &[1], 1 << 20, true).unwrap();
+            }
+            assert_eq!(read_all(&log, 6, 21), new);
+            log.truncate_prefix(7).unwrap();
+            assert!(log.spares.is_empty(), "restart {restart}");
+            assert_eq!(log.segments.len(), 1);
+        }
     }
 }
