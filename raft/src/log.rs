@@ -811,4 +811,86 @@ mod tests {
             assert_eq!(log.segments.len(), 1);
         }
     }
+
+    /// Random appends, suffix overwrites by a new term, truncations (some while the log takes
+    /// writes, so segments are recycled, some settling it) and reopenings, with small segments,
+    /// against a model of the entries the log must hold.
+    #[test]
+    fn random_appends_overwrites_truncations_and_reopens_match_a_model() {
+        use rand::{Rng, SeedableRng};
+        for seed in 0..8u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let dir = tempfile::tempdir().unwrap();
+            let open = || DurableLog::open(dir.path(), &[1], 600, true).unwrap();
+            let mut log = open();
+            // The entries after the truncation point, in index order.
+            let mut model: Vec<Entry> = Vec::new();
+            let (mut truncated, mut term) = (0u64, 1u64);
+            let mut recycled = 0;
+            for step in 0..400 {
+                let last = truncated + model.len() as u64;
+                match rng.random_range(0..20) {
+                    0..=11 => {
+                        let n = rng.random_range(1..5);
+                        let batch: Vec<Entry> = (last + 1..=last + n)
+                            .map(|i| {
+                                let len = rng.random_range(1..300);
+                                Entry {
+                                    term,
+                                    ..entry(i, vec![(i % 251) as u8; len])
+                                }
+                            })
+                            .collect();
+                        log.append(&batch).unwrap();
+                        model.extend(batch);
+                    }
+                    12..=13 if !model.is_empty() => {
+                        // A new leader replaces a suffix.
+                        term += 1;
+                        let from = rng.random_range(truncated + 1..=last);
+                        model.truncate((from - truncated - 1) as usize);
+                        let batch: Vec<Entry> = (from..from + rng.random_range(1..4))
+                            .map(|i| Entry {
+                                term,
+                                ..entry(i, vec![term as u8; 40])
+                            })
+                            .collect();
+                        log.append(&batch).unwrap();
+                        model.extend(batch);
+                    }
+                    14..=16 if !model.is_empty() => {
+                        // Durable up to a random point, or everything (the log settles).
+                        let to = match rng.random_bool(0.3) {
+                            true => last,
+                            false => rng.random_range(truncated..=last),
+                        };
+                        log.truncate_prefix(to).unwrap();
+                        if to > truncated {
+                            model.drain(..(to - truncated) as usize);
+                            truncated = to;
+                        }
+                        assert!(log.spares.len() <= SPARES);
+                        recycled += log.spares.len();
+                    }
+                    _ => {
+                        drop(log);
+                        log = open();
+                    }
+                }
+                let last = truncated + model.len() as u64;
+                assert_eq!(log.last_index(), last, "seed {seed} step {step}");
+                if !model.is_empty() {
+                    assert_eq!(
+                        read_all(&log, truncated + 1, last + 1),
+                        model,
+                        "seed {seed} step {step}"
+                    );
+                }
+            }
+            assert!(
+                recycled > 0,
+                "seed {seed}: no segment was kept to be written over"
+            );
+        }
+    }
 }
