@@ -301,6 +301,26 @@ impl DurableLog {
             }
             self.mem.wl().append(&entries)?;
         }
+        // A segment that holds no entry was created but never written (a crash between the
+        // roll and the append), or rolled for the entries after a settled log's. It goes: a
+        // segment is retired once the next one starts at the truncation point, as if that one
+        // held the entries from there on.
+        let mut kept = Vec::with_capacity(segments.len());
+        let mut removed = false;
+        for (i, segment) in segments.into_iter().enumerate() {
+            match newest[i].is_some() {
+                true => kept.push((segment, newest[i])),
+                false => {
+                    tracing::warn!(segment = %segment.path.display(), "removing an empty log segment");
+                    std::fs::remove_file(&segment.path)?;
+                    removed = true;
+                }
+            }
+        }
+        if removed && self.sync {
+            sync_dir(&self.dir)?;
+        }
+        let (mut segments, newest): (Vec<Segment>, Vec<Option<u64>>) = kept.into_iter().unzip();
         // A segment the next one starts inside holds entries a new leader replaced.
         for i in 1..segments.len() {
             if newest[i - 1].is_some_and(|n| n >= segments[i].first_index) {
@@ -892,5 +912,38 @@ mod tests {
                 "seed {seed}: no segment was kept to be written over"
             );
         }
+    }
+
+    /// A segment created but never written before a crash holds nothing. The log that reopens
+    /// removes it: truncation retires a segment once the next one starts at the truncation
+    /// point, and the empty one would have retired the entries only the older segment holds.
+    #[test]
+    fn an_empty_segment_left_by_a_crash_does_not_make_truncation_drop_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let first: Vec<Entry> = (1..=10)
+            .map(|i| entry(i, format!("entry {i}").into_bytes()))
+            .collect();
+        DurableLog::open(dir.path(), &[1], 1 << 20, true)
+            .unwrap()
+            .append(&first)
+            .unwrap();
+        // A new leader's entries from index 6 on: the segment was made, then the crash.
+        File::create(dir.path().join(format!("{:020}.seg", 6))).unwrap();
+        // Another leader keeps 6 and 7 and replaces the entries from 8 on.
+        let newer: Vec<Entry> = (8..=9)
+            .map(|i| Entry {
+                term: 2,
+                ..entry(i, format!("newer {i}").into_bytes())
+            })
+            .collect();
+        {
+            let mut log = DurableLog::open(dir.path(), &[1], 1 << 20, true).unwrap();
+            assert_eq!(read_all(&log, 1, 11), first);
+            log.append(&newer).unwrap();
+            log.truncate_prefix(5).unwrap();
+        }
+        let log = DurableLog::open(dir.path(), &[1], 1 << 20, true).unwrap();
+        let expected: Vec<Entry> = first[5..7].iter().chain(&newer).cloned().collect();
+        assert_eq!(read_all(&log, 6, 10), expected);
     }
 }
