@@ -280,8 +280,10 @@ fn build_in_place(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Result
     built
 }
 
-/// Renames the complete replica directory `staging` to `dir`, durably.
+/// Renames the complete replica directory `staging` to `dir`, durably: its own entries (the
+/// data directory, the log, the peers) first, then the rename.
 fn place(staging: &Path, dir: &Path) -> Result<()> {
+    std::fs::File::open(staging)?.sync_all()?;
     std::fs::rename(staging, dir)?;
     sync_parent(dir)
 }
