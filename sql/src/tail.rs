@@ -205,8 +205,13 @@ impl TailExec {
     /// The rows after the position, sorted, once some arrived or the wait is over.
     async fn rows(&self, context: Arc<TaskContext>) -> Result<RecordBatch> {
         let deadline = tokio::time::Instant::now() + self.wait;
+        // Where the rows a wait heard of are visible (no round to the tablets for a snapshot).
+        let mut woken_at = None;
         loop {
-            let plan = scan::pin_snapshot(self.scan.clone()).await?;
+            let plan = match woken_at.take() {
+                Some(snapshot) => scan::with_snapshot(self.scan.clone(), snapshot)?,
+                None => scan::pin_snapshot(self.scan.clone()).await?,
+            };
             let snapshot = (plan.downcast_ref::<NyalaScanExec>()).and_then(|s| s.snapshot());
             let batches = collect(plan, context.clone()).await?;
             let rows = concat_batches(&self.scan.schema(), &batches)?;
@@ -219,7 +224,7 @@ impl TailExec {
             };
             // Nothing yet: wait for a commit in one of the tablets read, then read again.
             let tablets = self.scan.tablets().to_vec();
-            (self
+            woken_at = (self
                 .client
                 .wait_for_write(&self.table, &tablets, snapshot, deadline - now))
             .await

@@ -374,25 +374,28 @@ impl Client {
     }
 
     /// Waits up to `timeout` for rows to become visible above `after` in any of the tablets
-    /// numbered `tablets` of `table` (a commit there wakes the wait at once). Returns whether
-    /// some did.
+    /// numbered `tablets` of `table` (a commit there wakes the wait at once). Returns, if some
+    /// did, a snapshot to read them at: when they became visible (or this client's newest
+    /// write, if later), which every tablet can serve without asking for its safe snapshot.
     pub async fn wait_for_write(
         &self,
         table: &TableInfo,
         tablets: &[usize],
         after: Timestamp,
         timeout: std::time::Duration,
-    ) -> Result<bool> {
+    ) -> Result<Option<Timestamp>> {
         let ids = tablets.iter().filter_map(|&t| table.tablets.get(t));
         let waits = ids.map(|id| Box::pin(self.tablets.wait_for_write(id, after, timeout)));
         let waits: Vec<_> = waits.collect();
         if waits.is_empty() {
             tokio::time::sleep(timeout).await;
-            return Ok(false);
+            return Ok(None);
         }
         // The first tablet to answer decides: rows arrived there, or the time is up.
         let (newest, _, _) = futures::future::select_all(waits).await;
-        Ok(newest? > after)
+        let newest = newest?;
+        let last_write = Timestamp(self.last_write.load(std::sync::atomic::Ordering::Acquire));
+        Ok((newest > after).then(|| newest.max(last_write)))
     }
 
     /// A write through this client became visible at `at`.
