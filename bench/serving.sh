@@ -7,7 +7,9 @@
 #
 # Arguments go to serving_bench. Builds release into $CARGO_TARGET_DIR (default
 # ~/.cache/nyala-target); SERVING_BENCH_PROFILE=debug builds and runs debug binaries instead (quick
-# checks only: the numbers mean nothing). PostgreSQL runs as the `postgres` OS user, so this needs
+# checks only: the numbers mean nothing). SERVING_FLOOR=1 then runs the same tests once more with
+# flight_sql_floor (a Flight SQL server doing no work) in Nyala's place: the floor that the
+# protocol, the client and the machine put under any Flight SQL server's figures. PostgreSQL runs as the `postgres` OS user, so this needs
 # root (or to run as postgres); PG_BIN overrides /usr/lib/postgresql/15/bin. Both servers and their
 # temporary directories are removed on exit, also after an error or Ctrl-C.
 set -euo pipefail
@@ -38,9 +40,9 @@ if [ ! -x "$PG_BIN/pg_ctl" ]; then
 fi
 
 if [ "$profile" = release ]; then
-  cargo build --release -p nyala-flight --bin nyala --example serving_bench
+  cargo build --release -p nyala-flight --bin nyala --example serving_bench --example flight_sql_floor
 else
-  cargo build -p nyala-flight --bin nyala --example serving_bench
+  cargo build -p nyala-flight --bin nyala --example serving_bench --example flight_sql_floor
 fi
 bin="$CARGO_TARGET_DIR/$profile"
 
@@ -48,14 +50,16 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/nyala-serving.XXXXXX")"
 chmod 755 "$work"  # PostgreSQL, running as postgres, keeps its files below it
 pg_dir="$work/postgres"
 nyala_pid=""
+floor_pid=""
 
 cleanup() {
   local status=$?
   trap - EXIT INT TERM
-  if [ -n "$nyala_pid" ]; then
-    kill "$nyala_pid" 2>/dev/null || true
-    wait "$nyala_pid" 2>/dev/null || true
-  fi
+  for pid in "$nyala_pid" "$floor_pid"; do
+    [ -n "$pid" ] || continue
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
   if [ -f "$pg_dir/data/postmaster.pid" ]; then
     as_postgres "$PG_BIN/pg_ctl" -D "$pg_dir/data" -m fast -w stop >/dev/null 2>&1 || true
   fi
@@ -119,3 +123,21 @@ echo "PostgreSQL: $("$PG_BIN/postgres" --version), scratch cluster at 127.0.0.1:
   "(fsync on, synchronous_commit on), trust authentication"
 "$bin/examples/serving_bench" --nyala "$nyala_addr" \
   --postgres "host=127.0.0.1 port=$pg_port user=postgres dbname=postgres" "$@"
+
+if [ "${SERVING_FLOOR:-0}" = 1 ]; then
+  kill "$nyala_pid" && wait "$nyala_pid" 2>/dev/null || true  # its CPU to the floor's run
+  nyala_pid=""
+  "$bin/examples/flight_sql_floor" --listen 127.0.0.1:0 >"$work/floor.log" 2>&1 &
+  floor_pid=$!
+  floor_addr=""
+  for _ in $(seq 100); do
+    floor_addr="$(grep -o -m1 'grpc://127\.0\.0\.1:[0-9]*' "$work/floor.log" || true)"
+    [ -n "$floor_addr" ] && break
+    sleep 0.1
+  done
+  [ -n "$floor_addr" ] || { echo "serving.sh: flight_sql_floor did not start" >&2; exit 1; }
+  echo
+  echo "The floor: flight_sql_floor (answers from memory, no database work) in Nyala's place"
+  "$bin/examples/serving_bench" --nyala "$floor_addr" \
+    --postgres "host=127.0.0.1 port=$pg_port user=postgres dbname=postgres" "$@"
+fi
