@@ -224,11 +224,12 @@ impl TailExec {
             };
             // Nothing yet: wait for a commit in one of the tablets read, then read again.
             let tablets = self.scan.tablets().to_vec();
-            woken_at = (self
-                .client
-                .wait_for_write(&self.table, &tablets, snapshot, deadline - now))
-            .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            woken_at =
+                (self
+                    .client
+                    .wait_for_write(&self.table, &tablets, snapshot, deadline - now))
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
         }
     }
 
