@@ -304,30 +304,28 @@ impl DurableLog {
         // A segment that holds no entry was created but never written (a crash between the
         // roll and the append), or rolled for the entries after a settled log's. It goes: a
         // segment is retired once the next one starts at the truncation point, as if that one
-        // held the entries from there on.
-        let mut kept = Vec::with_capacity(segments.len());
-        let mut removed = false;
-        for (i, segment) in segments.into_iter().enumerate() {
-            match newest[i].is_some() {
-                true => kept.push((segment, newest[i])),
-                false => {
+        // held the entries from there on. `kept`: each other segment with its newest entry.
+        let found = segments.len();
+        let mut kept: Vec<(Segment, u64)> = Vec::with_capacity(found);
+        for (segment, newest) in segments.into_iter().zip(newest) {
+            match newest {
+                Some(newest) => kept.push((segment, newest)),
+                None => {
                     tracing::warn!(segment = %segment.path.display(), "removing an empty log segment");
                     std::fs::remove_file(&segment.path)?;
-                    removed = true;
                 }
             }
         }
-        if removed && self.sync {
+        if kept.len() < found && self.sync {
             sync_dir(&self.dir)?;
         }
-        let (mut segments, newest): (Vec<Segment>, Vec<Option<u64>>) = kept.into_iter().unzip();
         // A segment the next one starts inside holds entries a new leader replaced.
-        for i in 1..segments.len() {
-            if newest[i - 1].is_some_and(|n| n >= segments[i].first_index) {
-                segments[i - 1].recyclable = false;
+        for i in 1..kept.len() {
+            if kept[i - 1].1 >= kept[i].0.first_index {
+                kept[i - 1].0.recyclable = false;
             }
         }
-        self.segments = segments;
+        self.segments = kept.into_iter().map(|(segment, _)| segment).collect();
         Ok(())
     }
 
