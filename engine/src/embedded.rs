@@ -154,10 +154,6 @@ impl Tablets for LocalTablets {
         self.0.replica(id)?.prepare_txn(txn).await
     }
 
-    async fn unprepare_txn(&self, id: &str, txn: u64) -> Result<()> {
-        self.0.replica(id)?.unprepare_txn(txn).await
-    }
-
     async fn finish_txn(
         &self,
         id: &str,

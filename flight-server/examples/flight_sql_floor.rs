@@ -11,7 +11,8 @@
 //!
 //! It answers every query with one row of the shape serving_bench expects (`SELECT 1`: one BIGINT;
 //! any other query: a key and ten 100-byte strings, YCSB's row), every prepared update with one
-//! row changed, and a plain INSERT with the number of rows in its VALUES list. It stores nothing:
+//! row changed, a plain INSERT with the number of rows in its VALUES list, and a bulk ingest
+//! (`bench/queue_bench.py --connect`) with the rows it decoded. It stores nothing:
 //! it is a measuring instrument, not a database.
 
 use std::pin::Pin;
@@ -20,14 +21,16 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::flight_service_server::FlightServiceServer;
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
     ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
     ActionCreatePreparedStatementResult, CommandPreparedStatementQuery,
-    CommandPreparedStatementUpdate, CommandStatementQuery, CommandStatementUpdate,
-    DoPutPreparedStatementResult, ProstMessageExt, SqlInfo, TicketStatementQuery,
+    CommandPreparedStatementUpdate, CommandStatementIngest, CommandStatementQuery,
+    CommandStatementUpdate, DoPutPreparedStatementResult, ProstMessageExt, SqlInfo,
+    TicketStatementQuery,
 };
 use arrow_flight::{FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
 use bytes::Bytes;
@@ -207,6 +210,26 @@ impl FlightSqlService for Floor {
     ) -> Result<i64, Status> {
         drain(request).await?;
         Ok(1)
+    }
+
+    /// Bulk ingest (`bench/queue_bench.py`'s producers): decodes the uploaded batches, as any
+    /// server must, and answers their row count.
+    async fn do_put_statement_ingest(
+        &self,
+        _command: CommandStatementIngest,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        let messages = request
+            .into_inner()
+            .map_err(arrow_flight::error::FlightError::from);
+        let mut batches = FlightRecordBatchStream::new_from_flight_data(messages);
+        let mut rows = 0;
+        while let Some(batch) = batches.next().await {
+            rows += batch
+                .map_err(|e| Status::invalid_argument(e.to_string()))?
+                .num_rows() as i64;
+        }
+        Ok(rows)
     }
 
     async fn do_action_create_prepared_statement(

@@ -34,5 +34,7 @@ pub use scan::{
 pub use schema::{
     ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema, AUTO_INCREMENT_COLUMN,
 };
-pub use tablet::{FailPoint, MaintenanceKind, MaintenanceOp, Tablet, TabletOptions, TxnState};
+pub use tablet::{
+    FailPoint, Holds, MaintenanceKind, MaintenanceOp, Tablet, TabletOptions, TxnState,
+};
 pub use write::{rows_bytes, TabletOp, Timestamp, WriteBatch, WriteKind, WriteOutcome};

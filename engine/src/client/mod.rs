@@ -5,7 +5,6 @@
 //! part (say, a duplicate key), the parts already accepted by other tablets stay, and
 //! [`WriteError`] says how many rows were applied.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
@@ -108,9 +107,6 @@ pub struct Client {
     /// read below it, so they see every write acknowledged before them, whichever tablets the
     /// writes and the reads went to.
     last_write: Arc<std::sync::atomic::AtomicU64>,
-    /// One lock per queue table (by table id), held by a transaction of this client from its
-    /// prepare to its commit (see [`Transaction::commit`]).
-    queue_commits: Arc<parking_lot::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -131,7 +127,6 @@ impl Client {
             catalog,
             tablets,
             last_write: Arc::default(),
-            queue_commits: Arc::default(),
         }
     }
 
@@ -240,9 +235,6 @@ impl Client {
             .partition
             .split(&table.schema, rows)
             .map_err(|error| WriteError { applied: 0, error })?;
-        if let Some(txn) = txn {
-            txn.writes(table);
-        }
         let writes = parts.into_iter().map(|(tablet, rows)| async move {
             let tablet = &table.tablets[tablet];
             if let Some(txn) = txn {

@@ -54,8 +54,6 @@ pub trait Tablets: Send + Sync + 'static {
     async fn txn_write(&self, id: &str, txn: u64, batch: &WriteBatch) -> Result<WriteOutcome>;
     /// Tablet `id` prepares transaction `txn` to commit; the prepare timestamp.
     async fn prepare_txn(&self, id: &str, txn: u64) -> Result<Timestamp>;
-    /// Tablet `id` undoes its prepare of transaction `txn`.
-    async fn unprepare_txn(&self, id: &str, txn: u64) -> Result<()>;
     /// Transaction `txn` commits at `commit` in tablet `id` (see
     /// [`crate::tserver::TabletReplica::finish_txn`]) or, with None, aborts.
     async fn finish_txn(
@@ -174,19 +172,6 @@ impl Tablets for RemoteTablets {
             })
             .await?;
         Ok(Timestamp(answer.prepare_ts))
-    }
-
-    async fn unprepare_txn(&self, id: &str, txn: u64) -> Result<()> {
-        self.meta
-            .call_leader(id, |mut server| {
-                let request = TxnRequest {
-                    tablet_id: id.into(),
-                    txn_id: txn,
-                };
-                async move { server.txn_unprepare(request).await }
-            })
-            .await
-            .map(drop)
     }
 
     async fn finish_txn(

@@ -38,8 +38,6 @@ pub struct Transaction {
     id: u64,
     client: Client,
     participants: Arc<Mutex<BTreeSet<String>>>,
-    /// The ids of the queue tables it wrote (see [`Transaction::commit`]).
-    queues: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl Client {
@@ -50,7 +48,6 @@ impl Client {
             id: rand::random::<u64>() | 1,
             client: self.clone(),
             participants: Arc::default(),
-            queues: Arc::default(),
         }
     }
 
@@ -174,28 +171,6 @@ impl Transaction {
             .await
     }
 
-    /// The transaction is about to write `table`.
-    pub(super) fn writes(&self, table: &crate::catalog::TableInfo) {
-        if table.schema.position_column().is_some() {
-            self.queues.lock().insert(table.id.clone());
-        }
-    }
-
-    /// Takes this client's locks of the queue tables the transaction wrote, in table id order
-    /// (so two transactions never wait for each other).
-    async fn lock_queues(&self) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
-        let queues: Vec<String> = self.queues.lock().iter().cloned().collect();
-        let mut guards = Vec::with_capacity(queues.len());
-        for id in queues {
-            let lock = (self.client.queue_commits.lock())
-                .entry(id)
-                .or_default()
-                .clone();
-            guards.push(lock.lock_owned().await);
-        }
-        guards
-    }
-
     /// Tablet `tablet` is about to take a write of the transaction.
     pub(super) fn joins(&self, tablet: &str) {
         let mut participants = self.participants.lock();
@@ -209,27 +184,17 @@ impl Transaction {
     pub async fn commit(&self) -> Result<()> {
         let participants: Vec<String> = self.participants.lock().iter().cloned().collect();
         let tablets = &self.client.tablets;
-        // A queue tablet commits one inserting transaction at a time: those of this client
-        // take turns here rather than retrying against each other there.
-        let turn = self.lock_queues().await;
         match participants.as_slice() {
             [] => Ok(()),
             [only] => {
-                // (A queue's tablet commits no insert while an inserting transaction is
-                // prepared there: this one waits its turn.)
                 let commit = || tablets.finish_txn(only, self.id, Some(Timestamp(0)));
                 let finished = super::when_unlocked(commit).await?;
                 self.client.written_at(finished.visible_at);
                 Ok(())
             }
             _ => {
-                let prepared = match turn.is_empty() {
-                    true => {
-                        let all = join_all(participants.iter().map(|t| self.prepare(t))).await;
-                        newest(all)
-                    }
-                    false => self.prepare_queues(&participants).await,
-                };
+                let prepared = join_all(participants.iter().map(|t| self.prepare(t))).await;
+                let prepared = newest(prepared);
                 let commit_ts = match prepared {
                     Ok(ts) => ts,
                     Err(e) => {
@@ -255,10 +220,6 @@ impl Transaction {
                     }
                 }
                 crash_point("txn-decided");
-                // Decided: this client's next transaction on the same queues may prepare now.
-                // Each tablet puts its prepare in the log after this one's commit (see
-                // `TabletReplica::prepare_txn`), so positions still follow the commits.
-                drop(turn);
                 let finished = join_all(
                     (participants.iter()).map(|t| tablets.finish_txn(t, self.id, Some(commit_ts))),
                 );
@@ -277,35 +238,7 @@ impl Transaction {
 
     /// Prepares the transaction in tablet `tablet`; returns the prepare timestamp.
     async fn prepare(&self, tablet: &str) -> Result<Timestamp> {
-        super::when_unlocked(|| self.client.tablets.prepare_txn(tablet, self.id)).await
-    }
-
-    /// Prepares a transaction that wrote queue tables in all its `participants` at once;
-    /// returns the newest prepare timestamp. A queue's tablet prepares one inserting
-    /// transaction at a time: this client's take turns (see [`Self::lock_queues`]), but
-    /// another client's may hold some of the tablets. Then this one lets go of those it
-    /// prepared, so that neither waits for the other, and tries again a little later.
-    async fn prepare_queues(&self, participants: &[String]) -> Result<Timestamp> {
-        let tablets = &self.client.tablets;
-        let started = std::time::Instant::now();
-        let mut pause = std::time::Duration::from_micros(200);
-        loop {
-            let answers = join_all(participants.iter().map(|t| tablets.prepare_txn(t, self.id)));
-            let answers = answers.await;
-            let locked = |a: &Result<Timestamp>| {
-                matches!(a, Err(EngineError::Storage(StorageError::Locked { .. })))
-            };
-            if !answers.iter().any(locked) || started.elapsed() + pause >= super::LOCK_WAIT {
-                return newest(answers);
-            }
-            let prepared = (participants.iter().zip(&answers)).filter(|(_, a)| a.is_ok());
-            let undone = join_all(prepared.map(|(t, _)| tablets.unprepare_txn(t, self.id)));
-            undone.await.into_iter().collect::<Result<Vec<()>>>()?;
-            // Jittered, so that two clients do not meet again at once.
-            let jitter = rand::random::<u32>() % 1000;
-            tokio::time::sleep(pause.mul_f64(0.5 + f64::from(jitter) / 1000.0)).await;
-            pause = (pause * 2).min(std::time::Duration::from_millis(20));
-        }
+        self.client.tablets.prepare_txn(tablet, self.id).await
     }
 
     /// Aborts: no write of the transaction becomes visible.

@@ -49,7 +49,6 @@ type AppliedAnswer = std::result::Result<
 
 /// How long a queue tablet's prepare waits for the commits it must follow to be in the log
 /// before it is proposed anyway (and refused when applied, if they are still not there).
-const QUEUE_PREPARE_WAIT: Duration = Duration::from_millis(50);
 
 impl Peers {
     fn read(dir: &Path) -> Result<Option<Peers>> {
@@ -93,17 +92,13 @@ struct InflightWrites {
     /// The newest timestamp rows became visible at, for readers waiting for new rows (see
     /// [`TabletReplica::wait_for_write`]).
     written: tokio::sync::watch::Sender<u64>,
-    /// Woken when a transaction's end is proposed or applied (see
-    /// [`TabletReplica::prepare_txn`]).
-    ending: tokio::sync::Notify,
 }
 
 #[derive(Default)]
 struct Pending {
     writes: BTreeSet<u64>,
+    /// Held timestamps: transactions prepared, rows waiting for their turn.
     prepared: BTreeSet<u64>,
-    /// Transactions whose commit or abort is in the log, not yet applied.
-    ending: BTreeSet<u64>,
 }
 
 impl Pending {
@@ -121,14 +116,17 @@ impl InflightWrites {
         self.pending.lock()
     }
 
-    /// A transaction prepared at `ts`: snapshots at and above it wait for its commit or abort.
-    fn hold(&self, ts: u64) {
-        self.pending.lock().prepared.insert(ts);
-    }
-
-    /// The transaction prepared at `ts` ended.
-    fn release(&self, ts: u64) {
-        self.pending.lock().prepared.remove(&ts);
+    /// Snapshots at and above each timestamp `holds.hold` wait (a transaction prepared, rows
+    /// waiting for their turn) until it is in a later `holds.release`.
+    fn change_holds(&self, holds: &nyala_storage::Holds) {
+        if holds.hold.is_empty() && holds.release.is_empty() {
+            return;
+        }
+        let mut pending = self.pending.lock();
+        pending.prepared.extend(holds.hold.iter().map(|t| t.0));
+        for t in &holds.release {
+            pending.prepared.remove(&t.0);
+        }
         self.left.notify_all();
     }
 
@@ -354,54 +352,40 @@ impl StateMachine for TabletStateMachine {
                 tablet.apply_txn_write(index, logged.ts, *txn, batch)
             }
             TabletOp::TxnPrepare { txn } => {
-                let prepared = tablet.prepare_txn(index, logged.ts, *txn);
-                if let Ok(true) = prepared {
-                    // Held until the commit or abort (on every replica, and on replay).
-                    self.inflight.hold(logged.ts.0);
-                }
-                prepared.map(|_| WriteOutcome::default())
+                (tablet.prepare_txn(index, logged.ts, *txn)).map(|_| WriteOutcome::default())
             }
             TabletOp::TxnUnprepare { txn } => {
-                if let Some(p) = tablet.unprepare_txn(index, *txn) {
-                    self.inflight.release(p.0);
-                }
-                Ok(WriteOutcome::default())
+                (tablet.unprepare_txn(index, *txn)).map(|()| WriteOutcome::default())
             }
             TabletOp::TxnCommit { txn, commit_ts } => {
-                let prepared = tablet.txn_state(*txn).and_then(|t| t.prepared);
                 // A commit without prepare (one participant) commits at its own timestamp.
                 let at = match commit_ts.0 {
                     0 => logged.ts,
                     _ => *commit_ts,
                 };
                 self.clock.observe(at);
-                let committed = tablet.commit_txn(index, at, *txn).map(committed_at(at));
-                if let Some(p) = prepared {
-                    self.inflight.release(p.0);
-                }
-                committed
+                tablet.commit_txn(index, at, *txn).map(committed_at(at))
             }
             TabletOp::TxnAbort { txn } => {
-                let prepared = tablet.txn_state(*txn).and_then(|t| t.prepared);
-                tablet.abort_txn(index, *txn);
-                if let Some(p) = prepared {
-                    self.inflight.release(p.0);
-                }
-                Ok(WriteOutcome::default())
+                (tablet.abort_txn(index, *txn)).map(|()| WriteOutcome::default())
             }
             TabletOp::Clone { target, as_of } => self
                 .stage_clone(index, target, *as_of)
                 .map(|()| WriteOutcome::default()),
         };
+        let holds = tablet.take_holds();
+        self.inflight.change_holds(&holds);
+        let visible = (result.as_ref().ok())
+            .and_then(|outcome| outcome.visible_at.filter(|_| outcome.rows > 0));
+        if let Some(at) = visible.max(holds.visible) {
+            // Wakes the readers waiting for new rows (queue tails).
+            self.inflight.written.send_if_modified(|newest| {
+                let newer = at.0 > *newest;
+                *newest = (*newest).max(at.0);
+                newer
+            });
+        }
         if let Ok(outcome) = &result {
-            if let Some(at) = outcome.visible_at.filter(|_| outcome.rows > 0) {
-                // Wakes the readers waiting for new rows (queue tails).
-                self.inflight.written.send_if_modified(|newest| {
-                    let newer = at.0 > *newest;
-                    *newest = (*newest).max(at.0);
-                    newer
-                });
-            }
             // Rows count when they become visible (a transaction's at its commit), bytes when
             // they arrive.
             let metrics = crate::metrics::engine();
@@ -532,12 +516,9 @@ impl TabletReplica {
     ) -> Result<Self> {
         let tablet = Arc::new(tablet);
         let inflight = Inflight::default();
-        // Transactions prepared before the last flush (their prepare is not replayed).
-        for txn in tablet.pending_txns() {
-            if let Some(p) = txn.prepared {
-                inflight.hold(p.0);
-            }
-        }
+        // Transactions prepared and turns waiting before the last flush (their entries are
+        // not replayed).
+        inflight.change_holds(&tablet.take_holds());
         let sm = TabletStateMachine {
             tablet: tablet.clone(),
             inflight: inflight.clone(),
@@ -639,72 +620,31 @@ impl TabletReplica {
 
     /// Replicates that transaction `txn` is committing; returns the prepare timestamp, a lower
     /// bound of the commit timestamp.
-    ///
-    /// A queue tablet commits one inserting transaction at a time (positions follow commits):
-    /// the prepare of one goes into the log once the commits of those committing before it
-    /// are there ahead of it, so a client's next transaction prepares while the tablet applies
-    /// the last one's commit. It waits up to [`QUEUE_PREPARE_WAIT`] for that; then it is
-    /// proposed anyway, and refused when applied if they are still committing.
     pub async fn prepare_txn(&self, txn: u64) -> Result<Timestamp> {
-        let op = TabletOp::TxnPrepare { txn }.encode();
-        let deadline = tokio::time::Instant::now() + QUEUE_PREPARE_WAIT;
-        let (ts, applied) = loop {
-            let ending = self.inflight.ending.notified();
-            tokio::pin!(ending);
-            ending.as_mut().enable();
-            let blockers = self.tablet.queue_prepare_blockers(txn);
-            {
-                let mut pending = self.inflight.lock();
-                let ahead = blockers.iter().all(|b| pending.ending.contains(b));
-                if ahead || tokio::time::Instant::now() >= deadline {
-                    break self.enqueue(&mut pending, &op);
-                }
-            }
-            // (A commit that ends some other way, an abort by resolution, also notifies; the
-            // short timeout only bounds a missed case.)
-            let _ = tokio::time::timeout(Duration::from_millis(2), ending).await;
-        };
-        let (ts, _) = self.applied(ts, applied).await?;
+        let op = TabletOp::TxnPrepare { txn };
+        let (ts, _) = self.propose_with(|| Ok(op.encode())).await?;
         // Prepared before (a retried call): that prepare holds, at its timestamp.
         let prepared = self.tablet.txn_state(txn).and_then(|t| t.prepared);
         Ok(prepared.unwrap_or(ts))
     }
 
-    /// Replicates that transaction `txn` is no longer prepared here (see
-    /// [`Tablet::unprepare_txn`]).
-    pub async fn unprepare_txn(&self, txn: u64) -> Result<()> {
-        let op = TabletOp::TxnUnprepare { txn };
-        let unprepared = self.propose_with(|| Ok(op.encode())).await.map(drop);
-        self.inflight.ending.notify_waiters();
-        unprepared
-    }
-
     /// Replicates the end of transaction `txn`: its commit at `commit` (None: an abort; a
     /// timestamp of 0: at the commit entry's own, for a transaction with one participant that
-    /// was not prepared). Returns the rows it applied and when they became visible.
+    /// was not prepared). Returns the rows it commits and when they become visible (in a queue
+    /// table maybe after this returns: snapshots at or above it wait for them).
     pub async fn finish_txn(&self, txn: u64, commit: Option<Timestamp>) -> Result<WriteOutcome> {
         let op = match commit {
             Some(commit_ts) => {
-                // A prepare proposed after this commit (see `prepare_txn`) takes a later
-                // timestamp, so the next transaction commits above this one.
+                // A prepare proposed after this commit takes a later timestamp, so the next
+                // transaction commits above this one.
                 if commit_ts.0 != 0 {
                     self.clock.observe(commit_ts);
                 }
                 TabletOp::TxnCommit { txn, commit_ts }
             }
             None => TabletOp::TxnAbort { txn },
-        }
-        .encode();
-        let (ts, applied) = {
-            let mut pending = self.inflight.lock();
-            let enqueued = self.enqueue(&mut pending, &op);
-            pending.ending.insert(txn);
-            enqueued
         };
-        self.inflight.ending.notify_waiters();
-        let finished = self.applied(ts, applied).await;
-        self.inflight.lock().ending.remove(&txn);
-        self.inflight.ending.notify_waiters();
+        let finished = self.propose_with(|| Ok(op.encode())).await;
         finished.map(|(_, outcome)| outcome)
     }
 

@@ -213,18 +213,6 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
         self.respond(prepared.map(|ts| TxnPrepareResponse { prepare_ts: ts.0 }))
     }
 
-    async fn txn_unprepare(
-        &self,
-        request: Request<TxnRequest>,
-    ) -> std::result::Result<Response<Empty>, Status> {
-        let unprepare = request.into_inner();
-        let done = async {
-            let replica = self.server.replica(&unprepare.tablet_id)?;
-            replica.unprepare_txn(unprepare.txn_id).await
-        };
-        self.respond(done.await.map(|()| Empty {}))
-    }
-
     async fn txn_finish(
         &self,
         request: Request<TxnFinishRequest>,

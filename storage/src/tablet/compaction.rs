@@ -38,9 +38,10 @@ impl Tablet {
             }
             // Transactions pending now have log entries at or before `durable`: the files
             // must hold their writes too, in a file of their own.
-            let pending = (!state.txns.is_empty()).then(|| {
+            let pending = (!state.txns.is_empty() || !state.turns.is_empty()).then(|| {
                 state.next_rowset_id += 1;
-                (state.next_rowset_id - 1, state.txns.clone())
+                let id = state.next_rowset_id - 1;
+                (id, state.txns.clone(), state.turns.clone())
             });
             // Writes from now on go to a new MemRowSet and new DeltaMemStores; these are
             // written out.
@@ -52,9 +53,9 @@ impl Tablet {
             (Snapshot::of(&state), durable, pending)
         };
         snapshot.txns_file = None;
-        if let Some((id, txns)) = pending {
+        if let Some((id, txns, turns)) = pending {
             let path = self.dir.join(txn::file_name(id));
-            if let Err(e) = txn::write_file(&path, &txns) {
+            if let Err(e) = txn::write_file(&path, &txns, &turns) {
                 let _ = std::fs::remove_file(&path);
                 self.state.write().thaw();
                 return Err(e);

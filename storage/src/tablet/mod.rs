@@ -51,7 +51,7 @@ use crate::{Schema, StorageError, Timestamp};
 
 pub use maintenance::{MaintenanceKind, MaintenanceOp};
 use metadata::{read_metadata, write_metadata, Metadata, METADATA};
-pub use txn::TxnState;
+pub use txn::{Holds, TxnState};
 
 #[derive(Clone, Debug)]
 pub struct TabletOptions {
@@ -152,6 +152,10 @@ struct State {
     /// (see `txn.rs`).
     txns: BTreeMap<u64, txn::PendingTxn>,
     locks: HashMap<Vec<u8>, u64>,
+    /// Committed rows of a queue table waiting for their turn (see `txn.rs`).
+    turns: txn::Turns,
+    /// See [`Tablet::take_holds`].
+    holds: txn::Holds,
     /// The file holding the pending transactions as of `durable_index`, if there were any.
     txns_file: Option<u64>,
     /// See [`Metadata::position_base`].
@@ -236,6 +240,15 @@ impl Tablet {
         deltas: Vec<RowsetDeltas>,
         pending: txn::Pending,
     ) -> Tablet {
+        let (txns, locks, turns) = pending;
+        // Transactions prepared and turns waiting before the last flush (the entries that
+        // held them back are not replayed).
+        let holds = txn::Holds {
+            hold: (txns.values().filter_map(|t| t.prepared))
+                .chain(turns.values().map(|t| t.held))
+                .collect(),
+            ..Default::default()
+        };
         Tablet {
             dir: dir.to_path_buf(),
             options,
@@ -255,8 +268,10 @@ impl Tablet {
                 last_applied: meta.durable_index,
                 durable_index: meta.durable_index,
                 next_auto_id: meta.next_auto_id.max(1),
-                txns: pending.0,
-                locks: pending.1,
+                txns,
+                locks,
+                turns,
+                holds,
                 txns_file: meta.txns_file,
                 position_base: meta.position_base,
             }),

@@ -9,9 +9,19 @@
 //! committing: it takes no more writes, and its prepare timestamp bounds the commit timestamp
 //! from below (the replica holds back snapshots at and above it until the commit or abort).
 //!
-//! Pending transactions survive flushes: a flush that makes entries of a pending transaction
-//! durable writes the transaction's writes to a file the metadata names (`txns-<id>`), read
-//! back on open. Every step is deterministic, so replicas and replays agree.
+//! In a queue table (a POSITION column), new rows take their positions when they are applied,
+//! so positions follow the log; readers must also see them become visible in that order, or a
+//! consumer could see position 9 and later find a position 8 it skipped. So committed inserts
+//! take turns ([`Turn`]): one applies only when no transaction prepared below its commit
+//! timestamp is still undecided (that one could commit below it), and turns go in commit
+//! timestamp order. Many transactions inserting into one queue tablet can thus be prepared and
+//! decided at once; only the application of their rows is ordered. A turn that waits holds back
+//! the replica's snapshots at its timestamp, as a prepared transaction does ([`Holds`]).
+//!
+//! Pending transactions and turns survive flushes: a flush that makes entries of a pending
+//! transaction durable writes the transaction's writes to a file the metadata names
+//! (`txns-<id>`), read back on open. Every step is deterministic, so replicas and replays
+//! agree.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
@@ -30,7 +40,7 @@ pub(super) struct PendingTxn {
     /// Whether each key the transaction wrote exists after its writes.
     present: HashMap<Vec<u8>, bool>,
     /// The prepare timestamp, once prepared.
-    prepared: Option<Timestamp>,
+    pub(super) prepared: Option<Timestamp>,
     /// The timestamp of its latest write here.
     last_write: Timestamp,
 }
@@ -44,21 +54,40 @@ impl PendingTxn {
             last_write: ts,
         }
     }
-
-    /// Whether it is committing and inserts rows here (in a queue table, they take positions
-    /// at the commit).
-    pub(super) fn commits_inserts(&self) -> bool {
-        self.prepared.is_some() && self.inserts()
-    }
-
-    /// Whether it inserts rows here.
-    fn inserts(&self) -> bool {
-        (self.writes.iter()).any(|w| matches!(w.kind, WriteKind::Insert | WriteKind::InsertIgnore))
-    }
 }
 
-/// Pending transactions and the keys they locked.
-pub(super) type Pending = (BTreeMap<u64, PendingTxn>, HashMap<Vec<u8>, u64>);
+/// Whether `writes` insert rows.
+fn inserts(writes: &[WriteBatch]) -> bool {
+    (writes.iter()).any(|w| matches!(w.kind, WriteKind::Insert | WriteKind::InsertIgnore))
+}
+
+/// Committed rows of a queue table waiting for their turn to be applied (see the module
+/// comment): a transaction's commit, or a plain insert.
+#[derive(Clone)]
+pub(super) struct Turn {
+    /// The transaction, whose keys stay locked until its rows are applied.
+    txn: Option<u64>,
+    keys: Vec<Vec<u8>>,
+    /// The timestamp the replica holds snapshots back at until then.
+    pub(super) held: Timestamp,
+    writes: Vec<WriteBatch>,
+}
+
+/// Turns, by (commit timestamp, the log index of the entry that committed them).
+pub(super) type Turns = BTreeMap<(Timestamp, u64), Turn>;
+
+/// Pending transactions, the keys they locked, and the turns waiting.
+pub(super) type Pending = (BTreeMap<u64, PendingTxn>, HashMap<Vec<u8>, u64>, Turns);
+
+/// Timestamps at which the applied log entries made the replica start or stop holding back
+/// snapshots (a scan at or above a held timestamp waits), and the newest timestamp rows became
+/// visible at through a turn. The replica takes them after each entry ([`Tablet::take_holds`]).
+#[derive(Debug, Default, PartialEq)]
+pub struct Holds {
+    pub hold: Vec<Timestamp>,
+    pub release: Vec<Timestamp>,
+    pub visible: Option<Timestamp>,
+}
 
 /// A pending transaction as others see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,17 +239,14 @@ impl Tablet {
     pub fn prepare_txn(&self, index: u64, ts: Timestamp, txn: u64) -> Result<bool, StorageError> {
         let mut state = self.state.write();
         state.last_applied = state.last_applied.max(index);
-        if !state.queue_blockers(txn).is_empty() {
-            // One transaction inserting into a queue commits at a time, so positions (taken
-            // at the commit) increase with the commit timestamps.
-            return Err(StorageError::Locked {
-                key: "(the queue's next positions: another transaction is committing)".into(),
-            });
-        }
         match state.txns.get_mut(&txn) {
             Some(pending) => {
                 let first = pending.prepared.is_none();
                 pending.prepared.get_or_insert(ts);
+                if first {
+                    // Held until the commit or abort (on every replica, and on replay).
+                    state.holds.hold.push(ts);
+                }
                 Ok(first)
             }
             None => Err(StorageError::TxnState(format!(
@@ -230,67 +256,144 @@ impl Tablet {
     }
 
     /// Applies log entry `index`: transaction `txn` is no longer prepared (it may prepare
-    /// again); its prepare timestamp, if it was prepared.
-    pub fn unprepare_txn(&self, index: u64, txn: u64) -> Option<Timestamp> {
+    /// again). Written by servers before queue transactions took turns (kept for their logs).
+    pub fn unprepare_txn(&self, index: u64, txn: u64) -> Result<(), StorageError> {
         let mut state = self.state.write();
         state.last_applied = state.last_applied.max(index);
-        state.txns.get_mut(&txn).and_then(|t| t.prepared.take())
+        let unprepared = state.txns.get_mut(&txn).and_then(|t| t.prepared.take());
+        state.holds.release.extend(unprepared);
+        self.take_turns(&mut state, index)
     }
 
     /// Applies log entry `index`: transaction `txn` commits at `ts`, its writes become visible
-    /// and its keys unlocked. Returns the rows applied (0 for a transaction unknown here: one
-    /// already finished).
+    /// and its keys unlocked; in a queue table, when its turn comes (see the module comment),
+    /// maybe at a later entry. Returns the rows it commits (0 for a transaction unknown here:
+    /// one already finished).
     pub fn commit_txn(&self, index: u64, ts: Timestamp, txn: u64) -> Result<usize, StorageError> {
         let mut state = self.state.write();
         state.last_applied = state.last_applied.max(index);
-        let unprepared_inserts =
-            (state.txns.get(&txn)).is_some_and(|t| t.prepared.is_none() && t.inserts());
-        let other_committing = (state.txns.iter()).any(|(&id, t)| id != txn && t.commits_inserts());
-        if state.schema.position_column().is_some() && unprepared_inserts && other_committing {
-            // Committing at once, its rows would take positions above the prepared one's and
-            // yet become visible before them: it waits (as a plain insert does).
-            return Err(StorageError::Locked {
-                key: "(the queue's next positions: another transaction is committing)".into(),
-            });
-        }
         let Some(pending) = state.txns.remove(&txn) else {
             return Ok(0);
         };
-        for key in pending.present.keys() {
-            state.locks.remove(key);
+        let keys: Vec<Vec<u8>> = pending.present.into_keys().collect();
+        if state.schema.position_column().is_none() || !inserts(&pending.writes) {
+            for key in &keys {
+                state.locks.remove(key);
+            }
+            state.holds.release.extend(pending.prepared);
+            return self.apply_committed(&mut state, index, ts, pending.writes, &mut 0);
         }
-        let mut rows = 0;
-        let schema = state.schema.clone();
-        let mut inserted = 0;
-        for write in pending.writes {
-            let kind = write.kind;
-            let write_rows = match queue_write(&schema, kind)? {
-                // A queue's new rows take their positions now, from the commit's log entry.
-                QueueWrite::Insert => {
-                    let n = write.rows.num_rows() as u64;
-                    let entry = state.entry_position(index);
-                    let positioned = with_positions(&schema, &write.rows, entry, inserted, false)?;
-                    inserted += n;
-                    positioned
-                }
-                QueueWrite::Other => write.rows,
-            };
-            // Checked when written, and their keys were locked since: this cannot fail but
-            // on damaged storage.
-            rows += self.apply_rows(&mut state, ts, kind, write_rows)?;
-        }
+        let rows = pending.writes.iter().map(|w| w.rows.num_rows()).sum();
+        let held = pending.prepared.unwrap_or_else(|| {
+            state.holds.hold.push(ts);
+            ts
+        });
+        let turn = Turn {
+            txn: Some(txn),
+            keys,
+            held,
+            writes: pending.writes,
+        };
+        state.turns.insert((ts, index), turn);
+        self.take_turns(&mut state, index)?;
         Ok(rows)
     }
 
     /// Applies log entry `index`: transaction `txn` aborts; its writes here are dropped.
-    pub fn abort_txn(&self, index: u64, txn: u64) {
+    pub fn abort_txn(&self, index: u64, txn: u64) -> Result<(), StorageError> {
         let mut state = self.state.write();
         state.last_applied = state.last_applied.max(index);
         if let Some(pending) = state.txns.remove(&txn) {
             for key in pending.present.keys() {
                 state.locks.remove(key);
             }
+            state.holds.release.extend(pending.prepared);
         }
+        self.take_turns(&mut state, index)
+    }
+
+    /// A plain insert into a queue table at `ts` (log entry `index`) that must wait for its
+    /// turn ([`State::waits_for_turn`]): its `rows` are checked, their positions not yet set.
+    pub(super) fn insert_in_turn(
+        &self,
+        state: &mut State,
+        index: u64,
+        ts: Timestamp,
+        rows: WriteBatch,
+    ) -> WriteOutcome {
+        let n = rows.rows.num_rows();
+        state.holds.hold.push(ts);
+        let turn = Turn {
+            txn: None,
+            keys: Vec::new(),
+            held: ts,
+            writes: vec![rows],
+        };
+        state.turns.insert((ts, index), turn);
+        // Visible at `ts` once applied; snapshots at or above it wait until then.
+        WriteOutcome {
+            rows: n,
+            conflicts: Vec::new(),
+            visible_at: Some(ts),
+        }
+    }
+
+    /// Applies, as log entry `index`, the turns that have come: in commit timestamp order, each
+    /// once no transaction prepared below its timestamp is undecided.
+    fn take_turns(&self, state: &mut State, index: u64) -> Result<(), StorageError> {
+        let mut inserted = 0;
+        while let Some((&(at, _), _)) = state.turns.first_key_value() {
+            if state.undecided_below(at) {
+                break;
+            }
+            let Some((_, turn)) = state.turns.pop_first() else {
+                break;
+            };
+            for key in &turn.keys {
+                state.locks.remove(key);
+            }
+            self.apply_committed(state, index, at, turn.writes, &mut inserted)?;
+            state.holds.release.push(turn.held);
+            state.holds.visible = state.holds.visible.max(Some(at));
+        }
+        Ok(())
+    }
+
+    /// Applies a transaction's `writes` at `ts` as log entry `index`; a queue's new rows take
+    /// their positions from the entry, after the `inserted` rows it gave positions already.
+    fn apply_committed(
+        &self,
+        state: &mut State,
+        index: u64,
+        ts: Timestamp,
+        writes: Vec<WriteBatch>,
+        inserted: &mut u64,
+    ) -> Result<usize, StorageError> {
+        let schema = state.schema.clone();
+        let mut rows = 0;
+        for write in writes {
+            let kind = write.kind;
+            let write_rows = match queue_write(&schema, kind)? {
+                QueueWrite::Insert => {
+                    let entry = state.entry_position(index);
+                    let positioned = with_positions(&schema, &write.rows, entry, *inserted, false)?;
+                    *inserted += write.rows.num_rows() as u64;
+                    positioned
+                }
+                QueueWrite::Other => write.rows,
+            };
+            // Checked when written, and their keys were locked since: this cannot fail but
+            // on damaged storage.
+            rows += self.apply_rows(state, ts, kind, write_rows)?;
+        }
+        Ok(rows)
+    }
+
+    /// The timestamps the applied entries made the replica start or stop holding snapshots
+    /// back at, since this was last called (or, first, those of the transactions and turns
+    /// read when the tablet was opened).
+    pub fn take_holds(&self) -> Holds {
+        std::mem::take(&mut self.state.write().holds)
     }
 
     /// Transaction `txn`, if it has pending writes here.
@@ -303,20 +406,11 @@ impl Tablet {
         })
     }
 
-    /// The other transactions whose commit must apply here before transaction `txn` may be
-    /// prepared: in a queue table, those committing inserts while `txn` inserts too (see
-    /// [`Self::prepare_txn`]).
-    pub fn queue_prepare_blockers(&self, txn: u64) -> Vec<u64> {
-        self.state.read().queue_blockers(txn)
-    }
-
-    /// Whether a transaction is prepared here and not yet committed or aborted.
+    /// Whether a transaction is prepared here and not yet committed or aborted, or committed
+    /// rows wait for their turn.
     pub(super) fn has_prepared_txns(&self) -> bool {
-        self.state
-            .read()
-            .txns
-            .values()
-            .any(|t| t.prepared.is_some())
+        let state = self.state.read();
+        !state.turns.is_empty() || state.txns.values().any(|t| t.prepared.is_some())
     }
 
     /// The transactions with pending writes here.
@@ -333,16 +427,16 @@ impl Tablet {
 }
 
 impl State {
-    /// See [`Tablet::queue_prepare_blockers`].
-    fn queue_blockers(&self, txn: u64) -> Vec<u64> {
-        let inserts = self.txns.get(&txn).is_some_and(|t| t.inserts());
-        if self.schema.position_column().is_none() || !inserts {
-            return Vec::new();
-        }
-        (self.txns.iter())
-            .filter(|&(&id, t)| id != txn && t.commits_inserts())
-            .map(|(&id, _)| id)
-            .collect()
+    /// Whether a queue's rows inserted at `ts` must wait for their turn: turns wait already,
+    /// or a transaction prepared below `ts` is undecided.
+    pub(super) fn waits_for_turn(&self, ts: Timestamp) -> bool {
+        !self.turns.is_empty() || self.undecided_below(ts)
+    }
+
+    /// Whether a transaction that inserts here was prepared below `ts` and is undecided (in a
+    /// queue table, it may still commit below `ts`).
+    pub(super) fn undecided_below(&self, ts: Timestamp) -> bool {
+        (self.txns.values()).any(|t| t.prepared.is_some_and(|p| p < ts) && inserts(&t.writes))
     }
 
     /// Whether `key` has a live version.
@@ -367,26 +461,44 @@ pub(super) fn file_name(id: u64) -> String {
     format!("txns-{id}")
 }
 
-const MAGIC: &[u8; 8] = b"NYTXNS01";
+const MAGIC: &[u8; 8] = b"NYTXNS02";
+/// Files written before turns (no turns section).
+const MAGIC_V1: &[u8; 8] = b"NYTXNS01";
 
-/// Writes `txns` to `path`: magic, then per transaction its id, latest write, prepare timestamp (0:
-/// none) and writes (length-prefixed encoded batches), then a CRC32 of all that.
+/// Writes `txns` and `turns` to `path`: magic; the number of transactions, then per
+/// transaction its id, latest write, prepare timestamp (0: none) and writes; the number of
+/// turns, then per turn its commit timestamp, log index, transaction (id + 1; 0: a plain
+/// insert), held timestamp and writes; then a CRC32 of all that. Writes are a count, then
+/// length-prefixed encoded batches.
 pub(super) fn write_file(
     path: &Path,
     txns: &BTreeMap<u64, PendingTxn>,
+    turns: &Turns,
 ) -> Result<(), StorageError> {
     let mut out = MAGIC.to_vec();
-    out.extend_from_slice(&(txns.len() as u64).to_le_bytes());
-    for (&txn, pending) in txns {
-        out.extend_from_slice(&txn.to_le_bytes());
-        out.extend_from_slice(&pending.last_write.0.to_le_bytes());
-        out.extend_from_slice(&pending.prepared.map_or(0, |t| t.0).to_le_bytes());
-        out.extend_from_slice(&(pending.writes.len() as u64).to_le_bytes());
-        for write in &pending.writes {
+    let put = |out: &mut Vec<u8>, n: u64| out.extend_from_slice(&n.to_le_bytes());
+    let put_writes = |out: &mut Vec<u8>, writes: &[WriteBatch]| {
+        out.extend_from_slice(&(writes.len() as u64).to_le_bytes());
+        for write in writes {
             let bytes = write.encode();
             out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
             out.extend_from_slice(&bytes);
         }
+    };
+    put(&mut out, txns.len() as u64);
+    for (&txn, pending) in txns {
+        put(&mut out, txn);
+        put(&mut out, pending.last_write.0);
+        put(&mut out, pending.prepared.map_or(0, |t| t.0));
+        put_writes(&mut out, &pending.writes);
+    }
+    put(&mut out, turns.len() as u64);
+    for (&(at, index), turn) in turns {
+        put(&mut out, at.0);
+        put(&mut out, index);
+        put(&mut out, turn.txn.map_or(0, |t| t + 1));
+        put(&mut out, turn.held.0);
+        put_writes(&mut out, &turn.writes);
     }
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
@@ -396,7 +508,7 @@ pub(super) fn write_file(
     Ok(())
 }
 
-/// Reads a file [`write_file`] wrote: the pending transactions and their locks.
+/// Reads a file [`write_file`] wrote: the pending transactions, their locks and the turns.
 pub(super) fn read_file(path: &Path, schema: &crate::Schema) -> Result<Pending, StorageError> {
     let bytes = std::fs::read(path).map_err(StorageError::on(path))?;
     let bad =
@@ -407,35 +519,71 @@ pub(super) fn read_file(path: &Path, schema: &crate::Schema) -> Result<Pending, 
     if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
         return Err(bad("checksum mismatch"));
     }
-    let mut reader = Reader(
-        body.strip_prefix(MAGIC)
-            .ok_or_else(|| bad("not a transactions file"))?,
-    );
+    let (mut reader, with_turns) = match (body.strip_prefix(MAGIC), body.strip_prefix(MAGIC_V1)) {
+        (Some(rest), _) => (Reader(rest), true),
+        (None, Some(rest)) => (Reader(rest), false),
+        (None, None) => return Err(bad("not a transactions file")),
+    };
     let truncated = || bad("truncated");
+    // A transaction's writes, and the keys they lock (a queue's new rows lock none).
+    let writes =
+        |reader: &mut Reader| -> Result<(Vec<WriteBatch>, Vec<(Vec<u8>, bool)>), StorageError> {
+            let mut writes = Vec::new();
+            let mut keys = Vec::new();
+            for _ in 0..reader.u64().ok_or_else(truncated)? {
+                let len = reader.u64().ok_or_else(truncated)?;
+                let write = WriteBatch::decode(reader.bytes(len).ok_or_else(truncated)?)?;
+                if let QueueWrite::Other = queue_write(schema, write.kind)? {
+                    let present = write.kind != WriteKind::Delete;
+                    keys.extend(
+                        encode_keys(schema, &write.rows)?
+                            .into_iter()
+                            .map(|k| (k, present)),
+                    );
+                }
+                writes.push(write);
+            }
+            Ok((writes, keys))
+        };
     let mut txns = BTreeMap::new();
     let mut locks = HashMap::new();
     for _ in 0..reader.u64().ok_or_else(truncated)? {
         let mut field = || reader.u64().ok_or_else(truncated);
-        let (txn, last_write, prepared, writes) = (field()?, field()?, field()?, field()?);
+        let (txn, last_write, prepared) = (field()?, field()?, field()?);
+        let (batches, keys) = writes(&mut reader)?;
         let mut pending = PendingTxn {
-            writes: Vec::new(),
+            writes: batches,
             present: HashMap::new(),
             prepared: Some(Timestamp(prepared)).filter(|t| t.0 != 0),
             last_write: Timestamp(last_write),
         };
-        for _ in 0..writes {
-            let len = reader.u64().ok_or_else(truncated)?;
-            let encoded = reader.bytes(len).ok_or_else(truncated)?;
-            let write = WriteBatch::decode(encoded)?;
-            for key in encode_keys(schema, &write.rows)? {
-                locks.insert(key.clone(), txn);
-                pending.present.insert(key, write.kind != WriteKind::Delete);
-            }
-            pending.writes.push(write);
+        for (key, present) in keys {
+            locks.insert(key.clone(), txn);
+            pending.present.insert(key, present);
         }
         txns.insert(txn, pending);
     }
-    Ok((txns, locks))
+    let mut turns = Turns::new();
+    if with_turns {
+        for _ in 0..reader.u64().ok_or_else(truncated)? {
+            let mut field = || reader.u64().ok_or_else(truncated);
+            let (at, index, txn, held) = (field()?, field()?, field()?, field()?);
+            let txn = txn.checked_sub(1);
+            let (batches, keys) = writes(&mut reader)?;
+            let keys: Vec<Vec<u8>> = keys.into_iter().map(|(k, _)| k).collect();
+            if let Some(txn) = txn {
+                locks.extend(keys.iter().map(|k| (k.clone(), txn)));
+            }
+            let turn = Turn {
+                txn,
+                keys,
+                held: Timestamp(held),
+                writes: batches,
+            };
+            turns.insert((Timestamp(at), index), turn);
+        }
+    }
+    Ok((txns, locks, turns))
 }
 
 /// Reads a transactions file's fields in order.

@@ -62,12 +62,13 @@ impl Tablet {
         let schema = state.schema.clone();
         match queue_write(&schema, batch.kind)? {
             QueueWrite::Insert => {
-                if state.txns.values().any(|t| t.commits_inserts()) {
-                    // Its rows will take positions when it commits; rows inserted now would
-                    // take lower ones, yet could become visible after them.
-                    return Err(StorageError::Locked {
-                        key: "(the queue's next positions: a transaction is committing)".into(),
-                    });
+                // Rows inserted now would take positions above those of a transaction
+                // committing below `ts`, yet become visible before them: they take their turn.
+                if state.waits_for_turn(ts) {
+                    let fresh = with_positions(&schema, &batch.rows, 0, 0, true)?;
+                    let fresh = Self::conform(&schema, &WriteBatch::new(batch.kind, fresh))?;
+                    let fresh = WriteBatch::new(batch.kind, fresh);
+                    return Ok(self.insert_in_turn(&mut state, index, ts, fresh));
                 }
                 let entry = state.entry_position(index);
                 let rows = with_positions(&schema, &batch.rows, entry, 0, true)?;
