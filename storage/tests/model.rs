@@ -728,6 +728,53 @@ fn merges_of_overlapping_flushes_rewrite_each_row_a_few_times() {
     assert_eq!(scan(&tablet, now(), None), expected);
 }
 
+/// A queue tablet's flushes (two queues, so every flush overlaps every other) are merged four
+/// alike rowsets at a time: each row is rewritten about log4(flushes) times.
+#[test]
+fn a_queue_tablet_merges_four_alike_rowsets_at_a_time() {
+    const FLUSHES: u64 = 32;
+    let dir = tempfile::tempdir().unwrap();
+    let tablet = Tablet::create(dir.path(), queue_schema(), TabletOptions::default()).unwrap();
+    let mut holds: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut rewritten = 0;
+    let mut merges = 0;
+    for f in 0..FLUSHES {
+        let bodies: Vec<String> = (0..100).map(|i| format!("f{f}r{i}")).collect();
+        let mut batch = queue_rows(&bodies);
+        let queues: Vec<&str> = (0..100).map(|i| ["q", "r"][i % 2]).collect();
+        let mut columns = batch.rows.columns().to_vec();
+        columns[0] = Arc::new(StringArray::from(queues));
+        batch.rows = RecordBatch::try_new(batch.rows.schema(), columns).unwrap();
+        tablet.apply(f + 1, now(), &batch).unwrap();
+        tablet.flush().unwrap();
+        let flushed: Vec<u64> = (tablet.rowset_ids().into_iter())
+            .filter(|id| !holds.contains_key(id))
+            .collect();
+        holds.insert(flushed[0], 1);
+        while let Some(op) = (tablet.maintenance_ops().into_iter())
+            .find(|op| op.score >= 1.0 && matches!(op.kind, MaintenanceKind::MergeRowsets { .. }))
+        {
+            let MaintenanceKind::MergeRowsets { rowsets } = &op.kind else {
+                unreachable!()
+            };
+            assert_eq!(rowsets.len(), 4, "{op:?}");
+            let merged: u64 = rowsets.iter().map(|id| holds.remove(id).unwrap()).sum();
+            rewritten += merged;
+            merges += 1;
+            tablet.compact(&op.kind).unwrap();
+            let made: Vec<u64> = (tablet.rowset_ids().into_iter())
+                .filter(|id| !holds.contains_key(id))
+                .collect();
+            holds.insert(made[0], merged);
+        }
+    }
+    // Four merges of 4 flushes, then one of the 4 merged rowsets, twice: each row is rewritten
+    // twice (log4 of 16).
+    assert_eq!((merges, rewritten), (10, 64), "{holds:?}");
+    assert_eq!(tablet.rowset_count(), 2, "{holds:?}");
+    assert_eq!(queue_scan(&tablet, now()).len(), 100 * FLUSHES as usize);
+}
+
 /// A damaged rowset or delta file is reported when the tablet opens, naming the file, instead
 /// of being read.
 #[test]

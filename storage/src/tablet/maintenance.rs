@@ -45,6 +45,10 @@ impl MaintenanceKind {
     }
 }
 
+/// How many rowsets of alike size a queue tablet's merges wait for (see
+/// [`Tablet::maintenance_ops`]); other tablets merge two.
+const QUEUE_MERGE_FAN_IN: usize = 4;
+
 impl Tablet {
     pub fn needs_flush(&self) -> bool {
         self.flush_score() >= 1.0
@@ -86,13 +90,21 @@ impl Tablet {
                 });
             }
         }
+        // A queue's new rows need no lookup (their positions are new), so overlapping rowsets
+        // cost its inserts nothing: a queue tablet merges four alike rowsets at a time, which
+        // rewrites each row less often (log4 instead of log2 of its flushes).
+        let fan_in = match state.schema.position_column() {
+            Some(_) => QUEUE_MERGE_FAN_IN,
+            None => 2,
+        };
         if let Some(rowsets) = overlapping_rowsets(
             &state.rowsets,
             &state.tree,
             self.options.compaction_budget_bytes,
+            fan_in,
         ) {
             ops.push(MaintenanceOp {
-                score: (rowsets.len() - 1) as f64,
+                score: (rowsets.len() - 1) as f64 / (fan_in - 1) as f64,
                 kind: MaintenanceKind::MergeRowsets { rowsets },
             });
         }
@@ -105,14 +117,18 @@ impl Tablet {
 /// cover one key, the most that are alike in size, smallest first within `budget` bytes; None
 /// if fewer than two.
 ///
-/// A rowset joins the smaller ones chosen before it only if it is at most 1.5 times their total
-/// size (flushes of the same rows differ a little). Merging every new flush into the big rowset it overlaps rewrote that rowset after each
-/// flush (a queue or any workload of scattered keys); merging only rowsets of alike size
-/// rewrites a row about log2(flushes) times, and leaves about as many rowsets at a key.
+/// With a `fan_in` of 2, a rowset joins the smaller ones chosen before it only if it is at
+/// most 1.5 times their total size (flushes of the same rows differ a little). Merging every
+/// new flush into the big rowset it overlaps rewrote that rowset after each flush (a queue or
+/// any workload of scattered keys); merging only rowsets of alike size rewrites a row about
+/// log2(flushes) times, and leaves about as many rowsets at a key. With a larger `fan_in`, a
+/// rowset joins only if it is at most 1.5 times the largest chosen: `fan_in` rowsets of one
+/// size make one of the next, and a row is rewritten about log_fan_in(flushes) times.
 fn overlapping_rowsets(
     rowsets: &[Arc<DiskRowSet>],
     tree: &RowSetTree,
     budget: u64,
+    fan_in: usize,
 ) -> Option<Vec<u64>> {
     let size = |i: usize| rowsets[i].disk_bytes().max(1);
     let mut best: Vec<u64> = Vec::new();
@@ -123,12 +139,17 @@ fn overlapping_rowsets(
             continue;
         }
         covering.sort_by_key(|&i| size(i));
-        let mut total = 0;
+        let (mut total, mut largest) = (0, 0);
         let alike: Vec<u64> = covering
             .into_iter()
             .take_while(|&i| {
-                let joins = total == 0 || (2 * size(i) <= 3 * total && total + size(i) <= budget);
+                let like = match fan_in {
+                    2 => total,
+                    _ => largest,
+                };
+                let joins = total == 0 || (2 * size(i) <= 3 * like && total + size(i) <= budget);
                 total += size(i);
+                largest = size(i);
                 joins
             })
             .map(|i| rowsets[i].id)
