@@ -375,8 +375,11 @@ impl StateMachine for TabletStateMachine {
         };
         let holds = tablet.take_holds();
         self.inflight.change_holds(&holds);
+        // Rows waiting for their turn (a queue's) are not visible yet: then only the turns
+        // this entry applied count.
         let visible = (result.as_ref().ok())
-            .and_then(|outcome| outcome.visible_at.filter(|_| outcome.rows > 0));
+            .and_then(|outcome| outcome.visible_at.filter(|_| outcome.rows > 0))
+            .filter(|_| !tablet.turns_waiting());
         if let Some(at) = visible.max(holds.visible) {
             // Wakes the readers waiting for new rows (queue tails).
             self.inflight.written.send_if_modified(|newest| {

@@ -406,6 +406,11 @@ impl Tablet {
         })
     }
 
+    /// Whether committed rows of a queue wait for their turn.
+    pub fn turns_waiting(&self) -> bool {
+        !self.state.read().turns.is_empty()
+    }
+
     /// Whether a transaction is prepared here and not yet committed or aborted, or committed
     /// rows wait for their turn.
     pub(super) fn has_prepared_txns(&self) -> bool {
