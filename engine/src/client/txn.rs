@@ -293,10 +293,10 @@ mod tests {
     use crate::client::Client;
     use crate::partition::{HashLevel, PartitionSchema};
 
-    /// Two coordinators (clients that do not take turns with each other, as two servers of a
-    /// cluster) insert batches that span every tablet of one queue table at once: a queue's
-    /// tablet prepares one inserting transaction at a time, so they meet there, let go and try
-    /// again; none waits for the other for good, and every row arrives once.
+    /// Two coordinators (two clients, as two servers of a cluster) insert batches that span
+    /// every tablet of one queue table at once: their transactions are prepared side by side in
+    /// each tablet and their rows applied in turn; none waits for the other for good, and every
+    /// row arrives once, with a position.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_coordinators_inserting_into_queue_tablets_take_turns() {
         let dir = tempfile::tempdir().unwrap();

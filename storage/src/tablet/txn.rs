@@ -472,8 +472,8 @@ const MAGIC_V1: &[u8; 8] = b"NYTXNS01";
 
 /// Writes `txns` and `turns` to `path`: magic; the number of transactions, then per
 /// transaction its id, latest write, prepare timestamp (0: none) and writes; the number of
-/// turns, then per turn its commit timestamp, log index, transaction (id + 1; 0: a plain
-/// insert), held timestamp and writes; then a CRC32 of all that. Writes are a count, then
+/// turns, then per turn its commit timestamp, log index, whether it is a transaction's (1) or a
+/// plain insert (0), the transaction's id (0 for none), held timestamp and writes; then a CRC32 of all that. Writes are a count, then
 /// length-prefixed encoded batches.
 pub(super) fn write_file(
     path: &Path,
@@ -501,7 +501,8 @@ pub(super) fn write_file(
     for (&(at, index), turn) in turns {
         put(&mut out, at.0);
         put(&mut out, index);
-        put(&mut out, turn.txn.map_or(0, |t| t + 1));
+        put(&mut out, u64::from(turn.txn.is_some()));
+        put(&mut out, turn.txn.unwrap_or(0));
         put(&mut out, turn.held.0);
         put_writes(&mut out, &turn.writes);
     }
@@ -572,8 +573,8 @@ pub(super) fn read_file(path: &Path, schema: &crate::Schema) -> Result<Pending, 
     if with_turns {
         for _ in 0..reader.u64().ok_or_else(truncated)? {
             let mut field = || reader.u64().ok_or_else(truncated);
-            let (at, index, txn, held) = (field()?, field()?, field()?, field()?);
-            let txn = txn.checked_sub(1);
+            let (at, index, of_txn, txn, held) = (field()?, field()?, field()?, field()?, field()?);
+            let txn = (of_txn != 0).then_some(txn);
             let (batches, keys) = writes(&mut reader)?;
             let keys: Vec<Vec<u8>> = keys.into_iter().map(|(k, _)| k).collect();
             if let Some(txn) = txn {
