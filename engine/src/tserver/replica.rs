@@ -47,9 +47,6 @@ type AppliedAnswer = std::result::Result<
     nyala_raft::RaftError,
 >;
 
-/// How long a queue tablet's prepare waits for the commits it must follow to be in the log
-/// before it is proposed anyway (and refused when applied, if they are still not there).
-
 impl Peers {
     fn read(dir: &Path) -> Result<Option<Peers>> {
         match std::fs::read(dir.join(PEERS_FILE)) {
@@ -82,9 +79,10 @@ pub struct Replication {
     pub learn: Option<Arc<dyn Fn(u64, String) + Send + Sync>>,
 }
 
-/// Timestamps of writes proposed but not yet applied, and of transactions prepared but not yet
-/// committed or aborted; scans that must read above one of them wait on `left` until it is
-/// applied or fails (a write) or ends (a transaction).
+/// Timestamps of writes proposed but not yet applied, and those storage holds (transactions
+/// prepared but not yet committed or aborted, a queue's rows waiting for their turn); scans
+/// that must read above one of them wait on `left` until it is applied or fails (a write) or
+/// is released.
 #[derive(Default)]
 struct InflightWrites {
     pending: parking_lot::Mutex<Pending>,
@@ -98,14 +96,14 @@ struct InflightWrites {
 struct Pending {
     writes: BTreeSet<u64>,
     /// Held timestamps: transactions prepared, rows waiting for their turn.
-    prepared: BTreeSet<u64>,
+    held: BTreeSet<u64>,
 }
 
 impl Pending {
     /// Whether something at or below `snapshot` is still pending.
     fn below(&self, snapshot: Timestamp) -> bool {
         let at_or_below = |set: &BTreeSet<u64>| set.first().is_some_and(|&t| t <= snapshot.0);
-        at_or_below(&self.writes) || at_or_below(&self.prepared)
+        at_or_below(&self.writes) || at_or_below(&self.held)
     }
 }
 
@@ -123,9 +121,9 @@ impl InflightWrites {
             return;
         }
         let mut pending = self.pending.lock();
-        pending.prepared.extend(holds.hold.iter().map(|t| t.0));
+        pending.held.extend(holds.hold.iter().map(|t| t.0));
         for t in &holds.release {
-            pending.prepared.remove(&t.0);
+            pending.held.remove(&t.0);
         }
         self.left.notify_all();
     }
