@@ -23,8 +23,7 @@ impl Tablet {
     /// (Writes wait meanwhile: they come in log order after this entry.)
     pub fn alter_schema(&self, index: u64, schema: &Schema) -> Result<(), StorageError> {
         let _rewriting = self.rewriting.lock();
-        let busy = |s: &super::State| !s.txns.is_empty() || !s.turns.is_empty();
-        if busy(&self.state.read()) {
+        if self.state.read().has_pending() {
             return Err(StorageError::TxnState(
                 "the table has transactions in progress; change its schema again when they end"
                     .into(),

@@ -38,7 +38,7 @@ impl Tablet {
             }
             // Transactions pending now have log entries at or before `durable`: the files
             // must hold their writes too, in a file of their own.
-            let pending = (!state.txns.is_empty() || !state.turns.is_empty()).then(|| {
+            let pending = state.has_pending().then(|| {
                 state.next_rowset_id += 1;
                 let id = state.next_rowset_id - 1;
                 (id, state.txns.clone(), state.turns.clone())

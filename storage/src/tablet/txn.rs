@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 
-use super::write::{queue_write, with_positions, QueueWrite};
+use super::write::{queue_write, waiting_queue_rows, with_positions, QueueWrite};
 use super::{State, Tablet};
 use crate::key::{encode_keys, format_key};
 use crate::{StorageError, Timestamp, WriteBatch, WriteKind, WriteOutcome};
@@ -120,8 +120,7 @@ impl Tablet {
         if let QueueWrite::Insert = queue_write(&schema, batch.kind)? {
             // New rows of a queue table collide with nothing and lock nothing: they wait here
             // with positions only held in place, and take theirs when the commit applies them.
-            let rows = with_positions(&schema, &batch.rows, 0, 0, true)?;
-            let rows = Self::conform(&schema, &WriteBatch::new(WriteKind::Insert, rows))?;
+            let rows = waiting_queue_rows(&schema, &batch.rows, WriteKind::Insert)?;
             let n = rows.num_rows();
             let pending = state.txns.entry(txn).or_insert_with(|| PendingTxn::new(ts));
             pending.last_write = ts;
@@ -432,6 +431,12 @@ impl Tablet {
 }
 
 impl State {
+    /// Whether transactions are pending or committed rows wait for their turn (what a flush
+    /// must keep in a file, and what a schema change waits for).
+    pub(super) fn has_pending(&self) -> bool {
+        !self.txns.is_empty() || !self.turns.is_empty()
+    }
+
     /// Whether a queue's rows inserted at `ts` must wait for their turn: turns wait already,
     /// or a transaction prepared below `ts` is undecided.
     pub(super) fn waits_for_turn(&self, ts: Timestamp) -> bool {

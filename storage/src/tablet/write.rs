@@ -65,10 +65,9 @@ impl Tablet {
                 // Rows inserted now would take positions above those of a transaction
                 // committing below `ts`, yet become visible before them: they take their turn.
                 if state.waits_for_turn(ts) {
-                    let fresh = with_positions(&schema, &batch.rows, 0, 0, true)?;
-                    let fresh = Self::conform(&schema, &WriteBatch::new(batch.kind, fresh))?;
-                    let fresh = WriteBatch::new(batch.kind, fresh);
-                    return Ok(self.insert_in_turn(&mut state, index, ts, fresh));
+                    let rows = waiting_queue_rows(&schema, &batch.rows, batch.kind)?;
+                    let rows = WriteBatch::new(batch.kind, rows);
+                    return Ok(self.insert_in_turn(&mut state, index, ts, rows));
                 }
                 let entry = state.entry_position(index);
                 let rows = with_positions(&schema, &batch.rows, entry, 0, true)?;
@@ -525,6 +524,17 @@ pub(super) fn queue_write(schema: &Schema, kind: WriteKind) -> Result<QueueWrite
         ))),
         (Some(_), WriteKind::Update | WriteKind::Delete) => Ok(QueueWrite::Other),
     }
+}
+
+/// New rows of a queue table that wait before they are applied (in a transaction, or for their
+/// turn): checked as an insert of `kind` is, with positions only held in place.
+pub(super) fn waiting_queue_rows(
+    schema: &Schema,
+    rows: &RecordBatch,
+    kind: WriteKind,
+) -> Result<RecordBatch, StorageError> {
+    let rows = with_positions(schema, rows, 0, 0, true)?;
+    Tablet::conform(schema, &WriteBatch::new(kind, rows))
 }
 
 /// `rows`, inserted into a queue table by a log entry whose first position is `entry` (see
