@@ -12,7 +12,7 @@ use nyala_storage::{
 };
 
 use crate::catalog::TableInfo;
-use crate::client::{Client, TabletStats, Tablets};
+use crate::client::{Client, TabletStats, Tablets, TxnWritten};
 use crate::clock::HybridClock;
 use crate::master::{Master, TabletPlacement};
 use crate::tserver::TabletServer;
@@ -145,9 +145,17 @@ impl Tablets for LocalTablets {
         self.0.replica(id)?.write(batch).await
     }
 
-    async fn txn_write(&self, id: &str, txn: u64, batch: &WriteBatch) -> Result<WriteOutcome> {
+    async fn txn_write(
+        &self,
+        id: &str,
+        txn: u64,
+        batch: &WriteBatch,
+        prepare: bool,
+    ) -> Result<TxnWritten> {
         self.0.admit_write().await?;
-        self.0.replica(id)?.txn_write(txn, batch).await
+        let replica = self.0.replica(id)?;
+        let (outcome, prepared) = replica.txn_write(txn, batch, prepare).await?;
+        Ok(TxnWritten { outcome, prepared })
     }
 
     async fn prepare_txn(&self, id: &str, txn: u64) -> Result<Timestamp> {

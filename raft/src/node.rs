@@ -701,6 +701,8 @@ impl<SM: StateMachine> Worker<SM> {
                 && !entry.get_data().is_empty()
             {
                 let output = self.sm.apply(index, entry.get_data());
+                // Before the proposer hears: whoever it tells finds the entry applied.
+                self.last_applied.store(index, Ordering::Release);
                 if let Some((term, reply)) = self.pending.remove(&index) {
                     let result = if term == entry.term {
                         Ok(output)

@@ -178,9 +178,15 @@ impl NyalaSink {
             let mut batch = Some(first);
             let mut next = second;
             while let Some(rows_now) = batch {
-                let written = txn
-                    .write(&self.table, self.kind, &rows_now, unchanged_since)
-                    .await;
+                // The last write prepares the tablets it writes.
+                let written = match next {
+                    Some(_) => {
+                        (txn.write(&self.table, self.kind, &rows_now, unchanged_since)).await
+                    }
+                    None => {
+                        (txn.write_last(&self.table, self.kind, &rows_now, unchanged_since)).await
+                    }
+                };
                 match written {
                     Ok(w) if w.conflicts == 0 => rows += w.rows as u64,
                     Ok(_) => return Ok(Outcome::Conflict),

@@ -53,10 +53,12 @@ pub enum WriteKind {
 pub enum TabletOp {
     Write(WriteBatch),
     AlterSchema(crate::Schema),
-    /// A write of transaction `txn`, kept aside until it commits.
+    /// A write of transaction `txn`, kept aside until it commits; with `prepare`, its last one
+    /// here, which also prepares it (as a [`TabletOp::TxnPrepare`] after it would).
     TxnWrite {
         txn: u64,
         batch: WriteBatch,
+        prepare: bool,
     },
     /// Transaction `txn` is committing, at a timestamp at least this entry's.
     TxnPrepare {
@@ -90,6 +92,7 @@ const TXN_COMMIT: u8 = 0x83;
 const TXN_ABORT: u8 = 0x84;
 const CLONE: u8 = 0x85;
 const TXN_UNPREPARE: u8 = 0x86;
+const TXN_WRITE_PREPARE: u8 = 0x87;
 
 /// A transaction entry's id and the bytes after it.
 fn txn(rest: &[u8]) -> Result<(u64, &[u8]), StorageError> {
@@ -117,8 +120,16 @@ impl TabletOp {
         match self {
             TabletOp::Write(batch) => batch.encode(),
             TabletOp::AlterSchema(schema) => Self::encode_alter_schema(schema),
-            TabletOp::TxnWrite { txn, batch } => {
-                let mut out = tagged(TXN_WRITE, *txn);
+            TabletOp::TxnWrite {
+                txn,
+                batch,
+                prepare,
+            } => {
+                let tag = match prepare {
+                    true => TXN_WRITE_PREPARE,
+                    false => TXN_WRITE,
+                };
+                let mut out = tagged(tag, *txn);
                 out.extend(batch.encode());
                 out
             }
@@ -144,10 +155,14 @@ impl TabletOp {
             Some((&ALTER_SCHEMA, json)) => serde_json::from_slice(json)
                 .map(TabletOp::AlterSchema)
                 .map_err(|e| StorageError::Corruption(format!("schema change entry: {e}"))),
-            Some((&TXN_WRITE, rest)) => {
+            Some((&(tag @ TXN_WRITE | tag @ TXN_WRITE_PREPARE), rest)) => {
                 let (txn, rest) = txn(rest)?;
                 let batch = WriteBatch::decode(rest)?;
-                Ok(TabletOp::TxnWrite { txn, batch })
+                Ok(TabletOp::TxnWrite {
+                    txn,
+                    batch,
+                    prepare: tag == TXN_WRITE_PREPARE,
+                })
             }
             Some((&TXN_PREPARE, rest)) => Ok(TabletOp::TxnPrepare { txn: txn(rest)?.0 }),
             Some((&TXN_UNPREPARE, rest)) => Ok(TabletOp::TxnUnprepare { txn: txn(rest)?.0 }),

@@ -25,7 +25,7 @@ mod txn;
 pub use admin::AdminClient;
 pub use meta_cache::MetaCache;
 pub use remote_catalog::RemoteCatalog;
-pub use tablets::{RemoteTablets, TabletStats, Tablets};
+pub use tablets::{RemoteTablets, TabletStats, Tablets, TxnWritten};
 pub(crate) use txn::crash_point;
 pub use txn::{Transaction, STATUS_TABLE};
 
@@ -192,7 +192,7 @@ impl Client {
         kind: WriteKind,
         rows: &RecordBatch,
     ) -> Result<usize, WriteError> {
-        self.write_rows(table, kind, rows, None, None)
+        self.write_rows(table, kind, rows, None, None, false)
             .await
             .map(|w| w.rows)
     }
@@ -215,7 +215,7 @@ impl Client {
         rows: &RecordBatch,
         snapshot: Timestamp,
     ) -> Result<Written, WriteError> {
-        self.write_rows(table, kind, rows, Some(snapshot), None)
+        self.write_rows(table, kind, rows, Some(snapshot), None, false)
             .await
     }
 
@@ -223,6 +223,9 @@ impl Client {
     /// or, with `txn`, as writes of that transaction (each tablet becoming a participant). A
     /// write meeting rows a transaction in progress has locked waits for them, except a
     /// conditional one in a transaction (see [`when_unlocked`]).
+    ///
+    /// With `last`, these are the transaction's last writes: if it has several participants
+    /// then, each tablet's last write also prepares it there (one log entry instead of two).
     pub(crate) async fn write_rows(
         &self,
         table: &TableInfo,
@@ -230,25 +233,38 @@ impl Client {
         rows: &RecordBatch,
         unchanged_since: Option<Timestamp>,
         txn: Option<&Transaction>,
+        last: bool,
     ) -> Result<Written, WriteError> {
         let parts = table
             .partition
             .split(&table.schema, rows)
             .map_err(|error| WriteError { applied: 0, error })?;
+        let prepare = last
+            && txn.is_some_and(|txn| {
+                txn.participants_with(parts.iter().map(|(t, _)| &table.tablets[*t])) > 1
+            });
         let writes = parts.into_iter().map(|(tablet, rows)| async move {
             let tablet = &table.tablets[tablet];
             if let Some(txn) = txn {
                 txn.joins(tablet);
             }
             let mut written = Written::default();
-            for chunk in chunks(&rows) {
+            let chunks = chunks(&rows);
+            let n = chunks.len();
+            for (i, chunk) in chunks.into_iter().enumerate() {
                 let mut batch = WriteBatch::new(kind, chunk);
                 batch.unchanged_since = unchanged_since;
                 let write = || async {
-                    match txn {
-                        None => self.tablets.write(tablet, &batch).await,
-                        Some(txn) => self.tablets.txn_write(tablet, txn.id(), &batch).await,
+                    let Some(txn) = txn else {
+                        return self.tablets.write(tablet, &batch).await;
+                    };
+                    let prepare = prepare && i + 1 == n;
+                    let done = self.tablets.txn_write(tablet, txn.id(), &batch, prepare);
+                    let done = done.await?;
+                    if let Some(at) = done.prepared {
+                        txn.prepared(tablet, at);
                     }
+                    Ok(done.outcome)
                 };
                 // A conditional write in a transaction does not wait for locks while holding
                 // its own: its statement starts again instead (two could wait for each other).

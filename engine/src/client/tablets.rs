@@ -43,6 +43,13 @@ pub struct TabletStats {
     pub replicas: usize,
 }
 
+/// What a write of a transaction did in a tablet.
+pub struct TxnWritten {
+    pub outcome: WriteOutcome,
+    /// The transaction's prepare timestamp there, if the write prepared it.
+    pub prepared: Option<Timestamp>,
+}
+
 /// Reads and writes of tablets, wherever they live.
 #[async_trait::async_trait]
 pub trait Tablets: Send + Sync + 'static {
@@ -50,8 +57,15 @@ pub trait Tablets: Send + Sync + 'static {
     /// refused as conflicts.
     async fn write(&self, id: &str, batch: &WriteBatch) -> Result<WriteOutcome>;
     /// Applies one write batch of transaction `txn` to tablet `id`, kept aside until the
-    /// transaction commits.
-    async fn txn_write(&self, id: &str, txn: u64, batch: &WriteBatch) -> Result<WriteOutcome>;
+    /// transaction commits; with `prepare`, the transaction's last write there, which also
+    /// prepares it (see [`crate::tserver::TabletReplica::txn_write`]).
+    async fn txn_write(
+        &self,
+        id: &str,
+        txn: u64,
+        batch: &WriteBatch,
+        prepare: bool,
+    ) -> Result<TxnWritten>;
     /// Tablet `id` prepares transaction `txn` to commit; the prepare timestamp.
     async fn prepare_txn(&self, id: &str, txn: u64) -> Result<Timestamp>;
     /// Transaction `txn` commits at `commit` in tablet `id` (see
@@ -144,7 +158,13 @@ impl Tablets for RemoteTablets {
         }))
     }
 
-    async fn txn_write(&self, id: &str, txn: u64, batch: &WriteBatch) -> Result<WriteOutcome> {
+    async fn txn_write(
+        &self,
+        id: &str,
+        txn: u64,
+        batch: &WriteBatch,
+        prepare: bool,
+    ) -> Result<TxnWritten> {
         let encoded = batch.encode();
         let (_, answer) = self
             .meta
@@ -153,11 +173,16 @@ impl Tablets for RemoteTablets {
                     tablet_id: id.into(),
                     txn_id: txn,
                     batch: encoded.clone(),
+                    prepare,
                 };
                 async move { server.txn_write(request).await }
             })
             .await?;
-        Ok(outcome(answer))
+        let prepared = (answer.prepare_ts != 0).then_some(Timestamp(answer.prepare_ts));
+        Ok(TxnWritten {
+            outcome: outcome(answer),
+            prepared,
+        })
     }
 
     async fn prepare_txn(&self, id: &str, txn: u64) -> Result<Timestamp> {

@@ -4,14 +4,15 @@
 //! (through its log), takes the largest prepare timestamp as the one commit timestamp, records
 //! the decision in the transaction status table, and then has every participant apply the
 //! writes at that timestamp. A transaction with one participant commits through that tablet's
-//! log alone.
+//! log alone. A statement's last write to a tablet prepares it there in the same log entry
+//! (see [`Transaction::write_last`]); the commit prepares only the others.
 //!
 //! The decision is an INSERT of the transaction's row into the status table (a replicated
 //! table like any other): the first decision recorded holds, so a coordinator committing and a
 //! participant aborting an abandoned transaction ([`Client::resolve_txn`]) cannot both win.
 //! A participant holding a transaction that was never decided for long aborts it there.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use arrow::array::{AsArray, Int64Array, RecordBatch};
@@ -32,12 +33,13 @@ use crate::{EngineError, Result};
 /// -1 for an abort). Not visible to users.
 pub const STATUS_TABLE: &str = "__nyala_transactions";
 
-/// A transaction in progress: the tablets it wrote. Clones are the same transaction.
+/// A transaction in progress: the tablets it wrote, with its prepare timestamp in those that
+/// prepared it already. Clones are the same transaction.
 #[derive(Clone)]
 pub struct Transaction {
     id: u64,
     client: Client,
-    participants: Arc<Mutex<BTreeSet<String>>>,
+    participants: Arc<Mutex<BTreeMap<String, Option<Timestamp>>>>,
 }
 
 impl Client {
@@ -167,34 +169,70 @@ impl Transaction {
         unchanged_since: Option<Timestamp>,
     ) -> Result<Written, WriteError> {
         (self.client)
-            .write_rows(table, kind, rows, unchanged_since, Some(self))
+            .write_rows(table, kind, rows, unchanged_since, Some(self), false)
+            .await
+    }
+
+    /// [`Self::write`], the transaction's last: each tablet it writes is prepared by that
+    /// write (if the transaction has more than one participant), which saves the commit a
+    /// log entry in each. The transaction must then commit or abort, and write nothing more.
+    pub async fn write_last(
+        &self,
+        table: &TableHandle,
+        kind: WriteKind,
+        rows: &RecordBatch,
+        unchanged_since: Option<Timestamp>,
+    ) -> Result<Written, WriteError> {
+        (self.client)
+            .write_rows(table, kind, rows, unchanged_since, Some(self), true)
             .await
     }
 
     /// Tablet `tablet` is about to take a write of the transaction.
     pub(super) fn joins(&self, tablet: &str) {
         let mut participants = self.participants.lock();
-        if !participants.contains(tablet) {
-            participants.insert(tablet.to_string());
+        if !participants.contains_key(tablet) {
+            participants.insert(tablet.to_string(), None);
         }
+    }
+
+    /// How many participants the transaction has with `tablets` among them.
+    pub(super) fn participants_with<'a>(&self, tablets: impl Iterator<Item = &'a String>) -> usize {
+        let participants = self.participants.lock();
+        let new: BTreeSet<&String> = tablets.filter(|t| !participants.contains_key(*t)).collect();
+        participants.len() + new.len()
+    }
+
+    /// A write prepared the transaction in tablet `tablet`, at `at`.
+    pub(super) fn prepared(&self, tablet: &str, at: Timestamp) {
+        self.participants
+            .lock()
+            .insert(tablet.to_string(), Some(at));
     }
 
     /// Commits: every write becomes visible at one timestamp, or, if this fails, none does
     /// (unless the failure came after the decision to commit, which then completes).
     pub async fn commit(&self) -> Result<()> {
-        let participants: Vec<String> = self.participants.lock().iter().cloned().collect();
+        let participants: Vec<(String, Option<Timestamp>)> = (self.participants.lock().iter())
+            .map(|(t, p)| (t.clone(), *p))
+            .collect();
         let tablets = &self.client.tablets;
         match participants.as_slice() {
             [] => Ok(()),
-            [only] => {
+            [(only, _)] => {
                 let commit = || tablets.finish_txn(only, self.id, Some(Timestamp(0)));
                 let finished = super::when_unlocked(commit).await?;
                 self.client.written_at(finished.visible_at);
                 Ok(())
             }
             _ => {
-                let prepared = join_all(participants.iter().map(|t| self.prepare(t))).await;
-                let prepared = newest(prepared);
+                let prepared = join_all(participants.iter().map(|(t, prepared)| async move {
+                    match prepared {
+                        Some(at) => Ok(*at),
+                        None => self.prepare(t).await,
+                    }
+                }));
+                let prepared = newest(prepared.await);
                 let commit_ts = match prepared {
                     Ok(ts) => ts,
                     Err(e) => {
@@ -221,10 +259,11 @@ impl Transaction {
                 }
                 crash_point("txn-decided");
                 let finished = join_all(
-                    (participants.iter()).map(|t| tablets.finish_txn(t, self.id, Some(commit_ts))),
+                    (participants.iter())
+                        .map(|(t, _)| tablets.finish_txn(t, self.id, Some(commit_ts))),
                 );
                 self.client.written_at(Some(commit_ts));
-                for (tablet, result) in participants.iter().zip(finished.await) {
+                for ((tablet, _), result) in participants.iter().zip(finished.await) {
                     if let Err(e) = result {
                         // Decided: the tablet completes the commit when it resolves the
                         // transaction.
@@ -243,7 +282,7 @@ impl Transaction {
 
     /// Aborts: no write of the transaction becomes visible.
     pub async fn abort(&self) {
-        let participants: Vec<String> = self.participants.lock().iter().cloned().collect();
+        let participants: Vec<String> = self.participants.lock().keys().cloned().collect();
         let tablets = &self.client.tablets;
         let aborted = join_all(
             participants
@@ -346,9 +385,12 @@ mod tests {
                     )
                     .unwrap();
                     let txn = client.begin();
-                    txn.write(&table, WriteKind::Insert, &rows, None)
-                        .await
-                        .unwrap();
+                    // Prepared by the commit, or by the write itself.
+                    match i % 2 {
+                        0 => txn.write(&table, WriteKind::Insert, &rows, None).await,
+                        _ => txn.write_last(&table, WriteKind::Insert, &rows, None).await,
+                    }
+                    .unwrap();
                     txn.commit().await.unwrap();
                 }
             })
@@ -379,5 +421,131 @@ mod tests {
             }
         }
         assert_eq!(rows, 2 * 20 * 16);
+    }
+
+    /// A statement's last write prepares the transaction in each tablet it writes, in the same
+    /// log entry: nothing more can be written in it there, and its commit prepares no tablet
+    /// again (one entry fewer per tablet); with a single participant, nothing is prepared.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_last_write_of_a_transaction_prepares_its_tablets() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = crate::embedded::open(dir.path(), TabletOptions::default(), 1 << 30).unwrap();
+        let schema = Schema::new(
+            vec![
+                ColumnSchema::new("k", ColumnType::Int64, false),
+                ColumnSchema::new("v", ColumnType::Int64, false),
+            ],
+            vec![0],
+        )
+        .unwrap();
+        let hash = vec![HashLevel {
+            columns: vec![0],
+            buckets: 2,
+        }];
+        let partition = PartitionSchema::new(&schema, hash, vec![], vec![]).unwrap();
+        let create = DdlOp::CreateTable {
+            name: "t".into(),
+            schema: schema.clone(),
+            partition,
+            if_not_exists: false,
+            replicas: 0,
+            owner: None,
+        };
+        node.client.ddl(create).await.unwrap();
+        let table = node.client.table("t").unwrap();
+        let rows = |keys: Vec<i64>| {
+            let values = Int64Array::from(keys.clone());
+            let columns: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(keys)), Arc::new(values)];
+            RecordBatch::try_new(schema.arrow_schema(), columns).unwrap()
+        };
+        let state = |txn: u64| -> Vec<(u64, Option<Timestamp>)> {
+            (table.tablets.iter())
+                .map(|id| {
+                    let replica = node.server.replica(id).unwrap();
+                    let prepared = replica.tablet().txn_state(txn).and_then(|t| t.prepared);
+                    (replica.last_applied(), prepared)
+                })
+                .collect()
+        };
+        let count = || async {
+            let batches = crate::rpc::blocking({
+                let (client, table) = (node.client.clone(), table.clone());
+                move || {
+                    let mut n = 0;
+                    for tablet in 0..table.tablets.len() {
+                        let spec = ScanSpec {
+                            projection: Some(vec![0]),
+                            predicates: vec![],
+                            snapshot: Timestamp(0),
+                            limit: None,
+                            batch_size: 1024,
+                            string_views: false,
+                        };
+                        for batch in client.scan_tablet(&table, tablet, spec, None)? {
+                            n += batch?.num_rows();
+                        }
+                    }
+                    Ok(n)
+                }
+            });
+            batches.await.unwrap()
+        };
+
+        // Plain writes first, so that no entry of the leaders' election is left to apply.
+        let plain = rows((200..264).collect());
+        node.client
+            .write(&table, WriteKind::Insert, &plain)
+            .await
+            .unwrap();
+
+        // Both tablets: prepared by the write; the commit adds only its own entry to each.
+        let txn = node.client.begin();
+        let before = state(txn.id());
+        let keys: Vec<i64> = (0..64).collect();
+        let written = txn
+            .write_last(&table, WriteKind::Insert, &rows(keys), None)
+            .await;
+        assert_eq!(written.unwrap().rows, 64);
+        let prepared = state(txn.id());
+        for ((applied_before, _), (applied, at)) in before.iter().zip(&prepared) {
+            assert_eq!(*applied, applied_before + 1, "one entry: the write");
+            assert!(at.is_some(), "prepared by the write");
+        }
+        let more = txn
+            .write(&table, WriteKind::Insert, &rows(vec![100, 101]), None)
+            .await;
+        let refused = more
+            .err()
+            .expect("a prepared transaction takes no more writes");
+        assert!(
+            refused.error.to_string().contains("takes no more writes"),
+            "{}",
+            refused.error
+        );
+        // (The refused write took an entry of its own.)
+        let refused = state(txn.id());
+        txn.commit().await.unwrap();
+        for ((applied_before, _), (applied, at)) in refused.iter().zip(&state(txn.id())) {
+            assert_eq!(*applied, applied_before + 1, "one entry: the commit");
+            assert_eq!(*at, None, "committed");
+        }
+        assert_eq!(count().await, 128);
+
+        // One tablet: no prepare (the commit entry alone commits it).
+        let key = (1000..).find(|&k| {
+            let parts = table
+                .partition
+                .split(&table.schema, &rows(vec![k]))
+                .unwrap();
+            parts[0].0 == 0
+        });
+        let txn = node.client.begin();
+        let one = rows(vec![key.unwrap()]);
+        txn.write_last(&table, WriteKind::Insert, &one, None)
+            .await
+            .unwrap();
+        assert!(state(txn.id()).iter().all(|(_, at)| at.is_none()));
+        txn.commit().await.unwrap();
+        assert_eq!(count().await, 129);
     }
 }

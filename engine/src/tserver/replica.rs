@@ -346,8 +346,20 @@ impl StateMachine for TabletStateMachine {
             TabletOp::AlterSchema(schema) => {
                 (tablet.alter_schema(index, schema)).map(|()| WriteOutcome::default())
             }
-            TabletOp::TxnWrite { txn, batch } => {
-                tablet.apply_txn_write(index, logged.ts, *txn, batch)
+            TabletOp::TxnWrite {
+                txn,
+                batch,
+                prepare,
+            } => {
+                let written = tablet.apply_txn_write(index, logged.ts, *txn, batch);
+                // (A write that left nothing here, all its rows in conflict, prepares nothing:
+                // its statement aborts.)
+                match written {
+                    Ok(outcome) if *prepare && tablet.txn_state(*txn).is_some() => {
+                        (tablet.prepare_txn(index, logged.ts, *txn)).map(|_| outcome)
+                    }
+                    written => written,
+                }
             }
             TabletOp::TxnPrepare { txn } => {
                 (tablet.prepare_txn(index, logged.ts, *txn)).map(|_| WriteOutcome::default())
@@ -608,15 +620,32 @@ impl TabletReplica {
     }
 
     /// Replicates and applies a write of transaction `txn`, kept aside until it commits (see
-    /// [`Tablet::apply_txn_write`]).
-    pub async fn txn_write(&self, txn: u64, batch: &WriteBatch) -> Result<WriteOutcome> {
+    /// [`Tablet::apply_txn_write`]); with `prepare`, the transaction's last write here, which
+    /// prepares it in the same entry (as [`Self::prepare_txn`] after it would). Returns what
+    /// the write did and, if the transaction is prepared here, its prepare timestamp.
+    pub async fn txn_write(
+        &self,
+        txn: u64,
+        batch: &WriteBatch,
+        prepare: bool,
+    ) -> Result<(WriteOutcome, Option<Timestamp>)> {
         self.check_auto_ids(batch)?;
-        self.propose_with(|| {
-            let batch = self.with_auto_ids(batch)?;
-            Ok(TabletOp::TxnWrite { txn, batch }.encode())
-        })
-        .await
-        .map(|(_, outcome)| outcome)
+        let (_, outcome) = self
+            .propose_with(|| {
+                let batch = self.with_auto_ids(batch)?;
+                Ok(TabletOp::TxnWrite {
+                    txn,
+                    batch,
+                    prepare,
+                }
+                .encode())
+            })
+            .await?;
+        let prepared = match prepare {
+            true => self.tablet.txn_state(txn).and_then(|t| t.prepared),
+            false => None,
+        };
+        Ok((outcome, prepared))
     }
 
     /// Replicates that transaction `txn` is committing; returns the prepare timestamp, a lower

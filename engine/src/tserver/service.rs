@@ -190,10 +190,17 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
         let write = request.into_inner();
         let written = async {
             let (replica, batch) = self.admitted_write(&write.tablet_id, &write.batch).await?;
-            replica.txn_write(write.txn_id, &batch).await
+            let written = replica.txn_write(write.txn_id, &batch, write.prepare).await;
+            if matches!(written, Ok((_, Some(_)))) {
+                crate::client::crash_point("txn-participant-prepared");
+            }
+            written
         }
         .await;
-        self.respond(written.map(write_response))
+        self.respond(written.map(|(outcome, prepared)| WriteResponse {
+            prepare_ts: prepared.map_or(0, |t| t.0),
+            ..write_response(outcome)
+        }))
     }
 
     async fn txn_prepare(
@@ -365,5 +372,6 @@ fn write_response(outcome: WriteOutcome) -> WriteResponse {
         rows: outcome.rows as u64,
         conflicts: outcome.conflicts,
         visible_at: outcome.visible_at.map_or(0, |t| t.0),
+        prepare_ts: 0,
     }
 }
