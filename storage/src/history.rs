@@ -232,35 +232,40 @@ pub fn rowset_chains(
     let mut composed: Vec<Vec<ImageRef>> = Vec::new();
     let composed_source = sources.len();
     let mut chains = Vec::with_capacity(n);
+    // (Reused from row to row: most rows have one UNDO record, their insertion.)
+    let mut records: Vec<(Timestamp, Option<Vec<ImageRef>>)> = Vec::new();
+    let mut row_records = Vec::new();
     for ordinal in 0..n as u32 {
         // This row's UNDO records, oldest first (each file's records are older than the next
         // file's): (ts, image before ts as the source of each column, or None).
-        let mut records: Vec<(Timestamp, Option<Vec<ImageRef>>)> = Vec::new();
-        let mut after: Vec<ImageRef> = (0..width).map(|_| (base, ordinal as usize)).collect();
-        let mut row_records = Vec::new();
-        for (file, source, held, pos) in undo.iter_mut() {
+        records.clear();
+        row_records.clear();
+        for (f, (file, _, _, pos)) in undo.iter_mut().enumerate() {
             while *pos < file.ordinals.len() && file.ordinals[*pos] == ordinal {
                 let absent = file.deleted.value(*pos);
-                row_records.push((file.ts[*pos], *source, held.as_slice(), *pos, absent));
+                row_records.push((file.ts[*pos], f, *pos, absent));
                 *pos += 1;
             }
         }
         // Newest first: the image before a record is the image after it with the record's
-        // columns replaced.
-        for &(ts, source, held, row, absent) in row_records.iter().rev() {
+        // columns replaced (the base image, until a record replaces some).
+        let mut after: Option<Vec<ImageRef>> = None;
+        for &(ts, f, row, absent) in row_records.iter().rev() {
             let before = match absent {
                 true => None,
                 false => {
-                    let mut image = after.clone();
+                    let mut image =
+                        (after.take()).unwrap_or_else(|| vec![(base, ordinal as usize); width]);
+                    let (_, source, held, _) = &undo[f];
                     for &c in held {
-                        image[c] = (source, row);
+                        image[c] = (*source, row);
                     }
                     Some(image)
                 }
             };
             records.push((Timestamp(ts), before.clone()));
-            if let Some(image) = before {
-                after = image;
+            if before.is_some() {
+                after = before;
             }
         }
         records.reverse();
@@ -442,7 +447,8 @@ pub(crate) fn nullable(schema: &arrow::datatypes::SchemaRef) -> arrow::datatypes
 pub fn merge_chains(parts: Vec<Vec<Chain>>, ancient: Timestamp) -> Vec<Chain> {
     let dead = |c: &Chain| matches!(c.versions.last(), Some((ts, None)) if *ts <= ancient);
     let began = |c: &Chain| c.versions.first().map(|v| v.0);
-    let mut all: Vec<Chain> = parts.into_iter().flatten().filter(|c| !dead(c)).collect();
+    let mut all: Vec<Chain> = Vec::with_capacity(parts.iter().map(Vec::len).sum());
+    all.extend(parts.into_iter().flatten().filter(|c| !dead(c)));
     all.sort_by(|a, b| a.key.cmp(&b.key).then_with(|| began(a).cmp(&began(b))));
     let mut merged: Vec<Chain> = Vec::with_capacity(all.len());
     for chain in all {
