@@ -5,8 +5,9 @@
 //! of the data must be a column of the table whose type it can be cast to, and every column of
 //! the table the data leaves out must take its DEFAULT or NULL; otherwise the load is refused
 //! with one error naming every mismatch, and nothing changes. Each incoming batch is then
-//! aligned to the table's columns, cast, and inserted through DataFusion like an `INSERT`, so a
-//! load streams: only one batch is held at a time. Each batch is atomic; a failure while
+//! aligned to the table's columns, cast, and written by the sink an `INSERT` ends in (without
+//! planning a statement for each batch), so a load streams: only one batch is held at a time.
+//! Each batch is atomic; a failure while
 //! loading (a duplicate key, a value that does not cast) stops the load, and the rows of
 //! earlier batches stay applied, unless the load runs in a transaction (its rows then commit
 //! or roll back with it).
@@ -18,12 +19,14 @@ use arrow::array::{new_null_array, ArrayRef, RecordBatch};
 use arrow::compute::{can_cast_types, cast_with_options, CastOptions};
 use arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::ScalarValue;
-use datafusion::dataframe::DataFrameWriteOptions;
-use futures::{Stream, TryStreamExt};
+use datafusion::datasource::sink::DataSink;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::{stream, Stream, TryStreamExt};
 use nyala_engine::Privilege;
-use nyala_storage::Schema as TableSchema;
+use nyala_storage::{Schema as TableSchema, WriteKind};
 
 use crate::access::Requirements;
+use crate::dml::NyalaSink;
 use crate::limits::detached;
 use crate::partitioning::PartitionSpec;
 use crate::session::Session;
@@ -113,7 +116,9 @@ impl Session {
         }
         // A created table was made from the data's schema, so only appends can fail this, and
         // they fail before anything is written.
-        let columns = ColumnMapping::new(&name, &schema, &self.db.client.table(&name)?.schema)?;
+        let table = self.db.client.table(&name)?;
+        let columns = ColumnMapping::new(&name, &schema, &table.schema)?;
+        let context = self.ctx.task_ctx();
         let mut loaded = 0;
         let mut batches = std::pin::pin!(batches);
         loop {
@@ -124,16 +129,19 @@ impl Session {
                 if batch.num_rows() == 0 {
                     return Ok(Some(0));
                 }
-                let rows = self.ctx.read_batch(columns.apply(&batch, &schema)?)?;
+                let rows = columns.apply(&batch, &schema)?;
+                let sink = NyalaSink::new(
+                    self.db.client.clone(),
+                    table.clone(),
+                    WriteKind::Insert,
+                    rows.schema(),
+                );
+                let rows = RecordBatchStreamAdapter::new(rows.schema(), stream::iter([Ok(rows)]));
                 // In a task of its own: a batch is written whole even if the client goes away
                 // meanwhile.
-                let name = name.clone();
-                let write = async move {
-                    let options = DataFrameWriteOptions::new();
-                    rows.write_table(&name, options).await
-                };
-                let counts = detached(write).await??;
-                Ok(Some(count_of(&counts)))
+                let context = context.clone();
+                let write = async move { sink.write_all(Box::pin(rows), &context).await };
+                Ok(Some(detached(write).await??))
             }
             .await;
             match result {
