@@ -200,8 +200,10 @@ impl Client {
     /// Whether `rows` go to one tablet in one write (which applies entirely or not at all; more
     /// need a [`Transaction`] to be atomic).
     pub fn is_single_write(&self, table: &TableInfo, rows: &RecordBatch) -> Result<bool> {
-        let parts = table.partition.split(&table.schema, rows)?;
-        Ok(parts.len() <= 1 && parts.iter().all(|(_, rows)| chunks(rows).len() == 1))
+        // (The tablet of each row, without splitting the rows.)
+        let tablets = table.partition.tablets(&table.schema, rows)?;
+        let one_tablet = tablets.windows(2).all(|pair| pair[0] == pair[1]);
+        Ok(one_tablet && chunks(rows).len() == 1)
     }
 
     /// Updates or deletes the rows `rows` name, read at `snapshot`, if they have not changed
