@@ -1505,6 +1505,8 @@ mod cluster {
     /// there or none are, what the client was told holds, and the keys are free again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_crash_at_any_step_of_a_commit_commits_everywhere_or_nowhere() {
+        // Enough rows that the statement writes every tablet.
+        const ROWS: i64 = 64;
         let mut cluster = TestCluster::start(3, &[]);
         let url = cluster.url.clone();
         let create = "CREATE TABLE t (id BIGINT PRIMARY KEY, step BIGINT) \
@@ -1512,7 +1514,9 @@ mod cluster {
         ddl_when_ready(&url, create).await;
         // The first transaction creates the transaction status table, before any crash.
         let insert = |step: i64| {
-            format!("INSERT INTO t SELECT value + {step} * 100, {step} FROM generate_series(1, 16)")
+            format!(
+                "INSERT INTO t SELECT value + {step} * 100, {step} FROM generate_series(1, {ROWS})"
+            )
         };
         sql(&url, &insert(0)).await.unwrap();
         let count = |step: i64| {
@@ -1524,7 +1528,7 @@ mod cluster {
         };
         let steps = [
             (1, "txn-prepared", Some(0)),
-            (2, "txn-decided", Some(16)),
+            (2, "txn-decided", Some(ROWS)),
             (3, "txn-participant-prepared", None),
         ];
         for (step, crash_at, outcome) in steps {
@@ -1533,6 +1537,8 @@ mod cluster {
                 "txn-participant-prepared" => {
                     cluster.servers[0].kill();
                     cluster.servers[0] = cluster.server_with_env(0, &env);
+                    // Restarted, it leads nothing: it must lead a participant to crash.
+                    cluster.lead_a_tablet(0, "t").await;
                     Some(0)
                 }
                 _ => {
@@ -1556,7 +1562,8 @@ mod cluster {
             };
             match crashing_server {
                 Some(i) => {
-                    // It crashed if it led a participant (else the statement ran without it).
+                    // It crashed if it still led a participant when the statement ran (most
+                    // runs; else the statement ran without it).
                     let child = &mut cluster.servers[i].child;
                     let deadline = Instant::now() + Duration::from_secs(5);
                     while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
@@ -1576,12 +1583,12 @@ mod cluster {
             let deadline = Instant::now() + Duration::from_secs(60);
             let stored = loop {
                 match count(step).await {
-                    Ok(n) if Some(n) == outcome || (outcome.is_none() && (n == 0 || n == 16)) => {
+                    Ok(n) if Some(n) == outcome || (outcome.is_none() && (n == 0 || n == ROWS)) => {
                         break n
                     }
                     Ok(n) => assert!(
-                        n == 0 || n == 16,
-                        "step {step}: {n} of the statement's 16 rows are visible"
+                        n == 0 || n == ROWS,
+                        "step {step}: {n} of the statement's {ROWS} rows are visible"
                     ),
                     Err(_) => {}
                 }
@@ -1591,7 +1598,7 @@ mod cluster {
             eprintln!("step {step} ({crash_at}): acknowledged {acknowledged}, {stored} rows");
             if acknowledged {
                 assert_eq!(
-                    stored, 16,
+                    stored, ROWS,
                     "step {step}: an acknowledged statement was lost"
                 );
             }
@@ -1605,10 +1612,10 @@ mod cluster {
                     );
                     tokio::time::sleep(Duration::from_millis(300)).await;
                 }
-                assert_eq!(count(step).await.unwrap(), 16);
+                assert_eq!(count(step).await.unwrap(), ROWS);
             }
         }
-        assert_eq!(count(0).await.unwrap(), 16);
+        assert_eq!(count(0).await.unwrap(), ROWS);
     }
 
     /// Single-row reads and writes by four clients through the master, while one tablet
@@ -2300,6 +2307,47 @@ mod cluster {
         fn server_with_env(&self, i: usize, env: &[(&str, &str)]) -> TabletServerProcess {
             let args = ["--masters", self.rpc.as_str()];
             TabletServerProcess::start_with_env(self.dirs[i].path(), &self.addrs[i], &args, env)
+        }
+
+        /// Moves leaderships of `table`'s tablets (`nyala admin leader-step-down`) until tablet
+        /// server `i` leads one of them.
+        async fn lead_a_tablet(&self, i: usize, table: &str) {
+            let leaders = format!(
+                "SELECT tablet_id, leader FROM sys.partitions WHERE table_name = '{table}'"
+            );
+            let deadline = Instant::now() + Duration::from_secs(60);
+            for attempt in 0.. {
+                assert!(
+                    Instant::now() < deadline,
+                    "server {i} leads no tablet of {table}"
+                );
+                let Ok(batches) = sql(&self.url, &leaders).await else {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    continue;
+                };
+                let tablets: Vec<(String, String)> = (batches.iter())
+                    .flat_map(|b| {
+                        (0..b.num_rows()).map(move |r| {
+                            let value = |c: usize| {
+                                arrow::util::display::array_value_to_string(b.column(c), r).unwrap()
+                            };
+                            (value(0), value(1))
+                        })
+                    })
+                    .collect();
+                if tablets
+                    .iter()
+                    .any(|(_, leader)| *leader == self.servers[i].addr)
+                {
+                    return;
+                }
+                let (tablet, _) = &tablets[attempt % tablets.len()];
+                let _ = std::process::Command::new(super::nyala_bin())
+                    .args(["admin", "--masters", &self.rpc, "leader-step-down", tablet])
+                    .output()
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
         }
 
         /// Starts tablet server `i` again on its data directory.
