@@ -1562,14 +1562,17 @@ mod cluster {
             };
             match crashing_server {
                 Some(i) => {
-                    // It crashed if it still led a participant when the statement ran (most
-                    // runs; else the statement ran without it).
+                    // It led a participant: it crashed once its prepare was applied.
                     let child = &mut cluster.servers[i].child;
                     let deadline = Instant::now() + Duration::from_secs(5);
                     while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
-                    eprintln!("step {step}: tablet server exited: {:?}", child.try_wait());
+                    let exited = child.try_wait().unwrap();
+                    assert!(
+                        exited.is_some(),
+                        "step {step}: the participant did not crash"
+                    );
                     let _ = child.kill();
                     let _ = child.wait();
                     cluster.restart_server(i);
@@ -2310,22 +2313,17 @@ mod cluster {
         }
 
         /// Moves leaderships of `table`'s tablets (`nyala admin leader-step-down`) until tablet
-        /// server `i` leads one of them.
+        /// server `i`, just restarted, leads one of them.
         async fn lead_a_tablet(&self, i: usize, table: &str) {
-            let leaders = format!(
+            let query = format!(
                 "SELECT tablet_id, leader FROM sys.partitions WHERE table_name = '{table}'"
             );
-            let deadline = Instant::now() + Duration::from_secs(60);
-            for attempt in 0.. {
-                assert!(
-                    Instant::now() < deadline,
-                    "server {i} leads no tablet of {table}"
-                );
-                let Ok(batches) = sql(&self.url, &leaders).await else {
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                    continue;
+            // (tablet, leader) as the master last heard.
+            let leaders = || async {
+                let Ok(batches) = sql(&self.url, &query).await else {
+                    return Vec::new();
                 };
-                let tablets: Vec<(String, String)> = (batches.iter())
+                (batches.iter())
                     .flat_map(|b| {
                         (0..b.num_rows()).map(move |r| {
                             let value = |c: usize| {
@@ -2334,18 +2332,34 @@ mod cluster {
                             (value(0), value(1))
                         })
                     })
-                    .collect();
-                if tablets
+                    .collect::<Vec<(String, String)>>()
+            };
+            let leads = |tablets: &[(String, String)]| {
+                tablets
                     .iter()
                     .any(|(_, leader)| *leader == self.servers[i].addr)
-                {
+            };
+            // What the master knew of it from before its restart goes first.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while leads(&leaders().await) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            let deadline = Instant::now() + Duration::from_secs(60);
+            for attempt in 0.. {
+                assert!(
+                    Instant::now() < deadline,
+                    "server {i} leads no tablet of {table}"
+                );
+                let tablets = leaders().await;
+                if leads(&tablets) {
                     return;
                 }
-                let (tablet, _) = &tablets[attempt % tablets.len()];
-                let _ = std::process::Command::new(super::nyala_bin())
-                    .args(["admin", "--masters", &self.rpc, "leader-step-down", tablet])
-                    .output()
-                    .unwrap();
+                if let Some((tablet, _)) = tablets.get(attempt % tablets.len().max(1)) {
+                    let _ = std::process::Command::new(super::nyala_bin())
+                        .args(["admin", "--masters", &self.rpc, "leader-step-down", tablet])
+                        .output()
+                        .unwrap();
+                }
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
         }
