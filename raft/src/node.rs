@@ -695,14 +695,17 @@ impl<SM: StateMachine> Worker<SM> {
     fn apply(&mut self, entries: Vec<Entry>) -> Result<(), RaftError> {
         for entry in entries {
             let index = entry.index;
+            let mut output = None;
             if entry.get_entry_type() == EntryType::EntryConfChange {
                 self.apply_change(&entry)?;
             } else if entry.get_entry_type() == EntryType::EntryNormal
                 && !entry.get_data().is_empty()
             {
-                let output = self.sm.apply(index, entry.get_data());
-                // Before the proposer hears: whoever it tells finds the entry applied.
-                self.last_applied.store(index, Ordering::Release);
+                output = Some(self.sm.apply(index, entry.get_data()));
+            }
+            // Before the proposer hears: whoever it tells finds the entry applied.
+            self.last_applied.store(index, Ordering::Release);
+            if let Some(output) = output {
                 if let Some((term, reply)) = self.pending.remove(&index) {
                     let result = if term == entry.term {
                         Ok(output)
@@ -712,7 +715,6 @@ impl<SM: StateMachine> Worker<SM> {
                     let _ = reply.send(result);
                 }
             }
-            self.last_applied.store(index, Ordering::Release);
         }
         Ok(())
     }
