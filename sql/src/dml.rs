@@ -179,14 +179,10 @@ impl NyalaSink {
             let mut next = second;
             while let Some(rows_now) = batch {
                 // The last write prepares the tablets it writes.
-                let written = match next {
-                    Some(_) => {
-                        (txn.write(&self.table, self.kind, &rows_now, unchanged_since)).await
-                    }
-                    None => {
-                        (txn.write_last(&self.table, self.kind, &rows_now, unchanged_since)).await
-                    }
-                };
+                let last = next.is_none();
+                let written = txn
+                    .write(&self.table, self.kind, &rows_now, unchanged_since, last)
+                    .await;
                 match written {
                     Ok(w) if w.conflicts == 0 => rows += w.rows as u64,
                     Ok(_) => return Ok(Outcome::Conflict),

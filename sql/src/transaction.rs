@@ -236,7 +236,7 @@ impl OpenTxn {
         let mut changes: Vec<(Vec<u8>, Option<RecordBatch>)> = Vec::new();
         let mut rows = 0u64;
         for batch in batches {
-            let written = self.txn.write(table, kind, &batch, Some(snapshot)).await;
+            let written = (self.txn.write(table, kind, &batch, Some(snapshot), false)).await;
             match written {
                 Ok(w) if w.conflicts == 0 => rows += w.rows as u64,
                 Ok(_) => return Err(serialization_failure(verb, &table.name)),

@@ -5,7 +5,7 @@
 //! the decision in the transaction status table, and then has every participant apply the
 //! writes at that timestamp. A transaction with one participant commits through that tablet's
 //! log alone. A statement's last write to a tablet prepares it there in the same log entry
-//! (see [`Transaction::write_last`]); the commit prepares only the others.
+//! (see [`Transaction::write`]); the commit prepares only the others.
 //!
 //! The decision is an INSERT of the transaction's row into the status table (a replicated
 //! table like any other): the first decision recorded holds, so a coordinator committing and a
@@ -161,30 +161,20 @@ impl Transaction {
 
     /// Writes `rows` in the transaction (see [`Client::write_unchanged_since`] for
     /// `unchanged_since`). A write that fails leaves the transaction to be aborted.
+    ///
+    /// With `last`, the transaction's last write: each tablet it writes is prepared by it (if
+    /// the transaction has more than one participant), which saves the commit a log entry in
+    /// each. The transaction must then commit or abort, and write nothing more.
     pub async fn write(
         &self,
         table: &TableHandle,
         kind: WriteKind,
         rows: &RecordBatch,
         unchanged_since: Option<Timestamp>,
+        last: bool,
     ) -> Result<Written, WriteError> {
         (self.client)
-            .write_rows(table, kind, rows, unchanged_since, Some(self), false)
-            .await
-    }
-
-    /// [`Self::write`], the transaction's last: each tablet it writes is prepared by that
-    /// write (if the transaction has more than one participant), which saves the commit a
-    /// log entry in each. The transaction must then commit or abort, and write nothing more.
-    pub async fn write_last(
-        &self,
-        table: &TableHandle,
-        kind: WriteKind,
-        rows: &RecordBatch,
-        unchanged_since: Option<Timestamp>,
-    ) -> Result<Written, WriteError> {
-        (self.client)
-            .write_rows(table, kind, rows, unchanged_since, Some(self), true)
+            .write_rows(table, kind, rows, unchanged_since, Some(self), last)
             .await
     }
 
@@ -386,11 +376,10 @@ mod tests {
                     .unwrap();
                     let txn = client.begin();
                     // Prepared by the commit, or by the write itself.
-                    match i % 2 {
-                        0 => txn.write(&table, WriteKind::Insert, &rows, None).await,
-                        _ => txn.write_last(&table, WriteKind::Insert, &rows, None).await,
-                    }
-                    .unwrap();
+                    let last = i % 2 == 1;
+                    txn.write(&table, WriteKind::Insert, &rows, None, last)
+                        .await
+                        .unwrap();
                     txn.commit().await.unwrap();
                 }
             })
@@ -503,7 +492,7 @@ mod tests {
         let before = state(txn.id());
         let keys: Vec<i64> = (0..64).collect();
         let written = txn
-            .write_last(&table, WriteKind::Insert, &rows(keys), None)
+            .write(&table, WriteKind::Insert, &rows(keys), None, true)
             .await;
         assert_eq!(written.unwrap().rows, 64);
         let prepared = state(txn.id());
@@ -512,7 +501,13 @@ mod tests {
             assert!(at.is_some(), "prepared by the write");
         }
         let more = txn
-            .write(&table, WriteKind::Insert, &rows(vec![100, 101]), None)
+            .write(
+                &table,
+                WriteKind::Insert,
+                &rows(vec![100, 101]),
+                None,
+                false,
+            )
             .await;
         let refused = more
             .err()
@@ -541,7 +536,7 @@ mod tests {
         });
         let txn = node.client.begin();
         let one = rows(vec![key.unwrap()]);
-        txn.write_last(&table, WriteKind::Insert, &one, None)
+        txn.write(&table, WriteKind::Insert, &one, None, true)
             .await
             .unwrap();
         assert!(state(txn.id()).iter().all(|(_, at)| at.is_none()));
