@@ -322,6 +322,30 @@ mod tests {
     use crate::client::Client;
     use crate::partition::{HashLevel, PartitionSchema};
 
+    /// Creates table `name` of `schema`, hashed on its first column into `buckets` tablets.
+    async fn create_table(
+        client: &Client,
+        name: &str,
+        schema: Schema,
+        buckets: u32,
+    ) -> crate::client::TableHandle {
+        let hash = vec![HashLevel {
+            columns: vec![0],
+            buckets,
+        }];
+        let partition = PartitionSchema::new(&schema, hash, vec![], vec![]).unwrap();
+        let create = DdlOp::CreateTable {
+            name: name.into(),
+            schema,
+            partition,
+            if_not_exists: false,
+            replicas: 0,
+            owner: None,
+        };
+        client.ddl(create).await.unwrap();
+        client.table(name).unwrap()
+    }
+
     /// Two coordinators (two clients, as two servers of a cluster) insert batches that span
     /// every tablet of one queue table at once: their transactions are prepared side by side in
     /// each tablet and their rows applied in turn; none waits for the other for good, and every
@@ -340,21 +364,7 @@ mod tests {
             .unwrap()
             .with_position(1)
             .unwrap();
-        let hash = vec![HashLevel {
-            columns: vec![0],
-            buckets: 4,
-        }];
-        let partition = PartitionSchema::new(&schema, hash, vec![], vec![]).unwrap();
-        let create = DdlOp::CreateTable {
-            name: "q".into(),
-            schema,
-            partition,
-            if_not_exists: false,
-            replicas: 0,
-            owner: None,
-        };
-        node.client.ddl(create).await.unwrap();
-        let table = node.client.table("q").unwrap();
+        let table = create_table(&node.client, "q", schema, 4).await;
         let other = Client::new(node.client.catalog.clone(), node.client.tablets.clone());
         let producers = [node.client.clone(), other].map(|client| {
             let table = table.clone();
@@ -427,21 +437,7 @@ mod tests {
             vec![0],
         )
         .unwrap();
-        let hash = vec![HashLevel {
-            columns: vec![0],
-            buckets: 2,
-        }];
-        let partition = PartitionSchema::new(&schema, hash, vec![], vec![]).unwrap();
-        let create = DdlOp::CreateTable {
-            name: "t".into(),
-            schema: schema.clone(),
-            partition,
-            if_not_exists: false,
-            replicas: 0,
-            owner: None,
-        };
-        node.client.ddl(create).await.unwrap();
-        let table = node.client.table("t").unwrap();
+        let table = create_table(&node.client, "t", schema.clone(), 2).await;
         let rows = |keys: Vec<i64>| {
             let values = Int64Array::from(keys.clone());
             let columns: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(keys)), Arc::new(values)];
