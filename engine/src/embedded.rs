@@ -187,6 +187,17 @@ impl Tablets for LocalTablets {
         }
     }
 
+    async fn scan_waiting(
+        &self,
+        id: &str,
+        spec: ScanSpec,
+        snapshot: Option<Timestamp>,
+        timeout: std::time::Duration,
+    ) -> Result<ScanIterator> {
+        let replica = self.0.replica(id)?;
+        replica.scan_waiting(spec, snapshot, timeout).await
+    }
+
     async fn safe_snapshot(&self, id: &str) -> Result<Timestamp> {
         Ok(self.0.replica(id)?.safe_snapshot())
     }

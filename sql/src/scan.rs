@@ -70,6 +70,9 @@ pub struct NyalaScanExec {
     as_of: bool,
     /// The statistics of each partition and of all, worked out when the planner first asks.
     statistics: Arc<std::sync::OnceLock<ScanStatistics>>,
+    /// Set for a queue's long poll: a tablet whose scan finds no rows waits for some until
+    /// then (see [`nyala_engine::Client::scan_tablet_waiting`]).
+    wait_until: Option<tokio::time::Instant>,
     /// The filters storage applies, over the table's columns: they scale the statistics.
     /// (Most are exact and DataFusion does not filter again; one on a parameter it does, and
     /// its selectivity then counts twice in the estimate.)
@@ -220,6 +223,7 @@ impl NyalaScanExec {
             snapshot: None,
             as_of: false,
             statistics: Arc::default(),
+            wait_until: None,
             exact_filter: None,
         })
     }
@@ -239,6 +243,14 @@ impl NyalaScanExec {
         Self {
             snapshot: Some(snapshot),
             as_of: true,
+            ..self
+        }
+    }
+
+    /// The scan, each of whose tablets waits until `deadline` for rows if it has none.
+    pub fn waiting_until(self, deadline: tokio::time::Instant) -> Self {
+        Self {
+            wait_until: Some(deadline),
             ..self
         }
     }
@@ -513,7 +525,7 @@ impl ExecutionPlan for NyalaScanExec {
             }
         };
         let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
-        let snapshot = self.snapshot;
+        let (snapshot, wait_until) = (self.snapshot, self.wait_until);
         let filters = Self::spec_with_filters(
             self.spec.clone(),
             self.runtime.clone(),
@@ -544,6 +556,16 @@ impl ExecutionPlan for NyalaScanExec {
                     (spec, Some((overlay, asked, own)))
                 }
             };
+            // A long poll's scan opens here, as it waits for rows where the tablet is.
+            let waited = match wait_until {
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    let scan =
+                        client.scan_tablet_waiting(&table, tablet, spec.clone(), snapshot, left);
+                    Some(scan.await)
+                }
+                None => None,
+            };
             // Opening a scan may wait (for writes and transactions below its snapshot), so it
             // happens on the blocking thread too.
             tokio::task::spawn_blocking(move || {
@@ -552,7 +574,9 @@ impl ExecutionPlan for NyalaScanExec {
                         return;
                     }
                 }
-                let scan = match client.scan_tablet(&table, tablet, spec, snapshot) {
+                let opened =
+                    waited.unwrap_or_else(|| client.scan_tablet(&table, tablet, spec, snapshot));
+                let scan = match opened {
                     Ok(scan) => scan,
                     Err(e) => {
                         let _ = tx.blocking_send(Err(DataFusionError::External(Box::new(e))));

@@ -9,7 +9,10 @@
 //! position above `after_position` that pass the WHERE conditions storage evaluates, sorted
 //! by position. If there are none, it waits until a write commits in one of the tablets it
 //! reads (the tablets wake their waiters; nothing polls), then reads again, for at most
-//! `wait_ms` in all; an empty result means nothing arrived in time. A consumer that goes on
+//! `wait_ms` in all; an empty result means nothing arrived in time. A tail of one tablet (a
+//! WHERE that names the queue) waits where the tablet is: its scan itself waits and reads
+//! again, so in a cluster a commit reaches the consumer without further round trips, and one
+//! that brings only other queues' rows does not wake the statement. A consumer that goes on
 //! from the last position it saw never sees a row at or below it: positions increase with
 //! the order in which each tablet's log makes rows visible.
 
@@ -205,6 +208,13 @@ impl TailExec {
     /// The rows after the position, sorted, once some arrived or the wait is over.
     async fn rows(&self, context: Arc<TaskContext>) -> Result<RecordBatch> {
         let deadline = tokio::time::Instant::now() + self.wait;
+        if let [_] = self.scan.tablets() {
+            // One tablet (the WHERE names a queue): it waits for rows itself, and answers with
+            // them as soon as a commit brings some.
+            let plan = Arc::new((*self.scan).clone().waiting_until(deadline));
+            let batches = collect(plan, context).await?;
+            return self.sorted(concat_batches(&self.scan.schema(), &batches)?);
+        }
         // Where the rows a wait heard of are visible (no round to the tablets for a snapshot).
         let mut woken_at = None;
         loop {

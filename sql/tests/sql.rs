@@ -2382,6 +2382,57 @@ async fn tail_reads_a_queue_in_order_and_waits_for_new_rows() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_waits_through_other_queues_rows_and_a_tail_of_every_tablet_wakes_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s) = open(dir.path()).await;
+    // One tablet holds both queues: rows of 'b' wake the tablet's waiters but are not 'a's.
+    run(
+        &s,
+        "CREATE TABLE shared (queue STRING, pos BIGINT GENERATED ALWAYS AS POSITION, \
+         body STRING, PRIMARY KEY (queue, pos))",
+    )
+    .await;
+    let writer = db.session();
+    let insert = tokio::spawn(async move {
+        for body in ["b1", "b2", "a1"] {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let queue = &body[..1];
+            let sql = format!("INSERT INTO shared (queue, body) VALUES ('{queue}', '{body}')");
+            run(&writer, &sql).await;
+        }
+    });
+    let woken = text(
+        &s,
+        "SELECT body FROM tail('shared', 0, 60000) WHERE queue = 'a'",
+    )
+    .await;
+    insert.await.unwrap();
+    assert!(
+        woken.contains("| a1   |") && !woken.contains("b1"),
+        "{woken}"
+    );
+    // A tail of every tablet (no queue named) waits on all of them.
+    run(
+        &s,
+        "CREATE TABLE spread (queue STRING, pos BIGINT GENERATED ALWAYS AS POSITION, \
+         body STRING, PRIMARY KEY (queue, pos)) DISTRIBUTE BY HASH (queue) INTO 3 BUCKETS",
+    )
+    .await;
+    let writer = db.session();
+    let insert = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        run(
+            &writer,
+            "INSERT INTO spread (queue, body) VALUES ('z', 'z1')",
+        )
+        .await;
+    });
+    let woken = text(&s, "SELECT body FROM tail('spread', 0, 60000)").await;
+    insert.await.unwrap();
+    assert!(woken.contains("| z1   |"), "{woken}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_multi_tablet_inserts_into_a_queue_do_not_wait_for_each_other() {
     let dir = tempfile::tempdir().unwrap();
     let (db, s) = open(dir.path()).await;

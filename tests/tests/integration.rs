@@ -2593,6 +2593,7 @@ mod cluster {
             .scan_open(ScanOpenRequest {
                 tablet_id: tablet.into(),
                 spec: spec.encode().unwrap(),
+                wait_ms: 0,
             })
             .await
             .unwrap()

@@ -320,6 +320,24 @@ impl Client {
         self.tablets.scan(tablet, spec, snapshot)
     }
 
+    /// [`Self::scan_tablet`], waiting up to `timeout` for rows to read (see
+    /// [`Tablets::scan_waiting`]): a queue's long poll of one tablet.
+    pub async fn scan_tablet_waiting(
+        &self,
+        table: &TableInfo,
+        tablet: usize,
+        spec: ScanSpec,
+        snapshot: Option<Timestamp>,
+        timeout: std::time::Duration,
+    ) -> Result<ScanIterator> {
+        let tablet = table.tablets.get(tablet).ok_or_else(|| {
+            EngineError::TabletNotFound(format!("tablet {tablet} of table {}", table.name))
+        })?;
+        self.tablets
+            .scan_waiting(tablet, spec, snapshot, timeout)
+            .await
+    }
+
     /// [`Self::scan_tablet`] at `snapshot`, if it can start without waiting (see
     /// [`Tablets::scan_if_ready`]).
     pub fn scan_tablet_if_ready(

@@ -88,6 +88,16 @@ pub trait Tablets: Send + Sync + 'static {
     ) -> Option<Result<ScanIterator>> {
         None
     }
+    /// [`Self::scan`], waiting up to `timeout` for rows: a scan that finds none waits for rows
+    /// to commit there and scans again (see [`crate::tserver::TabletReplica::scan_waiting`]),
+    /// next to the tablet. An empty scan: none came in time.
+    async fn scan_waiting(
+        &self,
+        id: &str,
+        spec: ScanSpec,
+        snapshot: Option<Timestamp>,
+        timeout: Duration,
+    ) -> Result<ScanIterator>;
     /// The newest snapshot at which tablet `id` has applied every write it will take below it.
     async fn safe_snapshot(&self, id: &str) -> Result<Timestamp>;
     /// Waits up to `timeout` for rows to become visible in tablet `id` above `after`; returns
@@ -111,6 +121,10 @@ pub trait Tablets: Send + Sync + 'static {
         Ok(())
     }
 }
+
+/// The longest a waiting call to a tablet server waits: calls on internal connections time out
+/// after 30 s, so a longer wait takes several.
+const MOST_PER_CALL: Duration = Duration::from_secs(20);
 
 /// The tablets of a cluster, on its tablet servers.
 pub struct RemoteTablets {
@@ -156,6 +170,44 @@ impl Tablets for RemoteTablets {
             scanner: None,
             batches: VecDeque::new(),
         }))
+    }
+
+    async fn scan_waiting(
+        &self,
+        id: &str,
+        mut spec: ScanSpec,
+        snapshot: Option<Timestamp>,
+        timeout: Duration,
+    ) -> Result<ScanIterator> {
+        spec.snapshot = snapshot.unwrap_or(Timestamp(0));
+        let encoded = spec.encode()?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let (server, answer) = self
+                .meta
+                .call_leader(id, |mut server| {
+                    let request = ScanOpenRequest {
+                        tablet_id: id.into(),
+                        spec: encoded.clone(),
+                        wait_ms: left.min(MOST_PER_CALL).as_micros().div_ceil(1000) as u64,
+                    };
+                    async move { server.scan_open(request).await }
+                })
+                .await?;
+            let batches: VecDeque<RecordBatch> = decode_rows(answer.ipc)?.into();
+            let found = !batches.is_empty() || !answer.done;
+            if found || tokio::time::Instant::now() >= deadline {
+                return Ok(Box::new(RemoteScan {
+                    meta: self.meta.clone(),
+                    runtime: self.runtime.clone(),
+                    tablet: id.to_string(),
+                    spec: None,
+                    scanner: (!answer.done).then_some((server, answer.scanner_id)),
+                    batches,
+                }));
+            }
+        }
     }
 
     async fn txn_write(
@@ -239,8 +291,6 @@ impl Tablets for RemoteTablets {
         after: Timestamp,
         timeout: Duration,
     ) -> Result<Timestamp> {
-        // Calls on internal connections time out after 30 s: a longer wait takes several.
-        const MOST_PER_CALL: Duration = Duration::from_secs(20);
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -289,6 +339,7 @@ impl RemoteScan {
                     let request = ScanOpenRequest {
                         tablet_id: tablet.clone(),
                         spec: encoded.clone(),
+                        wait_ms: 0,
                     };
                     async move { server.scan_open(request).await }
                 });

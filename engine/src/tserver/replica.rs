@@ -845,6 +845,43 @@ impl TabletReplica {
             .then(|| self.scan_at(spec, snapshot))
     }
 
+    /// [`Self::scan`], waiting up to `timeout` for rows to read: while a scan finds none, it
+    /// waits for rows to become visible above its snapshot (see [`Self::wait_for_write`]) and
+    /// scans again at the newest, until a scan finds rows or the time is up (then the last,
+    /// empty, scan answers). A queue's long poll, where the tablet is: a commit that wakes it
+    /// is read without a round trip, and one that brings only rows the scan's predicates
+    /// leave out (another queue's) puts it back to waiting.
+    pub async fn scan_waiting(
+        self: &Arc<Self>,
+        spec: ScanSpec,
+        snapshot: Option<Timestamp>,
+        timeout: Duration,
+    ) -> Result<ScanIterator> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut snapshot = snapshot.unwrap_or_else(|| self.safe_snapshot());
+        loop {
+            let (replica, spec) = (self.clone(), spec.clone());
+            let scan = crate::rpc::blocking(move || {
+                let mut scan = replica.scan(spec, Some(snapshot))?;
+                for batch in scan.by_ref() {
+                    let batch = batch?;
+                    if batch.num_rows() > 0 {
+                        let rows: ScanIterator = Box::new(std::iter::once(Ok(batch)).chain(scan));
+                        return Ok(Some(rows));
+                    }
+                }
+                Ok(None)
+            })
+            .await?;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match scan {
+                Some(scan) => return Ok(scan),
+                None if left.is_zero() => return Ok(Box::new(std::iter::empty())),
+                None => snapshot = snapshot.max(self.wait_for_write(snapshot, left).await),
+            }
+        }
+    }
+
     fn scan_at(&self, mut spec: ScanSpec, snapshot: Timestamp) -> Result<ScanIterator> {
         spec.snapshot = snapshot;
         Ok(Box::new(crate::metrics::CountedScan(

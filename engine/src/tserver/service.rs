@@ -25,7 +25,8 @@ use crate::rpc::proto::tserver::{
 };
 use crate::{EngineError, Result};
 
-/// Longest a WaitForWrite call waits (a client waiting longer calls again).
+/// Longest a WaitForWrite call or a waiting ScanOpen waits (a client waiting longer calls
+/// again).
 const MAX_WAIT_MS: u64 = 60_000;
 
 /// The RPC service of one tablet server.
@@ -240,15 +241,27 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
     ) -> std::result::Result<Response<ScanResponse>, Status> {
         let open = request.into_inner();
         let (server, scanners) = (self.server.clone(), self.scanners.clone());
-        let opened = rpc::blocking(move || {
+        let opened = async move {
             let replica = server.replica(&open.tablet_id)?;
             let spec = ScanSpec::decode(&open.spec)?;
             let snapshot = (spec.snapshot.0 != 0).then_some(spec.snapshot);
-            let iter = replica.scan(spec, snapshot)?;
-            scanners.next_rows(scanners.open(iter))
-        })
-        .await;
-        self.respond(opened)
+            let iter = match open.wait_ms {
+                0 => None,
+                wait => {
+                    let wait = Duration::from_millis(wait.min(MAX_WAIT_MS));
+                    Some(replica.scan_waiting(spec.clone(), snapshot, wait).await?)
+                }
+            };
+            rpc::blocking(move || {
+                let iter = match iter {
+                    Some(iter) => iter,
+                    None => replica.scan(spec, snapshot)?,
+                };
+                scanners.next_rows(scanners.open(iter))
+            })
+            .await
+        };
+        self.respond(opened.await)
     }
 
     async fn scan_next(
