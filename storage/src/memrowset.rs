@@ -15,6 +15,8 @@ use arrow::array::{ArrayRef, RecordBatch};
 use arrow::compute::interleave;
 use arrow::datatypes::SchemaRef;
 
+use smallvec::SmallVec;
+
 use crate::{StorageError, Timestamp};
 
 /// A row in the arena: (batch, row).
@@ -161,10 +163,14 @@ impl RowArena {
     }
 }
 
+/// A key's versions in a MemRowSet, oldest first. Most keys have one (a row inserted and not
+/// changed since), held inline: no allocation per inserted row beyond its key.
+pub type Versions = SmallVec<[Version; 1]>;
+
 /// Ordered index from encoded primary key to the versions of rows not yet flushed.
 #[derive(Default, Clone)]
 pub struct MemRowSet {
-    pub index: BTreeMap<Vec<u8>, Vec<Version>>,
+    pub index: BTreeMap<Vec<u8>, Versions>,
     key_bytes: usize,
 }
 
@@ -175,10 +181,7 @@ impl MemRowSet {
 
     pub fn push(&mut self, key: Vec<u8>, version: Version) {
         let len = key.len();
-        let versions = self
-            .index
-            .entry(key)
-            .or_insert_with(|| Vec::with_capacity(1));
+        let versions = self.index.entry(key).or_default();
         if versions.is_empty() {
             self.key_bytes += len + 48;
         }
@@ -208,7 +211,7 @@ impl MemRowSet {
     }
 
     /// Removes `key`; returns its versions.
-    pub fn remove(&mut self, key: &[u8]) -> Vec<Version> {
+    pub fn remove(&mut self, key: &[u8]) -> Versions {
         let versions = self.index.remove(key).unwrap_or_default();
         if !versions.is_empty() {
             self.key_bytes -= key.len() + 48 + versions.len() * std::mem::size_of::<Version>();

@@ -9,12 +9,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::RowsetDeltas;
-use crate::memrowset::Version;
+use crate::memrowset::{Version, Versions};
 
 /// Changes recorded since the last flush: versions of rows of one rowset, by ordinal.
 #[derive(Default, Clone)]
 pub struct DeltaMemStore {
-    pub by_ordinal: BTreeMap<u32, Vec<Version>>,
+    pub by_ordinal: BTreeMap<u32, Versions>,
     /// The table columns the versions may change (see
     /// [`DeltaMeta::changed`](super::DeltaMeta::changed)).
     pub changed: BTreeSet<u32>,
@@ -33,7 +33,7 @@ impl DeltaMemStore {
     }
 
     /// Adds the versions of rows this store has none of yet (each row once).
-    pub fn add_rows(&mut self, mut rows: Vec<(u32, Vec<Version>)>) {
+    pub fn add_rows(&mut self, mut rows: Vec<(u32, Versions)>) {
         let deletions = rows.iter().flat_map(|r| &r.1).filter(|v| v.row.is_none());
         self.deletions += deletions.count();
         rows.sort_unstable_by_key(|r| r.0);
@@ -58,7 +58,7 @@ impl RowsetDeltas {
             .dms
             .by_ordinal
             .get(&ordinal)
-            .map_or(&[][..], Vec::as_slice);
+            .map_or(&[][..], Versions::as_slice);
         let frozen = (self.frozen.as_ref()).and_then(|f| f.by_ordinal.get(&ordinal));
         match frozen {
             None => live.into(),
@@ -68,13 +68,13 @@ impl RowsetDeltas {
     }
 
     /// Every ordinal with DeltaMemStore versions, with its versions, in ordinal order.
-    pub(super) fn dms_entries(&self) -> std::borrow::Cow<'_, BTreeMap<u32, Vec<Version>>> {
+    pub(super) fn dms_entries(&self) -> std::borrow::Cow<'_, BTreeMap<u32, Versions>> {
         let Some(frozen) = &self.frozen else {
             return std::borrow::Cow::Borrowed(&self.dms.by_ordinal);
         };
         let mut all = frozen.by_ordinal.clone();
         for (ordinal, versions) in &self.dms.by_ordinal {
-            all.entry(*ordinal).or_default().extend(versions);
+            all.entry(*ordinal).or_default().extend_from_slice(versions);
         }
         std::borrow::Cow::Owned(all)
     }

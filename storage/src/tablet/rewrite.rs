@@ -18,7 +18,7 @@ use super::{key_ranges, txn, State, Tablet};
 use crate::delta::{Image, RowsetDeltas};
 use crate::diskrowset::DiskRowSet;
 use crate::history::{self, NewFiles};
-use crate::memrowset::{MemRowSet, RowArena, Version};
+use crate::memrowset::{MemRowSet, RowArena, Versions};
 use crate::{Schema, StorageError};
 
 impl Tablet {
@@ -113,7 +113,7 @@ impl Tablet {
                 d.dms = std::mem::take(&mut state.deltas[*i].dms);
             }
         }
-        let mut incoming: BTreeMap<usize, Vec<(u32, Vec<Version>)>> = BTreeMap::new();
+        let mut incoming: BTreeMap<usize, Vec<(u32, Versions)>> = BTreeMap::new();
         for (i, rows) in next.carried_rows {
             // The replaced rowset's store, taken whole: its rows in the order `rows` lists them.
             let old = std::mem::take(&mut state.deltas[i].dms.by_ordinal);
