@@ -4,7 +4,8 @@
 //! `commit` file and perhaps spare segments `spare-<n>`.
 //! A segment is a sequence of records `[payload length: u32][crc32 of payload: u32][payload]`,
 //! each payload one protobuf-encoded raft `Entry`, LZ4-compressed (size first) where that makes
-//! it smaller, which the length's top bit says, and ends at a record of length 0 (each append
+//! it smaller (a log whose entries keep not compressing stops trying for a while), which the
+//! length's top bit says, and ends at a record of length 0 (each append
 //! writes one after its records, the next overwrites it) or at the end of the file. Appends go
 //! to the newest segment, which rolls at `segment_bytes`; one fsync covers all entries of one
 //! ready (group commit).
@@ -165,6 +166,7 @@ pub struct DurableLog {
     spares: Vec<PathBuf>,
     /// The `commit` file, once written ([`DurableLog::set_hard_state`]).
     commit_hint: Option<File>,
+    compression: Compression,
 }
 
 /// `[commit index: u64][crc32 of it: u32]`, little-endian.
@@ -214,6 +216,7 @@ impl DurableLog {
             active: None,
             spares: spares(dir)?,
             commit_hint: None,
+            compression: Compression::default(),
         };
         log.load_segments()?;
         // Entries are synced before they can commit: a commit index beyond the log's end
@@ -365,7 +368,7 @@ impl DurableLog {
         }
         let mut buf = Vec::new();
         for entry in entries {
-            let (payload, compressed) = stored_payload(wire::encode(entry));
+            let (payload, compressed) = self.compression.store(wire::encode(entry));
             let len = payload.len() as u32 | if compressed { COMPRESSED } else { 0 };
             buf.extend_from_slice(&len.to_le_bytes());
             buf.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
@@ -529,6 +532,7 @@ impl DurableLog {
             active: None,
             spares: Vec::new(),
             commit_hint: None,
+            compression: Compression::default(),
         };
         log.write_state()
     }
@@ -606,16 +610,46 @@ const COMPRESSED: u32 = 1 << 31;
 
 /// Entries smaller than this are stored as they are (too little to gain).
 const COMPRESS_FROM_BYTES: usize = 512;
+/// Entries in a row that compression shrank by less than an eighth, after which the log stops
+/// trying for a while.
+const MISSES_BEFORE_SKIPPING: u32 = 8;
+/// Entries stored as they are, without trying, once compression stopped paying.
+const ENTRIES_SKIPPED: u32 = 256;
 
-/// An encoded entry as stored: LZ4-compressed (with its length first) where that is smaller.
-fn stored_payload(encoded: Vec<u8>) -> (Vec<u8>, bool) {
-    if encoded.len() < COMPRESS_FROM_BYTES {
-        return (encoded, false);
-    }
-    let compressed = lz4_flex::compress_prepend_size(&encoded);
-    match compressed.len() < encoded.len() {
-        true => (compressed, true),
-        false => (encoded, false),
+/// How a log compresses its entries: with LZ4 (the length first) where that makes them
+/// smaller. A log whose entries keep not compressing (binary, encrypted or already compressed
+/// messages: [`MISSES_BEFORE_SKIPPING`] in a row shrunk by less than an eighth) stores the next
+/// [`ENTRIES_SKIPPED`] as they are without spending the CPU on trying, then tries again.
+#[derive(Default)]
+struct Compression {
+    misses: u32,
+    skip: u32,
+}
+
+impl Compression {
+    /// An encoded entry as stored, and whether it is compressed.
+    fn store(&mut self, encoded: Vec<u8>) -> (Vec<u8>, bool) {
+        if encoded.len() < COMPRESS_FROM_BYTES {
+            return (encoded, false);
+        }
+        if self.skip > 0 {
+            self.skip -= 1;
+            return (encoded, false);
+        }
+        let compressed = lz4_flex::compress_prepend_size(&encoded);
+        if compressed.len() <= encoded.len() - encoded.len() / 8 {
+            self.misses = 0;
+        } else {
+            self.misses += 1;
+            if self.misses >= MISSES_BEFORE_SKIPPING {
+                self.misses = 0;
+                self.skip = ENTRIES_SKIPPED;
+            }
+        }
+        match compressed.len() < encoded.len() {
+            true => (compressed, true),
+            false => (encoded, false),
+        }
     }
 }
 
@@ -720,6 +754,58 @@ mod tests {
             .entries(1, 5, u64::MAX, raft::GetEntriesContext::empty(false))
             .unwrap();
         assert_eq!(read, entries);
+    }
+
+    /// A log whose entries do not compress stops trying for a while (they are stored as they
+    /// are, compressible or not), then tries again; every entry reads back as written.
+    #[test]
+    fn a_log_of_incompressible_entries_stops_compressing_for_a_while() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut random = || {
+            (0..2000)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state as u8
+                })
+                .collect::<Vec<u8>>()
+        };
+        let repetitive = "the same row again ".repeat(100).into_bytes();
+        let mut log = DurableLog::open(dir.path(), &[1], 1 << 24, false).unwrap();
+        let mut index = 0;
+        // The growth of the log by one entry of `data`.
+        let mut append = |log: &mut DurableLog, data: Vec<u8>| {
+            index += 1;
+            let before = log.bytes();
+            log.append(&[entry(index, data)]).unwrap();
+            (log.bytes() - before) as usize
+        };
+        let stored_whole = |grown: usize, len: usize| grown > len;
+        for _ in 0..MISSES_BEFORE_SKIPPING {
+            let data = random();
+            assert!(stored_whole(append(&mut log, data), 2000));
+        }
+        // Compressible, but within the entries the log does not try to compress.
+        for _ in 0..ENTRIES_SKIPPED {
+            let grown = append(&mut log, repetitive.clone());
+            assert!(stored_whole(grown, repetitive.len()));
+        }
+        // Tried again, and compressed.
+        let grown = append(&mut log, repetitive.clone());
+        assert!(grown < repetitive.len() / 4, "{grown}");
+        // A miss or two among compressible entries does not stop it.
+        let data = random();
+        append(&mut log, data);
+        let grown = append(&mut log, repetitive.clone());
+        assert!(grown < repetitive.len() / 4, "{grown}");
+        let last = log.last_index();
+        let written = read_all(&log, 1, last + 1);
+        drop(log);
+        let log = DurableLog::open(dir.path(), &[1], 1 << 24, false).unwrap();
+        assert_eq!(read_all(&log, 1, last + 1), written);
+        assert_eq!(written.len() as u64, last);
     }
 
     fn read_all(log: &DurableLog, from: u64, to: u64) -> Vec<Entry> {
