@@ -12,6 +12,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={file}");
     }
     let descriptors = protox::compile(files, ["proto"])?;
-    tonic_prost_build::configure().compile_fds(descriptors)?;
+    // `bytes` fields are `Bytes`: decoding a request slices its buffer instead of copying
+    // (write batches, Raft messages, scan results), and a retried call clones a handle.
+    tonic_prost_build::configure()
+        .bytes(".")
+        .compile_fds(descriptors)?;
     Ok(())
 }

@@ -2564,7 +2564,7 @@ mod cluster {
             let response = client
                 .write(WriteRequest {
                     tablet_id: tablet.into(),
-                    batch: batch.clone(),
+                    batch: batch.clone().into(),
                 })
                 .await
                 .map_err(rpc::from_status);
@@ -2592,7 +2592,7 @@ mod cluster {
         let mut answer = client
             .scan_open(ScanOpenRequest {
                 tablet_id: tablet.into(),
-                spec: spec.encode().unwrap(),
+                spec: spec.encode().unwrap().into(),
                 wait_ms: 0,
             })
             .await

@@ -141,7 +141,7 @@ impl RemoteTablets {
 #[async_trait::async_trait]
 impl Tablets for RemoteTablets {
     async fn write(&self, id: &str, batch: &WriteBatch) -> Result<WriteOutcome> {
-        let encoded = batch.encode();
+        let encoded = prost::bytes::Bytes::from(batch.encode());
         let (_, answer) = self
             .meta
             .call_leader(id, |mut server| {
@@ -180,7 +180,7 @@ impl Tablets for RemoteTablets {
         timeout: Duration,
     ) -> Result<ScanIterator> {
         spec.snapshot = snapshot.unwrap_or(Timestamp(0));
-        let encoded = spec.encode()?;
+        let encoded = prost::bytes::Bytes::from(spec.encode()?);
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -217,7 +217,7 @@ impl Tablets for RemoteTablets {
         batch: &WriteBatch,
         prepare: bool,
     ) -> Result<TxnWritten> {
-        let encoded = batch.encode();
+        let encoded = prost::bytes::Bytes::from(batch.encode());
         let (_, answer) = self
             .meta
             .call_leader(id, |mut server| {
@@ -333,7 +333,7 @@ impl RemoteScan {
     fn fetch(&mut self) -> Result<()> {
         let (server, answer): (u64, ScanResponse) = match self.spec.take() {
             Some(spec) => {
-                let encoded = spec.encode()?;
+                let encoded = prost::bytes::Bytes::from(spec.encode()?);
                 let tablet = self.tablet.clone();
                 let call = self.meta.call_leader(&self.tablet, |mut server| {
                     let request = ScanOpenRequest {

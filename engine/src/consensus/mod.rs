@@ -87,7 +87,7 @@ impl RaftRouter {
             };
             let envelope = RaftEnvelope {
                 tablet_id: tablet_id.to_string(),
-                message: encoded,
+                message: encoded.into(),
             };
             let _ = self.outbox(to).send(envelope);
         }

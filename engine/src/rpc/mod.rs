@@ -353,7 +353,7 @@ pub fn encode_rows(batches: &[RecordBatch]) -> Result<Vec<u8>, EngineError> {
 }
 
 /// The rows [`encode_rows`] encoded.
-pub fn decode_rows(ipc: Vec<u8>) -> Result<Vec<RecordBatch>, EngineError> {
+pub fn decode_rows(ipc: prost::bytes::Bytes) -> Result<Vec<RecordBatch>, EngineError> {
     if ipc.is_empty() {
         return Ok(vec![]);
     }

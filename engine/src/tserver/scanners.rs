@@ -60,7 +60,7 @@ impl Scanners {
         Ok(ScanResponse {
             scanner_id: id,
             done,
-            ipc,
+            ipc: ipc.into(),
         })
     }
 }

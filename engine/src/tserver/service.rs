@@ -325,7 +325,9 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
         let copies = self.copies.clone();
         let chunk =
             rpc::blocking(move || copies.chunk(fetch.session, fetch.file, fetch.offset)).await;
-        self.respond(chunk.map(|chunk| FetchChunkResponse { chunk }))
+        self.respond(chunk.map(|chunk| FetchChunkResponse {
+            chunk: chunk.into(),
+        }))
     }
 
     async fn copy_tablet(
