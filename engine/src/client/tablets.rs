@@ -12,12 +12,12 @@ use nyala_storage::{
     ColumnRange, ScanIterator, ScanSpec, StorageError, Timestamp, WriteBatch, WriteOutcome,
 };
 
-use super::meta_cache::MetaCache;
+use super::meta_cache::{MetaCache, TServerClient};
 use crate::rpc::decode_rows;
 use crate::rpc::proto::common::TabletRef;
 use crate::rpc::proto::tserver::{
     ScanNextRequest, ScanOpenRequest, ScanResponse, TxnFinishRequest, TxnRequest, TxnWriteRequest,
-    WaitForWriteRequest, WriteRequest, WriteResponse,
+    WaitForWriteRequest, WaitForWriteResponse, WriteRequest, WriteResponse,
 };
 use crate::Result;
 
@@ -136,6 +136,34 @@ impl RemoteTablets {
     pub fn new(meta: Arc<MetaCache>, runtime: tokio::runtime::Handle) -> Self {
         Self { meta, runtime }
     }
+
+    /// A wait of up to `timeout` on the leader of tablet `id`, in calls of at most
+    /// [`MOST_PER_CALL`]: `call` asks the server to wait for what is left (its second argument),
+    /// until an answer is `enough` or the time is up; the server that answered last, and its
+    /// answer.
+    async fn call_leader_until<T, F, Fut>(
+        &self,
+        id: &str,
+        timeout: Duration,
+        call: F,
+        enough: impl Fn(&T) -> bool,
+    ) -> Result<(u64, T)>
+    where
+        F: Fn(TServerClient, Duration) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let left = left.min(MOST_PER_CALL);
+            let (server, answer) = (self.meta)
+                .call_leader(id, |client| call(client, left))
+                .await?;
+            if enough(&answer) || tokio::time::Instant::now() >= deadline {
+                return Ok((server, answer));
+            }
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -181,33 +209,24 @@ impl Tablets for RemoteTablets {
     ) -> Result<ScanIterator> {
         spec.snapshot = snapshot.unwrap_or(Timestamp(0));
         let encoded = prost::bytes::Bytes::from(spec.encode()?);
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let (server, answer) = self
-                .meta
-                .call_leader(id, |mut server| {
-                    let request = ScanOpenRequest {
-                        tablet_id: id.into(),
-                        spec: encoded.clone(),
-                        wait_ms: left.min(MOST_PER_CALL).as_micros().div_ceil(1000) as u64,
-                    };
-                    async move { server.scan_open(request).await }
-                })
-                .await?;
-            let batches: VecDeque<RecordBatch> = decode_rows(answer.ipc)?.into();
-            let found = !batches.is_empty() || !answer.done;
-            if found || tokio::time::Instant::now() >= deadline {
-                return Ok(Box::new(RemoteScan {
-                    meta: self.meta.clone(),
-                    runtime: self.runtime.clone(),
-                    tablet: id.to_string(),
-                    spec: None,
-                    scanner: (!answer.done).then_some((server, answer.scanner_id)),
-                    batches,
-                }));
-            }
-        }
+        let call = |mut server: TServerClient, left: Duration| {
+            let request = ScanOpenRequest {
+                tablet_id: id.into(),
+                spec: encoded.clone(),
+                wait_ms: left.as_micros().div_ceil(1000) as u64,
+            };
+            async move { server.scan_open(request).await }
+        };
+        let found = |answer: &ScanResponse| !answer.ipc.is_empty() || !answer.done;
+        let (server, answer) = self.call_leader_until(id, timeout, call, found).await?;
+        Ok(Box::new(RemoteScan {
+            meta: self.meta.clone(),
+            runtime: self.runtime.clone(),
+            tablet: id.to_string(),
+            spec: None,
+            scanner: (!answer.done).then_some((server, answer.scanner_id)),
+            batches: decode_rows(answer.ipc)?.into(),
+        }))
     }
 
     async fn txn_write(
@@ -291,25 +310,17 @@ impl Tablets for RemoteTablets {
         after: Timestamp,
         timeout: Duration,
     ) -> Result<Timestamp> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let (_, answer) = self
-                .meta
-                .call_leader(id, |mut server| {
-                    let request = WaitForWriteRequest {
-                        tablet_id: id.into(),
-                        after: after.0,
-                        timeout_ms: left.min(MOST_PER_CALL).as_millis() as u64,
-                    };
-                    async move { server.wait_for_write(request).await }
-                })
-                .await?;
-            let newest = Timestamp(answer.newest);
-            if newest > after || tokio::time::Instant::now() >= deadline {
-                return Ok(newest);
-            }
-        }
+        let call = |mut server: TServerClient, left: Duration| {
+            let request = WaitForWriteRequest {
+                tablet_id: id.into(),
+                after: after.0,
+                timeout_ms: left.as_millis() as u64,
+            };
+            async move { server.wait_for_write(request).await }
+        };
+        let newer = |answer: &WaitForWriteResponse| answer.newest > after.0;
+        let (_, answer) = self.call_leader_until(id, timeout, call, newer).await?;
+        Ok(Timestamp(answer.newest))
     }
 
     fn stats(&self, id: &str) -> Result<TabletStats> {
