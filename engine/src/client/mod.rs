@@ -107,6 +107,8 @@ pub struct Client {
     /// read below it, so they see every write acknowledged before them, whichever tablets the
     /// writes and the reads went to.
     last_write: Arc<std::sync::atomic::AtomicU64>,
+    /// Transactions whose status rows no participant will read again, to be deleted.
+    settled: Arc<parking_lot::Mutex<txn::Settled>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -127,6 +129,7 @@ impl Client {
             catalog,
             tablets,
             last_write: Arc::default(),
+            settled: Arc::default(),
         }
     }
 

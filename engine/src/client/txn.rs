@@ -11,6 +11,10 @@
 //! table like any other): the first decision recorded holds, so a coordinator committing and a
 //! participant aborting an abandoned transaction ([`Client::resolve_txn`]) cannot both win.
 //! A participant holding a transaction that was never decided for long aborts it there.
+//!
+//! Once every participant has applied a commit, no one reads its decision again: the
+//! coordinator deletes such rows, many in one write every [`TRIM_EVERY`], so the status table
+//! holds the transactions in flight, not every transaction ever committed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -32,6 +36,17 @@ use crate::{EngineError, Result};
 /// The transaction status table: one row per decided transaction (its commit timestamp, or
 /// -1 for an abort). Not visible to users.
 pub const STATUS_TABLE: &str = "__nyala_transactions";
+
+/// How often a coordinator deletes the status rows of its settled transactions.
+const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Transactions whose every participant applied the commit, their status rows not yet deleted.
+#[derive(Default)]
+pub(super) struct Settled {
+    txns: Vec<u64>,
+    /// Whether a task deletes them.
+    trimming: bool,
+}
 
 /// A transaction in progress: the tablets it wrote, with its prepare timestamp in those that
 /// prepared it already. Clones are the same transaction.
@@ -144,6 +159,48 @@ impl Client {
             .ok_or_else(|| EngineError::TableNotFound(STATUS_TABLE.into()))
     }
 
+    /// Every participant of transaction `txn` applied its commit: none will read its status
+    /// row again, which goes with the next batch of such rows.
+    fn forget_decision(&self, txn: u64) {
+        let mut settled = self.settled.lock();
+        settled.txns.push(txn);
+        if !std::mem::replace(&mut settled.trimming, true) {
+            let client = self.clone();
+            tokio::spawn(async move { client.trim_settled().await });
+        }
+    }
+
+    /// Deletes the status rows of settled transactions every [`TRIM_EVERY`], until none are
+    /// left. A row whose delete fails stays (a participant reading it would find the truth).
+    async fn trim_settled(&self) {
+        loop {
+            tokio::time::sleep(TRIM_EVERY).await;
+            let txns = {
+                let mut settled = self.settled.lock();
+                if settled.txns.is_empty() {
+                    settled.trimming = false;
+                    return;
+                }
+                std::mem::take(&mut settled.txns)
+            };
+            if let Err(e) = self.delete_decisions(txns).await {
+                tracing::warn!(error = %e, "cannot delete the status rows of settled transactions");
+            }
+        }
+    }
+
+    async fn delete_decisions(&self, txns: Vec<u64>) -> Result<()> {
+        let table = self.status_table().await?;
+        let key = table.schema.arrow_schema().field(0).clone();
+        let ids = Int64Array::from_iter_values(txns.into_iter().map(|t| t as i64));
+        let rows = RecordBatch::try_new(
+            Arc::new(arrow::datatypes::Schema::new(vec![key])),
+            vec![Arc::new(ids)],
+        )?;
+        let deleted = self.write(&table, WriteKind::Delete, &rows).await;
+        deleted.map(drop).map_err(|e| e.error)
+    }
+
     /// Ends transaction `txn`, abandoned in tablet `tablet` (its coordinator is gone): as
     /// decided, or, if nothing was decided, by recording an abort. Returns whether it committed.
     pub async fn resolve_txn(&self, tablet: &str, txn: u64) -> Result<bool> {
@@ -253,12 +310,17 @@ impl Transaction {
                         .map(|(t, _)| tablets.finish_txn(t, self.id, Some(commit_ts))),
                 );
                 self.client.written_at(Some(commit_ts));
+                let mut delivered = true;
                 for ((tablet, _), result) in participants.iter().zip(finished.await) {
                     if let Err(e) = result {
                         // Decided: the tablet completes the commit when it resolves the
-                        // transaction.
+                        // transaction, reading the decision.
                         tracing::warn!(tablet, txn = self.id, error = %e, "commit not delivered");
+                        delivered = false;
                     }
+                }
+                if delivered {
+                    self.client.forget_decision(self.id);
                 }
                 Ok(())
             }
@@ -346,6 +408,29 @@ mod tests {
         client.table(name).unwrap()
     }
 
+    /// The rows of every tablet of `table`, at the newest snapshot.
+    async fn count_rows(client: &Client, table: &crate::client::TableHandle) -> usize {
+        let (client, table) = (client.clone(), table.clone());
+        let rows = crate::rpc::blocking(move || {
+            let mut n = 0;
+            for tablet in 0..table.tablets.len() {
+                let spec = ScanSpec {
+                    projection: Some(vec![0]),
+                    predicates: vec![],
+                    snapshot: Timestamp(0),
+                    limit: None,
+                    batch_size: 1024,
+                    string_views: false,
+                };
+                for batch in client.scan_tablet(&table, tablet, spec, None)? {
+                    n += batch?.num_rows();
+                }
+            }
+            Ok(n)
+        });
+        rows.await.unwrap()
+    }
+
     /// Two coordinators (two clients, as two servers of a cluster) insert batches that span
     /// every tablet of one queue table at once: their transactions are prepared side by side in
     /// each tablet and their rows applied in turn; none waits for the other for good, and every
@@ -422,6 +507,48 @@ mod tests {
         assert_eq!(rows, 2 * 20 * 16);
     }
 
+    /// The status table keeps a transaction's row only until every participant applied the
+    /// commit: after many multi-tablet commits it empties again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_status_rows_of_settled_transactions_are_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = crate::embedded::open(dir.path(), TabletOptions::default(), 1 << 30).unwrap();
+        let schema = Schema::new(
+            vec![
+                ColumnSchema::new("k", ColumnType::Int64, false),
+                ColumnSchema::new("v", ColumnType::Int64, false),
+            ],
+            vec![0],
+        )
+        .unwrap();
+        let table = create_table(&node.client, "t", schema.clone(), 4).await;
+        for i in 0..20 {
+            let keys = Int64Array::from_iter_values(i * 64..(i + 1) * 64);
+            let columns: Vec<ArrayRef> = vec![Arc::new(keys.clone()), Arc::new(keys)];
+            let rows = RecordBatch::try_new(schema.arrow_schema(), columns).unwrap();
+            let txn = node.client.begin();
+            txn.write(&table, WriteKind::Insert, &rows, None, true)
+                .await
+                .unwrap();
+            txn.commit().await.unwrap();
+        }
+        let status = node
+            .client
+            .catalog
+            .table(super::STATUS_TABLE)
+            .expect("decisions");
+        // A liveness bound: the rows go within a second or two.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while count_rows(&node.client, &status).await > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "status rows never deleted"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert_eq!(count_rows(&node.client, &table).await, 20 * 64);
+    }
+
     /// A statement's last write prepares the transaction in each tablet it writes, in the same
     /// log entry: nothing more can be written in it there, and its commit prepares no tablet
     /// again (one entry fewer per tablet); with a single participant, nothing is prepared.
@@ -452,29 +579,7 @@ mod tests {
                 })
                 .collect()
         };
-        let count = || async {
-            let batches = crate::rpc::blocking({
-                let (client, table) = (node.client.clone(), table.clone());
-                move || {
-                    let mut n = 0;
-                    for tablet in 0..table.tablets.len() {
-                        let spec = ScanSpec {
-                            projection: Some(vec![0]),
-                            predicates: vec![],
-                            snapshot: Timestamp(0),
-                            limit: None,
-                            batch_size: 1024,
-                            string_views: false,
-                        };
-                        for batch in client.scan_tablet(&table, tablet, spec, None)? {
-                            n += batch?.num_rows();
-                        }
-                    }
-                    Ok(n)
-                }
-            });
-            batches.await.unwrap()
-        };
+        let count = || count_rows(&node.client, &table);
 
         // Plain writes first, so that no entry of the leaders' election is left to apply.
         let plain = rows((200..264).collect());
