@@ -260,8 +260,9 @@ enum Command {
     },
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    // Before any other thread starts (mimalloc's options are not thread safe).
+    keep_freed_memory_a_while();
     no_transparent_huge_pages();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -270,9 +271,39 @@ async fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    if let Err(e) = run(Cli::parse()).await {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build();
+    let result = match runtime {
+        Ok(runtime) => runtime.block_on(run(Cli::parse())),
+        Err(e) => Err(anyhow::Error::new(e).context("cannot start the async runtime")),
+    };
+    if let Err(e) = result {
         eprintln!("Error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+/// mimalloc's `purge_delay` option (its place in `mi_option_t`, mimalloc.h, in versions 2
+/// and 3; the Rust bindings name only some options).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// How long the allocator keeps memory freed before it returns it to the system (mimalloc's
+/// default: 10 ms).
+const PURGE_DELAY_MS: std::ffi::c_long = 30_000;
+
+/// Keeps freed memory for [`PURGE_DELAY_MS`] before returning it to the system, unless
+/// `MIMALLOC_PURGE_DELAY` says otherwise. Under a steady write load the same memory is freed
+/// and taken again within seconds (a MemRowSet flushed while the next one fills; batches
+/// decoded, copied into log entries and dropped). Returned after 10 ms, each page came back
+/// through a page fault that zeroed it: in a profile of bulk enqueue on one node, 17 % of the
+/// server's time was `clear_page_erms`, and none with the memory kept. Bulk enqueue then took
+/// 8 % less CPU per message and ran 7 % faster (`bench/queue_bench.py --threads 8`, six
+/// alternating runs). An idle server still returns the memory within a minute.
+fn keep_freed_memory_a_while() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: sets an integer option; no other thread runs yet.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
     }
 }
 
