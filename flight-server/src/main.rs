@@ -648,12 +648,19 @@ async fn tserver(
             },
         ));
     }
+    // Other servers' Raft streams stay open: they end when this server stops.
+    let (stop_streams, stopping) = tokio::sync::watch::channel(false);
+    let consensus = ConsensusService::new(vec![server.clone()]).ending_streams_on(stopping);
+    let shutdown = async move {
+        shutdown_signal().await;
+        let _ = stop_streams.send(true);
+    };
     let rpc = tonic::transport::Server::builder()
         .layer(nyala_engine::rpc::RequireClusterSecret)
         .layer(nyala_engine::metrics::RpcMetricsLayer)
         .add_service(TabletServerService::new(server.clone()).into_server())
-        .add_service(ConsensusService::new(vec![server.clone()]).into_server())
-        .serve_with_incoming_shutdown(nyala_engine::rpc::incoming(listener), shutdown_signal());
+        .add_service(consensus.into_server())
+        .serve_with_incoming_shutdown(nyala_engine::rpc::incoming(listener), shutdown);
     match flight {
         None => rpc.await?,
         Some((flight_addr, limits, tls)) => {

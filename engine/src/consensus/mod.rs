@@ -2,8 +2,8 @@
 //! consensus service that hands incoming ones to the replicas.
 //!
 //! [`RaftRouter`] is the [`Transport`] of every replica on a server: messages for the same
-//! destination server, from all its tablets, go out together in one `Step` call, over one
-//! connection per destination. Messages that cannot be delivered are dropped; Raft sends them
+//! destination server, from all its tablets, go out together, batch by batch, on one `Step`
+//! stream per destination that stays open (no call and no answer per batch). Messages that cannot be delivered are dropped; Raft sends them
 //! again. [`ConsensusService`] decodes each message (bounded protobuf decoding, see
 //! `nyala_raft::decode_message`) and steps the replica of its tablet, found through the
 //! [`RaftGroups`] of the server (a tablet server's replicas, a master's catalog).
@@ -93,8 +93,8 @@ impl RaftRouter {
         }
     }
 
-    /// The queue of messages to server `to`, drained by a task that sends everything queued in
-    /// one call.
+    /// The queue of messages to server `to`, drained by a task that sends everything queued as
+    /// one batch of its stream.
     fn outbox(&self, to: u64) -> mpsc::UnboundedSender<RaftEnvelope> {
         let mut outboxes = self.outboxes.lock();
         if let Some(tx) = outboxes.get(&to) {
@@ -107,13 +107,16 @@ impl RaftRouter {
     }
 }
 
-/// Sends what is queued for server `to`, batch by batch, until the router is dropped.
+/// Sends what is queued for server `to`, batch by batch, on a stream that stays open, until
+/// the router is dropped. A stream that failed (the server went away, or stopped answering
+/// pings) is opened again for the next batch; batches that find no stream, or a full one,
+/// are dropped, and Raft sends their messages again.
 async fn deliver(
     to: u64,
     mut rx: mpsc::UnboundedReceiver<RaftEnvelope>,
     addresses: Arc<RwLock<HashMap<u64, String>>>,
 ) {
-    let mut client = None;
+    let mut stream: Option<futures::channel::mpsc::Sender<RaftBatch>> = None;
     while let Some(first) = rx.recv().await {
         let mut messages = vec![first];
         while messages.len() < MAX_BATCH {
@@ -125,20 +128,38 @@ async fn deliver(
         let Some(address) = addresses.read().get(&to).cloned() else {
             continue;
         };
-        if client.is_none() {
-            client = rpc::connect(&address).await.ok().map(rpc::consensus);
+        if stream.as_ref().is_none_or(|s| s.is_closed()) {
+            stream = open_stream(&address).await;
         }
-        let Some(c) = client.as_mut() else {
+        let Some(open) = stream.as_mut() else {
             // Unreachable: wait a little before trying the next batch.
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let sent =
-            tokio::time::timeout(Duration::from_secs(2), c.step(RaftBatch { messages })).await;
-        if !matches!(sent, Ok(Ok(_))) {
-            client = None;
+        if let Err(e) = open.try_send(RaftBatch { messages }) {
+            if e.is_disconnected() {
+                stream = None;
+            }
         }
     }
+}
+
+/// Batches a stream holds before it refuses more (its server is not keeping up).
+const STREAM_BATCHES: usize = 256;
+
+/// Opens a `Step` stream to the server at `address`: what is sent into the returned sender
+/// goes out in order; it is closed once the stream has failed.
+async fn open_stream(address: &str) -> Option<futures::channel::mpsc::Sender<RaftBatch>> {
+    let channel = rpc::connect_for_streams(address).await.ok()?;
+    let (tx, rx) = futures::channel::mpsc::channel(STREAM_BATCHES);
+    let mut client = rpc::consensus(channel);
+    tokio::spawn(async move {
+        // Ends (dropping `rx`, which closes `tx`) when the connection fails.
+        if let Err(status) = client.step(rx).await {
+            tracing::debug!(error = %status, "a Raft stream ended");
+        }
+    });
+    Some(tx)
 }
 
 struct ReplicaTransport {
@@ -155,11 +176,36 @@ impl Transport for ReplicaTransport {
 /// The consensus service of a server: Raft messages in, to the replicas of `groups`.
 pub struct ConsensusService {
     groups: Vec<Arc<dyn RaftGroups>>,
+    /// Turns true when the server stops: its streams then end (a server shutting down waits
+    /// for its calls to end, and another server's stream would never end on its own).
+    stopping: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl ConsensusService {
     pub fn new(groups: Vec<Arc<dyn RaftGroups>>) -> Self {
-        Self { groups }
+        Self {
+            groups,
+            stopping: None,
+        }
+    }
+
+    /// The service, its streams ending once `stopping` turns true.
+    pub fn ending_streams_on(self, stopping: tokio::sync::watch::Receiver<bool>) -> Self {
+        Self {
+            stopping: Some(stopping),
+            ..self
+        }
+    }
+
+    /// Resolves once the server stops (never, without [`Self::ending_streams_on`]).
+    async fn stopped(&self) {
+        let mut stopping = self.stopping.clone();
+        if let Some(stopping) = &mut stopping {
+            if stopping.wait_for(|stop| *stop).await.is_ok() {
+                return;
+            }
+        }
+        std::future::pending().await
     }
 
     /// The gRPC service.
@@ -174,17 +220,26 @@ impl ConsensusService {
 impl consensus_service_server::ConsensusService for ConsensusService {
     async fn step(
         &self,
-        request: tonic::Request<RaftBatch>,
+        request: tonic::Request<tonic::Streaming<RaftBatch>>,
     ) -> Result<tonic::Response<Empty>, tonic::Status> {
-        for envelope in request.into_inner().messages {
-            let message = nyala_raft::decode_message(&envelope.message)
-                .map_err(|e| tonic::Status::invalid_argument(format!("bad Raft message: {e}")))?;
-            // Lost messages are part of Raft's model: one for a replica this server does not
-            // hold (deleted, not yet created) is dropped.
-            let mut message = Some(message);
-            for groups in &self.groups {
-                let Some(m) = message else { break };
-                message = groups.step(&envelope.tablet_id, m);
+        let mut batches = request.into_inner();
+        loop {
+            let batch = tokio::select! {
+                batch = batches.message() => batch?,
+                () = self.stopped() => None,
+            };
+            let Some(batch) = batch else { break };
+            for envelope in batch.messages {
+                let message = nyala_raft::decode_message(&envelope.message).map_err(|e| {
+                    tonic::Status::invalid_argument(format!("bad Raft message: {e}"))
+                })?;
+                // Lost messages are part of Raft's model: one for a replica this server does
+                // not hold (deleted, not yet created) is dropped.
+                let mut message = Some(message);
+                for groups in &self.groups {
+                    let Some(m) = message else { break };
+                    message = groups.step(&envelope.tablet_id, m);
+                }
             }
         }
         Ok(tonic::Response::new(Empty {}))

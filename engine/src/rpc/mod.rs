@@ -184,12 +184,37 @@ pub async fn connect_with_timeout(
     address: &str,
     timeout: Duration,
 ) -> Result<RpcChannel, EngineError> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+    connect_endpoint(address, |endpoint| endpoint.timeout(timeout)).await
+}
+
+/// A connection for calls that stay open (streams), with no time limit: instead, the
+/// connection closes, and its calls fail, when the other server stops answering HTTP/2 pings
+/// for [`STREAM_PING_TIMEOUT`].
+pub async fn connect_for_streams(address: &str) -> Result<RpcChannel, EngineError> {
+    connect_endpoint(address, |endpoint| {
+        endpoint
+            .http2_keep_alive_interval(STREAM_PING_EVERY)
+            .keep_alive_timeout(STREAM_PING_TIMEOUT)
+            .keep_alive_while_idle(true)
+    })
+    .await
+}
+
+/// How often a stream's connection pings the other server, and how long it waits for the
+/// answer.
+const STREAM_PING_EVERY: Duration = Duration::from_secs(1);
+const STREAM_PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn connect_endpoint(
+    address: &str,
+    configure: impl FnOnce(tonic::transport::Endpoint) -> tonic::transport::Endpoint,
+) -> Result<RpcChannel, EngineError> {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
         .map_err(|e| EngineError::Unsupported(format!("bad address {address}: {e}")))?
         .connect_timeout(Duration::from_secs(2))
-        .timeout(timeout)
         .tcp_nodelay(true)
-        .tcp_keepalive(Some(KEEPALIVE))
+        .tcp_keepalive(Some(KEEPALIVE));
+    let channel = configure(endpoint)
         .connect()
         .await
         .map_err(|e| EngineError::Unavailable(format!("cannot reach {address}: {e}")))?;
