@@ -408,6 +408,15 @@ mod tests {
         client.table(name).unwrap()
     }
 
+    /// Columns `k` (the key) and `v`, both BIGINT.
+    fn key_value_schema() -> Schema {
+        let columns = vec![
+            ColumnSchema::new("k", ColumnType::Int64, false),
+            ColumnSchema::new("v", ColumnType::Int64, false),
+        ];
+        Schema::new(columns, vec![0]).unwrap()
+    }
+
     /// The rows of every tablet of `table`, at the newest snapshot.
     async fn count_rows(client: &Client, table: &crate::client::TableHandle) -> usize {
         let (client, table) = (client.clone(), table.clone());
@@ -513,14 +522,7 @@ mod tests {
     async fn the_status_rows_of_settled_transactions_are_deleted() {
         let dir = tempfile::tempdir().unwrap();
         let node = crate::embedded::open(dir.path(), TabletOptions::default(), 1 << 30).unwrap();
-        let schema = Schema::new(
-            vec![
-                ColumnSchema::new("k", ColumnType::Int64, false),
-                ColumnSchema::new("v", ColumnType::Int64, false),
-            ],
-            vec![0],
-        )
-        .unwrap();
+        let schema = key_value_schema();
         let table = create_table(&node.client, "t", schema.clone(), 4).await;
         for i in 0..20 {
             let keys = Int64Array::from_iter_values(i * 64..(i + 1) * 64);
@@ -556,14 +558,7 @@ mod tests {
     async fn the_last_write_of_a_transaction_prepares_its_tablets() {
         let dir = tempfile::tempdir().unwrap();
         let node = crate::embedded::open(dir.path(), TabletOptions::default(), 1 << 30).unwrap();
-        let schema = Schema::new(
-            vec![
-                ColumnSchema::new("k", ColumnType::Int64, false),
-                ColumnSchema::new("v", ColumnType::Int64, false),
-            ],
-            vec![0],
-        )
-        .unwrap();
+        let schema = key_value_schema();
         let table = create_table(&node.client, "t", schema.clone(), 2).await;
         let rows = |keys: Vec<i64>| {
             let values = Int64Array::from(keys.clone());
