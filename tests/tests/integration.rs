@@ -2246,6 +2246,62 @@ mod cluster {
         assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused}");
     }
 
+    /// A statement's writes to tablets led by the same server go in one `Batch` call, each
+    /// answered as its own call would be: rows land, and a duplicate key in one tablet fails
+    /// the whole statement with its own error and changes nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_to_one_server_travel_in_one_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let (rpc, flight, http) = (free_port(), free_port(), free_port());
+        let _master = MasterProcess::start(&dir.path().join("m"), &rpc, &flight);
+        let _tserver = TabletServerProcess::start_with(
+            &dir.path().join("t"),
+            &free_port(),
+            &["--masters", &rpc, "--http-addr", &http],
+        );
+        let url = format!("http://{flight}");
+        ddl_when_ready(
+            &url,
+            "CREATE TABLE b (k BIGINT PRIMARY KEY, v STRING) \
+             DISTRIBUTE BY HASH (k) INTO 4 BUCKETS WITH (replicas = 1)",
+        )
+        .await;
+        let insert = "INSERT INTO b SELECT value, 'x' FROM generate_series(1, 100) AS g(value)";
+        sql(&url, insert).await.unwrap();
+        let e = sql(
+            &url,
+            "INSERT INTO b VALUES (101, 'y'), (102, 'y'), (103, 'y'), (50, 'y')",
+        )
+        .await
+        .unwrap_err();
+        assert!(e.contains("duplicate primary key"), "{e}");
+        let count = sql(
+            &url,
+            "SELECT count(*), count(*) FILTER (WHERE v = 'y') FROM b",
+        )
+        .await
+        .unwrap();
+        assert_eq!(column_i64(&count, 0), vec![100]);
+        assert_eq!(column_i64(&count, 1), vec![0]);
+
+        let metrics = http_get(&http, "/metrics");
+        let batches: f64 = (metrics.lines())
+            .find(|l| l.starts_with("nyala_rpc_duration_seconds_count") && l.contains("\"Batch\""))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0);
+        assert!(batches >= 2.0, "no Batch calls in:\n{metrics}");
+    }
+
+    /// The body of `GET path` at `addr` (plain HTTP/1.0).
+    fn http_get(addr: &str, path: &str) -> String {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response
+    }
+
     async fn tserver_client(addr: &str) -> TServerClient {
         rpc::tserver(rpc::connect(addr).await.unwrap())
     }

@@ -10,10 +10,13 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
+use super::batched::Batches;
 use super::TabletStats;
 use crate::rpc;
 use crate::rpc::proto::common::{ReplicaStatus, ServerStatus};
+use crate::rpc::proto::tserver::batched_call::Call;
 use crate::rpc::proto::tserver::tablet_server_service_client::TabletServerServiceClient;
+use crate::rpc::proto::tserver::WriteResponse;
 use crate::{EngineError, Result};
 
 /// A server whose report is older than this is taken for dead.
@@ -39,6 +42,8 @@ pub struct MetaCache {
     servers: RwLock<HashMap<u64, KnownServer>>,
     leaders: RwLock<HashMap<String, u64>>,
     channels: Mutex<HashMap<String, rpc::RpcChannel>>,
+    /// Writes waiting to go to each server together.
+    batches: Batches,
     /// Notified after every report, for calls that wait for a tablet's leader to be known.
     reported: tokio::sync::Notify,
 }
@@ -121,6 +126,36 @@ impl MetaCache {
         F: Fn(TServerClient) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
+        (self.leader_loop(tablet, |leader| self.call_server(leader, &call))).await
+    }
+
+    /// [`Self::call_leader`] for a write or a transaction's step (`call` makes the request):
+    /// it goes in one `Batch` call with the others made to the same server at the same time
+    /// (see [`super::batched`]).
+    pub async fn call_leader_batched(
+        &self,
+        tablet: &str,
+        call: impl Fn() -> Call,
+    ) -> Result<(u64, WriteResponse)> {
+        let call = &call;
+        let batched = |leader| async move {
+            let address = self.address(leader)?;
+            let channel = self.channel(&address).await?;
+            let result = self.batches.call(&address, channel, call()).await;
+            if let Err(EngineError::Unavailable(_)) = &result {
+                self.channels.lock().remove(&address);
+            }
+            result
+        };
+        self.leader_loop(tablet, batched).await
+    }
+
+    /// Runs `call` on the leader of `tablet` as [`Self::call_leader`] describes.
+    async fn leader_loop<T, F, Fut>(&self, tablet: &str, call: F) -> Result<(u64, T)>
+    where
+        F: Fn(u64) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
         let started = Instant::now();
         let mut last_error = String::from("no leader known");
         let mut followed_hints = 0;
@@ -134,7 +169,7 @@ impl MetaCache {
                 let _ = tokio::time::timeout(left, reported).await;
                 continue;
             };
-            match self.call_server(leader, &call).await {
+            match call(leader).await {
                 Ok(answer) => return Ok((leader, answer)),
                 Err(e @ EngineError::Raft(nyala_raft::RaftError::NotLeader { leader_hint })) => {
                     last_error = e.to_string();

@@ -17,6 +17,7 @@ use crate::catalog::{Catalog, DdlOp, TableInfo, UserInfo, ViewInfo};
 use crate::{EngineError, Result};
 
 pub mod admin;
+mod batched;
 pub mod meta_cache;
 pub mod remote_catalog;
 pub mod tablets;

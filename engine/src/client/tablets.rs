@@ -15,6 +15,7 @@ use nyala_storage::{
 use super::meta_cache::{MetaCache, TServerClient};
 use crate::rpc::decode_rows;
 use crate::rpc::proto::common::TabletRef;
+use crate::rpc::proto::tserver::batched_call::Call;
 use crate::rpc::proto::tserver::{
     ScanNextRequest, ScanOpenRequest, ScanResponse, TxnFinishRequest, TxnRequest, TxnWriteRequest,
     WaitForWriteRequest, WaitForWriteResponse, WriteRequest, WriteResponse,
@@ -172,12 +173,11 @@ impl Tablets for RemoteTablets {
         let encoded = prost::bytes::Bytes::from(batch.encode());
         let (_, answer) = self
             .meta
-            .call_leader(id, |mut server| {
-                let request = WriteRequest {
+            .call_leader_batched(id, || {
+                Call::Write(WriteRequest {
                     tablet_id: id.into(),
                     batch: encoded.clone(),
-                };
-                async move { server.write(request).await }
+                })
             })
             .await?;
         Ok(outcome(answer))
@@ -239,14 +239,13 @@ impl Tablets for RemoteTablets {
         let encoded = prost::bytes::Bytes::from(batch.encode());
         let (_, answer) = self
             .meta
-            .call_leader(id, |mut server| {
-                let request = TxnWriteRequest {
+            .call_leader_batched(id, || {
+                Call::TxnWrite(TxnWriteRequest {
                     tablet_id: id.into(),
                     txn_id: txn,
                     batch: encoded.clone(),
                     prepare,
-                };
-                async move { server.txn_write(request).await }
+                })
             })
             .await?;
         let prepared = (answer.prepare_ts != 0).then_some(Timestamp(answer.prepare_ts));
@@ -278,14 +277,13 @@ impl Tablets for RemoteTablets {
     ) -> Result<WriteOutcome> {
         let (_, answer) = self
             .meta
-            .call_leader(id, |mut server| {
-                let request = TxnFinishRequest {
+            .call_leader_batched(id, || {
+                Call::TxnFinish(TxnFinishRequest {
                     tablet_id: id.into(),
                     txn_id: txn,
                     commit: commit.is_some(),
                     commit_ts: commit.map_or(0, |t| t.0),
-                };
-                async move { server.txn_finish(request).await }
+                })
             })
             .await?;
         Ok(outcome(answer))

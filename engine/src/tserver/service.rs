@@ -15,13 +15,15 @@ use super::tablet_copy::{receive_copy, CopySessions};
 use super::TabletServer;
 use crate::rpc;
 use crate::rpc::proto::common::{Empty, Peer, ServerStatus, TabletRef};
+use crate::rpc::proto::tserver::batched_call::Call;
 use crate::rpc::proto::tserver::tablet_server_service_server::{self, TabletServerServiceServer};
 use crate::rpc::proto::tserver::{
-    AlterSchemaRequest, ChangeMembershipRequest, CloneTabletRequest, CloneTabletResponse,
-    CopyTabletRequest, CreateReplicaRequest, FetchChunkRequest, FetchChunkResponse,
-    MembershipChangeKind, SafeSnapshotResponse, ScanNextRequest, ScanOpenRequest, ScanResponse,
-    TabletFiles, TransferLeadershipRequest, TxnFinishRequest, TxnPrepareResponse, TxnRequest,
-    TxnWriteRequest, WaitForWriteRequest, WaitForWriteResponse, WriteRequest, WriteResponse,
+    AlterSchemaRequest, BatchedAnswer, CallBatch, CallBatchResponse, ChangeMembershipRequest,
+    CloneTabletRequest, CloneTabletResponse, CopyTabletRequest, CreateReplicaRequest,
+    FetchChunkRequest, FetchChunkResponse, MembershipChangeKind, SafeSnapshotResponse,
+    ScanNextRequest, ScanOpenRequest, ScanResponse, TabletFiles, TransferLeadershipRequest,
+    TxnFinishRequest, TxnPrepareResponse, TxnRequest, TxnWriteRequest, WaitForWriteRequest,
+    WaitForWriteResponse, WriteRequest, WriteResponse,
 };
 use crate::{EngineError, Result};
 
@@ -233,6 +235,38 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
         }
         .await;
         self.respond(finished.map(write_response))
+    }
+
+    async fn batch(
+        &self,
+        request: Request<CallBatch>,
+    ) -> std::result::Result<Response<CallBatchResponse>, Status> {
+        let calls = request
+            .into_inner()
+            .calls
+            .into_iter()
+            .map(|call| async move {
+                let answer = match call.call {
+                    Some(Call::Write(write)) => self.write(Request::new(write)).await,
+                    Some(Call::TxnWrite(write)) => self.txn_write(Request::new(write)).await,
+                    Some(Call::TxnFinish(finish)) => self.txn_finish(Request::new(finish)).await,
+                    None => Err(Status::invalid_argument("a batched call without a request")),
+                };
+                match answer {
+                    Ok(response) => BatchedAnswer {
+                        response: Some(response.into_inner()),
+                        ..BatchedAnswer::default()
+                    },
+                    Err(status) => BatchedAnswer {
+                        response: None,
+                        code: status.code() as i32,
+                        message: status.message().to_string(),
+                        details: status.details().to_vec().into(),
+                    },
+                }
+            });
+        let answers = futures::future::join_all(calls).await;
+        Ok(Response::new(CallBatchResponse { answers }))
     }
 
     async fn scan_open(
