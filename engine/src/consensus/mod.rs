@@ -3,8 +3,8 @@
 //!
 //! [`RaftRouter`] is the [`Transport`] of every replica on a server: messages for the same
 //! destination server, from all its tablets, go out together, batch by batch, on one `Step`
-//! stream per destination that stays open (no call and no answer per batch). Messages that cannot be delivered are dropped; Raft sends them
-//! again. [`ConsensusService`] decodes each message (bounded protobuf decoding, see
+//! stream per destination that stays open (no call and no answer per batch). Messages that
+//! cannot be delivered are dropped; Raft sends them again. [`ConsensusService`] decodes each message (bounded protobuf decoding, see
 //! `nyala_raft::decode_message`) and steps the replica of its tablet, found through the
 //! [`RaftGroups`] of the server (a tablet server's replicas, a master's catalog).
 
