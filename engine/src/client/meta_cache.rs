@@ -131,7 +131,7 @@ impl MetaCache {
 
     /// [`Self::call_leader`] for a write or a transaction's step (`call` makes the request):
     /// it goes in one `Batch` call with the others made to the same server at the same time
-    /// (see [`super::batched`]).
+    /// (see `engine/src/client/batched.rs`).
     pub async fn call_leader_batched(
         &self,
         tablet: &str,
