@@ -91,32 +91,75 @@ impl Drop for Sender {
     }
 }
 
-/// Sends `calls` over `channel` (one alone as its own RPC) and hands each its answer.
-async fn send(channel: rpc::RpcChannel, mut calls: Vec<(Call, Answer)>) {
-    let mut client = rpc::tserver(channel);
-    if calls.len() == 1 {
-        let Some((call, answer)) = calls.pop() else {
-            return;
-        };
-        let answered = match call {
-            Call::Write(request) => client.write(request).await,
-            Call::TxnWrite(request) => client.txn_write(request).await,
-            Call::TxnFinish(request) => client.txn_finish(request).await,
-        };
-        let _ = answer.send(
-            answered
-                .map(tonic::Response::into_inner)
-                .map_err(rpc::from_status),
-        );
-        return;
+/// Most bytes of requests one `Batch` call carries: a large statement's writes to a server
+/// leading many of its tablets go in several calls, at once (each write is at most a few
+/// MiB; a call at most [`rpc::MAX_MESSAGE_BYTES`]).
+const MAX_BATCH_BYTES: usize = 32 << 20;
+
+/// Sends `calls` over `channel` and hands each its answer: one alone as its own RPC, more in
+/// `Batch` calls of at most [`MAX_BATCH_BYTES`] each.
+async fn send(channel: rpc::RpcChannel, calls: Vec<(Call, Answer)>) {
+    let sizes: Vec<usize> = (calls.iter()).map(|(call, _)| call.encoded_len()).collect();
+    let mut calls = calls.into_iter();
+    let groups = split_by_bytes(&sizes, MAX_BATCH_BYTES)
+        .into_iter()
+        .map(|n| calls.by_ref().take(n).collect::<Vec<_>>())
+        .collect::<Vec<_>>();
+    let sends = groups.into_iter().map(|group| {
+        let channel = channel.clone();
+        async move {
+            match <[_; 1]>::try_from(group) {
+                Ok([(call, answer)]) => send_one(channel, call, answer).await,
+                Err(group) => send_batch(channel, group).await,
+            }
+        }
+    });
+    futures::future::join_all(sends).await;
+}
+
+/// How many of the calls of `sizes` (bytes each, in order) go in each call: consecutive
+/// groups of at most `max` bytes, or of one call larger than that.
+fn split_by_bytes(sizes: &[usize], max: usize) -> Vec<usize> {
+    let mut groups = Vec::new();
+    let (mut count, mut bytes) = (0, 0);
+    for &size in sizes {
+        if count > 0 && bytes + size > max {
+            groups.push(count);
+            (count, bytes) = (0, 0);
+        }
+        count += 1;
+        bytes += size;
     }
+    if count > 0 {
+        groups.push(count);
+    }
+    groups
+}
+
+/// Makes `call` as its own RPC.
+async fn send_one(channel: rpc::RpcChannel, call: Call, answer: Answer) {
+    let mut client = rpc::tserver(channel);
+    let answered = match call {
+        Call::Write(request) => client.write(request).await,
+        Call::TxnWrite(request) => client.txn_write(request).await,
+        Call::TxnFinish(request) => client.txn_finish(request).await,
+    };
+    let _ = answer.send(
+        answered
+            .map(tonic::Response::into_inner)
+            .map_err(rpc::from_status),
+    );
+}
+
+/// Makes `calls` in one `Batch` call.
+async fn send_batch(channel: rpc::RpcChannel, calls: Vec<(Call, Answer)>) {
     let (requests, answers): (Vec<Call>, Vec<Answer>) = calls.into_iter().unzip();
     let batch = CallBatch {
         calls: (requests.into_iter())
             .map(|call| BatchedCall { call: Some(call) })
             .collect(),
     };
-    match client.batch(batch).await {
+    match rpc::tserver(channel).batch(batch).await {
         Ok(response) => {
             let mut answered = response.into_inner().answers.into_iter();
             for answer in answers {
@@ -146,5 +189,20 @@ async fn send(channel: rpc::RpcChannel, mut calls: Vec<(Call, Answer)>) {
                 let _ = answer.send(Err(rpc::from_status(status)));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_by_bytes;
+
+    #[test]
+    fn calls_are_grouped_up_to_a_size() {
+        assert_eq!(split_by_bytes(&[], 10), Vec::<usize>::new());
+        assert_eq!(split_by_bytes(&[3, 3, 3, 3], 10), vec![3, 1]);
+        assert_eq!(split_by_bytes(&[5, 5, 5], 10), vec![2, 1]);
+        // A call larger than the bound goes alone.
+        assert_eq!(split_by_bytes(&[2, 30, 2, 2], 10), vec![1, 1, 2]);
+        assert_eq!(split_by_bytes(&[30], 10), vec![1]);
     }
 }
