@@ -181,12 +181,7 @@ async fn send_batch(channel: rpc::RpcChannel, calls: Vec<(Call, Answer)>) {
         }
         Err(status) => {
             for answer in answers {
-                let status = tonic::Status::with_details(
-                    status.code(),
-                    status.message(),
-                    prost::bytes::Bytes::copy_from_slice(status.details()),
-                );
-                let _ = answer.send(Err(rpc::from_status(status)));
+                let _ = answer.send(Err(rpc::from_status(status.clone())));
             }
         }
     }

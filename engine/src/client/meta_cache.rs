@@ -100,12 +100,27 @@ impl MetaCache {
         F: FnOnce(TServerClient) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
-        let client = rpc::tserver(self.channel(address).await?);
-        let result = call(client).await.map_err(rpc::from_status);
+        let called = |channel| async move {
+            let answer = call(rpc::tserver(channel)).await;
+            answer
+                .map(tonic::Response::into_inner)
+                .map_err(rpc::from_status)
+        };
+        self.over_channel(address, called).await
+    }
+
+    /// Runs `call` over the connection kept for the server at `address`; a call that finds
+    /// the server unreachable drops the connection, to be made again next time.
+    async fn over_channel<T, F, Fut>(&self, address: &str, call: F) -> Result<T>
+    where
+        F: FnOnce(rpc::RpcChannel) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let result = call(self.channel(address).await?).await;
         if let Err(EngineError::Unavailable(_)) = &result {
             self.channels.lock().remove(address);
         }
-        result.map(tonic::Response::into_inner)
+        result
     }
 
     /// Calls tablet server `server`.
@@ -140,12 +155,8 @@ impl MetaCache {
         let call = &call;
         let batched = |leader| async move {
             let address = self.address(leader)?;
-            let channel = self.channel(&address).await?;
-            let result = self.batches.call(&address, channel, call()).await;
-            if let Err(EngineError::Unavailable(_)) = &result {
-                self.channels.lock().remove(&address);
-            }
-            result
+            let batched = |channel| self.batches.call(&address, channel, call());
+            self.over_channel(&address, batched).await
         };
         self.leader_loop(tablet, batched).await
     }
