@@ -505,6 +505,8 @@ async fn master(
             },
             transport: router.transport(CATALOG_TABLET),
             learn: None,
+            // Every master serves the catalog from its own replica.
+            followers_serve_reads: true,
         })
     };
     std::fs::create_dir_all(&data_dir)?;

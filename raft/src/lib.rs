@@ -79,6 +79,10 @@ pub struct RaftConfig {
     pub tick: std::time::Duration,
     pub heartbeat_ticks: usize,
     pub election_ticks: usize,
+    /// Followers learn that entries committed from the next append or heartbeat, not from a
+    /// round of messages after every commit (raft-rs's `skip_bcast_commit`): right for a group
+    /// whose followers nobody reads; one whose followers serve reads turns it off.
+    pub lazy_commit_broadcast: bool,
 }
 
 impl RaftConfig {
@@ -95,6 +99,7 @@ impl RaftConfig {
             tick: std::time::Duration::from_millis(100),
             heartbeat_ticks: 5,
             election_ticks: 15,
+            lazy_commit_broadcast: true,
         }
     }
 

@@ -183,8 +183,9 @@ impl<SM: StateMachine> RaftNode<SM> {
             // Kudu, not from a round of messages of its own after every commit: under writes
             // the next append comes at once, and that extra round was a third of the messages
             // (and a busy transport for the next append). When writes stop, followers apply
-            // up to a heartbeat later than the leader; nothing reads from a follower.
-            skip_bcast_commit: true,
+            // up to a heartbeat later than the leader, so a group whose followers serve reads
+            // (the masters' catalog) keeps the round.
+            skip_bcast_commit: config.lazy_commit_broadcast,
             ..Default::default()
         };
         raft_config.validate()?;

@@ -96,6 +96,7 @@ impl TabletServer {
                         peers,
                         transport: router.transport(&id),
                         learn: Some(router.learner()),
+                        followers_serve_reads: false,
                     })
                 }
             };
@@ -202,6 +203,7 @@ impl TabletServer {
             peers,
             transport: router.transport(id),
             learn: Some(router.learner()),
+            followers_serve_reads: false,
         })
     }
 

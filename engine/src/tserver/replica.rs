@@ -77,6 +77,9 @@ pub struct Replication {
     pub transport: Box<dyn nyala_raft::Transport>,
     /// Tells the server where a newly added member listens.
     pub learn: Option<Arc<dyn Fn(u64, String) + Send + Sync>>,
+    /// Whether followers serve reads (the masters' catalog): then they hear of every commit
+    /// at once, not at the next append or heartbeat (see `RaftConfig::lazy_commit_broadcast`).
+    pub followers_serve_reads: bool,
 }
 
 /// Timestamps of writes proposed but not yet applied, and those storage holds (transactions
@@ -543,7 +546,10 @@ impl TabletReplica {
         let raft = match replication {
             None => RaftNode::open(RaftConfig::new(LOCAL_NODE_ID, dir.join("wal")), sm)?,
             Some(r) => RaftNode::open_with_transport(
-                RaftConfig::new(r.server_id, dir.join("wal")).with_voters(r.peers.voters),
+                RaftConfig {
+                    lazy_commit_broadcast: !r.followers_serve_reads,
+                    ..RaftConfig::new(r.server_id, dir.join("wal")).with_voters(r.peers.voters)
+                },
                 sm,
                 r.transport,
             )?,
