@@ -171,7 +171,7 @@ impl ColumnEncoding {
 /// How a column's pages are compressed in DiskRowSets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ColumnCompression {
-    /// LZ4.
+    /// LZ4, but none for plain values that LZ4 does not shrink (decided for each rowset).
     #[default]
     Default,
     None,

@@ -572,6 +572,15 @@ fn writer_properties(
                 .set_column_encoding(path.clone(), encoding);
         }
         let compression = match column.compression {
+            // Plain values that LZ4 does not shrink (random, encrypted or compressed ones)
+            // are stored as they are: compressing them cost every flush and merge time for
+            // nothing.
+            ColumnCompression::Default
+                if encoding == Some(Encoding::PLAIN)
+                    && !lz4_shrinks(batches.iter().map(|b| b.column(i))) =>
+            {
+                Compression::UNCOMPRESSED
+            }
             ColumnCompression::Default | ColumnCompression::Lz4 => Compression::LZ4_RAW,
             ColumnCompression::None => Compression::UNCOMPRESSED,
             ColumnCompression::Zstd => Compression::ZSTD(ZstdLevel::default()),
@@ -579,6 +588,35 @@ fn writer_properties(
         props = props.set_column_compression(path, compression);
     }
     props
+}
+
+/// Whether LZ4 shrinks the first [`PAGE_BYTES`] of a column's values (its arrays, in order) by
+/// an eighth or more, as the Raft log judges its entries. Strings and binary values and
+/// fixed-width ones are sampled; other types are assumed to shrink.
+fn lz4_shrinks<'a>(arrays: impl Iterator<Item = &'a ArrayRef>) -> bool {
+    let mut sample = Vec::with_capacity(PAGE_BYTES);
+    for array in arrays {
+        let data = array.to_data();
+        let values = match (array.data_type(), data.buffers()) {
+            (DataType::Utf8 | DataType::Binary, [offsets, values]) => {
+                let offsets =
+                    ScalarBuffer::<i32>::new(offsets.clone(), data.offset(), data.len() + 1);
+                let (start, end) = (offsets[0] as usize, offsets[data.len()] as usize);
+                &values[start..end]
+            }
+            (t, [values]) if t.primitive_width().is_some() => {
+                let width = t.primitive_width().unwrap_or(1);
+                &values[data.offset() * width..(data.offset() + data.len()) * width]
+            }
+            _ => return true,
+        };
+        let take = values.len().min(PAGE_BYTES - sample.len());
+        sample.extend_from_slice(&values[..take]);
+        if sample.len() == PAGE_BYTES {
+            break;
+        }
+    }
+    sample.is_empty() || 8 * lz4_flex::block::compress(&sample).len() <= 7 * sample.len()
 }
 
 /// Whether Parquet stores values of `column_type` as integers (which delta encoding takes).
@@ -694,7 +732,7 @@ pub(crate) fn read_positions(
 mod tests {
     use super::*;
     use crate::ColumnSchema;
-    use arrow::array::{Int32Array, Int64Array, StringArray};
+    use arrow::array::{BinaryArray, Int32Array, Int64Array, StringArray};
 
     /// Integers with more distinct values than a dictionary page holds are delta-encoded:
     /// ordered keys take a fraction of a byte each, uncompressed. Fewer keep their dictionary.
@@ -858,5 +896,64 @@ mod tests {
             assert!(body.dictionary_page_offset().is_none());
             assert!(!body.encodings().any(|e| e == Encoding::RLE_DICTIONARY));
         }
+    }
+
+    /// A plain column that LZ4 does not shrink is stored uncompressed, and reads back the same;
+    /// one that shrinks, or whose compression is given, stays LZ4.
+    #[test]
+    fn values_lz4_does_not_shrink_are_stored_uncompressed() {
+        use parquet::basic::Compression;
+        use rand::RngCore;
+        let dir = tempfile::tempdir().unwrap();
+        let given = ColumnSchema {
+            compression: ColumnCompression::Lz4,
+            ..ColumnSchema::new("given", ColumnType::Binary, false)
+        };
+        let schema = Schema::new(
+            vec![
+                ColumnSchema::new("k", ColumnType::Int64, false),
+                ColumnSchema::new("random", ColumnType::Binary, false),
+                ColumnSchema::new("text", ColumnType::String, false),
+                given,
+            ],
+            vec![0],
+        )
+        .unwrap();
+        let rows = 20_000;
+        let mut rng = rand::rng();
+        let random: Vec<Vec<u8>> = (0..rows)
+            .map(|_| {
+                let mut v = vec![0u8; 100];
+                rng.fill_bytes(&mut v);
+                v
+            })
+            .collect();
+        let batch = RecordBatch::try_new(
+            schema.arrow_schema(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..rows as i64)),
+                Arc::new(BinaryArray::from_iter_values(&random)),
+                Arc::new(StringArray::from_iter_values(
+                    (0..rows).map(|i| format!("message number {i} of the queue")),
+                )),
+                Arc::new(BinaryArray::from_iter_values(&random)),
+            ],
+        )
+        .unwrap();
+        let path = dir.path().join("r.parquet");
+        write_columns(&path, &schema, &[0, 1, 2, 3], &[batch.clone()]).unwrap();
+        let metadata = load_metadata(&path, &File::open(&path).unwrap()).unwrap();
+        for group in metadata.metadata().row_groups() {
+            assert_eq!(group.column(1).compression(), Compression::UNCOMPRESSED);
+            assert_eq!(group.column(2).compression(), Compression::LZ4_RAW);
+            assert_eq!(group.column(3).compression(), Compression::LZ4_RAW);
+        }
+        let read = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap())
+            .unwrap()
+            .build()
+            .unwrap();
+        let read = read.collect::<Result<Vec<_>, _>>().unwrap();
+        let read = arrow::compute::concat_batches(&read[0].schema(), &read).unwrap();
+        assert_eq!(read.columns(), batch.columns());
     }
 }
