@@ -245,6 +245,9 @@ impl Client {
             .partition
             .split(&table.schema, rows)
             .map_err(|error| WriteError { applied: 0, error })?;
+        if let Some(txn) = txn {
+            txn.writes(&table.schema, kind);
+        }
         let prepare = last
             && txn.is_some_and(|txn| {
                 txn.participants_with(parts.iter().map(|(t, _)| &table.tablets[*t])) > 1
