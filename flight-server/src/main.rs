@@ -705,7 +705,8 @@ async fn coordinate(
         tls: tls.identity()?,
         ..ServerOptions::default()
     };
-    nyala_flight::serve(db, listener, options, shutdown_signal()).await?;
+    nyala_flight::serve(db.clone(), listener, options, shutdown_signal()).await?;
+    db.client().wait_for_commits().await;
     Ok(())
 }
 

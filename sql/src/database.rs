@@ -200,8 +200,10 @@ impl Database {
         self.client.clone()
     }
 
-    /// Flushes and stops every tablet; the database must not be used afterwards.
+    /// Waits until the tablets of the commits answered at their decision are told, then
+    /// flushes and stops every tablet; the database must not be used afterwards.
     pub async fn shutdown(&self) -> Result<()> {
+        self.client.wait_for_commits().await;
         let client = self.client.clone();
         tokio::task::spawn_blocking(move || client.shutdown())
             .await

@@ -110,6 +110,9 @@ pub struct Client {
     last_write: Arc<std::sync::atomic::AtomicU64>,
     /// Transactions whose status rows no participant will read again, to be deleted.
     settled: Arc<parking_lot::Mutex<txn::Settled>>,
+    /// Read-held by each commit answered before its tablets were told, until they are
+    /// ([`Client::wait_for_commits`]).
+    telling: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -131,6 +134,7 @@ impl Client {
             tablets,
             last_write: Arc::default(),
             settled: Arc::default(),
+            telling: Arc::default(),
         }
     }
 
@@ -457,6 +461,14 @@ impl Client {
     }
 
     /// Flushes every tablet and the catalog, then stops them.
+    /// Waits, for at most 10 s, until the tablets of every commit this client answered at its
+    /// decision have been told (before a server stops: otherwise they end those transactions
+    /// only when they find them abandoned, and reads of their rows wait until then).
+    pub async fn wait_for_commits(&self) {
+        let told = self.telling.write();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), told).await;
+    }
+
     pub fn shutdown(&self) -> Result<()> {
         let tablets = self.tablets.shutdown();
         tablets.and(self.catalog.shutdown())

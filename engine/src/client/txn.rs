@@ -332,7 +332,13 @@ impl Transaction {
                 let finish = self.clone().finish(told, commit_ts);
                 match self.locks_keys.load(Ordering::Acquire) {
                     true => finish.await,
-                    false => drop(tokio::spawn(finish)),
+                    false => {
+                        let telling = self.client.telling.clone().read_owned().await;
+                        tokio::spawn(async move {
+                            finish.await;
+                            drop(telling);
+                        });
+                    }
                 }
                 Ok(())
             }
@@ -555,22 +561,37 @@ mod tests {
     /// A transaction of queue inserts across tablets is answered once its commit is decided,
     /// its tablets told after; a read right after the answer, through this coordinator or
     /// another one, still finds all of it (the tablets hold their snapshots back until they
-    /// apply it), and its status row goes once they have.
+    /// apply it). Before a server stops, it waits until they are told; the status rows go
+    /// once they have been.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_queue_transaction_answered_at_its_decision_is_read_whole() {
         let dir = tempfile::tempdir().unwrap();
         let node = crate::embedded::open(dir.path(), TabletOptions::default(), 1 << 30).unwrap();
         let table = create_table(&node.client, "q", queue_schema(), 4).await;
         let other = Client::new(node.client.catalog.clone(), node.client.tablets.clone());
+        let insert = |i: usize| {
+            let (client, table) = (node.client.clone(), table.clone());
+            async move {
+                let txn = client.begin();
+                let rows = one_message_per_queue(&format!("{i}"));
+                txn.write(&table, WriteKind::Insert, &rows, None, i % 2 == 0)
+                    .await
+                    .unwrap();
+                txn.commit().await.unwrap();
+                txn.id()
+            }
+        };
         for i in 1..=20 {
-            let txn = node.client.begin();
-            let rows = one_message_per_queue(&format!("{i}"));
-            txn.write(&table, WriteKind::Insert, &rows, None, i % 2 == 0)
-                .await
-                .unwrap();
-            txn.commit().await.unwrap();
+            insert(i).await;
             let reader = [&node.client, &other][i % 2];
             assert_eq!(count_rows(reader, &table).await, i * 16);
+        }
+        // Not read: only the wait for the commits makes sure its tablets have applied it.
+        let last = insert(21).await;
+        node.client.wait_for_commits().await;
+        for id in &table.tablets {
+            let replica = node.server.replica(id).unwrap();
+            assert_eq!(replica.tablet().txn_state(last), None);
         }
         let status = (node.client.catalog.table(super::STATUS_TABLE)).expect("decisions");
         // A liveness bound: the rows go within a second or two.
