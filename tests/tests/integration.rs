@@ -2548,9 +2548,23 @@ mod cluster {
             .unwrap_or(default)
     }
 
+    /// An address no process listens on now, for a server to start at: a port below the range
+    /// the kernel takes outgoing connections' ports from (32768-60999 by default), so that no
+    /// test's connection can take it before the server binds it (a master once failed to
+    /// start so, with a port from that range). Never the same port twice in one run.
     fn free_port() -> String {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().to_string()
+        use std::sync::atomic::{AtomicU32, Ordering};
+        const FIRST: u32 = 20_000;
+        const PORTS: u32 = 12_000;
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let start = std::process::id() % PORTS;
+        for _ in 0..PORTS {
+            let port = FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % PORTS;
+            if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port as u16)) {
+                return listener.local_addr().unwrap().to_string();
+            }
+        }
+        panic!("no free port in {FIRST}-{}", FIRST + PORTS - 1)
     }
 
     fn schema() -> Schema {
