@@ -460,7 +460,6 @@ impl Client {
             .collect()
     }
 
-    /// Flushes every tablet and the catalog, then stops them.
     /// Waits, for at most 10 s, until the tablets of every commit this client answered at its
     /// decision have been told (before a server stops: otherwise they end those transactions
     /// only when they find them abandoned, and reads of their rows wait until then).
@@ -469,6 +468,7 @@ impl Client {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(10), told).await;
     }
 
+    /// Flushes every tablet and the catalog, then stops them.
     pub fn shutdown(&self) -> Result<()> {
         let tablets = self.tablets.shutdown();
         tablets.and(self.catalog.shutdown())

@@ -505,6 +505,20 @@ mod tests {
         rows.await.unwrap()
     }
 
+    /// Waits until the status table is empty: every decision recorded through `client` was
+    /// settled and its row deleted. (A liveness bound: they go within a second or two.)
+    async fn status_rows_are_deleted(client: &Client) {
+        let status = (client.catalog.table(super::STATUS_TABLE)).expect("decisions");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while count_rows(client, &status).await > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "status rows never deleted"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
     /// Two coordinators (two clients, as two servers of a cluster) insert batches that span
     /// every tablet of one queue table at once: their transactions are prepared side by side in
     /// each tablet and their rows applied in turn; none waits for the other for good, and every
@@ -593,13 +607,7 @@ mod tests {
             let replica = node.server.replica(id).unwrap();
             assert_eq!(replica.tablet().txn_state(last), None);
         }
-        let status = (node.client.catalog.table(super::STATUS_TABLE)).expect("decisions");
-        // A liveness bound: the rows go within a second or two.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while count_rows(&node.client, &status).await > 0 {
-            assert!(std::time::Instant::now() < deadline, "status rows kept");
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
+        status_rows_are_deleted(&node.client).await;
     }
 
     /// The status table keeps a transaction's row only until every participant applied the
@@ -620,20 +628,7 @@ mod tests {
                 .unwrap();
             txn.commit().await.unwrap();
         }
-        let status = node
-            .client
-            .catalog
-            .table(super::STATUS_TABLE)
-            .expect("decisions");
-        // A liveness bound: the rows go within a second or two.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while count_rows(&node.client, &status).await > 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "status rows never deleted"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
+        status_rows_are_deleted(&node.client).await;
         assert_eq!(count_rows(&node.client, &table).await, 20 * 64);
     }
 
