@@ -98,13 +98,6 @@ impl Tablet {
             state.thaw();
             return Err(e);
         }
-        // The new state is durable; the replaced files are garbage now (open scans keep their
-        // file handles or have read what they need).
-        for path in old_files {
-            if let Err(e) = std::fs::remove_file(&path) {
-                tracing::warn!(file = %path.display(), error = %e, "could not remove a replaced file");
-            }
-        }
         // Rowsets that keep their rows keep their DeltaMemStores (after a flush, the versions
         // written since it froze them); versions of rows that moved follow them.
         let mut deltas = next.deltas;
@@ -144,6 +137,16 @@ impl Tablet {
         state.durable_index = durable_index;
         state.last_applied = state.last_applied.max(durable_index);
         state.txns_file = snap.txns_file;
+        drop(state);
+        // The new state is durable; the replaced files are garbage now (open scans keep their
+        // file handles or have read what they need). Removed once the tablet's writes and
+        // scans no longer wait for the switch: removing a large file can take tens of
+        // milliseconds.
+        for path in old_files {
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(file = %path.display(), error = %e, "could not remove a replaced file");
+            }
+        }
         Ok(())
     }
 
