@@ -365,6 +365,21 @@ class EnqueueWorker(threading.Thread):
                     pass
 
 
+def producers(n):
+    return f"{n} producer{'s' if n != 1 else ''}"
+
+
+def producer_counts(text):
+    """--threads: one positive count or a comma-separated list of them."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a count or a list of counts: {text!r}")
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"producer counts must be positive: {text!r}")
+    return counts
+
+
 def enqueue(uri, setup_cur, args, method, label, threads, stop):
     """One enqueue measurement with `threads` producers on a fresh table; returns (messages/s
     or None, failed)."""
@@ -443,17 +458,6 @@ def enqueue(uri, setup_cur, args, method, label, threads, stop):
 
 # ---------------------------------------------------------------------------------------------
 # 2. Commit-to-consumer latency
-
-
-def producer_counts(text):
-    """--threads: one positive count or a comma-separated list of them."""
-    try:
-        counts = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a count or a list of counts: {text!r}")
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"producer counts must be positive: {text!r}")
-    return counts
 
 
 def make_body(kind, seq, send_ns):
@@ -809,7 +813,7 @@ def main():
             if key in skip:
                 continue
             for threads in args.threads:
-                counted = f"{label}, {threads} producer{'s' if threads > 1 else ''}"
+                counted = f"{label}, {producers(threads)}"
                 try:
                     rate, bad = enqueue(uri, setup_cur, args, method, counted, threads, stop)
                 except Exception as e:  # noqa: BLE001
@@ -840,7 +844,7 @@ def main():
         def rate_text(key, how):
             if key in results:
                 rate, threads = results[key]
-                return f"{rate:.0f} msg/s ({how}, {threads} producers)"
+                return f"{rate:.0f} msg/s ({how}, {producers(threads)})"
             return f"- ({how} {'skipped' if key in skip else 'failed'})"
 
         p99 = results.get("p99")
