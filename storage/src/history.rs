@@ -7,6 +7,8 @@
 //! REDO record. History that no allowed snapshot can see (at or before the ancient history
 //! mark) is dropped on the way, as are rows deleted before it.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 use arrow::array::{new_null_array, Array, RecordBatch};
@@ -438,27 +440,148 @@ pub(crate) fn nullable(schema: &arrow::datatypes::SchemaRef) -> arrow::datatypes
 }
 
 /// Merges the chains of several rowsets (each in key order) into one chain per key, in key
-/// order. Chains of a key deleted before the ancient history mark are dropped first: the
-/// others have disjoint lifetimes, so their versions sort by timestamp. Lifetimes may touch:
-/// a transaction that deletes a key and writes it again does both at its commit timestamp,
-/// the deletion ending the older chain and the new image starting a chain in another rowset.
-/// So a key's chains are put in the order they began (the rowsets' order says nothing: a
-/// rewritten rowset comes after the newer ones), and the sort keeps ties in that order.
-pub fn merge_chains(parts: Vec<Vec<Chain>>, ancient: Timestamp) -> Vec<Chain> {
-    let dead = |c: &Chain| matches!(c.versions.last(), Some((ts, None)) if *ts <= ancient);
-    let began = |c: &Chain| c.versions.first().map(|v| v.0);
-    let mut all: Vec<Chain> = Vec::with_capacity(parts.iter().map(Vec::len).sum());
-    all.extend(parts.into_iter().flatten().filter(|c| !dead(c)));
-    all.sort_by(|a, b| a.key.cmp(&b.key).then_with(|| began(a).cmp(&began(b))));
-    let mut merged: Vec<Chain> = Vec::with_capacity(all.len());
-    for chain in all {
-        match merged.last_mut() {
-            Some(last) if last.key == chain.key => {
-                last.versions.extend(chain.versions);
-                last.versions.sort_by_key(|v| v.0);
-            }
-            _ => merged.push(chain),
+/// order, as the caller takes them: a k-way merge, so no copy of all chains is made or sorted.
+/// Chains of a key deleted before the ancient history mark are dropped first: the others have
+/// disjoint lifetimes, so their versions sort by timestamp. Lifetimes may touch: a transaction
+/// that deletes a key and writes it again does both at its commit timestamp, the deletion
+/// ending the older chain and the new image starting a chain in another rowset. So a key's
+/// chains are put in the order they began (the rowsets' order says nothing: a rewritten rowset
+/// comes after the newer ones), ties in the order of `parts`.
+pub fn merge_chains(parts: Vec<Vec<Chain>>, ancient: Timestamp) -> impl Iterator<Item = Chain> {
+    let mut merge = MergedChains {
+        parts: parts.into_iter().map(Vec::into_iter).collect(),
+        heads: BinaryHeap::new(),
+        ancient,
+    };
+    for part in 0..merge.parts.len() {
+        merge.advance(part);
+    }
+    merge
+}
+
+/// The state of [`merge_chains`]: each part's next live chain, smallest first.
+struct MergedChains {
+    parts: Vec<std::vec::IntoIter<Chain>>,
+    heads: BinaryHeap<Reverse<Head>>,
+    ancient: Timestamp,
+}
+
+/// A part's next chain, ordered by key, then by when it began, then by part.
+struct Head {
+    chain: Chain,
+    part: usize,
+}
+
+impl Head {
+    fn order(&self) -> (&[u8], Option<Timestamp>, usize) {
+        let began = self.chain.versions.first().map(|v| v.0);
+        (&self.chain.key, began, self.part)
+    }
+}
+
+impl PartialEq for Head {
+    fn eq(&self, other: &Self) -> bool {
+        self.order() == other.order()
+    }
+}
+
+impl Eq for Head {}
+
+impl PartialOrd for Head {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Head {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.order().cmp(&other.order())
+    }
+}
+
+impl MergedChains {
+    /// Puts the next chain of `part` not deleted before the ancient history mark among the
+    /// heads.
+    fn advance(&mut self, part: usize) {
+        let ancient = self.ancient;
+        let dead = |c: &Chain| matches!(c.versions.last(), Some((ts, None)) if *ts <= ancient);
+        if let Some(chain) = self.parts[part].by_ref().find(|c| !dead(c)) {
+            self.heads.push(Reverse(Head { chain, part }));
         }
     }
-    merged
+}
+
+impl Iterator for MergedChains {
+    type Item = Chain;
+
+    fn next(&mut self) -> Option<Chain> {
+        let Reverse(Head { mut chain, part }) = self.heads.pop()?;
+        self.advance(part);
+        while let Some(Reverse(next)) = self.heads.peek() {
+            if next.chain.key != chain.key {
+                break;
+            }
+            let Some(Reverse(Head { chain: same, part })) = self.heads.pop() else {
+                break;
+            };
+            self.advance(part);
+            chain.versions.extend(same.versions);
+            chain.versions.sort_by_key(|v| v.0);
+        }
+        Some(chain)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain(key: &str, versions: &[(u64, Option<usize>)]) -> Chain {
+        Chain {
+            key: key.as_bytes().to_vec(),
+            versions: (versions.iter())
+                .map(|&(ts, image)| (Timestamp(ts), image.map(|row| (0, row))))
+                .collect(),
+        }
+    }
+
+    fn shown(chains: impl Iterator<Item = Chain>) -> Vec<(String, Vec<(u64, Option<usize>)>)> {
+        chains
+            .map(|c| {
+                let versions = (c.versions.iter()).map(|(ts, i)| (ts.0, i.map(|i| i.1)));
+                (String::from_utf8(c.key).unwrap(), versions.collect())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn merged_chains_come_in_key_order_one_per_key_their_versions_in_time_order() {
+        let parts = vec![
+            // Began when the chain of "c" in the last part ended (a rewritten rowset comes
+            // after newer ones): after it.
+            vec![chain("a", &[(5, Some(1))]), chain("c", &[(12, Some(6))])],
+            vec![
+                chain("b", &[(3, Some(3))]),
+                // Deleted before the ancient history mark (10): dropped.
+                chain("c", &[(2, Some(4)), (4, None)]),
+                chain("d", &[(6, Some(5))]),
+            ],
+            vec![
+                chain("c", &[(9, Some(2)), (12, None)]),
+                chain("e", &[(1, Some(7))]),
+            ],
+        ];
+        let merged = shown(merge_chains(parts, Timestamp(10)));
+        let expected = vec![
+            ("a".to_string(), vec![(5, Some(1))]),
+            ("b".to_string(), vec![(3, Some(3))]),
+            (
+                "c".to_string(),
+                vec![(9, Some(2)), (12, None), (12, Some(6))],
+            ),
+            ("d".to_string(), vec![(6, Some(5))]),
+            ("e".to_string(), vec![(1, Some(7))]),
+        ];
+        assert_eq!(merged, expected);
+    }
 }
