@@ -167,7 +167,14 @@ pub struct DurableLog {
     /// The `commit` file, once written ([`DurableLog::set_hard_state`]).
     commit_hint: Option<File>,
     compression: Compression,
+    /// The buffer appends assemble their records in, kept from one to the next (up to
+    /// [`SCRATCH_KEPT_BYTES`]): a fresh one each time meant its pages were taken from the
+    /// system, and zeroed, on every append.
+    scratch: Vec<u8>,
 }
+
+/// The largest append buffer kept for the next append.
+const SCRATCH_KEPT_BYTES: usize = 64 << 20;
 
 /// `[commit index: u64][crc32 of it: u32]`, little-endian.
 const COMMIT_HINT_BYTES: usize = 12;
@@ -217,6 +224,7 @@ impl DurableLog {
             spares: spares(dir)?,
             commit_hint: None,
             compression: Compression::default(),
+            scratch: Vec::new(),
         };
         log.load_segments()?;
         // Entries are synced before they can commit: a commit index beyond the log's end
@@ -366,7 +374,8 @@ impl DurableLog {
             }
             self.roll(first)?;
         }
-        let mut buf = Vec::new();
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
         for entry in entries {
             let (payload, compressed) = self.compression.store(wire::encode(entry));
             let len = payload.len() as u32 | if compressed { COMPRESSED } else { 0 };
@@ -395,6 +404,9 @@ impl DurableLog {
             segment.len += records;
         }
         self.mem.wl().append(entries)?;
+        if buf.capacity() <= SCRATCH_KEPT_BYTES {
+            self.scratch = buf;
+        }
         Ok(())
     }
 
@@ -533,6 +545,7 @@ impl DurableLog {
             spares: Vec::new(),
             commit_hint: None,
             compression: Compression::default(),
+            scratch: Vec::new(),
         };
         log.write_state()
     }

@@ -103,23 +103,27 @@ fn txn(rest: &[u8]) -> Result<(u64, &[u8]), StorageError> {
 }
 
 impl TabletOp {
-    pub fn encode_alter_schema(schema: &crate::Schema) -> Vec<u8> {
-        let mut out = vec![ALTER_SCHEMA];
-        // A schema is plain data: serialising it cannot fail.
-        out.extend(serde_json::to_vec(schema).unwrap_or_default());
+    /// The op's log entry.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode_into(&mut out);
         out
     }
 
-    /// The entry of a transaction step (any op but a plain write or a schema change).
-    pub fn encode(&self) -> Vec<u8> {
-        let tagged = |tag: u8, txn: u64| {
-            let mut out = vec![tag];
+    /// Appends the op's log entry to `out` (a write's rows go straight in, not through a
+    /// buffer of their own).
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let tagged = |out: &mut Vec<u8>, tag: u8, txn: u64| {
+            out.push(tag);
             out.extend_from_slice(&txn.to_le_bytes());
-            out
         };
         match self {
-            TabletOp::Write(batch) => batch.encode(),
-            TabletOp::AlterSchema(schema) => Self::encode_alter_schema(schema),
+            TabletOp::Write(batch) => batch.encode_into(out),
+            TabletOp::AlterSchema(schema) => {
+                out.push(ALTER_SCHEMA);
+                // A schema is plain data: serialising it cannot fail.
+                out.extend(serde_json::to_vec(schema).unwrap_or_default());
+            }
             TabletOp::TxnWrite {
                 txn,
                 batch,
@@ -129,23 +133,20 @@ impl TabletOp {
                     true => TXN_WRITE_PREPARE,
                     false => TXN_WRITE,
                 };
-                let mut out = tagged(tag, *txn);
-                out.extend(batch.encode());
-                out
+                tagged(out, tag, *txn);
+                batch.encode_into(out);
             }
-            TabletOp::TxnPrepare { txn } => tagged(TXN_PREPARE, *txn),
-            TabletOp::TxnUnprepare { txn } => tagged(TXN_UNPREPARE, *txn),
+            TabletOp::TxnPrepare { txn } => tagged(out, TXN_PREPARE, *txn),
+            TabletOp::TxnUnprepare { txn } => tagged(out, TXN_UNPREPARE, *txn),
             TabletOp::TxnCommit { txn, commit_ts } => {
-                let mut out = tagged(TXN_COMMIT, *txn);
+                tagged(out, TXN_COMMIT, *txn);
                 out.extend_from_slice(&commit_ts.0.to_le_bytes());
-                out
             }
-            TabletOp::TxnAbort { txn } => tagged(TXN_ABORT, *txn),
+            TabletOp::TxnAbort { txn } => tagged(out, TXN_ABORT, *txn),
             TabletOp::Clone { target, as_of } => {
                 // 0: as of the entry itself (timestamp 0 is never a snapshot to clone at).
-                let mut out = tagged(CLONE, as_of.map_or(0, |t| t.0));
+                tagged(out, CLONE, as_of.map_or(0, |t| t.0));
                 out.extend_from_slice(target.as_bytes());
-                out
             }
         }
     }
@@ -238,26 +239,33 @@ impl WriteBatch {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = match self.unchanged_since {
-            None => vec![self.kind as u8],
+        let mut out = Vec::new();
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Appends the batch's encoding to `out`, which grows once: by the rows' size and room
+    /// for the IPC stream's framing.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.reserve(9 + rows_bytes(&self.rows) + 256 * (self.rows.num_columns() + 2));
+        match self.unchanged_since {
+            None => out.push(self.kind as u8),
             Some(ts) => {
-                let mut out = vec![self.kind as u8 | CONDITIONAL];
+                out.push(self.kind as u8 | CONDITIONAL);
                 out.extend_from_slice(&ts.0.to_le_bytes());
-                out
             }
-        };
+        }
         let header = out.len();
         // Writing to a Vec only fails for batches that don't match their own schema, which a
         // RecordBatch cannot be; an empty payload then decodes as an error, never as data.
         let ok = (|| -> Result<(), arrow::error::ArrowError> {
-            let mut writer = StreamWriter::try_new(&mut out, &self.rows.schema())?;
+            let mut writer = StreamWriter::try_new(&mut *out, &self.rows.schema())?;
             writer.write(&self.rows)?;
             writer.finish()
         })();
         if ok.is_err() {
             out.truncate(header);
         }
-        out
     }
 
     pub fn decode(bytes: &[u8]) -> Result<WriteBatch, StorageError> {

@@ -163,11 +163,15 @@ struct LoggedOp {
 }
 
 impl LoggedOp {
-    fn encode(ts: Timestamp, encoded_op: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(8 + encoded_op.len());
-        out.extend_from_slice(&ts.0.to_le_bytes());
-        out.extend_from_slice(encoded_op);
-        out
+    /// The log entry of `op`, its timestamp left to [`LoggedOp::stamp`].
+    fn frame(op: &TabletOp) -> Vec<u8> {
+        let mut entry = vec![0; 8];
+        op.encode_into(&mut entry);
+        entry
+    }
+
+    fn stamp(entry: &mut [u8], ts: Timestamp) {
+        entry[..8].copy_from_slice(&ts.0.to_le_bytes());
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, StorageError> {
@@ -589,7 +593,7 @@ impl TabletReplica {
     /// here, on the leader, in log order.
     pub async fn write(&self, batch: &WriteBatch) -> Result<WriteOutcome> {
         self.check_auto_ids(batch)?;
-        self.propose_with(|| Ok(self.with_auto_ids(batch)?.encode()))
+        self.propose_with(|| Ok(TabletOp::Write(self.with_auto_ids(batch)?)))
             .await
             .map(|(_, outcome)| outcome)
     }
@@ -643,8 +647,7 @@ impl TabletReplica {
                     txn,
                     batch,
                     prepare,
-                }
-                .encode())
+                })
             })
             .await?;
         let prepared = match prepare {
@@ -658,7 +661,7 @@ impl TabletReplica {
     /// bound of the commit timestamp.
     pub async fn prepare_txn(&self, txn: u64) -> Result<Timestamp> {
         let op = TabletOp::TxnPrepare { txn };
-        let (ts, _) = self.propose_with(|| Ok(op.encode())).await?;
+        let (ts, _) = self.propose_with(|| Ok(op)).await?;
         // Prepared before (a retried call): that prepare holds, at its timestamp.
         let prepared = self.tablet.txn_state(txn).and_then(|t| t.prepared);
         Ok(prepared.unwrap_or(ts))
@@ -680,7 +683,7 @@ impl TabletReplica {
             }
             None => TabletOp::TxnAbort { txn },
         };
-        let finished = self.propose_with(|| Ok(op.encode())).await;
+        let finished = self.propose_with(|| Ok(op)).await;
         finished.map(|(_, outcome)| outcome)
     }
 
@@ -691,7 +694,7 @@ impl TabletReplica {
 
     /// Replicates and applies a schema change (see [`Tablet::alter_schema`]).
     pub async fn alter_schema(&self, schema: &Schema) -> Result<()> {
-        self.propose_with(|| Ok(TabletOp::encode_alter_schema(schema)))
+        self.propose_with(|| Ok(TabletOp::AlterSchema(schema.clone())))
             .await
             .map(drop)
     }
@@ -704,7 +707,7 @@ impl TabletReplica {
             target: target.to_string(),
             as_of,
         };
-        self.propose_with(|| Ok(op.encode())).await?;
+        self.propose_with(|| Ok(op)).await?;
         Ok(self.raft.last_applied())
     }
 
@@ -726,30 +729,32 @@ impl TabletReplica {
         Self::open(dir, id, options, clock, replication, maintenance)
     }
 
-    /// Proposes the operation `encode` makes; it runs under the lock that orders proposals.
-    /// Returns the entry's timestamp and what applying it did.
+    /// Proposes the operation `op` makes; it runs, and the entry is encoded, under the lock
+    /// that orders proposals. Returns the entry's timestamp and what applying it did.
     async fn propose_with(
         &self,
-        encode: impl FnOnce() -> Result<Vec<u8>>,
+        op: impl FnOnce() -> Result<TabletOp>,
     ) -> Result<(Timestamp, WriteOutcome)> {
         let (ts, applied) = {
             let mut pending = self.inflight.lock();
-            let encoded = encode()?;
-            self.enqueue(&mut pending, &encoded)
+            let entry = LoggedOp::frame(&op()?);
+            self.enqueue(&mut pending, entry)
         };
         self.applied(ts, applied).await
     }
 
-    /// Proposes `encoded` at a new timestamp, with `pending` (the in-flight lock) held: the
-    /// Raft node enqueues before this returns, so entries reach the log in timestamp order.
+    /// Proposes `entry` (see [`LoggedOp::frame`]) at a new timestamp, with `pending` (the
+    /// in-flight lock) held: the Raft node enqueues before this returns, so entries reach the
+    /// log in timestamp order.
     fn enqueue(
         &self,
         pending: &mut Pending,
-        encoded: &[u8],
+        mut entry: Vec<u8>,
     ) -> (Timestamp, impl std::future::Future<Output = AppliedAnswer>) {
         let ts = self.clock.now();
         pending.writes.insert(ts.0);
-        (ts, self.raft.propose(LoggedOp::encode(ts, encoded)))
+        LoggedOp::stamp(&mut entry, ts);
+        (ts, self.raft.propose(entry))
     }
 
     /// The answer of the entry proposed at `ts` once `applied`.
