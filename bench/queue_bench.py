@@ -14,16 +14,20 @@ WITH (replicas = 3), statements through the master's Flight SQL), or uses a runn
     CREATE TABLE <t> (queue STRING, pos BIGINT GENERATED ALWAYS AS POSITION, body STRING,
                       PRIMARY KEY (queue, pos)) DISTRIBUTE BY HASH (queue) INTO 6 BUCKETS
 
-and measures, over ADBC Flight SQL:
+and measures, over Flight SQL (the ADBC driver; for bulk ingest also pyarrow's Flight client):
 
 1. enqueue throughput as the Kafka-vs-Kudu comparison tests it: batches of 1 024 messages with
    100-byte bodies, each batch spread over the queues (row i to queue i mod --queues), --threads
    producers with a connection each (each count of a list in turn, on a fresh table: a log round
    carries the batches that arrive while the previous one is written, so the server's
-   throughput shows at enough producers), for --seconds (or --messages in all); once with bulk ingest
-   (one `adbc_ingest` call per batch, the database assigning the positions) and once with
+   throughput shows at enough producers), for --seconds (or --messages in all); with bulk ingest
+   (a Flight SQL CommandStatementIngest per batch, the database assigning the positions) from
+   each client of --ingest-clients: `adbc_ingest` of the ADBC driver (written in Go), and
+   `do_put` of pyarrow's Flight client (C++), which takes about a third of the ADBC driver's CPU
+   per message on this machine's shared cores; and with
    multi-row INSERT statements (--insert prepared: a prepared INSERT with the batch bound as its
-   parameters). Prints messages/s, MB/s of bodies and the latency of one call; then checks that
+   parameters). Prints messages/s, MB/s of bodies, the latency of one call and the CPU time
+   this process (the producers) took per message; then checks that
    the table holds every message acknowledged.
 2. commit-to-consumer latency: one consumer per queue (a connection each) long-polls
    `SELECT pos, body FROM tail(t, <last>, 5000) WHERE queue = '<q>' LIMIT 1000`; one producer
@@ -273,6 +277,47 @@ def queue_names(n):
 # 1. Enqueue throughput
 
 
+def ingest_descriptor(table):
+    """The Flight descriptor of a Flight SQL bulk ingest into existing table `table`: an Any
+    holding a CommandStatementIngest (if the table does not exist: fail; if it does: append),
+    protobuf-encoded here (pyarrow has no Flight SQL messages)."""
+    import pyarrow.flight as flight
+
+    def varint(n):
+        out = bytearray()
+        while n >= 0x80:
+            out.append(n & 0x7F | 0x80)
+            n >>= 7
+        out.append(n)
+        return bytes(out)
+
+    def field(number, value):
+        if isinstance(value, int):
+            return varint(number << 3) + varint(value)
+        return varint(number << 3 | 2) + varint(len(value)) + value
+
+    fail_if_missing, append_if_exists = 2, 2
+    options = field(1, fail_if_missing) + field(2, append_if_exists)
+    command = field(1, options) + field(2, table.encode())
+    any_message = (field(1, b"type.googleapis.com/arrow.flight.protocol.sql.CommandStatementIngest")
+                   + field(2, command))
+    return flight.FlightDescriptor.for_command(any_message)
+
+
+def ingested_rows(metadata):
+    """The record count of a DoPutUpdateResult (field 1, a varint), or None."""
+    data = metadata.to_pybytes() if metadata is not None else b""
+    if not data.startswith(b"\x08"):
+        return None
+    n, shift = 0, 0
+    for byte in data[1:]:
+        n |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return n
+    return None
+
+
 def make_batches(queues, count, seed):
     """`count` distinct batches of BATCH messages: (pyarrow table, VALUES SQL text)."""
     import random
@@ -307,6 +352,17 @@ class EnqueueWorker(threading.Thread):
             n = cur.adbc_ingest(self.table, table, mode="append")
             if n not in (-1, None, BATCH):
                 raise RuntimeError(f"adbc_ingest reported {n} rows for a batch of {BATCH}")
+        elif self.method == "flight":
+            client, descriptor = cur
+            writer, reader = client.do_put(descriptor, table.schema)
+            try:
+                writer.write_table(table)
+                writer.done_writing()
+                n = ingested_rows(reader.read())
+            finally:
+                writer.close()
+            if n != BATCH:
+                raise RuntimeError(f"do_put reported {n} rows for a batch of {BATCH}")
         elif self.method == "prepared":
             cur.executemany(f"INSERT INTO {self.table} (queue, body) VALUES (?, ?)", table)
         else:
@@ -315,8 +371,13 @@ class EnqueueWorker(threading.Thread):
     def run(self):
         conn = cur = None
         try:
-            conn = connect(self.uri)
-            cur = conn.cursor()
+            if self.method == "flight":
+                import pyarrow.flight as flight
+                conn = flight.FlightClient(self.uri)
+                cur = (conn, ingest_descriptor(self.table))  # (a tuple has no close: skipped)
+            else:
+                conn = connect(self.uri)
+                cur = conn.cursor()
             batches = make_batches(self.queues, 8, self.seed)
         except Exception as e:  # noqa: BLE001
             self.error = f"connect: {one_line(e)}"
@@ -380,6 +441,20 @@ def producer_counts(text):
     return counts
 
 
+INGEST_CLIENTS = {"adbc": ("ingest", "bulk ingest (ADBC)"),
+                  "pyarrow": ("flight", "bulk ingest (pyarrow Flight)")}
+
+
+def ingest_clients(text):
+    """--ingest-clients: a comma-separated list of INGEST_CLIENTS."""
+    clients = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [c for c in clients if c not in INGEST_CLIENTS]
+    if not clients or unknown:
+        raise argparse.ArgumentTypeError(
+            f"not a list of {', '.join(INGEST_CLIENTS)}: {text!r}")
+    return clients
+
+
 def enqueue(uri, setup_cur, args, method, label, threads, stop):
     """One enqueue measurement with `threads` producers on a fresh table; returns (messages/s
     or None, failed)."""
@@ -405,7 +480,7 @@ def enqueue(uri, setup_cur, args, method, label, threads, stop):
         barrier.wait()
     except threading.BrokenBarrierError:
         pass
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), os.times()
     clock["deadline"] = t0 + args.seconds
     for w in workers:
         while w.is_alive():
@@ -415,9 +490,12 @@ def enqueue(uri, setup_cur, args, method, label, threads, stop):
     sent = sum(w.sent for w in workers)
     calls = sorted(c for w in workers for c in w.calls)
     rate = sent / secs
-    log(f"  {label:<34} {sent:>11,} msgs in {secs:6.2f} s: {fmt_rate(rate):>11} msg/s "
+    cpu1 = os.times()
+    client_cpu = cpu1.user + cpu1.system - cpu0.user - cpu0.system
+    log(f"  {label:<44} {sent:>11,} msgs in {secs:6.2f} s: {fmt_rate(rate):>11} msg/s "
         f"{sent * BODY_BYTES / 1e6 / secs:8.1f} MB/s; one call p50 {pct(calls, 50) * 1e3:.1f} ms "
-        f"p99 {pct(calls, 99) * 1e3:.1f} ms max {max(calls, default=0) * 1e3:.1f} ms")
+        f"p99 {pct(calls, 99) * 1e3:.1f} ms max {max(calls, default=0) * 1e3:.1f} ms; "
+        f"producers' CPU {client_cpu * 1e6 / max(sent, 1):.2f} µs/msg")
     failed = False
     failures = [f for w in workers for f in w.failures]
     if failures:
@@ -721,6 +799,9 @@ def main():
                         "comma-separated list measures each count in turn (default 8,32)")
     p.add_argument("--queues", type=int, default=6, help="queues (default 6)")
     p.add_argument("--buckets", type=int, default=6, help="hash buckets of the table (default 6)")
+    p.add_argument("--ingest-clients", type=ingest_clients, default=["adbc", "pyarrow"],
+                   help="the clients bulk ingest is measured with, comma-separated: adbc "
+                        "(adbc_ingest), pyarrow (Flight do_put) (default adbc,pyarrow)")
     p.add_argument("--insert", choices=["values", "prepared"], default="values",
                    help="how the INSERT comparison sends a batch: one multi-row INSERT "
                         "statement (values, default) or a prepared INSERT with the batch bound "
@@ -750,6 +831,11 @@ def main():
     if args.replicas is None and args.cluster:
         args.replicas = 3
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+
+    def measured(key):
+        """The --skip name of the measurement of results key `key`."""
+        return "ingest" if key == "flight" else key
+
     if skip - {"ingest", "insert", "latency"}:
         p.error(f"--skip: unknown measurement {sorted(skip - {'ingest', 'insert', 'latency'})[0]}")
 
@@ -808,9 +894,10 @@ def main():
                 f"{' then '.join(map(str, args.threads))} producer threads (a connection each), "
                 f"{amount} each way and count:")
         insert_label = ("prepared INSERT" if args.insert == "prepared" else "multi-row INSERT")
-        for method, label in (("ingest", "bulk ingest"), (args.insert, insert_label)):
-            key = "ingest" if method == "ingest" else "insert"
-            if key in skip:
+        ingests = [INGEST_CLIENTS[c] for c in args.ingest_clients]
+        for method, label in ingests + [(args.insert, insert_label)]:
+            key = method if method in ("ingest", "flight") else "insert"
+            if measured(key) in skip:
                 continue
             for threads in args.threads:
                 counted = f"{label}, {producers(threads)}"
@@ -824,9 +911,10 @@ def main():
                 failed |= bad
                 if procs and procs.dead():
                     raise RuntimeError(f"server processes exited: {procs.dead()}")
-        if results.get("ingest") and results.get("insert"):
-            log(f"  bulk ingest / {insert_label}, the best of each: "
-                f"{results['ingest'][0] / results['insert'][0]:.2f}x")
+        for key, label in INGEST_CLIENTS.values():
+            if results.get(key) and results.get("insert"):
+                log(f"  {label} / {insert_label}, the best of each: "
+                    f"{results[key][0] / results['insert'][0]:.2f}x")
 
         if "latency" not in skip:
             log(f"\ncommit-to-consumer latency: one consumer per queue long-polling tail(..., "
@@ -845,13 +933,15 @@ def main():
             if key in results:
                 rate, threads = results[key]
                 return f"{rate:.0f} msg/s ({how}, {producers(threads)})"
-            return f"- ({how} {'skipped' if key in skip else 'failed'})"
+            return f"- ({how} {'skipped' if measured(key) in skip else 'failed'})"
 
         p99 = results.get("p99")
         wake = (f"wake-up p99 {p99:.1f} ms" if p99 is not None
                 else f"wake-up p99 - ({'skipped' if 'latency' in skip else 'failed'})")
         log(f"\nload average at the end {os.getloadavg()[0]:.2f}")
-        log(f"summary: {mode} enqueue {rate_text('ingest', 'ingest')}, "
+        ingested = [rate_text(key, f"ingest, {client}") for client, (key, _) in
+                    INGEST_CLIENTS.items() if client in args.ingest_clients]
+        log(f"summary: {mode} enqueue {', '.join(ingested)}, "
             f"{rate_text('insert', 'INSERT' if args.insert == 'values' else 'prepared INSERT')}; "
             f"{wake}" + ("; FAILED checks above" if failed else ""))
         log(TARGETS)
