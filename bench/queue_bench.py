@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Queue tables: enqueue throughput and commit-to-consumer latency, one node or 3 replicas.
 
-    python3 bench/queue_bench.py [--seconds 10 | --messages N] [--threads 8,32] [--queues 6]
+    python3 bench/queue_bench.py [--seconds 10 | --messages N] [--threads 8,48] [--queues 6]
                            [--cluster | --connect grpc://HOST:PORT [--replicas N]]
                            [--rate 200] [--latency-seconds 5] [--keep-data-dir]
 
@@ -794,9 +794,9 @@ def main():
     p.add_argument("--messages", type=int,
                    help="enqueue this many messages in all (rounded up to whole batches) "
                         "instead of for --seconds")
-    p.add_argument("--threads", type=producer_counts, default=[8, 32],
+    p.add_argument("--threads", type=producer_counts, default=[8, 48],
                    help="producer threads of the enqueue measurements, a connection each; a "
-                        "comma-separated list measures each count in turn (default 8,32)")
+                        "comma-separated list measures each count in turn (default 8,48)")
     p.add_argument("--queues", type=int, default=6, help="queues (default 6)")
     p.add_argument("--buckets", type=int, default=6, help="hash buckets of the table (default 6)")
     p.add_argument("--ingest-clients", type=ingest_clients, default=["adbc", "pyarrow"],
