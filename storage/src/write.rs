@@ -103,13 +103,6 @@ fn txn(rest: &[u8]) -> Result<(u64, &[u8]), StorageError> {
 }
 
 impl TabletOp {
-    /// The op's log entry.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        self.encode_into(&mut out);
-        out
-    }
-
     /// Appends the op's log entry to `out` (a write's rows go straight in, not through a
     /// buffer of their own).
     pub fn encode_into(&self, out: &mut Vec<u8>) {
