@@ -151,18 +151,7 @@ impl Pending {
         schema: &Schema,
         sources: &[&RecordBatch],
     ) -> Result<NewRowset, StorageError> {
-        let table = schema.arrow_schema();
-        let mut batches = Vec::new();
-        for part in self.base.chunks(64 * 1024) {
-            let columns = (0..table.fields().len())
-                .map(|c| {
-                    let arrays: Vec<&dyn Array> =
-                        sources.iter().map(|b| b.column(c).as_ref()).collect();
-                    interleave(&arrays, part)
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            batches.push(RecordBatch::try_new(table.clone(), columns)?);
-        }
+        let batches = base_batches(&schema.arrow_schema(), sources, &self.base)?;
         let id = files.take_id();
         files.paths.push(files.dir.join(DiskRowSet::file_name(id)));
         let rowset =
@@ -186,6 +175,48 @@ impl Pending {
             deltas: RowsetDeltas::new(undo, redo)?,
         })
     }
+}
+
+/// Base images that run on in one source for this many rows on average are taken as slices
+/// of it, not copied.
+const SLICED_RUN_ROWS: usize = 1024;
+
+/// The images `base` refers to, as batches of schema `table`: slices of the sources if the
+/// images run on in them (a flush of rows written in key order, as a queue's), else gathered.
+fn base_batches(
+    table: &arrow::datatypes::SchemaRef,
+    sources: &[&RecordBatch],
+    base: &[ImageRef],
+) -> Result<Vec<RecordBatch>, StorageError> {
+    let continues = |w: &[ImageRef]| w[1] == (w[0].0, w[0].1 + 1);
+    let runs = 1 + base.windows(2).filter(|w| !continues(w)).count();
+    let mut batches = Vec::new();
+    if base.len() >= runs * SLICED_RUN_ROWS {
+        let mut start = 0;
+        for end in 1..=base.len() {
+            if end == base.len() || !continues(&base[end - 1..=end]) {
+                let (source, row) = base[start];
+                let slice = sources[source].slice(row, end - start);
+                batches.push(RecordBatch::try_new(
+                    table.clone(),
+                    slice.columns().to_vec(),
+                )?);
+                start = end;
+            }
+        }
+        return Ok(batches);
+    }
+    for part in base.chunks(64 * 1024) {
+        let columns = (0..table.fields().len())
+            .map(|c| {
+                let arrays: Vec<&dyn Array> =
+                    sources.iter().map(|b| b.column(c).as_ref()).collect();
+                interleave(&arrays, part)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        batches.push(RecordBatch::try_new(table.clone(), columns)?);
+    }
+    Ok(batches)
 }
 
 /// The chains of every row of a rowset whose DeltaMemStore is empty, rebuilt from its files.
@@ -552,6 +583,49 @@ mod tests {
                 (String::from_utf8(c.key).unwrap(), versions.collect())
             })
             .collect()
+    }
+
+    #[test]
+    fn base_images_that_run_on_in_a_source_are_sliced_and_read_as_gathered() {
+        use arrow::array::{Int64Array, StringArray};
+        use arrow::datatypes::{DataType, Field};
+        let table = Arc::new(arrow::datatypes::Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Utf8, true),
+        ]));
+        let source = |first: i64| {
+            let keys = Int64Array::from_iter_values(first..first + 3000);
+            let values = StringArray::from_iter((first..first + 3000).map(|k| Some(k.to_string())));
+            RecordBatch::try_new(table.clone(), vec![Arc::new(keys), Arc::new(values)]).unwrap()
+        };
+        let (a, b) = (source(0), source(3000));
+        let sources = [&a, &b];
+        let gathered = |base: &[ImageRef]| {
+            let batches = base_batches(&table, &sources, base).unwrap();
+            arrow::compute::concat_batches(&table, &batches).unwrap()
+        };
+        // Two long runs (sliced), then every other row (gathered).
+        let runs: Vec<ImageRef> = (100..2600)
+            .map(|r| (1, r))
+            .chain((0..2000).map(|r| (0, r)))
+            .collect();
+        let scattered: Vec<ImageRef> = (0..3000).step_by(2).map(|r| (r % 2, r)).collect();
+        for base in [runs, scattered] {
+            let expected: Vec<i64> = base
+                .iter()
+                .map(|&(s, r)| s as i64 * 3000 + r as i64)
+                .collect();
+            let got = gathered(&base);
+            let keys = got.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            assert_eq!(keys.values().to_vec(), expected);
+            let values = got
+                .column(1)
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .unwrap();
+            let values: Vec<i64> = values.iter().map(|v| v.unwrap().parse().unwrap()).collect();
+            assert_eq!(values, expected);
+        }
     }
 
     #[test]

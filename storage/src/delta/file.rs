@@ -141,7 +141,14 @@ impl DeltaFile {
                 .map(|r| r.image.unwrap_or((sources.len(), 0)))
                 .collect();
             let mut columns = Vec::with_capacity(schema.fields().len());
+            // A flush's UNDO records of inserted rows are all "absent before": no image to
+            // gather.
+            let absent_only = chunk.iter().all(|r| r.image.is_none());
             for (c, null) in nulls.iter().enumerate() {
+                if absent_only {
+                    columns.push(new_null_array(null.data_type(), chunk.len()));
+                    continue;
+                }
                 let mut arrays: Vec<&dyn Array> =
                     sources.iter().map(|b| b.column(c).as_ref()).collect();
                 arrays.push(null.as_ref());
