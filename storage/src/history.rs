@@ -182,7 +182,8 @@ impl Pending {
 const SLICED_RUN_ROWS: usize = 1024;
 
 /// The images `base` refers to, as batches of schema `table`: slices of the sources if the
-/// images run on in them (a flush of rows written in key order, as a queue's), else gathered.
+/// images run on in them (a flush of rows written in key order in large batches, as a bulk
+/// load's, or a queue's whose writes each hold many), else gathered.
 fn base_batches(
     table: &arrow::datatypes::SchemaRef,
     sources: &[&RecordBatch],
