@@ -56,6 +56,11 @@ import tempfile
 import threading
 import time
 
+# The Flight SQL messages the tests encode by hand (pyarrow has none): a bulk ingest's
+# descriptor and its answer, for the pyarrow producers.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from flight_sql_messages import decode_fields, statement_ingest  # noqa: E402
+
 BATCH = 1024          # messages per enqueue call
 BODY_BYTES = 100      # bytes of each message body
 TAIL_LIMIT = 1000     # rows a long poll returns at most
@@ -277,47 +282,6 @@ def queue_names(n):
 # 1. Enqueue throughput
 
 
-def ingest_descriptor(table):
-    """The Flight descriptor of a Flight SQL bulk ingest into existing table `table`: an Any
-    holding a CommandStatementIngest (if the table does not exist: fail; if it does: append),
-    protobuf-encoded here (pyarrow has no Flight SQL messages)."""
-    import pyarrow.flight as flight
-
-    def varint(n):
-        out = bytearray()
-        while n >= 0x80:
-            out.append(n & 0x7F | 0x80)
-            n >>= 7
-        out.append(n)
-        return bytes(out)
-
-    def field(number, value):
-        if isinstance(value, int):
-            return varint(number << 3) + varint(value)
-        return varint(number << 3 | 2) + varint(len(value)) + value
-
-    fail_if_missing, append_if_exists = 2, 2
-    options = field(1, fail_if_missing) + field(2, append_if_exists)
-    command = field(1, options) + field(2, table.encode())
-    any_message = (field(1, b"type.googleapis.com/arrow.flight.protocol.sql.CommandStatementIngest")
-                   + field(2, command))
-    return flight.FlightDescriptor.for_command(any_message)
-
-
-def ingested_rows(metadata):
-    """The record count of a DoPutUpdateResult (field 1, a varint), or None."""
-    data = metadata.to_pybytes() if metadata is not None else b""
-    if not data.startswith(b"\x08"):
-        return None
-    n, shift = 0, 0
-    for byte in data[1:]:
-        n |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return n
-    return None
-
-
 def make_batches(queues, count, seed):
     """`count` distinct batches of BATCH messages: (pyarrow table, VALUES SQL text)."""
     import random
@@ -358,7 +322,9 @@ class EnqueueWorker(threading.Thread):
             try:
                 writer.write_table(table)
                 writer.done_writing()
-                n = ingested_rows(reader.read())
+                # DoPutUpdateResult{record_count = 1}
+                answer = reader.read()
+                n = decode_fields(answer.to_pybytes() if answer else b"").get(1, [None])[0]
             finally:
                 writer.close()
             if n != BATCH:
@@ -374,7 +340,7 @@ class EnqueueWorker(threading.Thread):
             if self.method == "flight":
                 import pyarrow.flight as flight
                 conn = flight.FlightClient(self.uri)
-                cur = (conn, ingest_descriptor(self.table))  # (a tuple has no close: skipped)
+                cur = (conn, statement_ingest(self.table))  # (a tuple has no close: skipped)
             else:
                 conn = connect(self.uri)
                 cur = conn.cursor()
