@@ -34,7 +34,9 @@ and measures, over Flight SQL (the ADBC driver; for bulk ingest also pyarrow's F
    inserts single messages at --rate for --latency-seconds, round robin over the queues, each
    body carrying its send time (time.perf_counter_ns of this process, taken just before the
    INSERT). The consumer takes the time when the answer arrives: receive minus send includes the
-   INSERT's round trip, the wake-up and the tail's reply. Prints p50/p90/p99/max in ms. Checks
+   INSERT's round trip, the wake-up and the tail's reply. Prints p50/p90/p99/max in ms, and
+   the CPU this process and (when this script started them) each server process took per
+   message while the producer sent, with how busy the machine's CPUs were. Checks
    that every queue received each message exactly once, in the order sent, at increasing
    positions (a correctness check: FAILED lines and a non-zero exit code otherwise).
 
@@ -260,6 +262,44 @@ def count_rows(cur, table, expected, wait_secs=5.0):
             return n, earlier, waited
         earlier.append(n)
         time.sleep(0.2)
+
+
+def cpu_snapshot(procs):
+    """CPU seconds used so far by this process and by each server process `procs` started
+    (by name), and the machine's busy and total CPU seconds (from /proc/stat; None where
+    that cannot be read)."""
+    times = os.times()
+    servers = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for name, proc, _, _ in (procs.procs if procs else []):
+        try:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            servers[name] = (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, ValueError, IndexError):
+            pass
+    try:
+        with open("/proc/stat") as f:
+            jiffies = [int(x) for x in f.readline().split()[1:9]]
+        machine = ((sum(jiffies) - jiffies[3] - jiffies[4]) / tick, sum(jiffies) / tick)
+    except (OSError, ValueError, IndexError):
+        machine = None
+    return times.user + times.system, servers, machine
+
+
+def cpu_per_message(before, after, messages):
+    """What `cpu_snapshot`s `before` and `after` say per message, as text."""
+    per = lambda secs: f"{secs * 1e3 / max(messages, 1):.2f}"  # noqa: E731
+    text = f"this client {per(after[0] - before[0])}"
+    servers = {n: after[1][n] - before[1][n] for n in after[1] if n in before[1]}
+    if servers:
+        text += f", Nyala {per(sum(servers.values()))} (" + ", ".join(
+            f"{n} {per(secs)}" for n, secs in servers.items()) + ")"
+    text += " ms of CPU per message"
+    if before[2] and after[2]:
+        busy, total = after[2][0] - before[2][0], after[2][1] - before[2][1]
+        text += f"; the machine's CPUs {100 * busy / max(total, 1e-9):.0f} % busy"
+    return text
 
 
 def pct(sorted_values, p):
@@ -665,8 +705,9 @@ class Producer(threading.Thread):
                     pass
 
 
-def latency(uri, setup_cur, args, stop):
-    """Returns (p99 ms or None, failed)."""
+def latency(uri, setup_cur, args, stop, procs):
+    """Returns (p99 ms or None, failed). `procs`: the server processes this run started (their
+    CPU is reported), or None."""
     table = f"{args.table}_latency"
     create_queue_table(setup_cur, table, args.buckets, args.replicas, args.ready_secs)
     queues = queue_names(args.queues)
@@ -681,8 +722,10 @@ def latency(uri, setup_cur, args, stop):
     producer = Producer(uri, table, queues, args.rate, args.latency_seconds, stop,
                         args.ready_secs)
     producer.start()
+    cpu_before = cpu_snapshot(procs)
     while producer.is_alive():
         producer.join(0.2)
+    cpu_after = cpu_snapshot(procs)
     # Every consumer ends at its queue's end marker; one that has not within the grace period
     # is stopped (after its current poll) and counts as failed.
     grace = time.monotonic() + (2 if producer.error else args.drain_secs)
@@ -704,6 +747,7 @@ def latency(uri, setup_cur, args, stop):
         f"p99 {pct(ins, 99):.2f} ms max {max(ins, default=float('nan')):.2f} ms")
     log(f"  consumers: {len(lat):,} measured messages received in {polls:,} polls "
         f"({empty:,} ended empty after {args.wait_ms} ms)")
+    log(f"  while the producer sent: {cpu_per_message(cpu_before, cpu_after, producer.measured)}")
     if lat:
         log(f"  send -> receive ms: p50 {pct(lat, 50):.2f}  p90 {pct(lat, 90):.2f}  "
             f"p99 {pct(lat, 99):.2f}  max {lat[-1]:.2f}  (count {len(lat):,})")
@@ -887,7 +931,7 @@ def main():
                 f"{args.wait_ms}) LIMIT {TAIL_LIMIT}; one producer inserting single messages at "
                 f"{args.rate:g}/s for {args.latency_seconds:g} s:")
             try:
-                results["p99"], bad = latency(uri, setup_cur, args, stop)
+                results["p99"], bad = latency(uri, setup_cur, args, stop, procs)
             except Exception as e:  # noqa: BLE001
                 log(f"  FAILED: latency: {one_line(e)}")
                 results["p99"], bad = None, True
