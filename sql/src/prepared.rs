@@ -43,6 +43,7 @@ use crate::results::{client_schema, client_type, empty_schema};
 use crate::scan::NyalaScanExec;
 use crate::session::Session;
 use crate::table::NyalaTable;
+use crate::tail::{TailExec, TailTable};
 use crate::{Result, SqlError};
 
 /// A statement ready to be run many times with different parameter values.
@@ -344,7 +345,9 @@ fn reads_the_clock(plan: &LogicalPlan) -> bool {
 fn reusable(plan: &Arc<dyn ExecutionPlan>) -> bool {
     let mut reusable = true;
     let _ = plan.apply(|node| {
-        reusable &= match node.downcast_ref::<NyalaScanExec>() {
+        let scan = (node.downcast_ref::<NyalaScanExec>())
+            .or_else(|| node.downcast_ref::<TailExec>().map(TailExec::scan));
+        reusable &= match scan {
             Some(scan) => !scan.has_runtime_filters(),
             None => {
                 node.is::<ProjectionExec>()
@@ -365,16 +368,19 @@ fn reusable(plan: &Arc<dyn ExecutionPlan>) -> bool {
     reusable
 }
 
-/// The Nyala tables a plan reads and writes, None if its plan cannot be reused: it reads a
-/// table `AS OF` a time computed when it was planned, or a table that is not a Nyala table
-/// (`sys.partitions` and the like hold the rows of the moment they were planned).
+/// The Nyala tables a plan reads and writes (a `tail` reads its queue table), None if its plan
+/// cannot be reused: it reads a table `AS OF` a time computed when it was planned, or a table
+/// that is not a Nyala table (`sys.partitions` and the like hold the rows of the moment they
+/// were planned).
 fn tables_of(plan: &LogicalPlan) -> Option<Vec<TableHandle>> {
     let mut tables = Vec::new();
     let mut reusable = true;
     let mut visit = |source: &Arc<dyn datafusion::logical_expr::TableSource>| {
-        let table = source_as_provider(source)
-            .ok()
-            .and_then(|p| p.downcast_ref::<NyalaTable>().map(NyalaTable::handle));
+        let provider = source_as_provider(source).ok();
+        let table = provider.as_ref().and_then(|p| {
+            (p.downcast_ref::<NyalaTable>().map(NyalaTable::handle))
+                .or_else(|| p.downcast_ref::<TailTable>().map(|t| (t.handle(), false)))
+        });
         match table {
             Some((handle, false)) => tables.push(handle),
             _ => reusable = false,

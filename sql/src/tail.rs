@@ -119,7 +119,7 @@ impl TableFunctionImpl for TailFunction {
 
 /// A queue table read from a position on.
 #[derive(Debug)]
-struct TailTable {
+pub(crate) struct TailTable {
     client: Client,
     inner: NyalaTable,
     table: TableHandle,
@@ -127,6 +127,13 @@ struct TailTable {
     position: usize,
     after: i64,
     wait: Duration,
+}
+
+impl TailTable {
+    /// The queue table's definition.
+    pub(crate) fn handle(&self) -> TableHandle {
+        self.table.clone()
+    }
 }
 
 #[async_trait]
@@ -188,9 +195,10 @@ impl TableProvider for TailTable {
     }
 }
 
-/// Reads a queue's new rows, waiting for the first to arrive.
+/// Reads a queue's new rows, waiting for the first to arrive. Each execution waits and reads
+/// anew: a plan can run again.
 #[derive(Debug, Clone)]
-struct TailExec {
+pub(crate) struct TailExec {
     client: Client,
     table: TableHandle,
     scan: Arc<NyalaScanExec>,
@@ -205,6 +213,11 @@ struct TailExec {
 }
 
 impl TailExec {
+    /// The scan of the queue table it runs (see [`crate::prepared`]'s reusable plans).
+    pub(crate) fn scan(&self) -> &NyalaScanExec {
+        &self.scan
+    }
+
     /// The rows after the position, sorted, once some arrived or the wait is over.
     async fn rows(&self, context: Arc<TaskContext>) -> Result<RecordBatch> {
         let deadline = tokio::time::Instant::now() + self.wait;

@@ -2379,6 +2379,31 @@ async fn tail_reads_a_queue_in_order_and_waits_for_new_rows() {
     run(&s, "CREATE TABLE plain (k BIGINT PRIMARY KEY)").await;
     let e = error(&s, "SELECT * FROM tail('plain', 0, 0)").await;
     assert!(e.contains("queue table"), "{e}");
+
+    // A statement sent again (its plan kept) reads anew each time, and the table as it is now.
+    let again = s
+        .prepare_statement(&read(positions[4], 0, ""))
+        .await
+        .unwrap();
+    let tail_rows = |s: Session, again: nyala_sql::PreparedStatement| async move {
+        let planned = s.plan_prepared(&again, &[]).await.unwrap();
+        first_i64s(&collect(planned.execute().await.unwrap()).await.unwrap()).len()
+    };
+    assert_eq!(tail_rows(s.clone(), again.clone()).await, 1);
+    run(
+        &s,
+        "INSERT INTO inbox (user_id, body) VALUES ('u1', 'newer')",
+    )
+    .await;
+    assert_eq!(tail_rows(s.clone(), again.clone()).await, 2);
+    run(&s, "DROP TABLE inbox").await;
+    run(
+        &s,
+        "CREATE TABLE inbox (user_id STRING, pos BIGINT GENERATED ALWAYS AS POSITION, \
+         body STRING, PRIMARY KEY (user_id, pos))",
+    )
+    .await;
+    assert_eq!(tail_rows(s.clone(), again.clone()).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
