@@ -240,7 +240,20 @@ impl Session {
             Action::Setting(bind(plan, params)?)
         } else {
             let plan = dml::plan_mutations(bind(plan, params)?)?;
-            Action::Plan(self.ctx.state().create_physical_plan(&plan).await?)
+            let state = self.ctx.state();
+            Action::Plan(match dml::inserts_values(&plan) {
+                true => {
+                    let analyzed = state.analyzer().execute_and_check(
+                        plan,
+                        state.config_options(),
+                        |_, _| {},
+                    )?;
+                    (state.query_planner())
+                        .create_physical_plan(&analyzed, &state)
+                        .await?
+                }
+                false => state.create_physical_plan(&plan).await?,
+            })
         };
         Ok(PlannedStatement {
             kind,
