@@ -3,7 +3,8 @@
 
     python3 bench/queue_bench.py [--seconds 10 | --messages N] [--threads 8,48] [--queues 6]
                            [--cluster | --connect grpc://HOST:PORT [--replicas N]]
-                           [--rate 200] [--latency-seconds 5] [--keep-data-dir]
+                           [--rate 200] [--latency-seconds 5] [--latency-clients adbc,pyarrow]
+                           [--keep-data-dir]
 
 Starts its own `nyala serve` on a fresh temporary data directory (the binary is $NYALA_BIN,
 default $CARGO_TARGET_DIR/release/nyala, CARGO_TARGET_DIR defaulting to ~/.cache/nyala-target),
@@ -38,7 +39,13 @@ and measures, over Flight SQL (the ADBC driver; for bulk ingest also pyarrow's F
    the CPU this process and (when this script started them) each server process took per
    message while the producer sent, with how busy the machine's CPUs were. Checks
    that every queue received each message exactly once, in the order sent, at increasing
-   positions (a correctness check: FAILED lines and a non-zero exit code otherwise).
+   positions (a correctness check: FAILED lines and a non-zero exit code otherwise). Runs
+   once per client of --latency-clients, each on a fresh table: the ADBC driver, then
+   pyarrow's Flight client (GetFlightInfo and DoGet per poll, DoPut per INSERT). On this
+   2-core machine the client shares the servers' CPUs, and the ADBC driver (Go, called
+   through cgo) takes about three times pyarrow's CPU per message and adds a millisecond to
+   each query's round trip, so the two show the server's part and the whole of one Python
+   user's path.
 
 Ends with a summary line and the targets for reference (not asserted). Timings are never
 asserted: the exit code is non-zero only when a check fails or a statement fails. Every
@@ -61,7 +68,8 @@ import time
 # The Flight SQL messages the tests encode by hand (pyarrow has none): a bulk ingest's
 # descriptor and its answer, for the pyarrow producers.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
-from flight_sql_messages import decode_fields, statement_ingest  # noqa: E402
+from flight_sql_messages import (decode_fields, statement_ingest, statement_query,  # noqa: E402
+                                 statement_update)
 
 BATCH = 1024          # messages per enqueue call
 BODY_BYTES = 100      # bytes of each message body
@@ -451,14 +459,15 @@ INGEST_CLIENTS = {"adbc": ("ingest", "bulk ingest (ADBC)"),
                   "pyarrow": ("flight", "bulk ingest (pyarrow Flight)")}
 
 
-def ingest_clients(text):
-    """--ingest-clients: a comma-separated list of INGEST_CLIENTS."""
-    clients = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [c for c in clients if c not in INGEST_CLIENTS]
-    if not clients or unknown:
-        raise argparse.ArgumentTypeError(
-            f"not a list of {', '.join(INGEST_CLIENTS)}: {text!r}")
-    return clients
+def client_list(choices):
+    """The parser of an option that takes a comma-separated list of the keys of `choices`."""
+    def parse(text):
+        clients = [part.strip() for part in text.split(",") if part.strip()]
+        unknown = [c for c in clients if c not in choices]
+        if not clients or unknown:
+            raise argparse.ArgumentTypeError(f"not a list of {', '.join(choices)}: {text!r}")
+        return clients
+    return parse
 
 
 def enqueue(uri, setup_cur, args, method, label, threads, stop):
@@ -549,13 +558,66 @@ def make_body(kind, seq, send_ns):
     return head + "x" * max(BODY_BYTES - len(head), 0)
 
 
+class AdbcSession:
+    """A connection of the ADBC Flight SQL driver (written in Go, called through cgo)."""
+
+    def __init__(self, uri):
+        self.conn = connect(uri)
+        self.cur = self.conn.cursor()
+
+    def query(self, sql):
+        return query(self.cur, sql)
+
+    def update(self, sql):
+        update(self.cur, sql)
+
+    def close(self):
+        for c in (self.cur, self.conn):
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class FlightSession:
+    """pyarrow's Flight client (C++) speaking Flight SQL: a statement's GetFlightInfo and
+    DoGet, an update's DoPut."""
+
+    def __init__(self, uri):
+        import pyarrow.flight as flight
+        self.client = flight.FlightClient(uri)
+
+    def query(self, sql):
+        info = self.client.get_flight_info(statement_query(sql))
+        tables = [self.client.do_get(e.ticket).read_all() for e in info.endpoints]
+        import pyarrow as pa
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+    def update(self, sql):
+        import pyarrow as pa
+        writer, reader = self.client.do_put(statement_update(sql), pa.schema([]))
+        try:
+            writer.done_writing()
+            reader.read()
+        finally:
+            writer.close()
+
+    def close(self):
+        self.client.close()
+
+
+# --latency-clients: the client each consumer and the producer of the latency phase use.
+LATENCY_CLIENTS = {"adbc": (AdbcSession, "ADBC"), "pyarrow": (FlightSession, "pyarrow Flight")}
+
+
 class Consumer(threading.Thread):
     """Long-polls one queue from position 0 until the producer's end marker, checking that
     messages arrive exactly once, in the order sent, at increasing positions."""
 
-    def __init__(self, uri, table, queue, wait_ms, stop):
+    def __init__(self, client, uri, table, queue, wait_ms, stop):
         super().__init__(daemon=True)
-        self.uri, self.table, self.queue, self.wait_ms, self.stop = uri, table, queue, wait_ms, stop
+        self.client, self.uri, self.table, self.queue, self.wait_ms, self.stop = \
+            client, uri, table, queue, wait_ms, stop
         self.ready = threading.Event()
         self.latencies_ns = []
         self.problems = []
@@ -603,16 +665,15 @@ class Consumer(threading.Thread):
         return last
 
     def run(self):
-        conn = cur = None
+        session = None
         last = 0
         try:
-            conn = connect(self.uri)
-            cur = conn.cursor()
+            session = LATENCY_CLIENTS[self.client][0](self.uri)
             while not self.stop.is_set():
                 sql = (f"SELECT pos, body FROM tail('{self.table}', {last}, {self.wait_ms}) "
                        f"WHERE queue = '{self.queue}' LIMIT {TAIL_LIMIT}")
                 self.ready.set()
-                result = query(cur, sql)
+                result = session.query(sql)
                 self.recv_ns = time.perf_counter_ns()
                 self.polls += 1
                 if result.num_rows == 0:
@@ -624,19 +685,16 @@ class Consumer(threading.Thread):
                     break
             if self.ended:
                 # Nothing may follow the end marker (a duplicate delivered late, for one).
-                late = query(cur, f"SELECT pos, body FROM tail('{self.table}', {last}, 0) "
-                                  f"WHERE queue = '{self.queue}' LIMIT {TAIL_LIMIT}")
+                late = session.query(f"SELECT pos, body FROM tail('{self.table}', {last}, 0) "
+                                     f"WHERE queue = '{self.queue}' LIMIT {TAIL_LIMIT}")
                 if late.num_rows:
                     self.problem(f"{late.num_rows} rows after the end marker")
         except Exception as e:  # noqa: BLE001
             self.error = one_line(e)
         finally:
             self.ready.set()
-            for c in (cur, conn):
-                try:
-                    c.close()
-                except Exception:  # noqa: BLE001
-                    pass
+            if session is not None:
+                session.close()
 
 
 class Producer(threading.Thread):
@@ -644,10 +702,10 @@ class Producer(threading.Thread):
     warm-up message per queue (not measured), then the measured ones, then an end marker per
     queue."""
 
-    def __init__(self, uri, table, queues, rate, seconds, stop, ready_secs):
+    def __init__(self, client, uri, table, queues, rate, seconds, stop, ready_secs):
         super().__init__(daemon=True)
-        self.uri, self.table, self.queues, self.rate, self.seconds, self.stop = \
-            uri, table, queues, rate, seconds, stop
+        self.client, self.uri, self.table, self.queues, self.rate, self.seconds, self.stop = \
+            client, uri, table, queues, rate, seconds, stop
         self.ready_secs = ready_secs
         self.sent = {q: 0 for q in queues}  # messages of each queue, end markers included
         self.measured = 0
@@ -655,28 +713,27 @@ class Producer(threading.Thread):
         self.error = None
         self.elapsed = 0.0
 
-    def send(self, cur, queue, kind):
+    def send(self, session, queue, kind):
         seq = self.sent[queue]
         t = time.perf_counter_ns()
-        update(cur, f"INSERT INTO {self.table} (queue, body) VALUES "
-                    f"('{queue}', '{make_body(kind, seq, t)}')")
+        session.update(f"INSERT INTO {self.table} (queue, body) VALUES "
+                       f"('{queue}', '{make_body(kind, seq, t)}')")
         self.sent[queue] += 1
         if kind == "m":
             self.insert_secs.append((time.perf_counter_ns() - t) / 1e9)
             self.measured += 1
 
     def run(self):
-        conn = cur = None
+        session = None
         try:
-            conn = connect(self.uri)
-            cur = conn.cursor()
+            session = LATENCY_CLIENTS[self.client][0](self.uri)
             # The warm-up INSERTs are retried for a while: a new table's tablets may still be
             # electing leaders.
             deadline = time.monotonic() + self.ready_secs
             for q in self.queues:
                 while True:
                     try:
-                        self.send(cur, q, "w")
+                        self.send(session, q, "w")
                         break
                     except Exception:  # noqa: BLE001
                         if time.monotonic() >= deadline or self.stop.is_set():
@@ -691,35 +748,32 @@ class Producer(threading.Thread):
                 delay = t0 + i / self.rate - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
-                self.send(cur, self.queues[i % len(self.queues)], "m")
+                self.send(session, self.queues[i % len(self.queues)], "m")
             self.elapsed = time.perf_counter() - t0
             for q in self.queues:
-                self.send(cur, q, "e")
+                self.send(session, q, "e")
         except Exception as e:  # noqa: BLE001
             self.error = one_line(e)
         finally:
-            for c in (cur, conn):
-                try:
-                    c.close()
-                except Exception:  # noqa: BLE001
-                    pass
+            if session is not None:
+                session.close()
 
 
-def latency(uri, setup_cur, args, stop, procs):
+def latency(uri, setup_cur, args, stop, procs, client):
     """Returns (p99 ms or None, failed). `procs`: the server processes this run started (their
-    CPU is reported), or None."""
+    CPU is reported), or None; `client`: the consumers' and the producer's (LATENCY_CLIENTS)."""
     table = f"{args.table}_latency"
     create_queue_table(setup_cur, table, args.buckets, args.replicas, args.ready_secs)
     queues = queue_names(args.queues)
     consumers_stop = threading.Event()
-    consumers = [Consumer(uri, table, q, args.wait_ms, consumers_stop) for q in queues]
+    consumers = [Consumer(client, uri, table, q, args.wait_ms, consumers_stop) for q in queues]
     for c in consumers:
         c.start()
     for c in consumers:
         while not c.ready.wait(0.2):
             pass
     time.sleep(0.2)  # the first long polls reach the server
-    producer = Producer(uri, table, queues, args.rate, args.latency_seconds, stop,
+    producer = Producer(client, uri, table, queues, args.rate, args.latency_seconds, stop,
                         args.ready_secs)
     producer.start()
     cpu_before = cpu_snapshot(procs)
@@ -809,9 +863,12 @@ def main():
                         "comma-separated list measures each count in turn (default 8,48)")
     p.add_argument("--queues", type=int, default=6, help="queues (default 6)")
     p.add_argument("--buckets", type=int, default=6, help="hash buckets of the table (default 6)")
-    p.add_argument("--ingest-clients", type=ingest_clients, default=["adbc", "pyarrow"],
+    p.add_argument("--ingest-clients", type=client_list(INGEST_CLIENTS), default=["adbc", "pyarrow"],
                    help="the clients bulk ingest is measured with, comma-separated: adbc "
                         "(adbc_ingest), pyarrow (Flight do_put) (default adbc,pyarrow)")
+    p.add_argument("--latency-clients", type=client_list(LATENCY_CLIENTS), default=["adbc", "pyarrow"],
+                   help="the clients of the latency phase, each in turn on a fresh table: "
+                        "adbc, pyarrow or both (default adbc,pyarrow)")
     p.add_argument("--insert", choices=["values", "prepared"], default="values",
                    help="how the INSERT comparison sends a batch: one multi-row INSERT "
                         "statement (values, default) or a prepared INSERT with the batch bound "
@@ -926,15 +983,16 @@ def main():
                 log(f"  {label} / {insert_label}, the best of each: "
                     f"{results[key][0] / results['insert'][0]:.2f}x")
 
-        if "latency" not in skip:
-            log(f"\ncommit-to-consumer latency: one consumer per queue long-polling tail(..., "
-                f"{args.wait_ms}) LIMIT {TAIL_LIMIT}; one producer inserting single messages at "
-                f"{args.rate:g}/s for {args.latency_seconds:g} s:")
+        for client in ([] if "latency" in skip else args.latency_clients):
+            log(f"\ncommit-to-consumer latency, {LATENCY_CLIENTS[client][1]} clients: one "
+                f"consumer per queue long-polling tail(..., {args.wait_ms}) LIMIT {TAIL_LIMIT}; "
+                f"one producer inserting single messages at {args.rate:g}/s for "
+                f"{args.latency_seconds:g} s:")
             try:
-                results["p99"], bad = latency(uri, setup_cur, args, stop, procs)
+                results[f"p99 {client}"], bad = latency(uri, setup_cur, args, stop, procs, client)
             except Exception as e:  # noqa: BLE001
                 log(f"  FAILED: latency: {one_line(e)}")
-                results["p99"], bad = None, True
+                results[f"p99 {client}"], bad = None, True
             failed |= bad
             if procs and procs.dead():
                 raise RuntimeError(f"server processes exited: {procs.dead()}")
@@ -945,9 +1003,13 @@ def main():
                 return f"{rate:.0f} msg/s ({how}, {producers(threads)})"
             return f"- ({how} {'skipped' if measured(key) in skip else 'failed'})"
 
-        p99 = results.get("p99")
-        wake = (f"wake-up p99 {p99:.1f} ms" if p99 is not None
-                else f"wake-up p99 - ({'skipped' if 'latency' in skip else 'failed'})")
+        def wake_text(client):
+            p99 = results.get(f"p99 {client}")
+            text = f"{p99:.1f} ms" if p99 is not None else "- (failed)"
+            return f"{text} ({LATENCY_CLIENTS[client][1]})"
+
+        wake = ("wake-up p99 - (skipped)" if "latency" in skip else
+                "wake-up p99 " + ", ".join(wake_text(c) for c in args.latency_clients))
         log(f"\nload average at the end {os.getloadavg()[0]:.2f}")
         ingested = [rate_text(key, f"ingest, {client}") for client, (key, _) in
                     INGEST_CLIENTS.items() if client in args.ingest_clients]
