@@ -24,18 +24,23 @@ use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, DFSchemaRef, TableReference};
+use datafusion::common::{internal_err, Column, DFSchema, DFSchemaRef, TableReference};
+use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::sink::DataSink;
 use datafusion::datasource::source_as_provider;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::{QueryPlanner, SessionState};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::InsertOp;
+use datafusion::logical_expr::execution_props::ExecutionProps;
+use datafusion::logical_expr::expr::physical_name;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
     DmlStatement, Expr, Extension, LogicalPlan, LogicalPlanBuilder, TableSource,
-    UserDefinedLogicalNode, UserDefinedLogicalNodeCore, WriteOp,
+    UserDefinedLogicalNode, UserDefinedLogicalNodeCore, Values, WriteOp,
 };
+use datafusion::physical_expr::create_physical_expr;
+use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 use futures::StreamExt;
@@ -300,8 +305,8 @@ pub struct MutationNode {
 /// `Values` below the insert, of literals, columns, casts and operators (no function call:
 /// the optimizer replaces `now()` by the statement's time; no subquery, no table read). The
 /// logical optimizer's rewrites have nothing to gain in such a plan and cost about a third of
-/// a single-row INSERT's planning, so it is only analyzed (types coerced) before physical
-/// planning.
+/// a single-row INSERT's planning, so it is only analyzed (types coerced), then planned by
+/// [`plan_values_insert`].
 pub(crate) fn inserts_values(plan: &LogicalPlan) -> bool {
     let LogicalPlan::Dml(DmlStatement {
         op: WriteOp::Insert(_),
@@ -339,6 +344,77 @@ pub(crate) fn inserts_values(plan: &LogicalPlan) -> bool {
         })
     });
     values
+}
+
+/// The physical plan of an INSERT of values ([`inserts_values`]), `plan` analyzed: the
+/// values and the projections over them planned as DataFusion's physical planner plans them,
+/// under the table's insert, without the physical optimizer. Its rules find nothing to
+/// rearrange in constants feeding one sink, and were over half of such an INSERT's physical
+/// planning.
+pub(crate) async fn plan_values_insert(
+    plan: &LogicalPlan,
+    state: &SessionState,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let LogicalPlan::Dml(DmlStatement {
+        target,
+        op: WriteOp::Insert(op),
+        input,
+        ..
+    }) = plan
+    else {
+        return internal_err!("not an INSERT of values: {plan}");
+    };
+    let rows = values_exec(input, state.execution_props())?;
+    source_as_provider(target)?
+        .insert_into(state, rows, *op)
+        .await
+}
+
+/// The rows of `plan`, projections over a `Values`, as DataFusion's physical planner plans
+/// them.
+fn values_exec(plan: &LogicalPlan, props: &ExecutionProps) -> Result<Arc<dyn ExecutionPlan>> {
+    let physical = |e: &Expr, schema: &DFSchema| {
+        create_physical_expr(e, schema, props, &PhysicalPlanningContext::default())
+    };
+    match plan {
+        LogicalPlan::Values(Values { values, schema }) => {
+            let rows = values
+                .iter()
+                .map(|row| row.iter().map(|e| physical(e, schema)).collect())
+                .collect::<Result<Vec<_>>>()?;
+            Ok(MemorySourceConfig::try_new_as_values(
+                schema.inner().clone(),
+                rows,
+            )?)
+        }
+        LogicalPlan::Projection(projection) => {
+            let input = values_exec(&projection.input, props)?;
+            let from = projection.input.schema();
+            let exprs = (projection.expr.iter())
+                .map(|e| {
+                    // A column keeps its input's name (the planner's rule: a logical column
+                    // may name a derived one).
+                    let alias = match e {
+                        Expr::Column(c) => match from.index_of_column(c) {
+                            Ok(i) => input.schema().field(i).name().clone(),
+                            Err(_) => physical_name(e)?,
+                        },
+                        _ => physical_name(e)?,
+                    };
+                    Ok(ProjectionExpr {
+                        expr: physical(e, from)?,
+                        alias,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Arc::new(ProjectionExec::try_new_with_schema_metadata(
+                exprs,
+                input,
+                projection.schema.as_arrow(),
+            )?))
+        }
+        other => internal_err!("not a projection of values: {other}"),
+    }
 }
 
 /// Rewrites DataFusion's DELETE and UPDATE plans (anywhere in `plan`, under EXPLAIN too) into

@@ -248,9 +248,14 @@ impl Session {
                         state.config_options(),
                         |_, _| {},
                     )?;
-                    (state.query_planner())
-                        .create_physical_plan(&analyzed, &state)
-                        .await?
+                    match dml::inserts_values(&analyzed) {
+                        true => dml::plan_values_insert(&analyzed, &state).await?,
+                        false => {
+                            (state.query_planner())
+                                .create_physical_plan(&analyzed, &state)
+                                .await?
+                        }
+                    }
                 }
                 false => state.create_physical_plan(&plan).await?,
             })
