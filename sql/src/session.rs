@@ -273,6 +273,7 @@ impl Session {
         mut statement: Box<SqlStatement>,
     ) -> Result<LogicalPlan> {
         as_of::lower(&mut statement)?;
+        crate::tail::lower_parameters(&mut statement, &self.db.client);
         self.refuse_assigned_columns(&statement)?;
         self.name_assigned_columns(&mut statement);
         let plan = self

@@ -17,6 +17,7 @@
 //! the order in which each tablet's log makes rows visible.
 
 use std::fmt;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +26,7 @@ use arrow::compute::{concat_batches, sort_to_indices, take_record_batch};
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl};
-use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result};
@@ -37,6 +38,10 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     collect, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
+use datafusion::sql::sqlparser::ast::{
+    BinaryOperator, Expr as SqlExpr, FunctionArg, FunctionArgExpr, Ident, ObjectName, Select,
+    TableFactor, TableWithJoins, Value, ValueWithSpan, VisitMut, VisitorMut,
+};
 use nyala_engine::{Client, TableHandle};
 
 use crate::scan::{self, NyalaScanExec};
@@ -46,6 +51,93 @@ pub const FUNCTION: &str = "tail";
 
 /// Longest a tail waits (`wait_ms` above it is an error).
 const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// Lets a prepared consumer pass its position as a parameter: in a SELECT that reads nothing
+/// but `tail('t', $n, wait_ms)` (no joins; the table named by a string), the call becomes
+/// `tail('t', <lowest position>, wait_ms)` and `<position column> > $n` joins its WHERE, which
+/// the tail honours as it does `after_position`: its reads and its wait take the condition.
+/// A parameter in any other argument, or in another shape of query, is refused when the
+/// function is called.
+pub(crate) fn lower_parameters<V: VisitMut>(node: &mut V, client: &Client) {
+    struct Lower<'a>(&'a Client);
+    impl VisitorMut for Lower<'_> {
+        type Break = ();
+        fn pre_visit_select(&mut self, select: &mut Select) -> ControlFlow<()> {
+            if let Some(condition) = parameter_condition(&mut select.from, self.0) {
+                select.selection = Some(match select.selection.take() {
+                    Some(other) => SqlExpr::BinaryOp {
+                        left: Box::new(SqlExpr::Nested(Box::new(other))),
+                        op: BinaryOperator::And,
+                        right: Box::new(condition),
+                    },
+                    None => condition,
+                });
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let _ = node.visit(&mut Lower(client));
+}
+
+/// For `FROM tail('t', $n, wait_ms) [AS alias]` alone: replaces `$n` by the lowest position
+/// and returns `<position column> > $n`.
+fn parameter_condition(from: &mut [TableWithJoins], client: &Client) -> Option<SqlExpr> {
+    let [TableWithJoins { relation, joins }] = from else {
+        return None;
+    };
+    let TableFactor::Table {
+        name,
+        alias,
+        args: Some(args),
+        ..
+    } = relation
+    else {
+        return None;
+    };
+    let is_tail = |name: &ObjectName| match name.0.as_slice() {
+        [part] => part
+            .as_ident()
+            .is_some_and(|i| crate::statement::normalize_ident(i) == FUNCTION),
+        _ => false,
+    };
+    if !joins.is_empty() || !is_tail(name) || alias.as_ref().is_some_and(|a| !a.columns.is_empty())
+    {
+        return None;
+    }
+    let [FunctionArg::Unnamed(FunctionArgExpr::Expr(table)), FunctionArg::Unnamed(FunctionArgExpr::Expr(after)), _] =
+        args.args.as_mut_slice()
+    else {
+        return None;
+    };
+    let (
+        SqlExpr::Value(ValueWithSpan {
+            value: Value::SingleQuotedString(table),
+            ..
+        }),
+        SqlExpr::Value(ValueWithSpan {
+            value: Value::Placeholder(_),
+            ..
+        }),
+    ) = (&*table, &*after)
+    else {
+        return None;
+    };
+    let table = client
+        .table(datafusion::common::TableReference::parse_str(table).table())
+        .ok()?;
+    let position = &table.schema.columns()[table.schema.position_column()?].name;
+    let column = Ident::with_quote('"', position);
+    let column = match alias {
+        Some(alias) => SqlExpr::CompoundIdentifier(vec![alias.name.clone(), column]),
+        None => SqlExpr::Identifier(column),
+    };
+    let lowest = SqlExpr::value(Value::Number(i64::MIN.to_string(), false));
+    Some(SqlExpr::BinaryOp {
+        left: Box::new(column),
+        op: BinaryOperator::Gt,
+        right: Box::new(std::mem::replace(after, lowest)),
+    })
+}
 
 /// The `tail` table function.
 #[derive(Debug)]
@@ -61,6 +153,24 @@ impl TableFunctionImpl for TailFunction {
             )));
         };
         let evaluate = |expr: &Expr| -> Result<ScalarValue> {
+            let mut parameter = None;
+            expr.apply(|e| {
+                parameter = match e {
+                    Expr::Placeholder(p) => Some(p.id.clone()),
+                    _ => None,
+                };
+                Ok(match parameter {
+                    Some(_) => TreeNodeRecursion::Stop,
+                    None => TreeNodeRecursion::Continue,
+                })
+            })?;
+            if let Some(id) = parameter {
+                return Err(DataFusionError::Plan(format!(
+                    "{FUNCTION}: parameter {id} cannot be an argument here: only \
+                     after_position can be a parameter, when {FUNCTION}(...) is all its \
+                     SELECT reads (no joins) and names its table as a string"
+                )));
+            }
             let physical =
                 (args.session()).create_physical_expr(expr.clone(), &DFSchema::empty())?;
             let options = RecordBatchOptions::new().with_row_count(Some(1));

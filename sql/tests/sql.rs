@@ -2407,6 +2407,99 @@ async fn tail_reads_a_queue_in_order_and_waits_for_new_rows() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_tail_takes_its_position_as_a_parameter() {
+    use arrow::datatypes::DataType;
+    use datafusion::common::ScalarValue;
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s) = open(dir.path()).await;
+    run(
+        &s,
+        "CREATE TABLE inbox (user_id STRING, pos BIGINT GENERATED ALWAYS AS POSITION, \
+         body STRING, PRIMARY KEY (user_id, pos)) DISTRIBUTE BY HASH (user_id) INTO 4 BUCKETS",
+    )
+    .await;
+    for i in 0..5 {
+        run(
+            &s,
+            &format!("INSERT INTO inbox (user_id, body) VALUES ('u1', 'm{i}'), ('u2', 'x{i}')"),
+        )
+        .await;
+    }
+    let all = first_i64s(
+        &run(
+            &s,
+            "SELECT pos FROM tail('inbox', 0, 0) WHERE user_id = 'u1'",
+        )
+        .await,
+    );
+    assert_eq!(all.len(), 5);
+    let poll = |prepared: &nyala_sql::PreparedStatement, after: i64, queue: &str| {
+        let (s, prepared) = (s.clone(), prepared.clone());
+        let params = [ScalarValue::from(after), ScalarValue::from(queue)];
+        async move {
+            let planned = s.plan_prepared(&prepared, &params).await.unwrap();
+            first_i64s(&collect(planned.execute().await.unwrap()).await.unwrap())
+        }
+    };
+    // JDBC's and ADBC's `?`: the position first, then the queue.
+    let consumer = s
+        .prepare_statement("SELECT pos FROM tail('inbox', ?, 0) WHERE user_id = ?")
+        .await
+        .unwrap();
+    let parameters = consumer.info().parameters.clone();
+    assert_eq!(parameters.fields().len(), 2, "{parameters:?}");
+    assert_eq!(parameters.field(0).data_type(), &DataType::Int64);
+    assert_eq!(poll(&consumer, 0, "u1").await, all);
+    assert_eq!(poll(&consumer, all[2], "u1").await, all[3..]);
+    assert_eq!(poll(&consumer, all[4], "u1").await, Vec::<i64>::new());
+    assert_eq!(poll(&consumer, 0, "u2").await.len(), 5);
+    // Under an alias, with a WHERE of its own that the position condition does not loosen.
+    let aliased = s
+        .prepare_statement(
+            "SELECT t.pos FROM tail('inbox', $1, 0) AS t \
+             WHERE t.user_id = $2 OR t.user_id = 'nobody' LIMIT 2",
+        )
+        .await
+        .unwrap();
+    assert_eq!(poll(&aliased, all[0], "u1").await, all[1..3]);
+    // A long poll through it returns as soon as a row of its queue commits.
+    let waiting = s
+        .prepare_statement("SELECT pos FROM tail('inbox', ?, 60000) WHERE user_id = ?")
+        .await
+        .unwrap();
+    let writer = db.session();
+    let insert = tokio::spawn(async move {
+        for queue in ["u2", "u1"] {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            run(
+                &writer,
+                &format!("INSERT INTO inbox (user_id, body) VALUES ('{queue}', 'new')"),
+            )
+            .await;
+        }
+    });
+    let woken = poll(&waiting, all[4], "u1").await;
+    insert.await.unwrap();
+    assert!(
+        woken.len() == 1 && woken[0] > all[4],
+        "{woken:?} after {all:?}"
+    );
+    // Only the position can be a parameter, and only where it can join the WHERE.
+    for sql in [
+        "SELECT pos FROM tail('inbox', 0, ?)",
+        "SELECT pos FROM tail('inbox', ? + 1, 0)",
+        "SELECT t.pos FROM tail('inbox', ?, 0) AS t JOIN inbox AS i ON t.pos = i.pos",
+    ] {
+        let e = s.prepare_statement(sql).await.err().map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("only after_position can be a parameter")),
+            "{sql}: {e:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_poll_waits_through_other_queues_rows_and_a_tail_of_every_tablet_wakes_too() {
     let dir = tempfile::tempdir().unwrap();
     let (db, s) = open(dir.path()).await;

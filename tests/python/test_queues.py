@@ -289,17 +289,22 @@ def test_bulk_ingest_assigns_positions(server, table_name):
             assert got == queue_rows(cur, table_name, queue)
 
 
-def test_a_prepared_consumer_passes_its_position_as_a_parameter(server, table_name):
-    """tail()'s arguments are values, so a prepared consumer gives its position in WHERE
-    (`pos > ?`): the long poll still waits for that condition and wakes on the commit."""
+@pytest.mark.parametrize("poll", [
+    "SELECT pos, body FROM tail('{table}', ?, 30000) WHERE user_id = ?",
+    "SELECT pos, body FROM tail('{table}', 0, 30000) WHERE pos > ? AND user_id = ?",
+])
+def test_a_prepared_consumer_passes_its_position_as_a_parameter(server, table_name, poll):
+    """A prepared consumer gives its position as tail()'s argument or in WHERE (`pos > ?`):
+    either way the long poll waits for rows after it and wakes on the commit."""
+    poll = poll.format(table=table_name)
     with flightsql.connect(server, autocommit=True) as conn, conn.cursor() as cur:
         create_queue(cur, table_name, buckets=2)
         cur.execute(f"INSERT INTO {table_name} (user_id, body) VALUES ('u1', 'a'), ('u1', 'b')")
-        poll = (f"SELECT pos, body FROM tail('{table_name}', 0, 30000) "
-                "WHERE user_id = ? AND pos > ?")
-        cur.execute(poll, ("u1", 0))
+        cur.execute(poll, (0, "u1"))
         seen = cur.fetchall()
         assert [b for _, b in seen] == ["a", "b"]
+        cur.execute(poll, (seen[0][0], "u1"))
+        assert cur.fetchall() == seen[1:]
 
         def produce():
             time.sleep(0.3)
@@ -309,7 +314,7 @@ def test_a_prepared_consumer_passes_its_position_as_a_parameter(server, table_na
         producer = threading.Thread(target=produce)
         started = time.monotonic()
         producer.start()
-        cur.execute(poll, ("u1", seen[-1][0]))
+        cur.execute(poll, (seen[-1][0], "u1"))
         woken = cur.fetchall()
         producer.join()
         assert [b for _, b in woken] == ["c"] and woken[0][0] > seen[-1][0]
