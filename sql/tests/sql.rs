@@ -2314,23 +2314,28 @@ async fn queue_tables_assign_positions_in_log_order() {
     assert!(last.contains("after"), "{last} {u1:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tail_reads_a_queue_in_order_and_waits_for_new_rows() {
-    let dir = tempfile::tempdir().unwrap();
-    let (db, s) = open(dir.path()).await;
+/// A queue table `inbox` (4 buckets) holding messages m0..m4 of 'u1' and x0..x4 of 'u2'.
+async fn inbox_with_five_messages_each(s: &Session) {
     run(
-        &s,
+        s,
         "CREATE TABLE inbox (user_id STRING, pos BIGINT GENERATED ALWAYS AS POSITION, \
          body STRING, PRIMARY KEY (user_id, pos)) DISTRIBUTE BY HASH (user_id) INTO 4 BUCKETS",
     )
     .await;
     for i in 0..5 {
         run(
-            &s,
+            s,
             &format!("INSERT INTO inbox (user_id, body) VALUES ('u1', 'm{i}'), ('u2', 'x{i}')"),
         )
         .await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_reads_a_queue_in_order_and_waits_for_new_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s) = open(dir.path()).await;
+    inbox_with_five_messages_each(&s).await;
     let read = |after: i64, wait: u64, extra: &str| {
         format!("SELECT pos, body FROM tail('inbox', {after}, {wait}) WHERE user_id = 'u1' {extra}")
     };
@@ -2412,19 +2417,7 @@ async fn a_prepared_tail_takes_its_position_as_a_parameter() {
     use datafusion::common::ScalarValue;
     let dir = tempfile::tempdir().unwrap();
     let (db, s) = open(dir.path()).await;
-    run(
-        &s,
-        "CREATE TABLE inbox (user_id STRING, pos BIGINT GENERATED ALWAYS AS POSITION, \
-         body STRING, PRIMARY KEY (user_id, pos)) DISTRIBUTE BY HASH (user_id) INTO 4 BUCKETS",
-    )
-    .await;
-    for i in 0..5 {
-        run(
-            &s,
-            &format!("INSERT INTO inbox (user_id, body) VALUES ('u1', 'm{i}'), ('u2', 'x{i}')"),
-        )
-        .await;
-    }
+    inbox_with_five_messages_each(&s).await;
     let all = first_i64s(
         &run(
             &s,
