@@ -98,8 +98,13 @@ pub fn write_chains(
     rows_per_rowset: usize,
 ) -> Result<Vec<NewRowset>, StorageError> {
     let mut out = Vec::new();
-    let mut pending = Pending::default();
+    // Each rowset's vectors take their size at once (a flush's are hundreds of thousands of
+    // rows long: grown by doubling, they were copied and faulted in again and again).
+    let chains = chains.into_iter();
+    let mut left = chains.size_hint().0;
+    let mut pending = Pending::for_rows(left.min(rows_per_rowset));
     for chain in chains {
+        left = left.saturating_sub(1);
         let versions = &chain.versions;
         // The newest live image becomes the base; a row never live, or deleted for good before
         // the ancient history mark, is gone.
@@ -114,6 +119,10 @@ pub fn write_chains(
         let ordinal = pending.keys.len() as u32;
         for i in 0..=b {
             if versions[i].0 > ancient {
+                if pending.undo.capacity() == 0 {
+                    // Rows with history: likely all of them (a flush's recent rows).
+                    pending.undo.reserve(pending.keys.capacity());
+                }
                 pending.undo.push(Record {
                     ordinal,
                     ts: versions[i].0,
@@ -127,7 +136,8 @@ pub fn write_chains(
         pending.base.push(versions[b].1.expect("live version"));
         pending.keys.push(chain.key);
         if pending.keys.len() >= rows_per_rowset {
-            out.push(std::mem::take(&mut pending).write(files, schema, sources)?);
+            let next = Pending::for_rows(left.min(rows_per_rowset));
+            out.push(std::mem::replace(&mut pending, next).write(files, schema, sources)?);
         }
     }
     if !pending.keys.is_empty() {
@@ -136,7 +146,6 @@ pub fn write_chains(
     Ok(out)
 }
 
-#[derive(Default)]
 struct Pending {
     keys: Vec<Vec<u8>>,
     base: Vec<ImageRef>,
@@ -145,6 +154,16 @@ struct Pending {
 }
 
 impl Pending {
+    /// Room for `rows` rows' keys and base images.
+    fn for_rows(rows: usize) -> Self {
+        Pending {
+            keys: Vec::with_capacity(rows),
+            base: Vec::with_capacity(rows),
+            undo: Vec::new(),
+            redo: Vec::new(),
+        }
+    }
+
     fn write(
         self,
         files: &mut NewFiles,
