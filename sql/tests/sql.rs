@@ -19,6 +19,24 @@ async fn open(dir: &std::path::Path) -> (Arc<Database>, Session) {
     (db, session)
 }
 
+/// Drops `db` without shutting it down (a crash, as far as its files know) and waits until its
+/// background work has stopped as well: a maintenance round holds the tablet server and goes
+/// on writing files in the directory, which the test opens again. (A crashed process has no
+/// such round left.)
+async fn drop_without_shutdown(db: Arc<Database>, session: Session) {
+    let server = db.tablet_server().map(Arc::downgrade);
+    drop((db, session));
+    // A liveness bound, not a timing measurement: a round ends.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while server.as_ref().is_some_and(|s| s.strong_count() > 0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tablet server is never dropped"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 async fn run(session: &Session, sql: &str) -> Vec<RecordBatch> {
     let stream = session
         .execute(sql)
@@ -544,12 +562,13 @@ async fn data_survives_reopen_with_and_without_flush() {
         db.shutdown().await.unwrap();
     }
     {
-        let (_db, s) = open(dir.path()).await;
+        let (db, s) = open(dir.path()).await;
         assert!(text(&s, "SELECT count(*) FROM metrics")
             .await
             .contains("| 4 "));
         run(&s, "UPDATE metrics SET value = 100 WHERE host = 'b'").await;
         // Dropped without shutdown: the Raft logs must bring the update back.
+        drop_without_shutdown(db, s).await;
     }
     let (_db, s) = open(dir.path()).await;
     let got = text(&s, "SELECT sum(value) FROM metrics").await;
@@ -1237,7 +1256,7 @@ async fn altered_columns_survive_restart_and_log_replay() {
         // Rows on disk and rows in memory both go through the change.
         db.shutdown().await.unwrap();
         drop((db, s));
-        let (_db, s) = open(dir.path()).await;
+        let (db, s) = open(dir.path()).await;
         run(
             &s,
             "INSERT INTO measurements VALUES ('d', '2026-01-01T00:00:00', 'cpu', 1.0)",
@@ -1258,6 +1277,7 @@ async fn altered_columns_survive_restart_and_log_replay() {
         run(&s, "UPDATE measurements SET unit = 'x' WHERE host = 'a'").await;
         before = text(&s, expected).await;
         // No shutdown: the writes after the last change are replayed from the log.
+        drop_without_shutdown(db, s).await;
     }
     let (_db, s) = open(dir.path()).await;
     assert_eq!(text(&s, expected).await, before);
