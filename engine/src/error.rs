@@ -48,6 +48,9 @@ pub enum EngineError {
         dir: String,
         source: Box<EngineError>,
     },
+    /// Another server (in this process or another) has the directory open.
+    #[error("{0} is in use by another Nyala server; stop it first, or give this one another data directory")]
+    DirectoryInUse(String),
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]

@@ -25,6 +25,7 @@ pub mod catalog;
 pub mod client;
 pub mod clock;
 pub mod consensus;
+pub mod dir_lock;
 pub mod embedded;
 pub mod error;
 pub mod master;

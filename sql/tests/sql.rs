@@ -553,6 +553,22 @@ async fn ingest_refuses_data_that_does_not_match_the_table() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_is_opened_by_one_database_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s) = open(dir.path()).await;
+    run(&s, "CREATE TABLE t (k BIGINT PRIMARY KEY)").await;
+    let second = Database::open(dir.path(), DatabaseOptions::default()).await;
+    let e = second.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.contains("in use by another Nyala server"), "{e}");
+    // The first goes on; once it is gone, the directory opens again.
+    run(&s, "INSERT INTO t VALUES (1)").await;
+    db.shutdown().await.unwrap();
+    drop_without_shutdown(db, s).await;
+    let (_db, s) = open(dir.path()).await;
+    assert_eq!(first_i64s(&run(&s, "SELECT k FROM t").await), vec![1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_survives_reopen_with_and_without_flush() {
     let dir = tempfile::tempdir().unwrap();
     {

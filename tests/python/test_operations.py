@@ -275,3 +275,22 @@ def test_admin_commands_and_ksck_on_a_cluster():
         broken = c.until(lambda: (r := c.admin("ksck")).returncode != 0 and "no majority" in r.stdout and r,
                          "ksck never noticed the dead servers")
         assert "UNHEALTHY" in broken.stdout and "2 of 4 tablet servers live" in broken.stdout, broken.stdout
+
+
+def test_a_data_directory_serves_one_server_at_a_time(tmp_path):
+    """A second `nyala serve` on a data directory in use exits with an error that says so and
+    changes nothing; the first goes on serving; once it is gone the directory opens again."""
+    data_dir = str(tmp_path / "data")
+    with nyala_serve(data_dir=data_dir) as (url, _):
+        sql(url, "CREATE TABLE t (k BIGINT PRIMARY KEY)")
+        sql(url, "INSERT INTO t VALUES (1)")
+        second = subprocess.run(
+            [nyala_bin(), "serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0",
+             "--http-addr", "127.0.0.1:0"],
+            capture_output=True, text=True, timeout=DEADLINE)
+        assert second.returncode != 0
+        assert "in use by another Nyala server" in second.stderr, second.stderr
+        sql(url, "INSERT INTO t VALUES (2)")
+    # Leaving nyala_serve killed the first with SIGKILL: its lock went with it.
+    with nyala_serve(data_dir=data_dir) as (url, _):
+        assert sql(url, "SELECT k FROM t ORDER BY k").split() == ["k", "1", "2"]

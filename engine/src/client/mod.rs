@@ -115,6 +115,29 @@ pub struct Client {
     telling: Arc<tokio::sync::RwLock<()>>,
 }
 
+/// A [`Client`] that does not keep its catalog and tablets alive: for background work that
+/// must not hold a server its users have let go of.
+pub(crate) struct WeakClient {
+    catalog: std::sync::Weak<dyn Catalog>,
+    tablets: std::sync::Weak<dyn Tablets>,
+    last_write: Arc<std::sync::atomic::AtomicU64>,
+    settled: Arc<parking_lot::Mutex<txn::Settled>>,
+    telling: Arc<tokio::sync::RwLock<()>>,
+}
+
+impl WeakClient {
+    /// The client, while its catalog and tablets live.
+    pub(crate) fn upgrade(&self) -> Option<Client> {
+        Some(Client {
+            catalog: self.catalog.upgrade()?,
+            tablets: self.tablets.upgrade()?,
+            last_write: self.last_write.clone(),
+            settled: self.settled.clone(),
+            telling: self.telling.clone(),
+        })
+    }
+}
+
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Client")
@@ -135,6 +158,17 @@ impl Client {
             last_write: Arc::default(),
             settled: Arc::default(),
             telling: Arc::default(),
+        }
+    }
+
+    /// This client, not keeping its catalog and tablets alive.
+    pub(crate) fn downgrade(&self) -> WeakClient {
+        WeakClient {
+            catalog: Arc::downgrade(&self.catalog),
+            tablets: Arc::downgrade(&self.tablets),
+            last_write: self.last_write.clone(),
+            settled: self.settled.clone(),
+            telling: self.telling.clone(),
         }
     }
 

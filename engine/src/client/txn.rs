@@ -67,6 +67,29 @@ pub struct Transaction {
     locks_keys: Arc<AtomicBool>,
 }
 
+/// Deletes the status rows of settled transactions every [`TRIM_EVERY`], until none are left
+/// or the client is gone (it does not keep the client's server alive in between). A row whose
+/// delete fails stays (a participant reading it would find the truth).
+async fn trim_settled(client: super::WeakClient) {
+    loop {
+        tokio::time::sleep(TRIM_EVERY).await;
+        let Some(client) = client.upgrade() else {
+            return;
+        };
+        let txns = {
+            let mut settled = client.settled.lock();
+            if settled.txns.is_empty() {
+                settled.trimming = false;
+                return;
+            }
+            std::mem::take(&mut settled.txns)
+        };
+        if let Err(e) = client.delete_decisions(txns).await {
+            tracing::warn!(error = %e, "cannot delete the status rows of settled transactions");
+        }
+    }
+}
+
 impl Client {
     /// Starts a transaction; its writes become visible together when it commits.
     pub fn begin(&self) -> Transaction {
@@ -176,27 +199,7 @@ impl Client {
         let mut settled = self.settled.lock();
         settled.txns.push(txn);
         if !std::mem::replace(&mut settled.trimming, true) {
-            let client = self.clone();
-            tokio::spawn(async move { client.trim_settled().await });
-        }
-    }
-
-    /// Deletes the status rows of settled transactions every [`TRIM_EVERY`], until none are
-    /// left. A row whose delete fails stays (a participant reading it would find the truth).
-    async fn trim_settled(&self) {
-        loop {
-            tokio::time::sleep(TRIM_EVERY).await;
-            let txns = {
-                let mut settled = self.settled.lock();
-                if settled.txns.is_empty() {
-                    settled.trimming = false;
-                    return;
-                }
-                std::mem::take(&mut settled.txns)
-            };
-            if let Err(e) = self.delete_decisions(txns).await {
-                tracing::warn!(error = %e, "cannot delete the status rows of settled transactions");
-            }
+            tokio::spawn(trim_settled(self.downgrade()));
         }
     }
 

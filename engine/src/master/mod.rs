@@ -59,6 +59,8 @@ pub struct Master {
     ddl: tokio::sync::Mutex<()>,
     /// Held while a replica moves (re-replication, rebalancing): one move at a time.
     moves: tokio::sync::Mutex<()>,
+    /// Held until the master shuts down (or is dropped).
+    lock: parking_lot::Mutex<Option<crate::dir_lock::DirLock>>,
 }
 
 /// The tablet id of the catalog.
@@ -87,6 +89,7 @@ impl Master {
         placement: Arc<dyn TabletPlacement>,
         replication: Option<Replication>,
     ) -> Result<Self> {
+        let lock = crate::dir_lock::DirLock::acquire(dir)?;
         let catalog_dir = dir.join("catalog");
         let masters = replication
             .as_ref()
@@ -123,6 +126,7 @@ impl Master {
             users: RwLock::new(BTreeMap::new()),
             ddl: tokio::sync::Mutex::new(()),
             moves: tokio::sync::Mutex::new(()),
+            lock: parking_lot::Mutex::new(Some(lock)),
         };
         master.load()?;
         master.reconcile_tablets()?;
@@ -811,7 +815,10 @@ impl Master {
 
     /// Flushes and stops the catalog tablet.
     pub fn shutdown(&self) -> Result<()> {
-        self.catalog.shutdown()
+        let stopped = self.catalog.shutdown();
+        // The directory may be opened again.
+        self.lock.lock().take();
+        stopped
     }
 }
 

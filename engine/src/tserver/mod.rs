@@ -56,6 +56,8 @@ pub struct TabletServer {
     replicas: RwLock<HashMap<String, Arc<TabletReplica>>>,
     maintenance: MaintenanceManager,
     memory_limit: usize,
+    /// Held until the server shuts down (or is dropped).
+    lock: parking_lot::Mutex<Option<crate::dir_lock::DirLock>>,
 }
 
 impl TabletServer {
@@ -68,6 +70,7 @@ impl TabletServer {
         clock: Arc<HybridClock>,
         router: Option<Arc<RaftRouter>>,
     ) -> Result<Arc<Self>> {
+        let lock = crate::dir_lock::DirLock::acquire(dir)?;
         let tablets_dir = dir.join("tablets");
         std::fs::create_dir_all(&tablets_dir)?;
         let server_id = server_id(dir)?;
@@ -125,6 +128,7 @@ impl TabletServer {
             replicas: RwLock::new(replicas),
             maintenance,
             memory_limit: memory_limit.max(1),
+            lock: parking_lot::Mutex::new(Some(lock)),
         });
         server.maintenance.start(Arc::downgrade(&server))?;
         Ok(server)
@@ -422,6 +426,8 @@ impl TabletServer {
                 first_error.get_or_insert(e);
             }
         }
+        // The directory may be opened again.
+        self.lock.lock().take();
         first_error.map_or(Ok(()), Err)
     }
 }
