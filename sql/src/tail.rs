@@ -155,13 +155,12 @@ impl TableFunctionImpl for TailFunction {
         let evaluate = |expr: &Expr| -> Result<ScalarValue> {
             let mut parameter = None;
             expr.apply(|e| {
-                parameter = match e {
-                    Expr::Placeholder(p) => Some(p.id.clone()),
-                    _ => None,
-                };
-                Ok(match parameter {
-                    Some(_) => TreeNodeRecursion::Stop,
-                    None => TreeNodeRecursion::Continue,
+                Ok(match e {
+                    Expr::Placeholder(p) => {
+                        parameter = Some(p.id.clone());
+                        TreeNodeRecursion::Stop
+                    }
+                    _ => TreeNodeRecursion::Continue,
                 })
             })?;
             if let Some(id) = parameter {
