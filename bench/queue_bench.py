@@ -3,7 +3,8 @@
 
     python3 bench/queue_bench.py [--seconds 10 | --messages N] [--threads 8,48] [--queues 6]
                            [--cluster | --connect grpc://HOST:PORT [--replicas N]]
-                           [--rate 200] [--latency-seconds 5] [--latency-clients adbc,pyarrow]
+                           [--batch-shapes spread,per-queue] [--rate 200] [--latency-seconds 5]
+                           [--latency-clients adbc,pyarrow]
                            [--keep-data-dir]
 
 Starts its own `nyala serve` on a fresh temporary data directory (the binary is $NYALA_BIN,
@@ -18,8 +19,10 @@ WITH (replicas = 3), statements through the master's Flight SQL), or uses a runn
 and measures, over Flight SQL (the ADBC driver; for bulk ingest also pyarrow's Flight client):
 
 1. enqueue throughput as the Kafka-vs-Kudu comparison tests it: batches of 1 024 messages with
-   100-byte bodies, each batch spread over the queues (row i to queue i mod --queues), --threads
-   producers with a connection each (each count of a list in turn, on a fresh table: a log round
+   100-byte bodies, in each shape of --batch-shapes: spread over the queues (row i to queue
+   i mod --queues: a batch writes several tablets, so it is a transaction), and one queue per
+   batch (the blog's enqueueMessages(queue, messages); the producers' batches take the queues in
+   turn, and each is one tablet's single write); --threads producers with a connection each (each count of a list in turn, on a fresh table: a log round
    carries the batches that arrive while the previous one is written, so the server's
    throughput shows at enough producers), for --seconds (or --messages in all); with bulk ingest
    (a Flight SQL CommandStatementIngest per batch, the database assigning the positions) from
@@ -330,14 +333,25 @@ def queue_names(n):
 # 1. Enqueue throughput
 
 
-def make_batches(queues, count, seed):
-    """`count` distinct batches of BATCH messages: (pyarrow table, VALUES SQL text)."""
+# How a batch's messages are assigned to queues: spread (row i to queue i mod --queues: its
+# rows go to several tablets, so each batch is a transaction), or one queue per batch, as the
+# blog's enqueueMessages(queue, messages) sends them (each batch is one tablet's single write).
+BATCH_SHAPES = {"spread": "spread over the queues", "per-queue": "one queue each"}
+
+
+def make_batches(queues, count, seed, shape):
+    """`count` distinct batches of BATCH messages: (pyarrow table, VALUES SQL text). With
+    shape per-queue, batch j goes to queue seed + j (mod the queues), so the producers' batches
+    take the queues in turn."""
     import random
     import pyarrow as pa
     rnd = random.Random(seed)
     out = []
-    for _ in range(count):
-        qs = [queues[i % len(queues)] for i in range(BATCH)]
+    for j in range(count):
+        if shape == "spread":
+            qs = [queues[i % len(queues)] for i in range(BATCH)]
+        else:
+            qs = [queues[(seed + j) % len(queues)]] * BATCH
         bodies = [rnd.getrandbits(BODY_BYTES * 4).to_bytes(BODY_BYTES // 2, "big").hex()
                   for _ in range(BATCH)]
         table = pa.table({"queue": pa.array(qs, pa.string()), "body": pa.array(bodies, pa.string())})
@@ -347,9 +361,9 @@ def make_batches(queues, count, seed):
 
 
 class EnqueueWorker(threading.Thread):
-    def __init__(self, uri, table, method, queues, quota, barrier, clock, seed):
+    def __init__(self, uri, table, method, shape, queues, quota, barrier, clock, seed):
         super().__init__(daemon=True)
-        self.uri, self.table, self.method = uri, table, method
+        self.uri, self.table, self.method, self.shape = uri, table, method, shape
         self.queues, self.quota, self.barrier, self.clock, self.seed = \
             queues, quota, barrier, clock, seed
         self.sent = 0
@@ -392,7 +406,7 @@ class EnqueueWorker(threading.Thread):
             else:
                 conn = connect(self.uri)
                 cur = conn.cursor()
-            batches = make_batches(self.queues, 8, self.seed)
+            batches = make_batches(self.queues, 8, self.seed, self.shape)
         except Exception as e:  # noqa: BLE001
             self.error = f"connect: {one_line(e)}"
             self.barrier.abort()
@@ -470,9 +484,9 @@ def client_list(choices):
     return parse
 
 
-def enqueue(uri, setup_cur, args, method, label, threads, stop):
-    """One enqueue measurement with `threads` producers on a fresh table; returns (messages/s
-    or None, failed)."""
+def enqueue(uri, setup_cur, args, method, shape, label, threads, stop):
+    """One enqueue measurement with `threads` producers sending batches of `shape` on a fresh
+    table; returns (messages/s or None, failed)."""
     table = f"{args.table}_{method}"
     create_queue_table(setup_cur, table, args.buckets, args.replicas, args.ready_secs)
     queues = queue_names(args.queues)
@@ -487,7 +501,7 @@ def enqueue(uri, setup_cur, args, method, label, threads, stop):
         quotas = [None] * threads
     barrier = threading.Barrier(threads + 1)
     clock = {"stop": stop, "deadline": math.inf}
-    workers = [EnqueueWorker(uri, table, method, queues, quotas[i], barrier, clock, seed=i)
+    workers = [EnqueueWorker(uri, table, method, shape, queues, quotas[i], barrier, clock, seed=i)
                for i in range(threads)]
     for w in workers:
         w.start()
@@ -507,7 +521,7 @@ def enqueue(uri, setup_cur, args, method, label, threads, stop):
     rate = sent / secs
     cpu1 = os.times()
     client_cpu = cpu1.user + cpu1.system - cpu0.user - cpu0.system
-    log(f"  {label:<44} {sent:>11,} msgs in {secs:6.2f} s: {fmt_rate(rate):>11} msg/s "
+    log(f"  {label:<62} {sent:>11,} msgs in {secs:6.2f} s: {fmt_rate(rate):>11} msg/s "
         f"{sent * BODY_BYTES / 1e6 / secs:8.1f} MB/s; one call p50 {pct(calls, 50) * 1e3:.1f} ms "
         f"p99 {pct(calls, 99) * 1e3:.1f} ms max {max(calls, default=0) * 1e3:.1f} ms; "
         f"producers' CPU {client_cpu * 1e6 / max(sent, 1):.2f} µs/msg")
@@ -866,6 +880,12 @@ def main():
     p.add_argument("--ingest-clients", type=client_list(INGEST_CLIENTS), default=["adbc", "pyarrow"],
                    help="the clients bulk ingest is measured with, comma-separated: adbc "
                         "(adbc_ingest), pyarrow (Flight do_put) (default adbc,pyarrow)")
+    p.add_argument("--batch-shapes", type=client_list(BATCH_SHAPES), default=["spread", "per-queue"],
+                   help="how the enqueue batches take their queues, comma-separated, each "
+                        "measured in turn: spread (row i to queue i mod --queues, so a batch "
+                        "writes several tablets: a transaction) and per-queue (a batch to one "
+                        "queue, the producers' batches taking the queues in turn: the blog's "
+                        "enqueueMessages(queue, messages)) (default spread,per-queue)")
     p.add_argument("--latency-clients", type=client_list(LATENCY_CLIENTS), default=["adbc", "pyarrow"],
                    help="the clients of the latency phase, each in turn on a fresh table: "
                         "adbc, pyarrow or both (default adbc,pyarrow)")
@@ -957,7 +977,8 @@ def main():
         amount = (f"{math.ceil(args.messages / BATCH) * BATCH:,} messages" if args.messages
                   else f"{args.seconds:g} s")
         if not {"ingest", "insert"} <= skip:
-            log(f"\nenqueue: batches of {BATCH} messages spread over {args.queues} queues, "
+            log(f"\nenqueue: batches of {BATCH} messages over {args.queues} queues "
+                f"({' then '.join(BATCH_SHAPES[s] for s in args.batch_shapes)}), "
                 f"{' then '.join(map(str, args.threads))} producer threads (a connection each), "
                 f"{amount} each way and count:")
         insert_label = ("prepared INSERT" if args.insert == "prepared" else "multi-row INSERT")
@@ -966,22 +987,26 @@ def main():
             key = method if method in ("ingest", "flight") else "insert"
             if measured(key) in skip:
                 continue
-            for threads in args.threads:
-                counted = f"{label}, {producers(threads)}"
-                try:
-                    rate, bad = enqueue(uri, setup_cur, args, method, counted, threads, stop)
-                except Exception as e:  # noqa: BLE001
-                    log(f"  FAILED: {counted}: {one_line(e)}")
-                    rate, bad = None, True
-                if rate and rate > results.get(key, (0, 0))[0]:
-                    results[key] = (rate, threads)
-                failed |= bad
-                if procs and procs.dead():
-                    raise RuntimeError(f"server processes exited: {procs.dead()}")
-        for key, label in INGEST_CLIENTS.values():
-            if results.get(key) and results.get("insert"):
-                log(f"  {label} / {insert_label}, the best of each: "
-                    f"{results[key][0] / results['insert'][0]:.2f}x")
+            for shape in args.batch_shapes:
+                for threads in args.threads:
+                    counted = f"{label}, {BATCH_SHAPES[shape]}, {producers(threads)}"
+                    try:
+                        rate, bad = enqueue(uri, setup_cur, args, method, shape, counted,
+                                            threads, stop)
+                    except Exception as e:  # noqa: BLE001
+                        log(f"  FAILED: {counted}: {one_line(e)}")
+                        rate, bad = None, True
+                    if rate and rate > results.get((key, shape), (0, 0))[0]:
+                        results[(key, shape)] = (rate, threads)
+                    failed |= bad
+                    if procs and procs.dead():
+                        raise RuntimeError(f"server processes exited: {procs.dead()}")
+        for shape in args.batch_shapes:
+            for key, label in INGEST_CLIENTS.values():
+                best, insert = results.get((key, shape)), results.get(("insert", shape))
+                if best and insert:
+                    log(f"  {label} / {insert_label}, {BATCH_SHAPES[shape]}, the best of each: "
+                        f"{best[0] / insert[0]:.2f}x")
 
         for client in ([] if "latency" in skip else args.latency_clients):
             log(f"\ncommit-to-consumer latency, {LATENCY_CLIENTS[client][1]} clients: one "
@@ -997,9 +1022,9 @@ def main():
             if procs and procs.dead():
                 raise RuntimeError(f"server processes exited: {procs.dead()}")
 
-        def rate_text(key, how):
-            if key in results:
-                rate, threads = results[key]
+        def rate_text(key, shape, how):
+            if (key, shape) in results:
+                rate, threads = results[(key, shape)]
                 return f"{rate:.0f} msg/s ({how}, {producers(threads)})"
             return f"- ({how} {'skipped' if measured(key) in skip else 'failed'})"
 
@@ -1011,11 +1036,16 @@ def main():
         wake = ("wake-up p99 - (skipped)" if "latency" in skip else
                 "wake-up p99 " + ", ".join(wake_text(c) for c in args.latency_clients))
         log(f"\nload average at the end {os.getloadavg()[0]:.2f}")
-        ingested = [rate_text(key, f"ingest, {client}") for client, (key, _) in
-                    INGEST_CLIENTS.items() if client in args.ingest_clients]
-        log(f"summary: {mode} enqueue {', '.join(ingested)}, "
-            f"{rate_text('insert', 'INSERT' if args.insert == 'values' else 'prepared INSERT')}; "
-            f"{wake}" + ("; FAILED checks above" if failed else ""))
+        insert_how = "INSERT" if args.insert == "values" else "prepared INSERT"
+        enqueued = "; ".join(
+            f"batches {BATCH_SHAPES[shape]}: "
+            + ", ".join([rate_text(key, shape, f"ingest, {client}")
+                         for client, (key, _) in INGEST_CLIENTS.items()
+                         if client in args.ingest_clients]
+                        + [rate_text("insert", shape, insert_how)])
+            for shape in args.batch_shapes)
+        log(f"summary: {mode} enqueue {enqueued}; {wake}"
+            + ("; FAILED checks above" if failed else ""))
         log(TARGETS)
     except KeyboardInterrupt:
         print("queue: interrupted", file=sys.stderr)
