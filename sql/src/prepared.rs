@@ -3,7 +3,10 @@
 //!
 //! A DataFusion statement (queries, DML, SET) is kept as its logical plan with placeholders;
 //! a query also as that plan optimized, so an execution only binds values and plans physically
-//! (when binding the optimized plan fails, the plan is optimized again after binding).
+//! (when binding the optimized plan fails, the plan is optimized again after binding). A
+//! `tail` whose parameters are only in its WHERE (a prepared consumer's poll) is planned
+//! physically when prepared, and an execution builds only the tail's scan and the filter above
+//! it with the values bound ([`PreparedTail`]).
 //! That plan holds the definitions of the tables it reads and writes as they were when it was
 //! planned; the catalog replaces a table's definition whenever DDL changes anything, so a plan
 //! whose tables are no longer the catalog's current ones is planned again from its text. So is
@@ -43,7 +46,7 @@ use crate::results::{client_schema, client_type, empty_schema};
 use crate::scan::NyalaScanExec;
 use crate::session::Session;
 use crate::table::NyalaTable;
-use crate::tail::{TailExec, TailTable};
+use crate::tail::{PreparedTail, TailExec, TailTable};
 use crate::{Result, SqlError};
 
 /// A statement ready to be run many times with different parameter values.
@@ -71,6 +74,8 @@ enum Template {
         /// A query without parameters planned physically, where its plan can run again
         /// ([`reusable`]).
         physical: Option<Arc<dyn ExecutionPlan>>,
+        /// The query as a tail whose parameters are bound into a plan made once, if it is one.
+        tail: Option<PreparedTail>,
     },
     /// Planned from its text at every execution.
     Text,
@@ -85,6 +90,12 @@ impl PreparedStatement {
     /// Its kind, result schema and parameter schema.
     pub fn info(&self) -> &StatementInfo {
         &self.info
+    }
+
+    /// Whether executions bind their parameters into a tail planned when it was prepared
+    /// ([`PreparedTail`]).
+    pub fn is_prepared_tail(&self) -> bool {
+        matches!(&self.template, Template::Logical { tail: Some(_), .. })
     }
 
     /// Whether executions read or write their row by its whole primary key without DataFusion
@@ -156,6 +167,13 @@ impl Session {
                             (Some(optimized), true) => self.reusable_plan(optimized).await,
                             _ => None,
                         };
+                        let tail = match (&optimized, parameters.is_empty()) {
+                            (Some(optimized), false) => {
+                                let state = self.ctx.state();
+                                PreparedTail::recognise(optimized, &parameters, &state).await
+                            }
+                            _ => None,
+                        };
                         Template::Logical {
                             plan: Box::new(plan),
                             optimized,
@@ -163,6 +181,7 @@ impl Session {
                             lookup,
                             mutation,
                             physical,
+                            tail,
                         }
                     }
                     _ => Template::Text,
@@ -205,6 +224,7 @@ impl Session {
                 lookup,
                 mutation,
                 physical,
+                tail,
             } if self.is_current(tables) => {
                 // A key write runs outside DataFusion's plans, where a transaction's writes
                 // are not; a key lookup reads at the transaction's snapshot through its
@@ -222,6 +242,13 @@ impl Session {
                         kind: StatementKind::Query,
                         session: self.clone(),
                         action: Action::Plan(physical.clone()),
+                    });
+                }
+                if let Some(Ok(plan)) = tail.as_ref().map(|t| t.plan(params)) {
+                    return Ok(PlannedStatement {
+                        kind: StatementKind::Query,
+                        session: self.clone(),
+                        action: Action::Plan(plan),
                     });
                 }
                 if let Some(Some(bound)) = lookup.as_ref().map(|l| l.bind(params)).transpose()? {

@@ -23,17 +23,26 @@ use std::time::Duration;
 
 use arrow::array::{RecordBatch, RecordBatchOptions};
 use arrow::compute::{concat_batches, sort_to_indices, take_record_batch};
+use arrow::datatypes::DataType;
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl};
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::{DFSchema, ScalarValue};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{DFSchema, DFSchemaRef, ParamValues, ScalarValue};
+use datafusion::datasource::source_as_provider;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::context::SessionState;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::execution_props::ExecutionProps;
+use datafusion::logical_expr::expr_rewriter::unnormalize_cols;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{col, lit, ColumnarValue, Expr, TableProviderFilterPushDown};
+use datafusion::logical_expr::{Filter, LogicalPlan};
+use datafusion::physical_expr::create_physical_expr;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     collect, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
@@ -238,13 +247,6 @@ pub(crate) struct TailTable {
     wait: Duration,
 }
 
-impl TailTable {
-    /// The queue table's definition.
-    pub(crate) fn handle(&self) -> TableHandle {
-        self.table.clone()
-    }
-}
-
 #[async_trait]
 impl TableProvider for TailTable {
     fn schema(&self) -> SchemaRef {
@@ -269,6 +271,23 @@ impl TableProvider for TailTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(self.exec(projection, filters, limit)?))
+    }
+}
+
+impl TailTable {
+    /// The queue table's definition.
+    pub(crate) fn handle(&self) -> TableHandle {
+        self.table.clone()
+    }
+
+    /// The table's scan (see [`TableProvider::scan`]), which needs nothing of the session.
+    fn exec(
+        &self,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<TailExec> {
         let all: Vec<usize> = (0..self.table.schema.columns().len()).collect();
         let asked = projection.cloned().unwrap_or(all);
         // The position is read to sort by, if the query does not ask for it.
@@ -285,7 +304,7 @@ impl TableProvider for TailTable {
             scan.schema()
                 .project(&(0..asked.len()).collect::<Vec<_>>())?,
         );
-        Ok(Arc::new(TailExec {
+        Ok(TailExec {
             client: self.client.clone(),
             table: self.table.clone(),
             scan: Arc::new(scan),
@@ -300,8 +319,146 @@ impl TableProvider for TailTable {
                 Boundedness::Bounded,
             )),
             schema,
-        }))
+        })
     }
+}
+
+/// A prepared tail whose parameters are all in its WHERE (the form [`lower_parameters`] gives
+/// a prepared consumer, `tail('t', ?, w) WHERE ... AND pos > ?`): an execution binds them into
+/// the tail's scan and into the filter DataFusion keeps above it (a condition on a parameter
+/// is pushed down inexactly), under the rest of the plan, which was planned physically once,
+/// when the statement was prepared. Planning it at every execution cost about half a poll's
+/// CPU.
+#[derive(Debug, Clone)]
+pub(crate) struct PreparedTail {
+    /// The [`TailTable`] the plan reads.
+    table: Arc<dyn TableProvider>,
+    projection: Option<Vec<usize>>,
+    /// The conditions the plan pushes into the tail's scan, and the fetch it gives it.
+    pushed: Vec<Expr>,
+    fetch: Option<usize>,
+    /// The filter above the scan, over the scan's output.
+    filter: Option<(Expr, DFSchemaRef)>,
+    /// The types of the parameters.
+    types: Vec<Option<DataType>>,
+    /// The physical plan with a tail that has no conditions in the place of the tail.
+    plan: Arc<dyn ExecutionPlan>,
+}
+
+impl PreparedTail {
+    /// `optimized` (a query with parameters of `types`) as a prepared tail, if it reads one
+    /// tail and nothing else, and its parameters are only in the tail's conditions and the
+    /// filter right above it.
+    pub(crate) async fn recognise(
+        optimized: &LogicalPlan,
+        types: &[Option<DataType>],
+        state: &SessionState,
+    ) -> Option<Self> {
+        let is_tail = |plan: &LogicalPlan| match plan {
+            LogicalPlan::TableScan(scan) => {
+                source_as_provider(&scan.source).is_ok_and(|p| p.is::<TailTable>())
+            }
+            _ => false,
+        };
+        let (mut scans, mut tail, mut filter, mut elsewhere) = (0, None, None, false);
+        optimized
+            .apply_with_subqueries(|node| {
+                match node {
+                    LogicalPlan::TableScan(scan) => {
+                        scans += 1;
+                        tail = is_tail(node).then(|| scan.clone());
+                    }
+                    LogicalPlan::Filter(Filter {
+                        predicate, input, ..
+                    }) if is_tail(input) => {
+                        filter = Some((predicate.clone(), input.schema().clone()));
+                    }
+                    _ => elsewhere |= node.expressions().iter().any(has_placeholder),
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+            .ok()?;
+        let tail = tail.filter(|_| scans == 1 && !elsewhere)?;
+        // The same plan without the conditions, which are all that depends on the values.
+        let unconditional = optimized
+            .clone()
+            .transform_up(|node| match node {
+                LogicalPlan::Filter(Filter { input, .. }) if is_tail(&input) => {
+                    Ok(Transformed::yes(Arc::unwrap_or_clone(input)))
+                }
+                LogicalPlan::TableScan(mut scan) => {
+                    scan.filters.clear();
+                    Ok(Transformed::yes(LogicalPlan::TableScan(scan)))
+                }
+                node => Ok(Transformed::no(node)),
+            })
+            .ok()?
+            .data;
+        let planner = state.query_planner();
+        let plan = planner
+            .create_physical_plan(&unconditional, state)
+            .await
+            .ok()?;
+        let mut tails = 0;
+        let _ = plan.apply(|node| {
+            tails += usize::from(node.is::<TailExec>());
+            Ok(TreeNodeRecursion::Continue)
+        });
+        if tails != 1 {
+            return None;
+        }
+        Some(PreparedTail {
+            table: source_as_provider(&tail.source).ok()?,
+            projection: tail.projection,
+            pushed: unnormalize_cols(tail.filters),
+            fetch: tail.fetch,
+            filter,
+            types: types.to_vec(),
+            plan,
+        })
+    }
+
+    /// The physical plan of one execution with `params` bound.
+    pub(crate) fn plan(&self, params: &[ScalarValue]) -> crate::Result<Arc<dyn ExecutionPlan>> {
+        let values = ParamValues::from(crate::params::cast_params(&self.types, params)?);
+        let bind = |expr: &Expr| {
+            expr.clone()
+                .transform_up(|e| match e {
+                    Expr::Placeholder(p) => {
+                        let (value, metadata) =
+                            values.get_placeholders_with_values(&p.id)?.into_inner();
+                        Ok(Transformed::yes(Expr::Literal(value, metadata)))
+                    }
+                    e => Ok(Transformed::no(e)),
+                })
+                .map(|bound| bound.data)
+        };
+        let pushed = self.pushed.iter().map(bind).collect::<Result<Vec<_>>>()?;
+        let Some(table) = self.table.downcast_ref::<TailTable>() else {
+            return Err(DataFusionError::Internal("a prepared tail reads a tail".into()).into());
+        };
+        let mut tail: Arc<dyn ExecutionPlan> =
+            Arc::new(table.exec(self.projection.as_ref(), &pushed, self.fetch)?);
+        if let Some((predicate, schema)) = &self.filter {
+            let (props, context) = (ExecutionProps::new(), PhysicalPlanningContext::default());
+            let predicate = create_physical_expr(&bind(predicate)?, schema, &props, &context)?;
+            tail = Arc::new(FilterExec::try_new(predicate, tail)?);
+        }
+        let plan = self
+            .plan
+            .clone()
+            .transform_up(|node| match node.is::<TailExec>() {
+                true => Ok(Transformed::yes(tail.clone())),
+                false => Ok(Transformed::no(node)),
+            })?;
+        Ok(plan.data)
+    }
+}
+
+/// Whether `expr` has a placeholder (`$1`).
+fn has_placeholder(expr: &Expr) -> bool {
+    expr.exists(|e| Ok(matches!(e, Expr::Placeholder(_))))
+        .unwrap_or(true)
 }
 
 /// Reads a queue's new rows, waiting for the first to arrive. Each execution waits and reads

@@ -2478,6 +2478,8 @@ async fn a_prepared_tail_takes_its_position_as_a_parameter() {
     let parameters = consumer.info().parameters.clone();
     assert_eq!(parameters.fields().len(), 2, "{parameters:?}");
     assert_eq!(parameters.field(0).data_type(), &DataType::Int64);
+    // Planned when prepared: an execution binds the values into the tail and its filter.
+    assert!(consumer.is_prepared_tail());
     assert_eq!(poll(&consumer, 0, "u1").await, all);
     assert_eq!(poll(&consumer, all[2], "u1").await, all[3..]);
     assert_eq!(poll(&consumer, all[4], "u1").await, Vec::<i64>::new());
@@ -2490,7 +2492,13 @@ async fn a_prepared_tail_takes_its_position_as_a_parameter() {
         )
         .await
         .unwrap();
+    assert!(aliased.is_prepared_tail());
     assert_eq!(poll(&aliased, all[0], "u1").await, all[1..3]);
+    // Another execution binds other values: another queue, from its start.
+    assert_eq!(
+        poll(&aliased, 0, "u2").await,
+        poll(&consumer, 0, "u2").await[..2]
+    );
     // A long poll through it returns as soon as a row of its queue commits.
     let waiting = s
         .prepare_statement("SELECT pos FROM tail('inbox', ?, 60000) WHERE user_id = ?")
