@@ -369,7 +369,7 @@ fn reads_the_clock(plan: &LogicalPlan) -> bool {
 /// keep no state between executions (a hash join keeps its build side, a TopK its dynamic
 /// filter, a scan the filters joins give it at run time). Statement snapshots are pinned on a
 /// copy at each execution.
-fn reusable(plan: &Arc<dyn ExecutionPlan>) -> bool {
+pub(crate) fn reusable(plan: &Arc<dyn ExecutionPlan>) -> bool {
     let mut reusable = true;
     let _ = plan.apply(|node| {
         let scan = (node.downcast_ref::<NyalaScanExec>())

@@ -404,7 +404,9 @@ impl PreparedTail {
             tails += usize::from(node.is::<TailExec>());
             Ok(TreeNodeRecursion::Continue)
         });
-        if tails != 1 {
+        // The plan above the tail runs again at every execution: it may hold only operators
+        // that keep no state between executions (a TopK keeps its dynamic filter).
+        if tails != 1 || !crate::prepared::reusable(&plan) {
             return None;
         }
         Some(PreparedTail {

@@ -2499,6 +2499,16 @@ async fn a_prepared_tail_takes_its_position_as_a_parameter() {
         poll(&aliased, 0, "u2").await,
         poll(&consumer, 0, "u2").await[..2]
     );
+    // A plan above the tail that keeps state between executions (a TopK) is planned anew.
+    let newest = s
+        .prepare_statement(
+            "SELECT pos FROM tail('inbox', ?, 0) WHERE user_id = ? ORDER BY pos DESC LIMIT 2",
+        )
+        .await
+        .unwrap();
+    assert!(!newest.is_prepared_tail());
+    assert_eq!(poll(&newest, all[0], "u1").await, [all[4], all[3]]);
+    assert_eq!(poll(&newest, all[3], "u1").await, [all[4]]);
     // A long poll through it returns as soon as a row of its queue commits.
     let waiting = s
         .prepare_statement("SELECT pos FROM tail('inbox', ?, 60000) WHERE user_id = ?")
