@@ -19,21 +19,34 @@ async fn open(dir: &std::path::Path) -> (Arc<Database>, Session) {
     (db, session)
 }
 
-/// Drops `db` without shutting it down (a crash, as far as its files know) and waits until its
-/// background work has stopped as well: a maintenance round holds the tablet server and goes
-/// on writing files in the directory, which the test opens again. (A crashed process has no
-/// such round left.)
-async fn drop_without_shutdown(db: Arc<Database>, session: Session) {
-    let server = db.tablet_server().map(Arc::downgrade);
+/// Drops `db` without shutting it down (a crash, as far as its files know) and opens `dir`
+/// again once its background work has stopped as well: a maintenance round holds the tablet
+/// server and goes on writing files in the directory, and the server holds the directory's
+/// lock until it is dropped (its last part), so the open is tried again while the directory is
+/// in use. (A crashed process has no such round left.)
+async fn crash_and_reopen(
+    dir: &std::path::Path,
+    db: Arc<Database>,
+    session: Session,
+) -> (Arc<Database>, Session) {
     drop((db, session));
     // A liveness bound, not a timing measurement: a round ends.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while server.as_ref().is_some_and(|s| s.strong_count() > 0) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the tablet server is never dropped"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    loop {
+        match Database::open(dir, DatabaseOptions::default()).await {
+            Ok(db) => {
+                let session = db.session();
+                return (db, session);
+            }
+            Err(e) if e.to_string().contains("in use by another Nyala server") => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the dropped database never lets go of its directory"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("reopening {}: {e}", dir.display()),
+        }
     }
 }
 
@@ -563,8 +576,7 @@ async fn a_data_directory_is_opened_by_one_database_at_a_time() {
     // The first goes on; once it is gone, the directory opens again.
     run(&s, "INSERT INTO t VALUES (1)").await;
     db.shutdown().await.unwrap();
-    drop_without_shutdown(db, s).await;
-    let (_db, s) = open(dir.path()).await;
+    let (_db, s) = crash_and_reopen(dir.path(), db, s).await;
     assert_eq!(first_i64s(&run(&s, "SELECT k FROM t").await), vec![1]);
 }
 
@@ -577,16 +589,15 @@ async fn data_survives_reopen_with_and_without_flush() {
         run(&s, "DELETE FROM metrics WHERE host = 'c'").await;
         db.shutdown().await.unwrap();
     }
-    {
+    let (_db, s) = {
         let (db, s) = open(dir.path()).await;
         assert!(text(&s, "SELECT count(*) FROM metrics")
             .await
             .contains("| 4 "));
         run(&s, "UPDATE metrics SET value = 100 WHERE host = 'b'").await;
         // Dropped without shutdown: the Raft logs must bring the update back.
-        drop_without_shutdown(db, s).await;
-    }
-    let (_db, s) = open(dir.path()).await;
+        crash_and_reopen(dir.path(), db, s).await
+    };
     let got = text(&s, "SELECT sum(value) FROM metrics").await;
     assert!(got.contains("| 109.0 "), "{got}");
 }
@@ -1265,7 +1276,7 @@ async fn altered_columns_survive_restart_and_log_replay() {
     let dir = tempfile::tempdir().unwrap();
     let expected = "SELECT * FROM measurements ORDER BY host, metric, ts";
     let before;
-    {
+    let (_db, s) = {
         let (db, s) = open(dir.path()).await;
         load_metrics(&s).await;
         run(&s, "ALTER TABLE metrics RENAME TO measurements").await;
@@ -1293,9 +1304,8 @@ async fn altered_columns_survive_restart_and_log_replay() {
         run(&s, "UPDATE measurements SET unit = 'x' WHERE host = 'a'").await;
         before = text(&s, expected).await;
         // No shutdown: the writes after the last change are replayed from the log.
-        drop_without_shutdown(db, s).await;
-    }
-    let (_db, s) = open(dir.path()).await;
+        crash_and_reopen(dir.path(), db, s).await
+    };
     assert_eq!(text(&s, expected).await, before);
     assert!(
         before.contains("| e    | 2026-01-01T00:00:00Z | mem    | gb   |"),
