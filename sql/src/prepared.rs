@@ -163,16 +163,14 @@ impl Session {
                         let mutation = (kind == StatementKind::Dml && typed)
                             .then(|| self.key_mutation(&plan, &parameters))
                             .flatten();
-                        let physical = match (&optimized, parameters.is_empty()) {
-                            (Some(optimized), true) => self.reusable_plan(optimized).await,
-                            _ => None,
-                        };
-                        let tail = match (&optimized, parameters.is_empty()) {
+                        let (physical, tail) = match (&optimized, parameters.is_empty()) {
+                            (Some(optimized), true) => (self.reusable_plan(optimized).await, None),
                             (Some(optimized), false) => {
                                 let state = self.ctx.state();
-                                PreparedTail::recognise(optimized, &parameters, &state).await
+                                let tail = PreparedTail::recognise(optimized, &parameters, &state);
+                                (None, tail.await)
                             }
-                            _ => None,
+                            (None, _) => (None, None),
                         };
                         Template::Logical {
                             plan: Box::new(plan),

@@ -265,7 +265,7 @@ impl NyalaTable {
 }
 
 /// Whether `filter` holds a placeholder (`$1`).
-fn has_placeholders(filter: &Expr) -> bool {
+pub(crate) fn has_placeholders(filter: &Expr) -> bool {
     use datafusion::common::tree_node::TreeNode;
     filter
         .exists(|e| Ok(matches!(e, Expr::Placeholder(_))))

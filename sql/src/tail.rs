@@ -373,7 +373,12 @@ impl PreparedTail {
                     }) if is_tail(input) => {
                         filter = Some((predicate.clone(), input.schema().clone()));
                     }
-                    _ => elsewhere |= node.expressions().iter().any(has_placeholder),
+                    _ => {
+                        elsewhere |= node
+                            .expressions()
+                            .iter()
+                            .any(crate::table::has_placeholders)
+                    }
                 }
                 Ok(TreeNodeRecursion::Continue)
             })
@@ -455,12 +460,6 @@ impl PreparedTail {
             })?;
         Ok(plan.data)
     }
-}
-
-/// Whether `expr` has a placeholder (`$1`).
-fn has_placeholder(expr: &Expr) -> bool {
-    expr.exists(|e| Ok(matches!(e, Expr::Placeholder(_))))
-        .unwrap_or(true)
 }
 
 /// Reads a queue's new rows, waiting for the first to arrive. Each execution waits and reads
