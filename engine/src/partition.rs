@@ -428,6 +428,12 @@ impl PartitionSchema {
             return Ok(vec![(0, batch.clone())]);
         }
         let tablets = self.tablets(schema, batch)?;
+        if let Some(&first) = tablets.first() {
+            if tablets.iter().all(|&t| t == first) {
+                // All to one tablet (a batch of one queue's messages, say): taken as it is.
+                return Ok(vec![(first, batch.clone())]);
+            }
+        }
         let mut rows: Vec<Vec<u32>> = vec![Vec::new(); self.num_tablets()];
         for (row, tablet) in tablets.into_iter().enumerate() {
             rows[tablet].push(row as u32);

@@ -377,11 +377,16 @@ impl DurableLog {
         let mut buf = std::mem::take(&mut self.scratch);
         buf.clear();
         for entry in entries {
-            let (payload, compressed) = self.compression.store(wire::encode(entry));
+            // Encoded in place, behind room for its header: an entry's rows are copied once.
+            let header = buf.len();
+            buf.extend_from_slice(&[0; RECORD_HEADER]);
+            wire::encode_into(entry, &mut buf);
+            let compressed = self.compression.store(&mut buf, header + RECORD_HEADER);
+            let payload = &buf[header + RECORD_HEADER..];
             let len = payload.len() as u32 | if compressed { COMPRESSED } else { 0 };
-            buf.extend_from_slice(&len.to_le_bytes());
-            buf.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-            buf.extend_from_slice(&payload);
+            let crc = crc32fast::hash(payload);
+            buf[header..header + 4].copy_from_slice(&len.to_le_bytes());
+            buf[header + 4..header + RECORD_HEADER].copy_from_slice(&crc.to_le_bytes());
         }
         let records = buf.len() as u64;
         // The end record, which the next append overwrites.
@@ -640,16 +645,18 @@ struct Compression {
 }
 
 impl Compression {
-    /// An encoded entry as stored, and whether it is compressed.
-    fn store(&mut self, encoded: Vec<u8>) -> (Vec<u8>, bool) {
+    /// Compresses the encoded entry at `buf[from..]` in place where that makes it smaller;
+    /// returns whether it did.
+    fn store(&mut self, buf: &mut Vec<u8>, from: usize) -> bool {
+        let encoded = &buf[from..];
         if encoded.len() < COMPRESS_FROM_BYTES {
-            return (encoded, false);
+            return false;
         }
         if self.skip > 0 {
             self.skip -= 1;
-            return (encoded, false);
+            return false;
         }
-        let compressed = lz4_flex::compress_prepend_size(&encoded);
+        let compressed = lz4_flex::compress_prepend_size(encoded);
         if compressed.len() <= encoded.len() - encoded.len() / 8 {
             self.misses = 0;
         } else {
@@ -659,10 +666,12 @@ impl Compression {
                 self.skip = ENTRIES_SKIPPED;
             }
         }
-        match compressed.len() < encoded.len() {
-            true => (compressed, true),
-            false => (encoded, false),
+        if compressed.len() >= encoded.len() {
+            return false;
         }
+        buf.truncate(from);
+        buf.extend_from_slice(&compressed);
+        true
     }
 }
 

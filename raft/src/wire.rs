@@ -44,6 +44,14 @@ pub(crate) fn encode<T: Wire>(value: &T) -> Vec<u8> {
     T::Mirror::from(value).encode_to_vec()
 }
 
+/// [`encode`], appended to `out`.
+pub(crate) fn encode_into<T: Wire>(value: &T, out: &mut Vec<u8>) {
+    let mirror = T::Mirror::from(value);
+    out.reserve(mirror.encoded_len());
+    // A Vec grows as needed, so encoding into it cannot fail.
+    let _ = mirror.encode(out);
+}
+
 /// The value [`encode`] (or rust-protobuf) encoded.
 pub(crate) fn decode<T: Wire>(bytes: &[u8]) -> Result<T, RaftError> {
     T::try_from(T::Mirror::decode(bytes)?)

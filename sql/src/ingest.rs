@@ -118,7 +118,7 @@ impl Session {
         // they fail before anything is written.
         let table = self.db.client.table(&name)?;
         let columns = ColumnMapping::new(&name, &schema, &table.schema)?;
-        let context = self.ctx.task_ctx();
+        let context = self.task_ctx();
         let mut loaded = 0;
         let mut batches = std::pin::pin!(batches);
         loop {

@@ -261,7 +261,7 @@ async fn run(
     let limits = &session.db.limits;
     let deadline = timeout(session).map(|t| (tokio::time::Instant::now() + t, t));
     let permit = limits.admit(deadline.map(|(at, _)| at)).await?;
-    let task = limits.task_context(session.ctx.task_ctx(), None)?;
+    let task = limits.task_context(session.task_ctx(), None)?;
     let stream = client_stream(match partition {
         Some(partition) => plan.execute(partition, task)?,
         None => execute_stream(plan, task)?,
@@ -277,7 +277,7 @@ async fn run_to_end(
     plan: Arc<dyn ExecutionPlan>,
     interrupt: &Interrupt,
 ) -> Result<Vec<RecordBatch>> {
-    let task = (session.db.limits).task_context(session.ctx.task_ctx(), Some(interrupt))?;
+    let task = (session.db.limits).task_context(session.task_ctx(), Some(interrupt))?;
     let work = execute_stream(plan, task)?.try_collect::<Vec<_>>();
     let Some(timeout) = timeout(session) else {
         return Ok(work.await?);

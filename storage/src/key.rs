@@ -89,14 +89,28 @@ pub fn key_arrays(schema: &Schema, batch: &RecordBatch) -> Result<Vec<ArrayRef>,
         .collect()
 }
 
+/// An encoded key as the MemRowSet holds it: inline up to 24 bytes, as most keys are, so
+/// that its index compares the keys inside its nodes instead of following a pointer to each
+/// (and a row's key takes no allocation of its own).
+pub type KeyBytes = smallvec::SmallVec<[u8; 24]>;
+
 /// Encoded keys of every row of `batch`.
 pub fn encode_keys(schema: &Schema, batch: &RecordBatch) -> Result<Vec<Vec<u8>>, StorageError> {
+    row_keys(schema, batch)
+}
+
+/// Encoded keys of every row of `batch`, as `K` (a `Vec<u8>` or [`KeyBytes`]).
+pub(crate) fn row_keys<K: for<'a> From<&'a [u8]>>(
+    schema: &Schema,
+    batch: &RecordBatch,
+) -> Result<Vec<K>, StorageError> {
     let columns = key_arrays(schema, batch)?;
+    let mut key = Vec::with_capacity(32);
     Ok((0..batch.num_rows())
         .map(|row| {
-            let mut key = Vec::with_capacity(16);
+            key.clear();
             encode_key_columns(&columns, row, &mut key);
-            key
+            K::from(key.as_slice())
         })
         .collect())
 }

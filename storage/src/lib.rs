@@ -26,6 +26,7 @@ pub use bloom::{FilterStats, JoinFilter, BLOOM_WARMUP_ROWS};
 pub use cache::PageCache;
 pub use diskrowset::ColumnRange;
 pub use error::StorageError;
+pub(crate) use key::KeyBytes;
 pub use key::{encode_key_columns, encode_keys, format_key};
 pub use scan::{
     equality_combinations, predicate_mask, ColumnPredicate, PredicateOp, Scalar, ScanIterator,

@@ -17,7 +17,7 @@ use arrow::datatypes::SchemaRef;
 
 use smallvec::SmallVec;
 
-use crate::{StorageError, Timestamp};
+use crate::{KeyBytes, StorageError, Timestamp};
 
 /// A row in the arena: (batch, row).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,7 +170,7 @@ pub type Versions = SmallVec<[Version; 1]>;
 /// Ordered index from encoded primary key to the versions of rows not yet flushed.
 #[derive(Default, Clone)]
 pub struct MemRowSet {
-    pub index: BTreeMap<Vec<u8>, Versions>,
+    pub index: BTreeMap<KeyBytes, Versions>,
     key_bytes: usize,
 }
 
@@ -179,7 +179,7 @@ impl MemRowSet {
         self.index.get(key).and_then(|v| v.last())
     }
 
-    pub fn push(&mut self, key: Vec<u8>, version: Version) {
+    pub fn push(&mut self, key: KeyBytes, version: Version) {
         let len = key.len();
         let versions = self.index.entry(key).or_default();
         if versions.is_empty() {

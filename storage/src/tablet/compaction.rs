@@ -86,7 +86,7 @@ impl Tablet {
             };
             let sources: Vec<&RecordBatch> = snap.arena.batches().iter().collect();
             let chains = frozen.index.iter().map(|(key, versions)| Chain {
-                key: key.clone(),
+                key: key.to_vec(),
                 versions: versions
                     .iter()
                     .map(|v| (v.ts, v.row.map(|r| snap.arena.index(r))))

@@ -138,7 +138,7 @@ struct State {
     /// the arena): keys whose newest versions are in `mrs` may have older ones here.
     frozen: Option<Arc<MemRowSet>>,
     /// Keys of `frozen` that writes gave versions in `mrs`.
-    frozen_keys_written: Vec<Vec<u8>>,
+    frozen_keys_written: Vec<crate::KeyBytes>,
     rowsets: Vec<Arc<DiskRowSet>>,
     /// Parallel to `rowsets`.
     deltas: Vec<RowsetDeltas>,

@@ -198,8 +198,8 @@ impl Tablet {
         let mut carried_keys = Vec::new();
         if let Carry::Flush = carry {
             for key in &state.frozen_keys_written {
-                if let Some(&Some((j, o))) = moves.keys.get(key) {
-                    carried_keys.push((key.clone(), j, o));
+                if let Some(&Some((j, o))) = moves.keys.get(&key[..]) {
+                    carried_keys.push((key.to_vec(), j, o));
                     changed.entry(j).or_default().extend(&non_key);
                 }
             }
@@ -237,8 +237,8 @@ impl Tablet {
             .collect();
         let keys = match carry {
             Carry::Flush => (state.frozen_keys_written.iter())
-                .filter(|k| !moves.keys.contains_key(*k))
-                .cloned()
+                .filter(|k| !moves.keys.contains_key(&k[..]))
+                .map(|k| k.to_vec())
                 .collect(),
             Carry::Compaction => Vec::new(),
         };

@@ -20,7 +20,7 @@ use arrow::datatypes::{DataType, Field, FieldRef, Schema as ArrowSchema};
 use super::{State, Tablet};
 use crate::delta::Image;
 use crate::history;
-use crate::key::{encode_keys, format_key};
+use crate::key::{encode_keys, format_key, row_keys, KeyBytes};
 use crate::memrowset::{RowRef, Version};
 use crate::{ColumnType, PageCache};
 use crate::{Schema, StorageError, Timestamp, WriteBatch, WriteKind, WriteOutcome};
@@ -173,7 +173,7 @@ impl Tablet {
                 state.next_auto_id = state.next_auto_id.max(max.saturating_add(1));
             }
         }
-        let keys = encode_keys(&schema, &rows)?;
+        let keys: Vec<KeyBytes> = row_keys(&schema, &rows)?;
         // Validate every row before changing anything.
         let mut seen = HashSet::with_capacity(n);
         let mut locations = Vec::with_capacity(n);
@@ -189,7 +189,7 @@ impl Tablet {
                 locations.push(Location::Absent);
                 continue;
             }
-            if !seen.insert(key.as_slice()) {
+            if !seen.insert(&key[..]) {
                 match kind {
                     WriteKind::Upsert => {
                         // The last image of a key in one UPSERT wins.
@@ -260,7 +260,8 @@ impl Tablet {
                     dms.changed.extend(&changed);
                 }
                 Location::Mem(_) | Location::Absent => {
-                    let frozen = state.frozen.as_ref();
+                    // (A fresh position is in no frozen MemRowSet either.)
+                    let frozen = state.frozen.as_ref().filter(|_| !fresh);
                     if frozen.is_some_and(|f| f.index.contains_key(&key))
                         && !state.mrs.index.contains_key(&key)
                     {
