@@ -175,7 +175,7 @@ impl State {
     fn visible_mem_rows(&self, snapshot: Timestamp) -> Vec<RowRef> {
         let mut rows = self.mrs.visible_rows(snapshot);
         if let Some(frozen) = &self.frozen {
-            for (key, versions) in &frozen.index {
+            for (key, versions) in frozen.index.iter() {
                 let newer = self.mrs.index.get(key).and_then(|v| visible(v, snapshot));
                 if newer.is_none() {
                     rows.extend(visible(versions, snapshot).and_then(|v| v.row));

@@ -9,8 +9,6 @@
 //! The arena also holds the new row images of updates to rows already flushed to DiskRowSets
 //! (see `delta`), so one flush empties it.
 
-use std::collections::BTreeMap;
-
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::compute::interleave;
 use arrow::datatypes::SchemaRef;
@@ -18,6 +16,9 @@ use arrow::datatypes::SchemaRef;
 use smallvec::SmallVec;
 
 use crate::{KeyBytes, StorageError, Timestamp};
+
+mod index;
+pub use index::KeyIndex;
 
 /// A row in the arena: (batch, row).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,7 +171,7 @@ pub type Versions = SmallVec<[Version; 1]>;
 /// Ordered index from encoded primary key to the versions of rows not yet flushed.
 #[derive(Default, Clone)]
 pub struct MemRowSet {
-    pub index: BTreeMap<KeyBytes, Versions>,
+    pub index: KeyIndex<Versions>,
     key_bytes: usize,
 }
 
@@ -181,7 +182,7 @@ impl MemRowSet {
 
     pub fn push(&mut self, key: KeyBytes, version: Version) {
         let len = key.len();
-        let versions = self.index.entry(key).or_default();
+        let versions = self.index.get_or_default(key);
         if versions.is_empty() {
             self.key_bytes += len + 48;
         }
@@ -221,7 +222,7 @@ impl MemRowSet {
 
     /// Adds `newer`'s versions after this one's.
     pub fn append(&mut self, newer: MemRowSet) {
-        for (key, versions) in newer.index {
+        for (key, versions) in newer.index.into_entries() {
             for version in versions {
                 self.push(key.clone(), version);
             }

@@ -1,0 +1,261 @@
+//! The MemRowSet's ordered index: encoded keys to values, as sorted leaves of up to
+//! [`LEAF_KEYS`] keys under a `BTreeMap` of each leaf's lower bound.
+//!
+//! Writes arrive in runs of neighbouring keys: a batch of one queue's new positions, which all
+//! go at the end of that queue's range, or a bulk load in key order. The index remembers the
+//! leaf the last insert went to, and an insert whose key falls within that leaf's bounds goes
+//! straight to it: a comparison with each bound and a binary search within the leaf, instead of
+//! a search from the root of a tree of every key. Only the first key of a run searches the
+//! upper map, which holds one key per leaf.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use crate::KeyBytes;
+
+/// Most keys a leaf holds. An insert into a full leaf splits it at the insert's place.
+const LEAF_KEYS: usize = 64;
+
+const NO_LEAF: u32 = u32::MAX;
+
+#[derive(Clone)]
+struct Leaf<V> {
+    /// Every key of the leaf is at or above this bound and below the next leaf's.
+    lower: KeyBytes,
+    /// The leaf after this one in key order.
+    next: u32,
+    entries: Vec<(KeyBytes, V)>,
+}
+
+#[derive(Clone)]
+pub struct KeyIndex<V> {
+    /// Each leaf's lower bound, to its place in `leaves`. The first leaf's bound is the empty
+    /// key, below every other.
+    upper: BTreeMap<KeyBytes, u32>,
+    leaves: Vec<Leaf<V>>,
+    /// The leaf of the last insert.
+    hint: u32,
+    len: usize,
+}
+
+impl<V> Default for KeyIndex<V> {
+    fn default() -> Self {
+        KeyIndex {
+            upper: BTreeMap::new(),
+            leaves: Vec::new(),
+            hint: NO_LEAF,
+            len: 0,
+        }
+    }
+}
+
+impl<V> KeyIndex<V> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn get(&self, key: &[u8]) -> Option<&V> {
+        let leaf = &self.leaves[self.leaf_of(key)?];
+        let i = leaf.find(key).ok()?;
+        Some(&leaf.entries[i].1)
+    }
+
+    pub fn contains_key(&self, key: &[u8]) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// The value of `key`, inserted as `V::default()` if the key is new.
+    pub fn get_or_default(&mut self, key: KeyBytes) -> &mut V
+    where
+        V: Default,
+    {
+        if self.leaves.is_empty() {
+            self.upper.insert(KeyBytes::new(), 0);
+            self.leaves.push(Leaf {
+                lower: KeyBytes::new(),
+                next: NO_LEAF,
+                entries: Vec::with_capacity(LEAF_KEYS),
+            });
+            self.hint = 0;
+        }
+        let mut id = self.hint as usize;
+        if !self.covers(id, &key) {
+            id = self.leaf_of(&key).expect("the first leaf covers every key");
+        }
+        let i = match self.leaves[id].find(&key) {
+            Ok(i) => {
+                self.hint = id as u32;
+                return &mut self.leaves[id].entries[i].1;
+            }
+            Err(i) => i,
+        };
+        self.len += 1;
+        let (id, i) = match self.leaves[id].entries.len() < LEAF_KEYS {
+            true => (id, i),
+            false => self.split(id, i, &key),
+        };
+        self.hint = id as u32;
+        let entries = &mut self.leaves[id].entries;
+        entries.insert(i, (key, V::default()));
+        &mut entries[i].1
+    }
+
+    /// Removes `key`; returns its value. (A leaf left empty stays, with its bounds.)
+    pub fn remove(&mut self, key: &[u8]) -> Option<V> {
+        let id = self.leaf_of(key)?;
+        let i = self.leaves[id].find(key).ok()?;
+        self.len -= 1;
+        Some(self.leaves[id].entries.remove(i).1)
+    }
+
+    /// Entries in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&KeyBytes, &V)> {
+        let leaves = self.upper.values().map(|&id| &self.leaves[id as usize]);
+        leaves.flat_map(|leaf| leaf.entries.iter().map(|(k, v)| (k, v)))
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.iter().map(|(_, v)| v)
+    }
+
+    /// Entries in key order, taken.
+    pub fn into_entries(mut self) -> impl Iterator<Item = (KeyBytes, V)> {
+        let order: Vec<u32> = self.upper.values().copied().collect();
+        order
+            .into_iter()
+            .flat_map(move |id| std::mem::take(&mut self.leaves[id as usize].entries))
+    }
+
+    /// The leaf whose bounds hold `key`.
+    fn leaf_of(&self, key: &[u8]) -> Option<usize> {
+        let range = (Bound::Unbounded, Bound::Included(key));
+        let (_, &id) = self.upper.range::<[u8], _>(range).next_back()?;
+        Some(id as usize)
+    }
+
+    fn covers(&self, id: usize, key: &[u8]) -> bool {
+        let Some(leaf) = self.leaves.get(id) else {
+            return false;
+        };
+        let below_next = match leaf.next {
+            NO_LEAF => true,
+            next => key < &self.leaves[next as usize].lower[..],
+        };
+        below_next && key >= &leaf.lower[..]
+    }
+
+    /// Makes room in full leaf `id` for `key`, which goes at `i`; returns the leaf and place
+    /// it goes to now. The keys from `i` on move to a new leaf, so `key` ends its leaf and the
+    /// keys that follow it in a run go there too (a split in half would leave a queue's end
+    /// and the next queue's start together, and split them again every half a leaf).
+    fn split(&mut self, id: usize, i: usize, key: &KeyBytes) -> (usize, usize) {
+        let new = self.leaves.len();
+        let old = &mut self.leaves[id];
+        let mut entries = Vec::with_capacity(LEAF_KEYS);
+        let (lower, at) = match old.entries.get(i) {
+            Some((first, _)) => {
+                let lower = first.clone();
+                entries.extend(old.entries.drain(i..));
+                (lower, (id, i))
+            }
+            // Past the end: the key starts the next leaf.
+            None => (key.clone(), (new, 0)),
+        };
+        let next = std::mem::replace(&mut old.next, new as u32);
+        self.upper.insert(lower.clone(), new as u32);
+        self.leaves.push(Leaf {
+            lower,
+            next,
+            entries,
+        });
+        at
+    }
+}
+
+impl<V> Leaf<V> {
+    fn find(&self, key: &[u8]) -> Result<usize, usize> {
+        // Runs append: try the end first.
+        match self.entries.last() {
+            Some((last, _)) if &last[..] < key => Err(self.entries.len()),
+            None => Err(0),
+            _ => self.entries.binary_search_by(|(k, _)| k[..].cmp(key)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn key(bytes: &[u8]) -> KeyBytes {
+        KeyBytes::from_slice(bytes)
+    }
+
+    /// Random inserts, appends in runs and removals against a `BTreeMap`.
+    #[test]
+    fn matches_a_btreemap() {
+        for seed in 0..20u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let mut index = KeyIndex::<Vec<u32>>::default();
+            let mut model = BTreeMap::<Vec<u8>, Vec<u32>>::new();
+            let mut queues = [0u32; 4];
+            for step in 0..3000u32 {
+                let k: Vec<u8> = match rng.random_range(0..10) {
+                    // A queue's next position: the end of its range.
+                    0..=4 => {
+                        let q = rng.random_range(0..queues.len());
+                        queues[q] += 1;
+                        [&[q as u8][..], &queues[q].to_be_bytes()].concat()
+                    }
+                    5..=7 => (0..rng.random_range(0..4)).map(|_| rng.random()).collect(),
+                    // An existing key (a new version) or a removal.
+                    _ => match model.keys().nth(rng.random_range(0..model.len().max(1))) {
+                        Some(k) => k.clone(),
+                        None => continue,
+                    },
+                };
+                if rng.random_range(0..8) == 0 {
+                    assert_eq!(index.remove(&k), model.remove(&k), "seed {seed}");
+                } else {
+                    index.get_or_default(key(&k)).push(step);
+                    model.entry(k.clone()).or_default().push(step);
+                }
+                assert_eq!(index.get(&k), model.get(&k));
+                assert_eq!(index.len(), model.len());
+            }
+            let got: Vec<(Vec<u8>, Vec<u32>)> =
+                index.iter().map(|(k, v)| (k.to_vec(), v.clone())).collect();
+            let want: Vec<(Vec<u8>, Vec<u32>)> = model.clone().into_iter().collect();
+            assert_eq!(got, want, "seed {seed}");
+            let taken: Vec<(Vec<u8>, Vec<u32>)> =
+                index.into_entries().map(|(k, v)| (k.to_vec(), v)).collect();
+            assert_eq!(taken, want, "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn runs_fill_leaves() {
+        let mut index = KeyIndex::<u32>::default();
+        // Batches of 100 new positions of three queues in turn.
+        for batch in 0..30u32 {
+            let q = (batch % 3) as u8;
+            for p in (batch / 3) * 100..(batch / 3 + 1) * 100 {
+                *index.get_or_default(key(&[&[q][..], &p.to_be_bytes()].concat())) = p;
+            }
+        }
+        assert_eq!(index.len(), 3000);
+        // A queue's keys go at the end of a leaf: leaves stay nearly full.
+        assert!(
+            index.leaves.len() <= 3000 / LEAF_KEYS + 6,
+            "{}",
+            index.leaves.len()
+        );
+        let keys: Vec<_> = index.iter().map(|(k, _)| k.clone()).collect();
+        assert!(keys.windows(2).all(|w| w[0] < w[1]));
+    }
+}
