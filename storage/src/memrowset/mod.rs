@@ -169,13 +169,30 @@ impl RowArena {
 pub type Versions = SmallVec<[Version; 1]>;
 
 /// Ordered index from encoded primary key to the versions of rows not yet flushed.
-#[derive(Default, Clone)]
+#[derive(Clone)]
 pub struct MemRowSet {
     pub index: KeyIndex<Versions>,
     key_bytes: usize,
 }
 
 impl MemRowSet {
+    /// An empty MemRowSet, for a queue table's rows (`runs`: see [`KeyIndex`]) or any other.
+    pub fn new(runs: bool) -> Self {
+        MemRowSet {
+            index: KeyIndex::new(runs),
+            key_bytes: 0,
+        }
+    }
+
+    /// Takes the rows, leaving an empty MemRowSet of the same kind.
+    pub fn take(&mut self) -> Self {
+        let empty = MemRowSet {
+            index: self.index.emptied(),
+            key_bytes: 0,
+        };
+        std::mem::replace(self, empty)
+    }
+
     pub fn latest(&self, key: &[u8]) -> Option<&Version> {
         self.index.get(key).and_then(|v| v.last())
     }

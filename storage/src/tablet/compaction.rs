@@ -45,7 +45,7 @@ impl Tablet {
             });
             // Writes from now on go to a new MemRowSet and new DeltaMemStores; these are
             // written out.
-            let frozen = std::mem::take(&mut state.mrs);
+            let frozen = state.mrs.take();
             state.frozen = Some(Arc::new(frozen));
             for d in state.deltas.iter_mut().filter(|d| !d.dms.is_empty()) {
                 d.frozen = Some(Arc::new(std::mem::take(&mut d.dms)));

@@ -249,6 +249,8 @@ impl Tablet {
                 .collect(),
             ..Default::default()
         };
+        // A queue table's new rows come in runs of neighbouring keys.
+        let queue = meta.schema.position_column().is_some();
         Tablet {
             dir: dir.to_path_buf(),
             options,
@@ -258,7 +260,7 @@ impl Tablet {
             state: RwLock::new(State {
                 schema: Arc::new(meta.schema),
                 arena: RowArena::default(),
-                mrs: MemRowSet::default(),
+                mrs: MemRowSet::new(queue),
                 frozen: None,
                 frozen_keys_written: Vec::new(),
                 tree: key_ranges(&rowsets),

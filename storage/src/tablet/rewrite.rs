@@ -403,7 +403,7 @@ impl State {
             d.thaw();
         }
         if let Some(frozen) = self.frozen.take() {
-            let newer = std::mem::take(&mut self.mrs);
+            let newer = self.mrs.take();
             self.mrs = (*frozen).clone();
             self.mrs.append(newer);
         }
