@@ -18,8 +18,17 @@ use crate::{Schema, StorageError};
 /// Appends the encoding of row `row` of `key_columns` (in key order) to `out`.
 /// Unsupported key types encode nothing; schemas never have them (see [`Schema::new`]).
 pub fn encode_key_columns(key_columns: &[ArrayRef], row: usize, out: &mut Vec<u8>) {
-    let last = key_columns.len().saturating_sub(1);
-    for (i, column) in key_columns.iter().enumerate() {
+    encode_key_prefix(key_columns, row, true, out)
+}
+
+/// Appends the encoding of row `row` of the leading key columns `columns` to `out`; `whole`
+/// when they are all the key columns (the last one is then encoded as a key's last column).
+pub(crate) fn encode_key_prefix(columns: &[ArrayRef], row: usize, whole: bool, out: &mut Vec<u8>) {
+    let last = match whole {
+        true => columns.len().saturating_sub(1),
+        false => usize::MAX,
+    };
+    for (i, column) in columns.iter().enumerate() {
         match column.data_type() {
             DataType::Int8 => out.push((column.as_primitive::<Int8Type>().value(row) as u8) ^ 0x80),
             DataType::Int16 => out.extend_from_slice(

@@ -383,9 +383,7 @@ pub fn equality_combinations(
                 PredicateOp::InList(values) => Some(values.as_slice()),
                 _ => None,
             })?;
-        let arrow_type = schema.columns()[c].column_type.arrow_type();
-        let fits = |v: &Scalar| v.0.data_type() == &arrow_type && v.0.len() == 1 && v.0.is_valid(0);
-        if !values.iter().all(fits) {
+        if !values.iter().all(|v| fits(schema, c, v)) {
             return None;
         }
         choices.push(values);
@@ -409,6 +407,81 @@ pub fn equality_combinations(
         stride *= values.len().max(1);
     }
     Some(arrays)
+}
+
+/// Whether `value` is one non-null value of column `c`'s type.
+fn fits(schema: &Schema, c: usize, value: &Scalar) -> bool {
+    let arrow_type = schema.columns()[c].column_type.arrow_type();
+    value.0.data_type() == &arrow_type && value.0.len() == 1 && value.0.is_valid(0)
+}
+
+/// Encoded keys from `lower` on and below `upper` (None: to the end).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct KeyRange {
+    pub lower: Vec<u8>,
+    pub upper: Option<Vec<u8>>,
+}
+
+/// The range of encoded keys a scan can only return, when its predicates give the leading key
+/// columns one value each (`=`): the keys that start with their encoding, and from the lower
+/// bound of the next key column on if that is an integer (`queue = 'u1' AND pos > 41`, a
+/// queue's tail). The whole range of keys otherwise. The predicates still filter the rows.
+pub(crate) fn key_range(schema: &Schema, predicates: &[ColumnPredicate]) -> KeyRange {
+    let on = |c: usize| predicates.iter().filter(move |p| p.column == c);
+    let keys = schema.key_columns();
+    let mut values = Vec::new();
+    for &c in keys {
+        let eq = on(c).find_map(|p| match &p.op {
+            PredicateOp::Eq(v) if fits(schema, c, v) => Some(v.0.clone()),
+            _ => None,
+        });
+        match eq {
+            Some(v) => values.push(v),
+            None => break,
+        }
+    }
+    if values.is_empty() {
+        return KeyRange::default();
+    }
+    let mut lower = Vec::new();
+    crate::key::encode_key_prefix(&values, 0, values.len() == keys.len(), &mut lower);
+    let upper = successor(&lower);
+    if let Some(&c) = keys.get(values.len()) {
+        // Fixed-width encodings: a larger value's key is larger whatever follows it.
+        let fixed_width = matches!(
+            schema.columns()[c].column_type.arrow_type(),
+            DataType::Int8
+                | DataType::Int16
+                | DataType::Int32
+                | DataType::Int64
+                | DataType::Date32
+                | DataType::Timestamp(..)
+                | DataType::Decimal128(..)
+        );
+        let bound = on(c).find_map(|p| match &p.op {
+            PredicateOp::Gt(v) | PredicateOp::GtEq(v) if fixed_width && fits(schema, c, v) => {
+                Some(v.0.clone())
+            }
+            _ => None,
+        });
+        if let Some(bound) = bound {
+            crate::key::encode_key_prefix(&[bound], 0, false, &mut lower);
+        }
+    }
+    KeyRange { lower, upper }
+}
+
+/// The smallest byte string above every string that starts with `prefix`; None if there is
+/// none (all bytes 0xFF).
+fn successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut next = prefix.to_vec();
+    while let Some(last) = next.pop() {
+        if last < u8::MAX {
+            next.push(last + 1);
+            return Some(next);
+        }
+    }
+    None
 }
 
 /// The encoded keys a scan can only return, when its predicates give every key column one value

@@ -210,11 +210,22 @@ impl DiskRowSet {
             .filter(|r| r.1 > 0)
     }
 
-    /// The ordinals `[first, end)` outside which no row can pass `predicates`, from `=`, `<`,
-    /// `<=`, `>`, `>=` on the first key column, searched in the key index. Used where the first
-    /// key column's encoding orders keys on its own: fixed-width types, or a one-column key.
+    /// The ordinals `[first, end)` outside which no row can pass `predicates`, searched in the
+    /// key index: from `=`, `<`, `<=`, `>`, `>=` on the first key column where its encoding
+    /// orders keys on its own (fixed-width types, or a one-column key), and from the range of
+    /// keys of [`scan::key_range`](crate::scan::key_range) (`=` on leading key columns: one
+    /// queue of a queue table).
     fn key_range(&self, schema: &Schema, predicates: &[ColumnPredicate]) -> (usize, usize) {
         let n = self.num_rows();
+        // Page-exact bounds, as below.
+        let range = crate::scan::key_range(schema, predicates);
+        let (first, end) = match range == crate::scan::KeyRange::default() {
+            true => (0, n),
+            false => (
+                self.keys.lower_bound(|k| k < &range.lower[..]),
+                (range.upper.as_ref()).map_or(n, |upper| self.keys.upper_bound(|k| k < &upper[..])),
+            ),
+        };
         let first_column = schema.key_columns()[0];
         let column_type = schema.columns()[first_column].column_type;
         let whole_key = schema.key_columns().len() == 1;
@@ -223,7 +234,7 @@ impl DiskRowSet {
             ColumnType::String | ColumnType::Varchar { .. } | ColumnType::Binary
         );
         if variable && !whole_key {
-            return (0, n);
+            return (first.min(end), end);
         }
         let arrow_type = column_type.arrow_type();
         let encode = |v: &Scalar| {
@@ -242,7 +253,7 @@ impl DiskRowSet {
         let first_at_least = |bound: &[u8]| self.keys.lower_bound(|k| compare(k, bound).is_lt());
         let below = |bound: &[u8]| self.keys.upper_bound(|k| compare(k, bound).is_lt());
         let not_above = |bound: &[u8]| self.keys.upper_bound(|k| compare(k, bound).is_le());
-        let (mut first, mut end) = (0, n);
+        let (mut first, mut end) = (first, end);
         for p in predicates.iter().filter(|p| p.column == first_column) {
             let (low, high) = match &p.op {
                 PredicateOp::Eq(v) => (encode(v), encode(v).map(|b| not_above(&b))),

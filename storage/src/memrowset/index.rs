@@ -92,14 +92,25 @@ impl<V> KeyIndex<V> {
 
     /// Entries in key order.
     pub fn iter(&self) -> Box<dyn Iterator<Item = (&KeyBytes, &V)> + '_> {
-        match self {
-            KeyIndex::Tree(t) => Box::new(t.iter()),
-            KeyIndex::Runs(r) => Box::new(r.iter()),
-        }
+        self.range(&[], None)
     }
 
-    pub fn values(&self) -> impl Iterator<Item = &V> {
-        self.iter().map(|(_, v)| v)
+    /// Entries from `lower` on and below `upper` (None: to the end), in key order.
+    pub fn range<'a>(
+        &'a self,
+        lower: &'a [u8],
+        upper: Option<&'a [u8]>,
+    ) -> Box<dyn Iterator<Item = (&'a KeyBytes, &'a V)> + 'a> {
+        if upper.is_some_and(|upper| upper <= lower) {
+            return Box::new(std::iter::empty());
+        }
+        match self {
+            KeyIndex::Tree(t) => {
+                let end = upper.map_or(Bound::Unbounded, Bound::Excluded);
+                Box::new(t.range::<[u8], _>((Bound::Included(lower), end)))
+            }
+            KeyIndex::Runs(r) => Box::new(r.range(lower, upper)),
+        }
     }
 
     /// Entries in key order, taken.
@@ -187,9 +198,30 @@ impl<V> Runs<V> {
         Some(self.leaves[id].entries.remove(i).1)
     }
 
-    fn iter(&self) -> impl Iterator<Item = (&KeyBytes, &V)> {
-        let leaves = self.upper.values().map(|&id| &self.leaves[id as usize]);
-        leaves.flat_map(|leaf| leaf.entries.iter().map(|(k, v)| (k, v)))
+    fn range<'a>(
+        &'a self,
+        lower: &'a [u8],
+        upper: Option<&'a [u8]>,
+    ) -> impl Iterator<Item = (&'a KeyBytes, &'a V)> + 'a {
+        // The leaf holding `lower` and the first key there at or above it, then on along the
+        // leaves' order.
+        let mut at = self.leaf_of(lower).map(|id| {
+            let entries = &self.leaves[id].entries;
+            (id, entries.partition_point(|(k, _)| &k[..] < lower))
+        });
+        std::iter::from_fn(move || loop {
+            let (id, i) = at?;
+            let leaf = &self.leaves[id];
+            match leaf.entries.get(i) {
+                Some((k, _)) if upper.is_some_and(|upper| &k[..] >= upper) => at = None,
+                Some((k, v)) => {
+                    at = Some((id, i + 1));
+                    return Some((k, v));
+                }
+                None if leaf.next == NO_LEAF => at = None,
+                None => at = Some((leaf.next as usize, 0)),
+            }
+        })
     }
 
     fn into_entries(mut self) -> impl Iterator<Item = (KeyBytes, V)> {
@@ -296,6 +328,22 @@ mod tests {
                 }
                 assert_eq!(index.get(&k), model.get(&k));
                 assert_eq!(index.len(), model.len());
+                if step % 50 == 0 {
+                    let lower: Vec<u8> =
+                        (0..rng.random_range(0..3)).map(|_| rng.random()).collect();
+                    let upper: Option<Vec<u8>> = match rng.random_range(0..3) {
+                        0 => None,
+                        _ => Some((0..rng.random_range(0..3)).map(|_| rng.random()).collect()),
+                    };
+                    let got: Vec<&[u8]> = (index.range(&lower, upper.as_deref()))
+                        .map(|(k, _)| &k[..])
+                        .collect();
+                    let want: Vec<&[u8]> = (model.keys())
+                        .filter(|k| k[..] >= lower[..] && upper.as_ref().is_none_or(|u| k < &u))
+                        .map(|k| &k[..])
+                        .collect();
+                    assert_eq!(got, want, "seed {seed}: {lower:?}..{upper:?}");
+                }
             }
             let got: Vec<(Vec<u8>, Vec<u32>)> =
                 index.iter().map(|(k, v)| (k.to_vec(), v.clone())).collect();
@@ -324,7 +372,7 @@ mod tests {
             "{}",
             index.leaves.len()
         );
-        let keys: Vec<_> = index.iter().map(|(k, _)| k.clone()).collect();
+        let keys: Vec<_> = index.range(&[], None).map(|(k, _)| k.clone()).collect();
         assert!(keys.windows(2).all(|w| w[0] < w[1]));
     }
 }

@@ -15,6 +15,7 @@ use arrow::datatypes::SchemaRef;
 
 use smallvec::SmallVec;
 
+use crate::scan::KeyRange;
 use crate::{KeyBytes, StorageError, Timestamp};
 
 mod index;
@@ -207,11 +208,11 @@ impl MemRowSet {
         self.key_bytes += std::mem::size_of::<Version>();
     }
 
-    /// Rows visible at `snapshot`, in key order.
-    pub fn visible_rows(&self, snapshot: Timestamp) -> Vec<RowRef> {
+    /// Rows in `range` visible at `snapshot`, in key order.
+    pub fn visible_rows(&self, snapshot: Timestamp, range: &KeyRange) -> Vec<RowRef> {
         self.index
-            .values()
-            .filter_map(|v| visible(v, snapshot).and_then(|v| v.row))
+            .range(&range.lower, range.upper.as_deref())
+            .filter_map(|(_, v)| visible(v, snapshot).and_then(|v| v.row))
             .collect()
     }
 

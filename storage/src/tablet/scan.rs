@@ -13,7 +13,7 @@ use arrow::array::RecordBatch;
 use super::{State, Tablet};
 use crate::delta::Image;
 use crate::memrowset::{visible, MemRowSet, RowRef, Version};
-use crate::scan::{self, ScanIterator, ScanSpec, Source};
+use crate::scan::{self, KeyRange, ScanIterator, ScanSpec, Source};
 use crate::{PageCache, StorageError, Timestamp};
 
 /// The rowset index [`State::locate_at`] gives rows of the MemRowSet.
@@ -56,7 +56,8 @@ impl Tablet {
             )?)));
             sources.extend(images.into_iter().map(Source::Batch));
         }
-        let mem_rows = state.visible_mem_rows(spec.snapshot);
+        let range = scan::key_range(schema, &spec.predicates);
+        let mem_rows = state.visible_mem_rows(spec.snapshot, &range);
         for chunk in mem_rows.chunks(batch_size) {
             sources.push_back(Source::Batch(state.arena.gather(
                 &table,
@@ -170,12 +171,12 @@ fn boxed_scan(
 }
 
 impl State {
-    /// The MemRowSet rows visible at `snapshot` (of `mrs` and, for keys without a visible
-    /// version there, of `frozen`).
-    fn visible_mem_rows(&self, snapshot: Timestamp) -> Vec<RowRef> {
-        let mut rows = self.mrs.visible_rows(snapshot);
+    /// The MemRowSet rows in `range` visible at `snapshot` (of `mrs` and, for keys without a
+    /// visible version there, of `frozen`).
+    fn visible_mem_rows(&self, snapshot: Timestamp, range: &KeyRange) -> Vec<RowRef> {
+        let mut rows = self.mrs.visible_rows(snapshot, range);
         if let Some(frozen) = &self.frozen {
-            for (key, versions) in frozen.index.iter() {
+            for (key, versions) in frozen.index.range(&range.lower, range.upper.as_deref()) {
                 let newer = self.mrs.index.get(key).and_then(|v| visible(v, snapshot));
                 if newer.is_none() {
                     rows.extend(visible(versions, snapshot).and_then(|v| v.row));
