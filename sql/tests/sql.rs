@@ -2336,10 +2336,8 @@ async fn queue_tables_assign_positions_in_log_order() {
     run(&s, "COMMIT").await;
     let after = text(&s, "SELECT body FROM inbox WHERE user_id = 'u9'").await;
     assert!(after.contains("in a transaction"), "{after}");
-    drop(s);
-    drop(db);
     // After a restart, positions go on increasing.
-    let (_db, s) = open(dir.path()).await;
+    let (_db, s) = crash_and_reopen(dir.path(), db, s).await;
     run(
         &s,
         "INSERT INTO inbox (user_id, body) VALUES ('u1', 'after')",

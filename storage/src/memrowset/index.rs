@@ -6,7 +6,7 @@
 //! leaf's lower bound, which remembers the leaf the last insert went to. An insert whose key
 //! falls within that leaf's bounds goes straight to it (a comparison with each bound and one
 //! with the leaf's last key) instead of searching from the root of a tree of every key; only
-//! the first key of a run searches the upper map, which holds one key per leaf. Keys in random
+//! the first key of a run searches the map of bounds, which holds one key per leaf. Keys in random
 //! order pay for the extra level (about a quarter more per insert than a `BTreeMap`,
 //! `storage_bench`), hence the choice by table.
 
@@ -130,7 +130,7 @@ impl<V> KeyIndex<V> {
 pub struct Runs<V> {
     /// Each leaf's lower bound, to its place in `leaves`. The first leaf's bound is the empty
     /// key, below every other.
-    upper: BTreeMap<KeyBytes, u32>,
+    bounds: BTreeMap<KeyBytes, u32>,
     leaves: Vec<Leaf<V>>,
     /// The leaf of the last insert.
     hint: u32,
@@ -140,7 +140,7 @@ pub struct Runs<V> {
 impl<V> Default for Runs<V> {
     fn default() -> Self {
         Runs {
-            upper: BTreeMap::new(),
+            bounds: BTreeMap::new(),
             leaves: Vec::new(),
             hint: NO_LEAF,
             len: 0,
@@ -160,7 +160,7 @@ impl<V> Runs<V> {
         V: Default,
     {
         if self.leaves.is_empty() {
-            self.upper.insert(KeyBytes::new(), 0);
+            self.bounds.insert(KeyBytes::new(), 0);
             self.leaves.push(Leaf {
                 lower: KeyBytes::new(),
                 next: NO_LEAF,
@@ -225,7 +225,7 @@ impl<V> Runs<V> {
     }
 
     fn into_entries(mut self) -> impl Iterator<Item = (KeyBytes, V)> {
-        let order: Vec<u32> = self.upper.values().copied().collect();
+        let order: Vec<u32> = self.bounds.values().copied().collect();
         order
             .into_iter()
             .flat_map(move |id| std::mem::take(&mut self.leaves[id as usize].entries))
@@ -234,7 +234,7 @@ impl<V> Runs<V> {
     /// The leaf whose bounds hold `key`.
     fn leaf_of(&self, key: &[u8]) -> Option<usize> {
         let range = (Bound::Unbounded, Bound::Included(key));
-        let (_, &id) = self.upper.range::<[u8], _>(range).next_back()?;
+        let (_, &id) = self.bounds.range::<[u8], _>(range).next_back()?;
         Some(id as usize)
     }
 
@@ -267,7 +267,7 @@ impl<V> Runs<V> {
             None => (key.clone(), (new, 0)),
         };
         let next = std::mem::replace(&mut old.next, new as u32);
-        self.upper.insert(lower.clone(), new as u32);
+        self.bounds.insert(lower.clone(), new as u32);
         self.leaves.push(Leaf {
             lower,
             next,
