@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
+use crate::scan::KeyRange;
 use crate::KeyBytes;
 
 /// Most keys a leaf holds. An insert into a full leaf splits it at the insert's place.
@@ -92,15 +93,19 @@ impl<V> KeyIndex<V> {
 
     /// Entries in key order.
     pub fn iter(&self) -> Box<dyn Iterator<Item = (&KeyBytes, &V)> + '_> {
-        self.range(&[], None)
+        static ALL: KeyRange = KeyRange {
+            lower: Vec::new(),
+            upper: None,
+        };
+        self.range(&ALL)
     }
 
-    /// Entries from `lower` on and below `upper` (None: to the end), in key order.
+    /// Entries in `range`, in key order.
     pub fn range<'a>(
         &'a self,
-        lower: &'a [u8],
-        upper: Option<&'a [u8]>,
+        range: &'a KeyRange,
     ) -> Box<dyn Iterator<Item = (&'a KeyBytes, &'a V)> + 'a> {
+        let (lower, upper) = (&range.lower[..], range.upper.as_deref());
         if upper.is_some_and(|upper| upper <= lower) {
             return Box::new(std::iter::empty());
         }
@@ -335,9 +340,11 @@ mod tests {
                         0 => None,
                         _ => Some((0..rng.random_range(0..3)).map(|_| rng.random()).collect()),
                     };
-                    let got: Vec<&[u8]> = (index.range(&lower, upper.as_deref()))
-                        .map(|(k, _)| &k[..])
-                        .collect();
+                    let range = KeyRange {
+                        lower: lower.clone(),
+                        upper: upper.clone(),
+                    };
+                    let got: Vec<&[u8]> = (index.range(&range)).map(|(k, _)| &k[..]).collect();
                     let want: Vec<&[u8]> = (model.keys())
                         .filter(|k| k[..] >= lower[..] && upper.as_ref().is_none_or(|u| k < &u))
                         .map(|k| &k[..])

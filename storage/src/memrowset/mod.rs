@@ -211,7 +211,7 @@ impl MemRowSet {
     /// Rows in `range` visible at `snapshot`, in key order.
     pub fn visible_rows(&self, snapshot: Timestamp, range: &KeyRange) -> Vec<RowRef> {
         self.index
-            .range(&range.lower, range.upper.as_deref())
+            .range(range)
             .filter_map(|(_, v)| visible(v, snapshot).and_then(|v| v.row))
             .collect()
     }

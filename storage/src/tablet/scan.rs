@@ -176,7 +176,7 @@ impl State {
     fn visible_mem_rows(&self, snapshot: Timestamp, range: &KeyRange) -> Vec<RowRef> {
         let mut rows = self.mrs.visible_rows(snapshot, range);
         if let Some(frozen) = &self.frozen {
-            for (key, versions) in frozen.index.range(&range.lower, range.upper.as_deref()) {
+            for (key, versions) in frozen.index.range(range) {
                 let newer = self.mrs.index.get(key).and_then(|v| visible(v, snapshot));
                 if newer.is_none() {
                     rows.extend(visible(versions, snapshot).and_then(|v| v.row));
