@@ -154,7 +154,7 @@ impl Tablets for LocalTablets {
     ) -> Result<TxnWritten> {
         self.0.admit_write().await?;
         let replica = self.0.replica(id)?;
-        let (outcome, prepared) = replica.txn_write(txn, batch, prepare).await?;
+        let (outcome, prepared) = replica.txn_write(txn, batch, prepare, None).await?;
         Ok(TxnWritten { outcome, prepared })
     }
 

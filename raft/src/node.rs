@@ -74,6 +74,9 @@ enum Request<SM: StateMachine> {
         reply: Reply<()>,
     },
     Step(Message),
+    /// Confirm that this node still leads (Raft's ReadIndex); answered with the read index
+    /// once it is applied here.
+    ReadIndex(Reply<u64>),
     /// Hand leadership to a member (on the leader).
     TransferLeadership(u64),
     Run(Box<dyn FnOnce(&mut SM) + Send>),
@@ -214,6 +217,7 @@ impl<SM: StateMachine> RaftNode<SM> {
             pending_change: None,
             failed_elections: 0,
             campaigning: false,
+            reads: Reads::default(),
         };
         if single {
             worker.raw.campaign()?;
@@ -331,6 +335,24 @@ impl<SM: StateMachine> RaftNode<SM> {
         self.leader() == Some(self.id)
     }
 
+    /// Resolves once this node has confirmed, after the call, that it still leads its group
+    /// (a heartbeat round answered by a majority: Raft's ReadIndex) and has applied every
+    /// entry committed before that: a read of the state machine then sees every write
+    /// acknowledged before the call, by this leader or any earlier one. Fails with
+    /// [`RaftError::NotLeader`] on a node that does not lead or stops leading meanwhile; a
+    /// leader cut off from its group answers only once it steps down (check quorum), so the
+    /// caller bounds the wait.
+    pub fn read_index(&self) -> impl Future<Output = Result<u64, RaftError>> + Send + 'static {
+        let (reply, confirmed) = oneshot::channel();
+        let sent = self.requests.send(Request::ReadIndex(reply)).is_ok();
+        async move {
+            if !sent {
+                return Err(RaftError::Stopped);
+            }
+            confirmed.await.unwrap_or(Err(RaftError::Stopped))
+        }
+    }
+
     /// Proposes `command`. It is enqueued before this returns; the future resolves with the state
     /// machine's output once the entry is durable, committed and applied. An empty command is
     /// refused: empty entries are a new leader's no-ops, which are never applied.
@@ -412,6 +434,19 @@ struct Worker<SM: StateMachine> {
     /// at the last ready (for back-off).
     failed_elections: u32,
     campaigning: bool,
+    reads: Reads,
+}
+
+/// Reads waiting for their leader to confirm that it leads (see [`RaftNode::read_index`]).
+#[derive(Default)]
+struct Reads {
+    /// Asked since the last ReadIndex request went to raft-rs: they share the next one.
+    asked: Vec<Reply<u64>>,
+    /// ReadIndex requests sent, by context: when, and who waits for each.
+    sent: HashMap<u64, (Instant, Vec<Reply<u64>>)>,
+    next_context: u64,
+    /// Confirmed, waiting for their read index to be applied.
+    confirmed: Vec<(u64, Reply<u64>)>,
 }
 
 impl<SM: StateMachine> Worker<SM> {
@@ -469,6 +504,12 @@ impl<SM: StateMachine> Worker<SM> {
                             tracing::debug!(error = %e, "raft message ignored");
                         }
                     }
+                    Request::ReadIndex(reply) => match self.raw.raft.state {
+                        StateRole::Leader => self.reads.asked.push(reply),
+                        _ => {
+                            let _ = reply.send(Err(self.not_leader()));
+                        }
+                    },
                     Request::TransferLeadership(to) => {
                         if self.raw.raft.state == StateRole::Leader && to != self.raw.raft.id {
                             self.raw.transfer_leader(to);
@@ -487,6 +528,7 @@ impl<SM: StateMachine> Worker<SM> {
                 self.raw.tick();
                 last_tick = Instant::now();
             }
+            self.send_reads();
             if let Err(e) = self.on_ready().and_then(|()| self.truncate_log()) {
                 // The log can no longer be trusted to persist: fail everything and stop.
                 tracing::error!(error = %e, "raft group stopped after a log failure");
@@ -522,12 +564,66 @@ impl<SM: StateMachine> Worker<SM> {
         ))
     }
 
+    /// What a request that needs the leader gets from a node that does not lead.
+    fn not_leader(&self) -> RaftError {
+        let leader = self.raw.raft.leader_id;
+        RaftError::NotLeader {
+            leader_hint: (leader != 0).then_some(leader),
+        }
+    }
+
+    /// Sends the reads asked since the last ReadIndex request as one more; reads whose
+    /// request got no answer within a tick ask again (raft-rs drops a ReadIndex request
+    /// silently while the leader has not yet committed an entry of its term, and a heartbeat
+    /// may be lost). An answer to a later request confirms the earlier ones too.
+    fn send_reads(&mut self) {
+        if self.raw.raft.state != StateRole::Leader {
+            return;
+        }
+        let tick = self.tick;
+        let reads = &mut self.reads;
+        let stale: Vec<u64> = (reads.sent.iter())
+            .filter(|(_, (sent, _))| sent.elapsed() >= tick)
+            .map(|(&context, _)| context)
+            .collect();
+        for context in stale {
+            if let Some((_, replies)) = reads.sent.remove(&context) {
+                reads.asked.extend(replies);
+            }
+        }
+        if reads.asked.is_empty() {
+            return;
+        }
+        let context = reads.next_context;
+        reads.next_context += 1;
+        self.raw.read_index(context.to_le_bytes().to_vec());
+        let asked = std::mem::take(&mut reads.asked);
+        reads.sent.insert(context, (Instant::now(), asked));
+    }
+
+    /// Takes the read indexes raft-rs confirmed and answers the reads whose index is applied.
+    fn confirm_reads(&mut self, confirmed: Vec<raft::ReadState>) {
+        let reads = &mut self.reads;
+        for state in confirmed {
+            let Some(context) = state.request_ctx.first_chunk::<8>() else {
+                continue;
+            };
+            if let Some((_, replies)) = reads.sent.remove(&u64::from_le_bytes(*context)) {
+                (reads.confirmed).extend(replies.into_iter().map(|r| (state.index, r)));
+            }
+        }
+        let applied = self.last_applied.load(Ordering::Acquire);
+        let (ready, waiting) = (std::mem::take(&mut reads.confirmed).into_iter())
+            .partition(|(index, _)| *index <= applied);
+        reads.confirmed = waiting;
+        for (index, reply) in ready {
+            let _ = reply.send(Ok(index));
+        }
+    }
+
     fn propose(&mut self, command: Vec<u8>, reply: Reply<SM::Output>) {
         if self.raw.raft.state != StateRole::Leader {
-            let leader = self.raw.raft.leader_id;
-            let _ = reply.send(Err(RaftError::NotLeader {
-                leader_hint: (leader != 0).then_some(leader),
-            }));
+            let _ = reply.send(Err(self.not_leader()));
             return;
         }
         match self.raw.propose(vec![], command) {
@@ -543,10 +639,7 @@ impl<SM: StateMachine> Worker<SM> {
 
     fn propose_change(&mut self, change: MembershipChange, context: Vec<u8>, reply: Reply<()>) {
         if self.raw.raft.state != StateRole::Leader {
-            let leader = self.raw.raft.leader_id;
-            let _ = reply.send(Err(RaftError::NotLeader {
-                leader_hint: (leader != 0).then_some(leader),
-            }));
+            let _ = reply.send(Err(self.not_leader()));
             return;
         }
         if self.pending_change.is_some() {
@@ -615,6 +708,7 @@ impl<SM: StateMachine> Worker<SM> {
             ));
         }
         self.transport.send(ready.take_messages());
+        let confirmed = ready.take_read_states();
         self.apply(ready.take_committed_entries())?;
         self.log.append(ready.entries())?;
         self.log_bytes.store(self.log.bytes(), Ordering::Relaxed);
@@ -629,6 +723,7 @@ impl<SM: StateMachine> Worker<SM> {
         self.transport.send(light.take_messages());
         self.apply(light.take_committed_entries())?;
         self.raw.advance_apply();
+        self.confirm_reads(confirmed);
         self.track_leader();
         Ok(())
     }
@@ -697,6 +792,18 @@ impl<SM: StateMachine> Worker<SM> {
                 let _ = reply.send(Err(RaftError::NotLeader { leader_hint: hint }));
             }
         }
+        // Reads not yet confirmed cannot be by this node any more (confirmed ones stand: the
+        // node led when a majority answered, and they wait only for entries to apply).
+        let reads = &mut self.reads;
+        if self.raw.raft.state != StateRole::Leader
+            && !(reads.asked.is_empty() && reads.sent.is_empty())
+        {
+            let hint = (leader != 0).then_some(leader);
+            let sent = reads.sent.drain().flat_map(|(_, (_, replies))| replies);
+            for reply in reads.asked.drain(..).chain(sent) {
+                let _ = reply.send(Err(RaftError::NotLeader { leader_hint: hint }));
+            }
+        }
     }
 
     fn apply(&mut self, entries: Vec<Entry>) -> Result<(), RaftError> {
@@ -750,6 +857,8 @@ impl<SM: StateMachine> Worker<SM> {
 
 impl<SM: StateMachine> Drop for Worker<SM> {
     fn drop(&mut self) {
+        // A stopped node leads nothing: whoever asks this one goes elsewhere.
+        self.leader.store(0, Ordering::Release);
         for (_, (_, reply)) in self.pending.drain() {
             let _ = reply.send(Err(RaftError::Stopped));
         }

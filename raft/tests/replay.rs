@@ -522,6 +522,38 @@ mod cluster {
         net.stop.store(true, Ordering::Release);
     }
 
+    /// A leader serves a read only once a majority confirmed, after the read was asked, that
+    /// it still leads, and once every entry committed before is applied (Raft's ReadIndex).
+    /// A follower serves none, and a leader cut off from its group answers no read until it
+    /// steps down, then NotLeader: it never answers from a state a newer leader may have moved
+    /// past.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_are_served_by_a_leader_a_majority_confirms() {
+        use nyala_raft::RaftError;
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let net = Network::start(0.0, 11);
+        let nodes: Vec<Node> = (1..=3)
+            .map(|id| open(&net, dirs[id as usize - 1].path(), id))
+            .collect();
+        assert!(propose(&net, 1).await);
+        let leader = (nodes.iter().find(|n| n.is_leader()).cloned()).expect("a leader");
+        let index = (tokio::time::timeout(Duration::from_secs(10), leader.read_index()).await)
+            .expect("a read answered")
+            .expect("the leader confirmed");
+        assert!(leader.last_applied() >= index);
+        assert_eq!(items(&leader), [1]);
+        let follower = (nodes.iter().find(|n| !n.is_leader()).cloned()).unwrap();
+        let read = follower.read_index().await;
+        assert!(matches!(read, Err(RaftError::NotLeader { .. })), "{read:?}");
+        net.cut.store(true, Ordering::Release);
+        // Answered once the leader steps down (election timeouts of 15 to 30 ticks of 20 ms;
+        // the bound is for liveness only).
+        let read = tokio::time::timeout(Duration::from_secs(20), leader.read_index()).await;
+        let read = read.expect("a cut-off leader answers once it steps down");
+        assert!(matches!(read, Err(RaftError::NotLeader { .. })), "{read:?}");
+        net.stop.store(true, Ordering::Release);
+    }
+
     /// A replica is replaced: a new node starts from a copy of a member's state machine (files
     /// and the log position they correspond to), joins as a learner, catches up from the log,
     /// becomes a voter, and the old member is removed. One change at a time.

@@ -86,8 +86,9 @@ struct ScanStatistics {
     total: Arc<Statistics>,
 }
 
-/// The snapshot a statement reads at: the oldest safe snapshot of the tablets its Nyala scans
-/// read (None when it reads no table), so it sees one consistent state of all of them.
+/// The snapshot a statement reads at: the newest safe snapshot of the tablets its Nyala scans
+/// read (None when it reads no table), so it sees one consistent state of all of them that
+/// holds every write acknowledged before it started (see [`nyala_engine::Client::safe_snapshot`]).
 pub async fn statement_snapshot(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Timestamp>> {
     let mut scans = Vec::new();
     plan.apply(|node| {
@@ -108,7 +109,7 @@ pub async fn statement_snapshot(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<
             .safe_snapshot_of(&table, &tablets)
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        snapshot = Some(snapshot.map_or(safe, |s| s.min(safe)));
+        snapshot = Some(snapshot.map_or(safe, |s| s.max(safe)));
     }
     Ok(snapshot)
 }

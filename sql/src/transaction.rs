@@ -139,13 +139,13 @@ impl OpenTxn {
         *self.snapshot.lock().get_or_insert(candidate)
     }
 
-    /// The transaction's snapshot, taken now (from `table`'s first tablet) if none was.
+    /// The transaction's snapshot, taken now (from `table`'s tablets: no older than a write
+    /// acknowledged in any) if none was.
     pub(crate) async fn snapshot_for(&self, table: &TableHandle) -> DFResult<Timestamp> {
         if let Some(snapshot) = self.snapshot() {
             return Ok(snapshot);
         }
-        let first_tablet: Vec<usize> = (0..table.tablets.len().min(1)).collect();
-        let now = (self.client.safe_snapshot_of(table, &first_tablet).await)
+        let now = (self.client.safe_snapshot(table).await)
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         Ok(self.snapshot_or(now))
     }

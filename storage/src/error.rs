@@ -31,6 +31,9 @@ pub enum StorageError {
     Locked { key: String },
     #[error("{0}")]
     TxnState(String),
+    /// A request sent again was applied before, but what it did is no longer known.
+    #[error("{0}")]
+    OutcomeUnknown(String),
     #[error("storage I/O error: {0}")]
     Io(#[from] std::io::Error),
     #[error("storage I/O error on {path}: {source}")]

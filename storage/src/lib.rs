@@ -36,6 +36,7 @@ pub use schema::{
     ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema, AUTO_INCREMENT_COLUMN,
 };
 pub use tablet::{
-    FailPoint, Holds, MaintenanceKind, MaintenanceOp, Tablet, TabletOptions, TxnState,
+    FailPoint, Holds, MaintenanceKind, MaintenanceOp, RequestId, Tablet, TabletOptions, TxnState,
+    REQUEST_RETENTION,
 };
 pub use write::{rows_bytes, TabletOp, Timestamp, WriteBatch, WriteKind, WriteOutcome};

@@ -93,6 +93,8 @@ const TXN_ABORT: u8 = 0x84;
 const CLONE: u8 = 0x85;
 const TXN_UNPREPARE: u8 = 0x86;
 const TXN_WRITE_PREPARE: u8 = 0x87;
+/// Before an op in a log entry: the client's request it applies (see [`crate::RequestId`]).
+pub(crate) const REQUEST: u8 = 0x88;
 
 /// A transaction entry's id and the bytes after it.
 fn txn(rest: &[u8]) -> Result<(u64, &[u8]), StorageError> {
@@ -205,7 +207,7 @@ pub struct WriteBatch {
 }
 
 /// What applying a [`WriteBatch`] did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriteOutcome {
     /// Rows applied.
     pub rows: usize,

@@ -1775,6 +1775,372 @@ mod cluster {
         drop(servers);
     }
 
+    /// Jepsen's Kudu tests, from the outside: a master and `servers` tablet servers (every
+    /// server reached through a proxy that can cut it off), six clients each connected to
+    /// the Flight SQL port of a different tablet server doing single-key reads, UPSERTs of
+    /// values unique in the run and compare-and-set UPDATEs on a few keys, two clients moving
+    /// money between five accounts in `BEGIN ... COMMIT`, and readers of `sum(bal)` (alone and
+    /// in a transaction). Meanwhile, every 2 to 5 s, one of: kill -9 and restart of a tablet
+    /// server on its directory, SIGSTOP/SIGCONT of a tablet server or of the master for 1 to
+    /// 4 s, kill -9 and restart of the master, a tablet server cut off from the others. Each
+    /// key's history must be linearizable as a compare-and-set register, and every total the
+    /// same. `NYALA_FAULT_SECS` sets the length of the run (default 25; the long runs are
+    /// ignored unless asked for).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_writes_and_transfers_stay_correct_under_faults() {
+        fault_run(3, env_or("NYALA_FAULT_SECS", 25)).await;
+    }
+
+    /// The long fault runs (see the manual's testing page): five minutes with 3 and with 5
+    /// tablet servers.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "ten minutes; run with --ignored"]
+    async fn reads_writes_and_transfers_stay_correct_under_faults_for_five_minutes() {
+        fault_run(3, 300).await;
+        fault_run(5, 300).await;
+    }
+
+    /// A tablet server of a fault run: where it listens, what it runs as.
+    struct FaultServer {
+        dir: tempfile::TempDir,
+        real: String,
+        advertised: String,
+        flight: String,
+        process: Option<TabletServerProcess>,
+    }
+
+    impl FaultServer {
+        fn start(&mut self, masters: &str) -> u32 {
+            let args = [
+                "--masters",
+                masters,
+                "--rpc-advertise",
+                &self.advertised,
+                "--flight-addr",
+                &self.flight,
+            ];
+            let process = TabletServerProcess::start_with(self.dir.path(), &self.real, &args);
+            let pid = process.child.id();
+            self.process = Some(process);
+            pid
+        }
+    }
+
+    fn signal(pid: u32, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    /// A pseudo-random number generator (xorshift), so a run can be repeated.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            (self.next() >> 11) % n
+        }
+    }
+
+    async fn fault_run(servers: usize, seconds: u64) {
+        use linearizability::{check, Kind, Op};
+        const KEYS: i64 = 5;
+        const ACCOUNTS: i64 = 5;
+        const TOTAL: i64 = 500;
+        let network = proxy::Network::new();
+        let master_dir = tempfile::tempdir().unwrap();
+        let (master_rpc, master_proxy, master_flight) = (free_port(), free_port(), free_port());
+        let mut master = Some(MasterProcess::start(
+            master_dir.path(),
+            &master_rpc,
+            &master_flight,
+        ));
+        network.set_pid(0, master.as_ref().unwrap().child.id());
+        network.proxy(0, &master_proxy, master_rpc.clone()).await;
+        let mut tservers: Vec<FaultServer> = Vec::new();
+        for i in 0..servers {
+            let mut server = FaultServer {
+                dir: tempfile::tempdir().unwrap(),
+                real: free_port(),
+                advertised: free_port(),
+                flight: free_port(),
+                process: None,
+            };
+            network
+                .proxy(i + 1, &server.advertised, server.real.clone())
+                .await;
+            network.set_pid(i + 1, server.start(&master_proxy));
+            tservers.push(server);
+        }
+        let urls: Vec<String> = (tservers.iter())
+            .map(|s| format!("http://{}", s.flight))
+            .collect();
+        let master_url = format!("http://{master_flight}");
+        ddl_when_ready(
+            &master_url,
+            "CREATE TABLE reg (id BIGINT PRIMARY KEY, v BIGINT) \
+             DISTRIBUTE BY HASH (id) INTO 2 BUCKETS WITH (replicas = 3)",
+        )
+        .await;
+        ddl_when_ready(
+            &master_url,
+            "CREATE TABLE bank (id BIGINT PRIMARY KEY, bal BIGINT) \
+             DISTRIBUTE BY HASH (id) INTO 3 BUCKETS WITH (replicas = 3)",
+        )
+        .await;
+        let accounts: Vec<String> = (0..ACCOUNTS)
+            .map(|a| format!("({a}, {})", TOTAL / ACCOUNTS))
+            .collect();
+        let insert = format!("INSERT INTO bank VALUES {}", accounts.join(", "));
+        ddl_when_ready(&master_url, &insert).await;
+
+        let started = Instant::now();
+        let now = move || started.elapsed().as_micros() as u64;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let running = |stop: &Arc<std::sync::atomic::AtomicBool>| {
+            !stop.load(std::sync::atomic::Ordering::Acquire)
+        };
+        // The register clients: each on its own tablet server.
+        let registers: Vec<_> = (0..6i64)
+            .map(|client| {
+                let (url, stop) = (urls[client as usize % servers].clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut history: Vec<(i64, Op)> = Vec::new();
+                    let mut rng = Rng(0x2545F4914F6CDD1D ^ (client as u64 + 1));
+                    let mut last_read = [None; KEYS as usize];
+                    let mut written = 0;
+                    while running(&stop) {
+                        let key = rng.below(KEYS as u64) as i64;
+                        written += 1;
+                        let value = client * 1_000_000 + written;
+                        let (statement, kind) = match (rng.below(3), last_read[key as usize]) {
+                            (0, _) => (
+                                format!("SELECT v FROM reg WHERE id = {key}"),
+                                Kind::Read(None),
+                            ),
+                            (1, Some(old)) => (
+                                format!(
+                                    "UPDATE reg SET v = {value} WHERE id = {key} AND v = {old}"
+                                ),
+                                Kind::Cas(old, value),
+                            ),
+                            _ => (
+                                format!("UPSERT INTO reg VALUES ({key}, {value})"),
+                                Kind::Write(Some(value)),
+                            ),
+                        };
+                        let invoked = now();
+                        let call = async {
+                            match &kind {
+                                Kind::Read(_) => sql(&url, &statement).await.map(|b| {
+                                    let values = column_i64(&b, 0);
+                                    assert!(values.len() <= 1, "key {key} read {values:?}");
+                                    values.first().copied()
+                                }),
+                                _ => update(&url, &statement).await.map(Some),
+                            }
+                        };
+                        let answer = tokio::time::timeout(Duration::from_secs(5), call).await;
+                        let returned = now();
+                        let answer = answer.map_err(|_| "timed out".to_string()).and_then(|a| a);
+                        let (kind, returned) = match (kind, answer) {
+                            (Kind::Read(_), Ok(value)) => {
+                                last_read[key as usize] = value;
+                                (Kind::Read(value), Some(returned))
+                            }
+                            // A read that failed says nothing.
+                            (Kind::Read(_), Err(_)) => continue,
+                            (Kind::Cas(old, new), Ok(Some(1))) => (Kind::Cas(old, new), Some(returned)),
+                            (Kind::Cas(old, _), Ok(Some(0))) => (Kind::CasFailed(old), Some(returned)),
+                            (Kind::Cas(_, _), Ok(rows)) => {
+                                panic!("a compare-and-set of one key changed {rows:?} rows")
+                            }
+                            (kind, Ok(_)) => (kind, Some(returned)),
+                            (kind, Err(_)) => (kind, None),
+                        };
+                        history.push((key, Op { kind, invoked, returned }));
+                    }
+                    history
+                })
+            })
+            .collect();
+        // Transfers, and readers of the total: each on its own tablet server.
+        let bank: Vec<_> = (0..4usize)
+            .map(|client| {
+                let (url, stop) = (urls[(client + 1) % servers].clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut rng = Rng(0x9E3779B97F4A7C15 ^ (client as u64 + 7));
+                    let (mut transfers, mut totals) = (0, 0);
+                    while running(&stop) {
+                        let Ok(channel) = tonic::transport::Channel::from_shared(url.clone())
+                            .unwrap()
+                            .connect()
+                            .await
+                        else {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        };
+                        let mut session =
+                            arrow_flight::sql::client::FlightSqlServiceClient::new(channel);
+                        let (from, to) = (rng.below(ACCOUNTS as u64), rng.below(ACCOUNTS as u64));
+                        let amount = 1 + rng.below(5);
+                        let statements: Vec<String> = match (client % 2, rng.below(2)) {
+                            (0, _) => vec![
+                                "BEGIN".into(),
+                                format!("UPDATE bank SET bal = bal - {amount} WHERE id = {from}"),
+                                format!("UPDATE bank SET bal = bal + {amount} WHERE id = {to}"),
+                                "COMMIT".into(),
+                            ],
+                            (_, 0) => vec!["SELECT sum(bal) FROM bank".into()],
+                            _ => vec![
+                                "BEGIN".into(),
+                                "SELECT sum(bal) FROM bank".into(),
+                                "COMMIT".into(),
+                            ],
+                        };
+                        let run = async {
+                            let mut total = None;
+                            for statement in &statements {
+                                if statement.starts_with("SELECT") {
+                                    let batches = super::query(&mut session, statement).await?;
+                                    total = column_i64(&batches, 0).first().copied();
+                                } else {
+                                    (session.execute_update(statement.clone(), None).await)
+                                        .map_err(|e| e.to_string())?;
+                                }
+                            }
+                            Ok::<_, String>(total)
+                        };
+                        match tokio::time::timeout(Duration::from_secs(5), run).await {
+                            Ok(Ok(Some(total))) => {
+                                assert_eq!(total, TOTAL, "a total of the accounts: {statements:?}");
+                                totals += 1;
+                            }
+                            Ok(Ok(None)) => transfers += 1,
+                            _ => {}
+                        }
+                    }
+                    (transfers, totals)
+                })
+            })
+            .collect();
+
+        // The nemesis.
+        let mut rng = Rng(0xD1B54A32D192ED03 ^ servers as u64);
+        let mut faults: Vec<String> = Vec::new();
+        while started.elapsed() < Duration::from_secs(seconds) {
+            tokio::time::sleep(Duration::from_millis(2000 + rng.below(3000))).await;
+            let victim = rng.below(servers as u64) as usize;
+            let pause = Duration::from_millis(1000 + rng.below(3000));
+            match rng.below(5) {
+                0 => {
+                    let server = &mut tservers[victim];
+                    if let Some(mut process) = server.process.take() {
+                        process.kill();
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    network.set_pid(victim + 1, server.start(&master_proxy));
+                    faults.push(format!("kill -9 and restart of tablet server {victim}"));
+                }
+                1 => {
+                    let pid = tservers[victim].process.as_ref().unwrap().child.id();
+                    signal(pid, "-STOP");
+                    tokio::time::sleep(pause).await;
+                    signal(pid, "-CONT");
+                    faults.push(format!("tablet server {victim} paused for {pause:?}"));
+                }
+                2 => {
+                    let pid = master.as_ref().unwrap().child.id();
+                    signal(pid, "-STOP");
+                    tokio::time::sleep(pause).await;
+                    signal(pid, "-CONT");
+                    faults.push(format!("master paused for {pause:?}"));
+                }
+                3 => {
+                    drop(master.take());
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let restarted =
+                        MasterProcess::start(master_dir.path(), &master_rpc, &master_flight);
+                    network.set_pid(0, restarted.child.id());
+                    master = Some(restarted);
+                    faults.push("kill -9 and restart of the master".into());
+                }
+                _ => {
+                    network.isolate(victim + 1);
+                    tokio::time::sleep(pause).await;
+                    network.heal();
+                    faults.push(format!("tablet server {victim} cut off for {pause:?}"));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        let mut histories: Vec<Vec<Op>> = vec![Vec::new(); KEYS as usize];
+        for client in registers {
+            for (key, op) in client.await.unwrap() {
+                histories[key as usize].push(op);
+            }
+        }
+        let (mut transfers, mut totals) = (0, 0);
+        for client in bank {
+            let (t, s) = client.await.unwrap();
+            transfers += t;
+            totals += s;
+        }
+        let acknowledged: usize = (histories.iter().flatten())
+            .filter(|op| op.returned.is_some())
+            .count();
+        let unknown = histories.iter().flatten().count() - acknowledged;
+        let cas = (histories.iter().flatten())
+            .filter(|op| matches!(op.kind, Kind::Cas(..)) && op.returned.is_some())
+            .count();
+        eprintln!(
+            "{servers} tablet servers, {} faults ({}); {acknowledged} register operations \
+             acknowledged ({cas} compare-and-sets took effect), {unknown} of unknown outcome; \
+             {transfers} transfers committed, {totals} totals read",
+            faults.len(),
+            faults.join(", ")
+        );
+        assert!(acknowledged > 0 && transfers > 0 && totals > 0);
+        for (key, ops) in histories.iter().enumerate() {
+            if let Err(e) = check(None, ops) {
+                panic!("key {key}: {e}");
+            }
+        }
+        // After the faults, the money is all there.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match sql(&urls[0], "SELECT sum(bal) FROM bank").await {
+                Ok(b) => {
+                    assert_eq!(column_i64(&b, 0), vec![TOTAL]);
+                    break;
+                }
+                Err(e) => assert!(Instant::now() < deadline, "{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        drop(tservers);
+    }
+
+    /// Runs a statement that changes rows; the rows it changed.
+    async fn update(flight: &str, statement: &str) -> Result<i64, String> {
+        let channel = tonic::transport::Channel::from_shared(flight.to_string())
+            .unwrap()
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut client = arrow_flight::sql::client::FlightSqlServiceClient::new(channel);
+        (client.execute_update(statement.to_string(), None).await).map_err(|e| e.to_string())
+    }
+
     /// A queue table in a cluster: positions keep increasing after its tablet's leader is
     /// killed and another takes over, and a long-polling tail through the master wakes when a
     /// row commits.
@@ -2635,6 +3001,7 @@ mod cluster {
                 .write(WriteRequest {
                     tablet_id: tablet.into(),
                     batch: batch.clone().into(),
+                    request: None,
                 })
                 .await
                 .map_err(rpc::from_status);

@@ -197,6 +197,12 @@ impl MetaCache {
                         continue;
                     }
                 }
+                Err(e @ EngineError::Raft(nyala_raft::RaftError::Stopped)) => {
+                    // The replica there stopped (deleted, moved, its log failed): another
+                    // leads, or will.
+                    self.leaders.write().remove(tablet);
+                    last_error = e.to_string();
+                }
                 Err(e @ EngineError::Unavailable(_)) => {
                     // The leader is unreachable: wait for the next one to be reported.
                     self.leaders.write().remove(tablet);

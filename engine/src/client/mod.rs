@@ -418,10 +418,11 @@ impl Client {
             .map_or_else(Vec::new, |id| self.tablets.column_ranges(id))
     }
 
-    /// A snapshot at which every tablet of `table` has applied every write it will ever take
-    /// below it (the tablets wait for writes still in flight below it): reading all of them at
-    /// it gives one consistent, repeatable view that includes every write this client saw
-    /// acknowledged.
+    /// A snapshot no older than any write to `table` acknowledged before the call, by this
+    /// client or any other: the newest of its tablets' safe snapshots, each asked of a leader
+    /// that confirmed it leads (a tablet whose own is older waits, when read at it, for its
+    /// writes in flight below it). Reading all of them at it gives one consistent, repeatable
+    /// view that includes every write acknowledged before.
     pub async fn safe_snapshot(&self, table: &TableInfo) -> Result<Timestamp> {
         let all: Vec<usize> = (0..table.tablets.len()).collect();
         self.safe_snapshot_of(table, &all).await
@@ -440,7 +441,7 @@ impl Client {
         let mut snapshot: Option<Timestamp> = None;
         for tablet in snapshots.await {
             let tablet = tablet?;
-            snapshot = Some(snapshot.map_or(tablet, |s| s.min(tablet)));
+            snapshot = Some(snapshot.map_or(tablet, |s| s.max(tablet)));
         }
         let last_write = Timestamp(self.last_write.load(std::sync::atomic::Ordering::Acquire));
         Ok(snapshot.map_or(last_write, |s| s.max(last_write)))

@@ -17,7 +17,8 @@ use crate::rpc::decode_rows;
 use crate::rpc::proto::common::TabletRef;
 use crate::rpc::proto::tserver::batched_call::Call;
 use crate::rpc::proto::tserver::{
-    ScanNextRequest, ScanOpenRequest, ScanResponse, TxnFinishRequest, TxnRequest, TxnWriteRequest,
+    RequestId, ScanNextRequest, ScanOpenRequest, ScanResponse, TxnFinishRequest, TxnRequest,
+    TxnWriteRequest,
     WaitForWriteRequest, WaitForWriteResponse, WriteRequest, WriteResponse,
 };
 use crate::Result;
@@ -131,11 +132,33 @@ const MOST_PER_CALL: Duration = Duration::from_secs(20);
 pub struct RemoteTablets {
     meta: Arc<MetaCache>,
     runtime: tokio::runtime::Handle,
+    /// This client's random id, and the number of its next write: a write sent again to a
+    /// tablet (a new leader, a lost answer) carries the same id, so it is applied at most once.
+    client_id: u64,
+    next_request: std::sync::atomic::AtomicU64,
 }
 
 impl RemoteTablets {
     pub fn new(meta: Arc<MetaCache>, runtime: tokio::runtime::Handle) -> Self {
-        Self { meta, runtime }
+        Self {
+            meta,
+            runtime,
+            // Never 0, which stands for an untracked write.
+            client_id: rand::random::<u64>() | 1,
+            next_request: Default::default(),
+        }
+    }
+
+    /// The id of a new write request, to send in every attempt.
+    fn new_request(&self) -> RequestId {
+        let sent = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        RequestId {
+            client: self.client_id,
+            seq: (self.next_request).fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            sent_micros: sent.as_micros() as u64,
+        }
     }
 
     /// A wait of up to `timeout` on the leader of tablet `id`, in calls of at most
@@ -171,12 +194,14 @@ impl RemoteTablets {
 impl Tablets for RemoteTablets {
     async fn write(&self, id: &str, batch: &WriteBatch) -> Result<WriteOutcome> {
         let encoded = prost::bytes::Bytes::from(batch.encode());
+        let request = self.new_request();
         let (_, answer) = self
             .meta
             .call_leader_batched(id, || {
                 Call::Write(WriteRequest {
                     tablet_id: id.into(),
                     batch: encoded.clone(),
+                    request: Some(request),
                 })
             })
             .await?;
@@ -237,6 +262,7 @@ impl Tablets for RemoteTablets {
         prepare: bool,
     ) -> Result<TxnWritten> {
         let encoded = prost::bytes::Bytes::from(batch.encode());
+        let request = self.new_request();
         let (_, answer) = self
             .meta
             .call_leader_batched(id, || {
@@ -245,6 +271,7 @@ impl Tablets for RemoteTablets {
                     txn_id: txn,
                     batch: encoded.clone(),
                     prepare,
+                    request: Some(request),
                 })
             })
             .await?;

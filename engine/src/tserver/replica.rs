@@ -19,8 +19,8 @@ use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
 use nyala_raft::{RaftConfig, RaftNode, StateMachine};
 use nyala_storage::{
-    ScanIterator, ScanSpec, Schema, StorageError, Tablet, TabletOp, TabletOptions, Timestamp,
-    WriteBatch, WriteKind, WriteOutcome, AUTO_INCREMENT_COLUMN,
+    RequestId, ScanIterator, ScanSpec, Schema, StorageError, Tablet, TabletOp, TabletOptions,
+    Timestamp, WriteBatch, WriteKind, WriteOutcome, AUTO_INCREMENT_COLUMN,
 };
 
 use crate::clock::HybridClock;
@@ -29,6 +29,11 @@ use crate::{EngineError, Result};
 
 /// Raft node id of the only voter of a single-replica tablet.
 const LOCAL_NODE_ID: u64 = 1;
+
+/// Longest a read waits for its replica to confirm that it leads (see
+/// [`TabletReplica::confirm_leader`]): past the election timeout, after which a leader that
+/// cannot reach a majority has stepped down.
+const READ_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The replicas of a replicated tablet: the voters (tablet server ids, which are also their Raft
 /// node ids) and where each server listens. Kept in `peers.json` in the replica's directory; a
@@ -156,16 +161,21 @@ impl InflightWrites {
     }
 }
 
-/// An operation as it is stored in the Raft log: its timestamp, then the operation.
+/// An operation as it is stored in the Raft log: its timestamp, the client's request it
+/// applies (if the client tracks it), then the operation.
 struct LoggedOp {
     ts: Timestamp,
+    request: Option<RequestId>,
     op: TabletOp,
 }
 
 impl LoggedOp {
     /// The log entry of `op`, its timestamp left to [`LoggedOp::stamp`].
-    fn frame(op: &TabletOp) -> Vec<u8> {
+    fn frame(op: &TabletOp, request: Option<RequestId>) -> Vec<u8> {
         let mut entry = vec![0; 8];
+        if let Some(request) = request {
+            request.encode_into(&mut entry);
+        }
         op.encode_into(&mut entry);
         entry
     }
@@ -178,8 +188,10 @@ impl LoggedOp {
         let (ts, op) = bytes.split_first_chunk::<8>().ok_or_else(|| {
             StorageError::Corruption("log entry shorter than its timestamp".into())
         })?;
+        let (request, op) = RequestId::split(op)?;
         Ok(Self {
             ts: Timestamp(u64::from_le_bytes(*ts)),
+            request,
             op: TabletOp::decode(op)?,
         })
     }
@@ -207,6 +219,14 @@ fn with_auto_ids(rows: &RecordBatch, first: i64, n: i64) -> Result<RecordBatch> 
         Arc::new(ArrowSchema::new(fields)),
         columns,
     )?)
+}
+
+/// A client's request as its tablet's leader gets it: its id, the same in every attempt to
+/// send it, and when the client first sent it.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientRequest {
+    pub id: RequestId,
+    pub sent: Timestamp,
 }
 
 /// The replicated state machine: applies logged writes to the tablet.
@@ -247,6 +267,65 @@ impl TabletStateMachine {
             let _ = std::fs::remove_dir_all(&staging);
         }
         cloned
+    }
+
+    /// Applies `op`, logged as entry `index` at `ts`, to the tablet.
+    fn apply_op(
+        &self,
+        index: u64,
+        ts: Timestamp,
+        op: &TabletOp,
+    ) -> Result<WriteOutcome, StorageError> {
+        let tablet = &self.tablet;
+        let committed_at = |at: Timestamp| {
+            move |rows| WriteOutcome {
+                rows,
+                conflicts: Vec::new(),
+                visible_at: Some(at),
+            }
+        };
+        match op {
+            TabletOp::Write(batch) => tablet.apply_write(index, ts, batch),
+            TabletOp::AlterSchema(schema) => {
+                (tablet.alter_schema(index, schema)).map(|()| WriteOutcome::default())
+            }
+            TabletOp::TxnWrite {
+                txn,
+                batch,
+                prepare,
+            } => {
+                let written = tablet.apply_txn_write(index, ts, *txn, batch);
+                // (A write that left nothing here, all its rows in conflict, prepares nothing:
+                // its statement aborts.)
+                match written {
+                    Ok(outcome) if *prepare && tablet.txn_state(*txn).is_some() => {
+                        (tablet.prepare_txn(index, ts, *txn)).map(|_| outcome)
+                    }
+                    written => written,
+                }
+            }
+            TabletOp::TxnPrepare { txn } => {
+                (tablet.prepare_txn(index, ts, *txn)).map(|_| WriteOutcome::default())
+            }
+            TabletOp::TxnUnprepare { txn } => {
+                (tablet.unprepare_txn(index, *txn)).map(|()| WriteOutcome::default())
+            }
+            TabletOp::TxnCommit { txn, commit_ts } => {
+                // A commit without prepare (one participant) commits at its own timestamp.
+                let at = match commit_ts.0 {
+                    0 => ts,
+                    _ => *commit_ts,
+                };
+                self.clock.observe(at);
+                tablet.commit_txn(index, at, *txn).map(committed_at(at))
+            }
+            TabletOp::TxnAbort { txn } => {
+                (tablet.abort_txn(index, *txn)).map(|()| WriteOutcome::default())
+            }
+            TabletOp::Clone { target, as_of } => self
+                .stage_clone(index, target, *as_of)
+                .map(|()| WriteOutcome::default()),
+        }
     }
 }
 
@@ -341,54 +420,19 @@ impl StateMachine for TabletStateMachine {
         // A replayed entry may carry a timestamp ahead of this process's clock.
         self.clock.observe(logged.ts);
         let tablet = &self.tablet;
-        let committed_at = |at: Timestamp| {
-            move |rows| WriteOutcome {
-                rows,
-                conflicts: Vec::new(),
-                visible_at: Some(at),
-            }
-        };
-        let result = match &logged.op {
-            TabletOp::Write(batch) => tablet.apply_write(index, logged.ts, batch),
-            TabletOp::AlterSchema(schema) => {
-                (tablet.alter_schema(index, schema)).map(|()| WriteOutcome::default())
-            }
-            TabletOp::TxnWrite {
-                txn,
-                batch,
-                prepare,
-            } => {
-                let written = tablet.apply_txn_write(index, logged.ts, *txn, batch);
-                // (A write that left nothing here, all its rows in conflict, prepares nothing:
-                // its statement aborts.)
-                match written {
-                    Ok(outcome) if *prepare && tablet.txn_state(*txn).is_some() => {
-                        (tablet.prepare_txn(index, logged.ts, *txn)).map(|_| outcome)
-                    }
-                    written => written,
+        // A request applied before (sent again after its answer was lost) is answered with
+        // what it did then.
+        let result = match logged.request {
+            Some(id) => match tablet.applied_request(id) {
+                Some(known) => known,
+                None => {
+                    tablet.begin_request(id, index, logged.ts);
+                    let result = self.apply_op(index, logged.ts, &logged.op);
+                    tablet.end_request(id, result.as_ref().ok());
+                    result
                 }
-            }
-            TabletOp::TxnPrepare { txn } => {
-                (tablet.prepare_txn(index, logged.ts, *txn)).map(|_| WriteOutcome::default())
-            }
-            TabletOp::TxnUnprepare { txn } => {
-                (tablet.unprepare_txn(index, *txn)).map(|()| WriteOutcome::default())
-            }
-            TabletOp::TxnCommit { txn, commit_ts } => {
-                // A commit without prepare (one participant) commits at its own timestamp.
-                let at = match commit_ts.0 {
-                    0 => logged.ts,
-                    _ => *commit_ts,
-                };
-                self.clock.observe(at);
-                tablet.commit_txn(index, at, *txn).map(committed_at(at))
-            }
-            TabletOp::TxnAbort { txn } => {
-                (tablet.abort_txn(index, *txn)).map(|()| WriteOutcome::default())
-            }
-            TabletOp::Clone { target, as_of } => self
-                .stage_clone(index, target, *as_of)
-                .map(|()| WriteOutcome::default()),
+            },
+            None => self.apply_op(index, logged.ts, &logged.op),
         };
         let holds = tablet.take_holds();
         self.inflight.change_holds(&holds);
@@ -592,10 +636,44 @@ impl TabletReplica {
     /// In a table with a NON UNIQUE PRIMARY KEY, inserted rows get their auto_incrementing_id
     /// here, on the leader, in log order.
     pub async fn write(&self, batch: &WriteBatch) -> Result<WriteOutcome> {
+        self.write_request(batch, None).await
+    }
+
+    /// [`Self::write`] for a client's `request`: applied at most once however often it is
+    /// sent (see [`nyala_storage::RequestId`]).
+    pub async fn write_request(
+        &self,
+        batch: &WriteBatch,
+        request: Option<ClientRequest>,
+    ) -> Result<WriteOutcome> {
         self.check_auto_ids(batch)?;
-        self.propose_with(|| Ok(TabletOp::Write(self.with_auto_ids(batch)?)))
-            .await
-            .map(|(_, outcome)| outcome)
+        if let Some(done) = self.applied_request(request)? {
+            return Ok(done);
+        }
+        let write = || Ok(TabletOp::Write(self.with_auto_ids(batch)?));
+        (self.propose_with(request.map(|r| r.id), write).await).map(|(_, outcome)| outcome)
+    }
+
+    /// What `request` did, if this replica applied it already (a request sent again: its
+    /// answer was lost); an error for a request sent too long ago to be taken (see
+    /// [`Tablet::request_expired`]).
+    fn applied_request(&self, request: Option<ClientRequest>) -> Result<Option<WriteOutcome>> {
+        let Some(request) = request else {
+            return Ok(None);
+        };
+        if let Some(Ok(outcome)) = self.tablet.applied_request(request.id) {
+            return Ok(Some(outcome));
+        }
+        if Tablet::request_expired(request.sent, self.clock.now()) {
+            return Err(EngineError::Unavailable(format!(
+                "request {} of client {:x} was first sent at {}, too long ago to be applied \
+                 now; it was not applied here",
+                request.id.seq,
+                request.id.client,
+                request.sent.display()
+            )));
+        }
+        Ok(None)
     }
 
     /// Refuses an UPSERT into a table with a NON UNIQUE PRIMARY KEY.
@@ -638,18 +716,23 @@ impl TabletReplica {
         txn: u64,
         batch: &WriteBatch,
         prepare: bool,
+        request: Option<ClientRequest>,
     ) -> Result<(WriteOutcome, Option<Timestamp>)> {
         self.check_auto_ids(batch)?;
-        let (_, outcome) = self
-            .propose_with(|| {
-                let batch = self.with_auto_ids(batch)?;
-                Ok(TabletOp::TxnWrite {
-                    txn,
-                    batch,
-                    prepare,
-                })
-            })
-            .await?;
+        let outcome = match self.applied_request(request)? {
+            Some(done) => done,
+            None => {
+                let write = || {
+                    let batch = self.with_auto_ids(batch)?;
+                    Ok(TabletOp::TxnWrite {
+                        txn,
+                        batch,
+                        prepare,
+                    })
+                };
+                self.propose_with(request.map(|r| r.id), write).await?.1
+            }
+        };
         let prepared = match prepare {
             true => self.tablet.txn_state(txn).and_then(|t| t.prepared),
             false => None,
@@ -661,7 +744,7 @@ impl TabletReplica {
     /// bound of the commit timestamp.
     pub async fn prepare_txn(&self, txn: u64) -> Result<Timestamp> {
         let op = TabletOp::TxnPrepare { txn };
-        let (ts, _) = self.propose_with(|| Ok(op)).await?;
+        let (ts, _) = self.propose_with(None, || Ok(op)).await?;
         // Prepared before (a retried call): that prepare holds, at its timestamp.
         let prepared = self.tablet.txn_state(txn).and_then(|t| t.prepared);
         Ok(prepared.unwrap_or(ts))
@@ -683,7 +766,7 @@ impl TabletReplica {
             }
             None => TabletOp::TxnAbort { txn },
         };
-        let finished = self.propose_with(|| Ok(op)).await;
+        let finished = self.propose_with(None, || Ok(op)).await;
         finished.map(|(_, outcome)| outcome)
     }
 
@@ -694,7 +777,7 @@ impl TabletReplica {
 
     /// Replicates and applies a schema change (see [`Tablet::alter_schema`]).
     pub async fn alter_schema(&self, schema: &Schema) -> Result<()> {
-        self.propose_with(|| Ok(TabletOp::AlterSchema(schema.clone())))
+        self.propose_with(None, || Ok(TabletOp::AlterSchema(schema.clone())))
             .await
             .map(drop)
     }
@@ -707,7 +790,7 @@ impl TabletReplica {
             target: target.to_string(),
             as_of,
         };
-        self.propose_with(|| Ok(op)).await?;
+        self.propose_with(None, || Ok(op)).await?;
         Ok(self.raft.last_applied())
     }
 
@@ -729,15 +812,17 @@ impl TabletReplica {
         Self::open(dir, id, options, clock, replication, maintenance)
     }
 
-    /// Proposes the operation `op` makes; it runs, and the entry is encoded, under the lock
-    /// that orders proposals. Returns the entry's timestamp and what applying it did.
+    /// Proposes the operation `op` makes (for a client's `request`, if it is one); it runs,
+    /// and the entry is encoded, under the lock that orders proposals. Returns the entry's
+    /// timestamp and what applying it did.
     async fn propose_with(
         &self,
+        request: Option<RequestId>,
         op: impl FnOnce() -> Result<TabletOp>,
     ) -> Result<(Timestamp, WriteOutcome)> {
         let (ts, applied) = {
             let mut pending = self.inflight.lock();
-            let entry = LoggedOp::frame(&op()?);
+            let entry = LoggedOp::frame(&op()?, request);
             self.enqueue(&mut pending, entry)
         };
         self.applied(ts, applied).await
@@ -775,6 +860,22 @@ impl TabletReplica {
     /// Hands the replica a Raft message from a peer.
     pub fn step(&self, message: nyala_raft::Message) {
         self.raft.step(message);
+    }
+
+    /// Waits until this replica may serve a read as its tablet's leader: a majority of its
+    /// group confirmed after the call that it still leads, and it has applied every entry
+    /// committed before (see [`RaftNode::read_index`]). So a read that follows sees every
+    /// write acknowledged before it began, whichever leader took it: a replica that was
+    /// paused, cut off or restarted and still takes itself for the leader never answers from
+    /// what it has not caught up on. NotLeader where it does not lead or cannot tell within
+    /// [`READ_CONFIRM_TIMEOUT`] (a leader cut off steps down within an election timeout).
+    pub async fn confirm_leader(&self) -> Result<()> {
+        match tokio::time::timeout(READ_CONFIRM_TIMEOUT, self.raft.read_index()).await {
+            Ok(confirmed) => confirmed.map(drop).map_err(EngineError::from),
+            Err(_) => Err(EngineError::Raft(nyala_raft::RaftError::NotLeader {
+                leader_hint: None,
+            })),
+        }
     }
 
     /// Whether this replica leads its tablet.
@@ -1033,5 +1134,136 @@ impl TabletReplica {
     /// meanwhile fails, and that is no error).
     pub fn is_deleted(&self) -> bool {
         self.deleted.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::AsArray;
+    use arrow::datatypes::Int64Type;
+    use nyala_storage::{ColumnSchema, ColumnType};
+
+    use super::*;
+
+    fn schema() -> Schema {
+        Schema::new(
+            vec![
+                ColumnSchema::new("k", ColumnType::Int64, false),
+                ColumnSchema::new("v", ColumnType::Int64, false),
+            ],
+            vec![0],
+        )
+        .unwrap()
+    }
+
+    fn batch(kind: WriteKind, k: i64, v: i64) -> WriteBatch {
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(vec![k])),
+            Arc::new(Int64Array::from(vec![v])),
+        ];
+        let rows = RecordBatch::try_new(schema().arrow_schema(), columns).unwrap();
+        WriteBatch::new(kind, rows)
+    }
+
+    fn rows(replica: &TabletReplica) -> Vec<(i64, i64)> {
+        let mut rows = Vec::new();
+        let spec = ScanSpec {
+            projection: None,
+            predicates: Vec::new(),
+            snapshot: Timestamp(0),
+            limit: None,
+            batch_size: 1024,
+            string_views: false,
+        };
+        for batch in replica.scan(spec, None).unwrap() {
+            let batch = batch.unwrap();
+            let (k, v) = (batch.column(0), batch.column(1));
+            let (k, v) = (k.as_primitive::<Int64Type>(), v.as_primitive::<Int64Type>());
+            rows.extend(k.values().iter().copied().zip(v.values().iter().copied()));
+        }
+        rows
+    }
+
+    fn request(clock: &HybridClock, seq: u64) -> ClientRequest {
+        ClientRequest {
+            id: RequestId { client: 7, seq },
+            sent: clock.now(),
+        }
+    }
+
+    /// The log entry of `write` for `request` proposed again, as a new leader gets it when
+    /// the client sends the request again (the leader that answered it is gone).
+    async fn resend(replica: &TabletReplica, request: ClientRequest, write: &WriteBatch) -> Result<WriteOutcome> {
+        let op = || Ok(TabletOp::Write(write.clone()));
+        Ok(replica.propose_with(Some(request.id), op).await?.1)
+    }
+
+    /// A write sent again is answered with what its first application did and changes
+    /// nothing, also once its entry was flushed (the record is in the tablet's metadata) or
+    /// replayed after a crash; a write that failed is applied when sent again; a write first
+    /// sent too long ago is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_sent_again_is_applied_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        let clock = Arc::new(HybridClock::new());
+        let open = || {
+            TabletReplica::open(&path, "t", TabletOptions::default(), clock.clone(), None, None)
+                .unwrap()
+        };
+        let replica = TabletReplica::create(
+            &path,
+            "t",
+            schema(),
+            TabletOptions::default(),
+            clock.clone(),
+            None,
+            None,
+        )
+        .unwrap();
+        let insert = batch(WriteKind::Insert, 1, 10);
+        let first = request(&clock, 1);
+        let done = replica.write_request(&insert, Some(first)).await.unwrap();
+        assert_eq!(done.rows, 1);
+        replica.write(&batch(WriteKind::Upsert, 1, 20)).await.unwrap();
+        // Sent again: no duplicate key, and the later write stands.
+        assert_eq!(resend(&replica, first, &insert).await.unwrap(), done);
+        assert_eq!(replica.write_request(&insert, Some(first)).await.unwrap(), done);
+        assert_eq!(rows(&replica), [(1, 20)]);
+
+        // Flushed and opened again.
+        replica.shutdown().unwrap();
+        drop(replica);
+        let replica = open();
+        assert_eq!(resend(&replica, first, &insert).await.unwrap(), done);
+        assert_eq!(rows(&replica), [(1, 20)]);
+
+        // Replayed from the log after a crash (dropped without a flush).
+        let second = request(&clock, 2);
+        let upsert = batch(WriteKind::Upsert, 2, 30);
+        let done = replica.write_request(&upsert, Some(second)).await.unwrap();
+        replica.write(&batch(WriteKind::Upsert, 2, 40)).await.unwrap();
+        drop(replica);
+        let replica = open();
+        assert_eq!(resend(&replica, second, &upsert).await.unwrap(), done);
+        assert_eq!(rows(&replica), [(1, 20), (2, 40)]);
+
+        // A write that failed changed nothing: sent again, it is applied.
+        let third = request(&clock, 3);
+        let again = batch(WriteKind::Insert, 1, 50);
+        let failed = replica.write_request(&again, Some(third)).await;
+        assert!(matches!(failed, Err(EngineError::Storage(StorageError::DuplicateKey { .. }))));
+        replica.write(&batch(WriteKind::Delete, 1, 0)).await.unwrap();
+        assert_eq!(resend(&replica, third, &again).await.unwrap().rows, 1);
+        assert_eq!(rows(&replica), [(1, 50), (2, 40)]);
+
+        // First sent longer ago than a retry may be.
+        let old = ClientRequest {
+            id: RequestId { client: 7, seq: 4 },
+            sent: Timestamp::from_micros(clock.now().micros() - 61_000_000),
+        };
+        let refused = replica.write_request(&batch(WriteKind::Upsert, 3, 0), Some(old)).await;
+        assert!(refused.is_err());
+        assert_eq!(rows(&replica), [(1, 50), (2, 40)]);
     }
 }

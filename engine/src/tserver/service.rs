@@ -9,7 +9,7 @@ use nyala_raft::MembershipChange;
 use nyala_storage::{ScanSpec, Schema, Timestamp, WriteBatch, WriteOutcome};
 use tonic::{Request, Response, Status};
 
-use super::replica::{Peers, TabletReplica};
+use super::replica::{ClientRequest, Peers, TabletReplica};
 use super::scanners::Scanners;
 use super::tablet_copy::{receive_copy, CopySessions};
 use super::TabletServer;
@@ -20,7 +20,7 @@ use crate::rpc::proto::tserver::tablet_server_service_server::{self, TabletServe
 use crate::rpc::proto::tserver::{
     AlterSchemaRequest, BatchedAnswer, CallBatch, CallBatchResponse, ChangeMembershipRequest,
     CloneTabletRequest, CloneTabletResponse, CopyTabletRequest, CreateReplicaRequest,
-    FetchChunkRequest, FetchChunkResponse, MembershipChangeKind, SafeSnapshotResponse,
+    FetchChunkRequest, FetchChunkResponse, MembershipChangeKind, RequestId, SafeSnapshotResponse,
     ScanNextRequest, ScanOpenRequest, ScanResponse, TabletFiles, TransferLeadershipRequest,
     TxnFinishRequest, TxnPrepareResponse, TxnRequest, TxnWriteRequest, WaitForWriteRequest,
     WaitForWriteResponse, WriteRequest, WriteResponse,
@@ -180,7 +180,7 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
         let write = request.into_inner();
         let written = async {
             let (replica, batch) = self.admitted_write(&write.tablet_id, &write.batch).await?;
-            replica.write(&batch).await
+            replica.write_request(&batch, client_request(write.request)).await
         }
         .await;
         self.respond(written.map(write_response))
@@ -193,7 +193,8 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
         let write = request.into_inner();
         let written = async {
             let (replica, batch) = self.admitted_write(&write.tablet_id, &write.batch).await?;
-            let written = replica.txn_write(write.txn_id, &batch, write.prepare).await;
+            let request = client_request(write.request);
+            let written = (replica.txn_write(write.txn_id, &batch, write.prepare, request)).await;
             if matches!(written, Ok((_, Some(_)))) {
                 crate::client::crash_point("txn-participant-prepared");
             }
@@ -278,6 +279,7 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
         let opened = async move {
             let replica = server.replica(&open.tablet_id)?;
             let spec = ScanSpec::decode(&open.spec)?;
+            replica.confirm_leader().await?;
             let snapshot = (spec.snapshot.0 != 0).then_some(spec.snapshot);
             let iter = match open.wait_ms {
                 0 => None,
@@ -311,13 +313,15 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
         &self,
         request: Request<TabletRef>,
     ) -> std::result::Result<Response<SafeSnapshotResponse>, Status> {
-        let snapshot = self
-            .server
-            .replica(&request.into_inner().tablet_id)
-            .map(|r| SafeSnapshotResponse {
-                snapshot: r.safe_snapshot().0,
-            });
-        self.respond(snapshot)
+        let snapshot = async {
+            let replica = self.server.replica(&request.into_inner().tablet_id)?;
+            // A snapshot at least as new as every write acknowledged before the call.
+            replica.confirm_leader().await?;
+            Ok(SafeSnapshotResponse {
+                snapshot: replica.safe_snapshot().0,
+            })
+        };
+        self.respond(snapshot.await)
     }
 
     async fn wait_for_write(
@@ -414,6 +418,18 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
             .and_then(|replica| replica.transfer_leadership(transfer.to_server));
         self.respond(done.map(|()| Empty {}))
     }
+}
+
+/// The client's request a write carries, if its client tracks it.
+fn client_request(request: Option<RequestId>) -> Option<ClientRequest> {
+    let request = request.filter(|r| r.client != 0)?;
+    Some(ClientRequest {
+        id: nyala_storage::RequestId {
+            client: request.client,
+            seq: request.seq,
+        },
+        sent: Timestamp::from_micros(request.sent_micros),
+    })
 }
 
 fn write_response(outcome: WriteOutcome) -> WriteResponse {

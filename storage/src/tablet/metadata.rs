@@ -46,6 +46,10 @@ pub(super) struct Metadata {
     /// clone starts with (see [`super::State::entry_position`]).
     #[serde(default)]
     pub(super) position_base: u64,
+    /// The clients' requests applied by entries up to `durable_index`, lately (see
+    /// `requests.rs`).
+    #[serde(default)]
+    pub(super) requests: Vec<super::requests::Applied>,
 }
 
 impl Metadata {
@@ -85,6 +89,7 @@ impl Metadata {
             next_auto_id,
             txns_file,
             position_base: 0,
+            requests: Vec::new(),
         }
     }
 }

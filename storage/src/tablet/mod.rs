@@ -23,13 +23,15 @@
 //! `write.rs` (the write path), `scan.rs` (scans and key lookups), `rewrite.rs` (the switch to
 //! rewritten files with the writes made meanwhile carried over), `compaction.rs` (what a flush
 //! and each compaction write), `maintenance.rs` (which of those are worth doing, and how much),
-//! `alter.rs` (schema changes) and `clone.rs` (table clones sharing the files).
+//! `alter.rs` (schema changes), `clone.rs` (table clones sharing the files) and `requests.rs`
+//! (the clients' requests applied lately, so that none is applied twice).
 
 mod alter;
 mod clone;
 mod compaction;
 mod maintenance;
 mod metadata;
+mod requests;
 mod rewrite;
 mod scan;
 mod txn;
@@ -51,6 +53,7 @@ use crate::{Schema, StorageError, Timestamp};
 
 pub use maintenance::{MaintenanceKind, MaintenanceOp};
 use metadata::{read_metadata, write_metadata, Metadata, METADATA};
+pub use requests::{RequestId, REQUEST_RETENTION};
 pub use txn::{Holds, TxnState};
 
 #[derive(Clone, Debug)]
@@ -160,6 +163,8 @@ struct State {
     txns_file: Option<u64>,
     /// See [`Metadata::position_base`].
     position_base: u64,
+    /// The clients' requests applied lately (see `requests.rs`).
+    requests: requests::Requests,
 }
 
 impl Tablet {
@@ -276,6 +281,7 @@ impl Tablet {
                 holds,
                 txns_file: meta.txns_file,
                 position_base: meta.position_base,
+                requests: requests::Requests::from_persisted(meta.requests),
             }),
         }
     }

@@ -84,6 +84,7 @@ impl Tablet {
         }
         let written = self.write_metadata(&Metadata {
             position_base: state.position_base,
+            requests: state.requests.persisted(durable_index),
             ..Metadata::of(
                 schema,
                 &next.rowsets,

@@ -1,4 +1,5 @@
-//! A linearizability checker for histories of one register (a row read and written by key):
+//! A linearizability checker for histories of one compare-and-set register (a row read,
+//! written and conditionally updated by key):
 //! Wing and Gong's search with Lowe's memoisation, the algorithm Porcupine and Knossos use.
 //!
 //! Each operation has an invocation and a response time. A write whose outcome the client
@@ -22,6 +23,11 @@ pub enum Kind {
     Write(Option<i64>),
     /// A read and the value it returned.
     Read(Option<i64>),
+    /// A compare-and-set that took effect: the value was `.0` and became `.1` (of unknown
+    /// outcome: took effect or not).
+    Cas(i64, i64),
+    /// A compare-and-set that did not take effect: the value was not `.0`.
+    CasFailed(i64),
 }
 
 /// Whether `ops` (on a register starting at `initial`) can be put in one order that respects
@@ -37,7 +43,7 @@ pub fn check(initial: Option<i64>, ops: &[Op]) -> Result<(), String> {
     }
     let mut events: Vec<Event> = Vec::with_capacity(ops.len() * 2);
     for (i, op) in ops.iter().enumerate() {
-        if matches!(op.kind, Kind::Read(_)) && op.returned.is_none() {
+        if matches!(op.kind, Kind::Read(_) | Kind::CasFailed(_)) && op.returned.is_none() {
             continue;
         }
         events.push(Event {
@@ -117,6 +123,8 @@ pub fn check(initial: Option<i64>, ops: &[Op]) -> Result<(), String> {
             let after = match &op.kind {
                 Kind::Write(v) => Some(*v),
                 Kind::Read(v) => (*v == state).then_some(state),
+                Kind::Cas(old, new) => (state == Some(*old)).then_some(Some(*new)),
+                Kind::CasFailed(old) => (state != Some(*old)).then_some(state),
             };
             if let Some(after) = after {
                 linearized[event.op] = true;
@@ -204,5 +212,46 @@ mod tests {
             op(Read(Some(1)), 8, Some(9)),
         ];
         assert!(check(None, &back).is_err());
+    }
+
+    #[test]
+    fn compare_and_set_takes_effect_once() {
+        use Kind::*;
+        // Two compare-and-sets from the same value cannot both succeed (a lost update).
+        let lost = [
+            op(Write(Some(1)), 0, Some(1)),
+            op(Cas(1, 2), 2, Some(4)),
+            op(Cas(1, 3), 3, Some(5)),
+        ];
+        assert!(check(None, &lost).is_err());
+        // One succeeds, the other sees the new value.
+        let ok = [
+            op(Write(Some(1)), 0, Some(1)),
+            op(Cas(1, 2), 2, Some(4)),
+            op(CasFailed(1), 3, Some(5)),
+            op(Read(Some(2)), 6, Some(7)),
+        ];
+        assert!(check(None, &ok).is_ok());
+        // A failed compare-and-set saw another value: the write before it returned.
+        let stale = [
+            op(Write(Some(1)), 0, Some(1)),
+            op(CasFailed(1), 2, Some(3)),
+        ];
+        assert!(check(None, &stale).is_err());
+        // A write applied twice: the value goes back to one a later write replaced.
+        let twice = [
+            op(Write(Some(1)), 0, Some(1)),
+            op(Write(Some(2)), 2, Some(3)),
+            op(Read(Some(1)), 4, Some(5)),
+        ];
+        assert!(check(None, &twice).is_err());
+        // A compare-and-set of unknown outcome may take effect late, or never.
+        let late = [
+            op(Write(Some(1)), 0, Some(1)),
+            op(Cas(1, 2), 2, None),
+            op(Read(Some(1)), 3, Some(4)),
+            op(Read(Some(2)), 5, Some(6)),
+        ];
+        assert!(check(None, &late).is_ok());
     }
 }
