@@ -359,6 +359,18 @@ impl NyalaScanExec {
         scan
     }
 
+    /// DataFusion's dynamic filters handed to this scan.
+    pub fn dynamic_filters(&self) -> &[Arc<dyn PhysicalExpr>] {
+        &self.dynamic
+    }
+
+    /// This scan with only the dynamic filters that `keep` accepts.
+    pub fn retaining_dynamic_filters(&self, keep: impl Fn(&Arc<dyn PhysicalExpr>) -> bool) -> Self {
+        let mut scan = self.clone();
+        scan.dynamic.retain(|d| keep(d));
+        scan
+    }
+
     /// The scan spec with the runtime and dynamic filters known now added.
     async fn spec_with_filters(
         spec: ScanSpec,
