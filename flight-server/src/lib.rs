@@ -56,6 +56,7 @@ pub mod admin;
 pub mod auth;
 pub mod connection;
 pub mod embedded;
+mod errors;
 #[cfg(test)]
 mod fuzz;
 pub mod limits;
@@ -68,6 +69,7 @@ pub mod web;
 
 use activity::{Activity, TrackedStatement};
 use auth::{Auth, Caller};
+use errors::bounded_message;
 use session::{caller_of, session_of, ClientSession, SessionLayer, Sessions};
 use tickets::QueryTicket;
 use upload::Upload;
@@ -168,10 +170,6 @@ impl TlsIdentity {
 /// The user statements are shown as run by when the server does not authenticate.
 pub const ANONYMOUS: &str = "anonymous";
 
-/// Longest error message a client gets: a statement quoted in an error (a parse error's
-/// token, say) is cut to its start and end, so a huge statement never makes a huge error.
-const MAX_ERROR_CHARS: usize = 1024;
-
 /// `text`, or its start and end with the middle left out when it is longer than `max` chars.
 pub fn excerpt(text: &str, max: usize) -> String {
     let chars = text.chars().count();
@@ -184,9 +182,10 @@ pub fn excerpt(text: &str, max: usize) -> String {
     format!("{head} [... {left_out} characters left out ...] {tail}")
 }
 
-/// A client's mistake as a gRPC status, with a message of bounded length.
+/// A client's mistake as a gRPC status, with a message of bounded length: an error that quotes
+/// a statement (a parse error's token, say) is cut to its start and end ([`errors`]).
 fn invalid(message: impl std::fmt::Display) -> Status {
-    Status::invalid_argument(excerpt(&message.to_string(), MAX_ERROR_CHARS))
+    Status::invalid_argument(bounded_message(&message.to_string()))
 }
 
 /// An error unless `id` (from a request that names a transaction) is the transaction open in
@@ -205,36 +204,32 @@ fn in_transaction(session: &ClientSession, id: Option<&bytes::Bytes>) -> Result<
     }
 }
 
-/// A SQL error as a gRPC status: the user's mistakes are InvalidArgument, the rest Internal.
+/// A SQL error as a gRPC status with a message of bounded length: the user's mistakes are
+/// InvalidArgument, the rest say what kind of failure it was.
 pub fn status(e: SqlError) -> Status {
-    match &e {
-        SqlError::NotSupported(_) => {
-            Status::unimplemented(excerpt(&e.to_string(), MAX_ERROR_CHARS))
-        }
-        SqlError::PermissionDenied(_) => {
-            Status::permission_denied(excerpt(&e.to_string(), MAX_ERROR_CHARS))
-        }
-        SqlError::Cancelled(_) => Status::cancelled(excerpt(&e.to_string(), MAX_ERROR_CHARS)),
+    let code = match &e {
+        SqlError::NotSupported(_) => tonic::Code::Unimplemented,
+        SqlError::PermissionDenied(_) => tonic::Code::PermissionDenied,
+        SqlError::Cancelled(_) => tonic::Code::Cancelled,
         // Retryable: the transaction met a concurrent one.
-        SqlError::Conflict(_) => Status::aborted(excerpt(&e.to_string(), MAX_ERROR_CHARS)),
+        SqlError::Conflict(_) => tonic::Code::Aborted,
         // A limit of one statement: its memory, its statement_timeout.
-        SqlError::Exhausted(_) => {
-            Status::resource_exhausted(excerpt(&e.to_string(), MAX_ERROR_CHARS))
-        }
+        SqlError::Exhausted(_) => tonic::Code::ResourceExhausted,
         // Retryable later: the server is busy, or a server it needs is unreachable.
         SqlError::Engine(
             nyala_engine::EngineError::Busy(_)
             | nyala_engine::EngineError::Unavailable(_)
             | nyala_engine::EngineError::OutcomeUnknown(_),
-        ) => Status::unavailable(excerpt(&e.to_string(), MAX_ERROR_CHARS)),
+        ) => tonic::Code::Unavailable,
         // Everything else a statement can fail with is about the statement or the data it
         // touches (parse, planning, types, duplicate keys): the client's to fix.
-        _ => invalid(e),
-    }
+        _ => tonic::Code::InvalidArgument,
+    };
+    Status::new(code, bounded_message(&e.to_string()))
 }
 
 fn internal(e: impl std::fmt::Display) -> Status {
-    Status::internal(excerpt(&e.to_string(), MAX_ERROR_CHARS))
+    Status::internal(bounded_message(&e.to_string()))
 }
 
 fn flight_info(
@@ -526,7 +521,7 @@ impl NyalaFlightService {
             match &batch {
                 Ok(batch) => tracked.add_rows(batch.num_rows() as u64),
                 Err(FlightError::Tonic(status)) => tracked.failed(status),
-                Err(e) => tracked.failed(&Status::internal(e.to_string())),
+                Err(e) => tracked.failed(&internal(e)),
             }
             batch
         });
@@ -1233,10 +1228,7 @@ impl FlightSqlService for NyalaFlightService {
         _request: Request<Ticket>,
         message: Any,
     ) -> Result<Response<DoGetStream>, Status> {
-        Err(Status::invalid_argument(format!(
-            "unknown ticket type {}",
-            message.type_url
-        )))
+        Err(invalid(format!("unknown ticket type {}", message.type_url)))
     }
 
     async fn list_custom_actions(&self) -> Option<Vec<Result<ActionType, Status>>> {
@@ -1335,7 +1327,9 @@ pub async fn serve(
         builder =
             builder.tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))?;
     }
+    // Outermost, so that every status leaving the server is bounded, whoever made it.
     builder
+        .layer(tower::util::MapResponseLayer::new(errors::bound_statuses))
         .layer(layer)
         .layer(tower::util::MapResponseLayer::new(
             malformed_requests_are_invalid::<tonic::body::Body>,

@@ -16,9 +16,7 @@ use arrow_flight::sql::{
 use nyala_sql::{Database, CATALOG_NAME, SCHEMA_NAME};
 use tonic::Status;
 
-fn internal(e: impl std::fmt::Display) -> Status {
-    Status::internal(e.to_string())
-}
+use crate::internal;
 
 /// What GetSqlInfo answers: only what is true of Nyala.
 pub fn sql_info() -> anyhow::Result<SqlInfoData> {

@@ -62,7 +62,7 @@ pub fn encode_params(params: Option<&RecordBatch>) -> Result<Vec<FlightData>, St
         return Ok(vec![]);
     };
     arrow_flight::utils::batches_to_flight_data(&batch.schema(), vec![batch.clone()])
-        .map_err(|e| Status::internal(e.to_string()))
+        .map_err(crate::internal)
 }
 
 pub async fn decode_params(messages: &[FlightData]) -> Result<Option<RecordBatch>, Status> {
@@ -91,8 +91,7 @@ pub async fn read_params(mut upload: Upload) -> Result<Option<RecordBatch>, Stat
     if schema.fields().is_empty() || batches.is_empty() {
         return Ok(None);
     }
-    let batch =
-        concat_batches(&schema, &batches).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let batch = concat_batches(&schema, &batches).map_err(crate::invalid)?;
     Ok(Some(without_dictionaries(batch)?))
 }
 
@@ -109,9 +108,8 @@ fn without_dictionaries(batch: RecordBatch) -> Result<RecordBatch, Status> {
     for (field, column) in schema.fields().iter().zip(batch.columns()) {
         let (field, column) = match field.data_type() {
             DataType::Dictionary(_, values) => {
-                let decoded = arrow::compute::cast(column, values).map_err(|e| {
-                    Status::invalid_argument(format!("parameter {}: {e}", field.name()))
-                })?;
+                let decoded = arrow::compute::cast(column, values)
+                    .map_err(|e| crate::invalid(format!("parameter {}: {e}", field.name())))?;
                 (
                     field
                         .as_ref()
@@ -125,8 +123,7 @@ fn without_dictionaries(batch: RecordBatch) -> Result<RecordBatch, Status> {
         fields.push(field);
         columns.push(column);
     }
-    RecordBatch::try_new(std::sync::Arc::new(Schema::new(fields)), columns)
-        .map_err(|e| Status::invalid_argument(e.to_string()))
+    RecordBatch::try_new(std::sync::Arc::new(Schema::new(fields)), columns).map_err(crate::invalid)
 }
 
 /// The most parameter rows one statement runs with: a row of NULL-typed columns (or of no
@@ -151,7 +148,7 @@ pub fn param_rows(params: Option<&RecordBatch>) -> Result<Vec<Vec<ScalarValue>>,
                 .iter()
                 .map(|c| ScalarValue::try_from_array(c, row).map(unwrap_union))
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| Status::invalid_argument(format!("unsupported parameter value: {e}")))
+                .map_err(|e| crate::invalid(format!("unsupported parameter value: {e}")))
         })
         .collect()
 }

@@ -1,6 +1,7 @@
 """Bad input over Flight SQL, against a real server: malformed SQL, wrong types, duplicate keys,
 unknown names, oversized statements, too many parameters, garbage commands, tickets and actions,
-corrupted Arrow IPC in DoPut and in tickets, ingests that do not match their table.
+corrupted Arrow IPC in DoPut and in tickets, ingests that do not match their table, errors that
+would quote a megabyte the client sent.
 
 Each request must be refused with a clear error — never a reset stream or a panic's message —
 and leave the server serving and the database as it was: after every test, `SELECT 1` answers,
@@ -44,6 +45,11 @@ MAX_STATEMENT_BYTES = 1 << 20
 MAX_PARAMETERS = 65_535
 MAX_PARAMETER_ROWS = 10_000
 MAX_PREPARED_STATEMENTS = 1024
+
+# The longest error message (flight-server/src/errors.rs). Statuses travel in HTTP/2 headers,
+# which clients limit: gRPC C++ refuses more than 16 KiB ("received metadata size exceeds hard
+# limit"), so an error quoting what a client sent is cut.
+MAX_ERROR_BYTES = 1024
 
 # Text that only a crash or a bug puts into an error.
 FORBIDDEN = ("panicked", "internal error", "rust_backtrace", "backtrace", "rst_stream")
@@ -372,6 +378,40 @@ def test_garbage_tickets(client, ticket, needle):
 )
 def test_garbage_actions(client, action):
     refused(lambda: list(client.client.do_action(action)))
+
+
+# --- Errors that would quote a megabyte ---
+
+def refused_briefly(call, *needles):
+    """`refused`, with an error cut to a few KB that still names `needles`."""
+    text = refused(call, *needles)
+    # pyarrow shows the message twice: as the error's, and in gRPC's debug context.
+    assert len(text.encode()) < 4 * MAX_ERROR_BYTES, len(text)
+    return text
+
+
+def test_a_megabyte_type_url_gets_a_short_error(client):
+    """What fuzzing found: arrow-flight quotes an unknown command's type URL whole, and an
+    error of a megabyte never reached the client."""
+    command = any_of("type.googleapis.com/" + "x" * 1_000_000, b"")
+    descriptor = flight.FlightDescriptor.for_command(command)
+    for call in [
+        lambda: client.client.get_flight_info(descriptor),
+        lambda: client.put(descriptor, pa.record_batch([pa.array([1])], names=["x"])),
+        lambda: client.client.do_get(flight.Ticket(command)).read_all(),
+    ]:
+        refused_briefly(call, "type.googleapis.com/xxx", "bytes cut")
+
+
+def test_a_megabyte_action_type_gets_a_short_error(client):
+    action = flight.Action("x" * 1_000_000, b"")
+    refused_briefly(lambda: list(client.client.do_action(action)), "unknown action xxx")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_megabyte_identifier_gets_a_short_error(client, path):
+    sql = "SELECT * FROM missing_" + "x" * 1_000_000
+    refused_briefly(lambda: statement_paths(client)[path](sql), "missing_xxx", "bytes cut")
 
 
 # --- Corrupted Arrow IPC ---

@@ -242,7 +242,42 @@ pub fn master(channel: RpcChannel) -> MasterServiceClient<RpcChannel> {
         .max_encoding_message_size(MAX_MESSAGE_BYTES)
 }
 
+/// The most bytes of a status message (an error's text) a server sends. A status travels in
+/// HTTP/2 headers, which clients limit (hyper, hence tonic: 16 KiB; gRPC C++: 8 KiB before it
+/// starts refusing), and an error quotes what it is about (a table name, a key, a type URL),
+/// which a client can make as long as it likes. Percent-encoded on the wire, a message takes at
+/// most three times as many bytes.
+pub const MAX_ERROR_BYTES: usize = 1024;
+
+/// `message`, or, when it is longer than [`MAX_ERROR_BYTES`], its start and its end around a
+/// note of how many bytes were cut between them (cut on character boundaries), at most
+/// MAX_ERROR_BYTES long. Every status a server sends, internal or Flight SQL, is bounded by it.
+pub fn bounded_message(message: &str) -> std::borrow::Cow<'_, str> {
+    if message.len() <= MAX_ERROR_BYTES {
+        return message.into();
+    }
+    // Room for the note: "… (18446744073709551615 bytes cut) …" is 40 bytes.
+    let kept = MAX_ERROR_BYTES - 64;
+    let mut head = kept * 3 / 4;
+    while !message.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = message.len() - (kept - head);
+    while !message.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{}… ({} bytes cut) …{}",
+        &message[..head],
+        tail - head,
+        &message[tail..]
+    )
+    .into()
+}
+
 /// `e` as a gRPC status. `leader_address` resolves a replica's leader hint to an address.
+/// Its message and the subject in its details are bounded ([`bounded_message`]): a table name
+/// or a key can be as long as a client made it.
 pub fn to_status(e: &EngineError, leader_address: impl Fn(u64) -> Option<String>) -> tonic::Status {
     use tonic::Code;
     let mut detail = ErrorDetail::default();
@@ -287,7 +322,12 @@ pub fn to_status(e: &EngineError, leader_address: impl Fn(u64) -> Option<String>
         _ => (ErrorCode::ServerError, Code::Internal),
     };
     detail.code = code as i32;
-    tonic::Status::with_details(grpc, e.to_string(), detail.encode_to_vec().into())
+    detail.subject = bounded_message(&detail.subject).into_owned();
+    tonic::Status::with_details(
+        grpc,
+        bounded_message(&e.to_string()),
+        detail.encode_to_vec().into(),
+    )
 }
 
 /// A status that says a server cannot serve a request of another role.
@@ -415,5 +455,73 @@ mod tests {
         }
         let lost = from_status(tonic::Status::unavailable("connection refused"));
         assert!(matches!(lost, EngineError::Unavailable(_)));
+    }
+
+    #[test]
+    fn bounded_messages_keep_their_start_and_end() {
+        assert_eq!(bounded_message("table t not found"), "table t not found");
+        for c in ['x', 'é', '€', '😀'] {
+            for len in [
+                MAX_ERROR_BYTES - 1,
+                MAX_ERROR_BYTES,
+                MAX_ERROR_BYTES + 1,
+                1 << 20,
+            ] {
+                let message = format!("<{}>", c.to_string().repeat(len / c.len_utf8()));
+                let bounded = bounded_message(&message);
+                assert!(
+                    bounded.len() <= MAX_ERROR_BYTES,
+                    "{c} {len}: {}",
+                    bounded.len()
+                );
+                if message.len() <= MAX_ERROR_BYTES {
+                    assert_eq!(bounded, message);
+                    continue;
+                }
+                // Start, note, end: together all of the message.
+                let (head, rest) = bounded.split_once("… (").expect("a note");
+                let (cut, tail) = rest.split_once(" bytes cut) …").expect("a note");
+                let cut: usize = cut.parse().unwrap();
+                assert_eq!(head.len() + cut + tail.len(), message.len());
+                assert!(
+                    message.starts_with(head) && head.starts_with('<'),
+                    "{c} {len}"
+                );
+                assert!(message.ends_with(tail) && tail.ends_with('>'), "{c} {len}");
+                assert!(
+                    head.len() > MAX_ERROR_BYTES / 2,
+                    "{c} {len}: {}",
+                    head.len()
+                );
+            }
+        }
+    }
+
+    /// A table named by a client, a megabyte long, in a status that must fit an HTTP/2 header
+    /// block (16 KiB for tonic's clients): cut, and still the error it was.
+    #[test]
+    fn long_errors_cross_the_wire_bounded() {
+        let name = format!("t{}", "é".repeat(1 << 19));
+        let status = to_status(&EngineError::TableNotFound(name), |_| None);
+        assert!(
+            status.message().len() <= MAX_ERROR_BYTES,
+            "{}",
+            status.message().len()
+        );
+        assert!(
+            status.details().len() <= MAX_ERROR_BYTES + 16,
+            "{}",
+            status.details().len()
+        );
+        match from_status(status) {
+            EngineError::TableNotFound(subject) => {
+                assert!(subject.len() <= MAX_ERROR_BYTES, "{}", subject.len());
+                assert!(
+                    subject.starts_with("té") && subject.contains("bytes cut"),
+                    "{subject}"
+                );
+            }
+            other => panic!("{other}"),
+        }
     }
 }
