@@ -239,6 +239,7 @@ impl Tablets for RemoteTablets {
                 tablet_id: id.into(),
                 spec: encoded.clone(),
                 wait_ms: left.as_micros().div_ceil(1000) as u64,
+                this_replica: false,
             };
             async move { server.scan_open(request).await }
         };
@@ -376,6 +377,7 @@ impl RemoteScan {
                         tablet_id: tablet.clone(),
                         spec: encoded.clone(),
                         wait_ms: 0,
+                        this_replica: false,
                     };
                     async move { server.scan_open(request).await }
                 });

@@ -279,7 +279,9 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
         let opened = async move {
             let replica = server.replica(&open.tablet_id)?;
             let spec = ScanSpec::decode(&open.spec)?;
-            replica.confirm_leader().await?;
+            if !open.this_replica {
+                replica.confirm_leader().await?;
+            }
             let snapshot = (spec.snapshot.0 != 0).then_some(spec.snapshot);
             let iter = match open.wait_ms {
                 0 => None,
