@@ -1785,10 +1785,12 @@ mod cluster {
     /// 4 s, kill -9 and restart of the master, a tablet server cut off from the others. Each
     /// key's history must be linearizable as a compare-and-set register, and every total the
     /// same. `NYALA_FAULT_SECS` sets the length of the run (default 25; the long runs are
-    /// ignored unless asked for); `NYALA_FAULT_SEED` repeats a run (each run prints its own).
+    /// ignored unless asked for), `NYALA_FAULT_SERVERS` the tablet servers (3), and
+    /// `NYALA_FAULT_SEED` repeats a run (each run prints its own).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reads_writes_and_transfers_stay_correct_under_faults() {
-        fault_run(3, env_or("NYALA_FAULT_SECS", 25)).await;
+        let servers = env_or("NYALA_FAULT_SERVERS", 3);
+        fault_run(servers, env_or("NYALA_FAULT_SECS", 25)).await;
     }
 
     /// The long fault runs (see the manual's testing page): five minutes with 3 and with 5
