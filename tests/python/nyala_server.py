@@ -47,10 +47,12 @@ def url_in(words, scheme):
 
 
 @contextlib.contextmanager
-def nyala_serve(*args, data_dir=None):
+def nyala_serve(*args, data_dir=None, graceful=False):
     """Runs `nyala serve` with extra `args`; yields its (grpc:// or, with --tls-cert,
     grpc+tls://, http://) URLs; kills it afterwards. The data directory is a fresh temporary
-    one unless `data_dir` names one (to restart a server on the same data)."""
+    one unless `data_dir` names one (to restart a server on the same data). `graceful` stops
+    it with SIGTERM instead, so it shuts down cleanly: its tablets flush their MemRowSets into
+    DiskRowSets."""
     with contextlib.ExitStack() as stack:
         if data_dir is None:
             data_dir = stack.enter_context(tempfile.TemporaryDirectory())
@@ -61,6 +63,9 @@ def nyala_serve(*args, data_dir=None):
         )
         try:
             yield url_in(words, "grpc"), url_in(words, "http://")
+            if graceful:
+                proc.terminate()
+                proc.wait(timeout=STARTUP_TIMEOUT)
         finally:
             proc.kill()
             proc.wait()
