@@ -1977,15 +1977,26 @@ mod cluster {
                             }
                             // A read that failed says nothing.
                             (Kind::Read(_), Err(_)) => continue,
-                            (Kind::Cas(old, new), Ok(Some(1))) => (Kind::Cas(old, new), Some(returned)),
-                            (Kind::Cas(old, _), Ok(Some(0))) => (Kind::CasFailed(old), Some(returned)),
+                            (Kind::Cas(old, new), Ok(Some(1))) => {
+                                (Kind::Cas(old, new), Some(returned))
+                            }
+                            (Kind::Cas(old, _), Ok(Some(0))) => {
+                                (Kind::CasFailed(old), Some(returned))
+                            }
                             (Kind::Cas(_, _), Ok(rows)) => {
                                 panic!("a compare-and-set of one key changed {rows:?} rows")
                             }
                             (kind, Ok(_)) => (kind, Some(returned)),
                             (kind, Err(_)) => (kind, None),
                         };
-                        history.push((key, Op { kind, invoked, returned }));
+                        history.push((
+                            key,
+                            Op {
+                                kind,
+                                invoked,
+                                returned,
+                            },
+                        ));
                     }
                     history
                 })

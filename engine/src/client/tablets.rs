@@ -18,8 +18,7 @@ use crate::rpc::proto::common::TabletRef;
 use crate::rpc::proto::tserver::batched_call::Call;
 use crate::rpc::proto::tserver::{
     RequestId, ScanNextRequest, ScanOpenRequest, ScanResponse, TxnFinishRequest, TxnRequest,
-    TxnWriteRequest,
-    WaitForWriteRequest, WaitForWriteResponse, WriteRequest, WriteResponse,
+    TxnWriteRequest, WaitForWriteRequest, WaitForWriteResponse, WriteRequest, WriteResponse,
 };
 use crate::Result;
 

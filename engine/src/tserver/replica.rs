@@ -1193,7 +1193,11 @@ mod tests {
 
     /// The log entry of `write` for `request` proposed again, as a new leader gets it when
     /// the client sends the request again (the leader that answered it is gone).
-    async fn resend(replica: &TabletReplica, request: ClientRequest, write: &WriteBatch) -> Result<WriteOutcome> {
+    async fn resend(
+        replica: &TabletReplica,
+        request: ClientRequest,
+        write: &WriteBatch,
+    ) -> Result<WriteOutcome> {
         let op = || Ok(TabletOp::Write(write.clone()));
         Ok(replica.propose_with(Some(request.id), op).await?.1)
     }
@@ -1208,8 +1212,15 @@ mod tests {
         let path = dir.path().join("t");
         let clock = Arc::new(HybridClock::new());
         let open = || {
-            TabletReplica::open(&path, "t", TabletOptions::default(), clock.clone(), None, None)
-                .unwrap()
+            TabletReplica::open(
+                &path,
+                "t",
+                TabletOptions::default(),
+                clock.clone(),
+                None,
+                None,
+            )
+            .unwrap()
         };
         let replica = TabletReplica::create(
             &path,
@@ -1225,10 +1236,16 @@ mod tests {
         let first = request(&clock, 1);
         let done = replica.write_request(&insert, Some(first)).await.unwrap();
         assert_eq!(done.rows, 1);
-        replica.write(&batch(WriteKind::Upsert, 1, 20)).await.unwrap();
+        replica
+            .write(&batch(WriteKind::Upsert, 1, 20))
+            .await
+            .unwrap();
         // Sent again: no duplicate key, and the later write stands.
         assert_eq!(resend(&replica, first, &insert).await.unwrap(), done);
-        assert_eq!(replica.write_request(&insert, Some(first)).await.unwrap(), done);
+        assert_eq!(
+            replica.write_request(&insert, Some(first)).await.unwrap(),
+            done
+        );
         assert_eq!(rows(&replica), [(1, 20)]);
 
         // Flushed and opened again.
@@ -1242,7 +1259,10 @@ mod tests {
         let second = request(&clock, 2);
         let upsert = batch(WriteKind::Upsert, 2, 30);
         let done = replica.write_request(&upsert, Some(second)).await.unwrap();
-        replica.write(&batch(WriteKind::Upsert, 2, 40)).await.unwrap();
+        replica
+            .write(&batch(WriteKind::Upsert, 2, 40))
+            .await
+            .unwrap();
         drop(replica);
         let replica = open();
         assert_eq!(resend(&replica, second, &upsert).await.unwrap(), done);
@@ -1252,8 +1272,14 @@ mod tests {
         let third = request(&clock, 3);
         let again = batch(WriteKind::Insert, 1, 50);
         let failed = replica.write_request(&again, Some(third)).await;
-        assert!(matches!(failed, Err(EngineError::Storage(StorageError::DuplicateKey { .. }))));
-        replica.write(&batch(WriteKind::Delete, 1, 0)).await.unwrap();
+        assert!(matches!(
+            failed,
+            Err(EngineError::Storage(StorageError::DuplicateKey { .. }))
+        ));
+        replica
+            .write(&batch(WriteKind::Delete, 1, 0))
+            .await
+            .unwrap();
         assert_eq!(resend(&replica, third, &again).await.unwrap().rows, 1);
         assert_eq!(rows(&replica), [(1, 50), (2, 40)]);
 
@@ -1262,7 +1288,9 @@ mod tests {
             id: RequestId { client: 7, seq: 4 },
             sent: Timestamp::from_micros(clock.now().micros() - 61_000_000),
         };
-        let refused = replica.write_request(&batch(WriteKind::Upsert, 3, 0), Some(old)).await;
+        let refused = replica
+            .write_request(&batch(WriteKind::Upsert, 3, 0), Some(old))
+            .await;
         assert!(refused.is_err());
         assert_eq!(rows(&replica), [(1, 50), (2, 40)]);
     }

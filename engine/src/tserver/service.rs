@@ -180,7 +180,9 @@ impl tablet_server_service_server::TabletServerService for TabletServerService {
         let write = request.into_inner();
         let written = async {
             let (replica, batch) = self.admitted_write(&write.tablet_id, &write.batch).await?;
-            replica.write_request(&batch, client_request(write.request)).await
+            replica
+                .write_request(&batch, client_request(write.request))
+                .await
         }
         .await;
         self.respond(written.map(write_response))

@@ -233,10 +233,7 @@ mod tests {
         ];
         assert!(check(None, &ok).is_ok());
         // A failed compare-and-set saw another value: the write before it returned.
-        let stale = [
-            op(Write(Some(1)), 0, Some(1)),
-            op(CasFailed(1), 2, Some(3)),
-        ];
+        let stale = [op(Write(Some(1)), 0, Some(1)), op(CasFailed(1), 2, Some(3))];
         assert!(check(None, &stale).is_err());
         // A write applied twice: the value goes back to one a later write replaced.
         let twice = [
