@@ -99,7 +99,7 @@ def main():
     procs = Processes(args.nyala, work)
     try:
         m = procs.start("nyala", ["serve", "--data-dir", os.path.join(work, "data"),
-                                  "--listen", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"],
+                                  "--listen", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--pg-addr", "127.0.0.1:0"],
                         r"Nyala listening on (grpc://\S+) and (http://\S+)")
         uri, http = m.group(1), m.group(2)
         conn = flightsql.connect(uri)

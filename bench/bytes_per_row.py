@@ -15,7 +15,7 @@ import adbc_driver_flightsql.dbapi as flightsql
 binary, rows = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000
 work = tempfile.mkdtemp()
 data = os.path.join(work, "data")
-proc = subprocess.Popen([binary, "serve", "--data-dir", data, "--listen", "127.0.0.1:50996", "--http-addr", "127.0.0.1:0"],
+proc = subprocess.Popen([binary, "serve", "--data-dir", data, "--listen", "127.0.0.1:50996", "--http-addr", "127.0.0.1:0", "--pg-addr", "127.0.0.1:0"],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 time.sleep(2)
 def batch(start, n):

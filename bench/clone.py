@@ -78,7 +78,7 @@ def start_server(binary, work, timeout=120):
     out = open(path, "w")
     # Its own session: Ctrl-C reaches this script only, which stops the server itself.
     proc = subprocess.Popen([binary, "serve", "--data-dir", data, "--listen", "127.0.0.1:0",
-                             "--http-addr", "127.0.0.1:0"],
+                             "--http-addr", "127.0.0.1:0", "--pg-addr", "127.0.0.1:0"],
                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, env={**os.environ, "NO_COLOR": "1"},
                             preexec_fn=_die_with_parent)

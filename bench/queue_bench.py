@@ -169,7 +169,7 @@ def start_single(procs, args):
     data = os.path.join(procs.work, "data")
     extra = ["--memory-limit-mb", str(args.memory_limit_mb)] if args.memory_limit_mb else []
     m = procs.start("serve", ["serve", "--data-dir", data, "--listen", "127.0.0.1:0",
-                              "--http-addr", "127.0.0.1:0", *extra],
+                              "--http-addr", "127.0.0.1:0", "--pg-addr", "127.0.0.1:0", *extra],
                     r"Nyala listening on (grpc://\S+)")
     return m.group(1)
 

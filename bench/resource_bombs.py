@@ -11,7 +11,7 @@ import adbc_driver_flightsql.dbapi as flight_sql
 binary=sys.argv[1]
 d = tempfile.mkdtemp()
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-p = subprocess.Popen([binary, "serve", "--data-dir", d, "--listen", f"127.0.0.1:{port}", "--http-addr", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+p = subprocess.Popen([binary, "serve", "--data-dir", d, "--listen", f"127.0.0.1:{port}", "--http-addr", "127.0.0.1:0", "--pg-addr", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 time.sleep(1.5)
 def connect(): return flight_sql.connect(f"grpc://127.0.0.1:{port}")
 lat=[]; stop=False

@@ -88,8 +88,10 @@ free_port() {
   return 1
 }
 
-# Nyala: port 0 lets the OS choose; the server prints grpc://ADDRESS once it listens.
-"$bin/nyala" serve --data-dir "$work/nyala" --listen 127.0.0.1:0 >"$work/nyala.log" 2>&1 &
+# Nyala: port 0 lets the OS choose; the server prints grpc://ADDRESS once it listens, and then
+# where its PostgreSQL protocol listens.
+"$bin/nyala" serve --data-dir "$work/nyala" --listen 127.0.0.1:0 --http-addr 127.0.0.1:0 \
+  --pg-addr 127.0.0.1:0 >"$work/nyala.log" 2>&1 &
 nyala_pid=$!
 nyala_addr=""
 for _ in $(seq 1200); do
@@ -122,6 +124,14 @@ echo "Nyala: nyala serve ($profile build) at $nyala_addr, data in a fresh tempor
 echo "PostgreSQL: $("$PG_BIN/postgres" --version), scratch cluster at 127.0.0.1:$pg_port, initdb defaults" \
   "(fsync on, synchronous_commit on), trust authentication"
 "$bin/examples/serving_bench" --nyala "$nyala_addr" \
+  --postgres "host=127.0.0.1 port=$pg_port user=postgres dbname=postgres" "$@"
+
+# The same tests through Nyala's PostgreSQL protocol, with the client PostgreSQL gets.
+nyala_pg="$(grep -o -m1 'PostgreSQL protocol listening on 127\.0\.0\.1:[0-9]*' "$work/nyala.log" | grep -o '[0-9]*$')"
+echo
+echo "Nyala through its PostgreSQL protocol at 127.0.0.1:$nyala_pg"
+"$bin/examples/serving_bench" --nyala-protocol postgres \
+  --nyala "host=127.0.0.1 port=$nyala_pg user=nyala dbname=nyala" \
   --postgres "host=127.0.0.1 port=$pg_port user=postgres dbname=postgres" "$@"
 
 if [ "${SERVING_FLOOR:-0}" = 1 ]; then

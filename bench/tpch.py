@@ -155,7 +155,7 @@ class Server:
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [binary, "serve", "--data-dir", self.data_dir, "--listen", "127.0.0.1:0",
-             "--http-addr", "127.0.0.1:0"], stdout=self.log, stderr=subprocess.STDOUT)
+             "--http-addr", "127.0.0.1:0", "--pg-addr", "127.0.0.1:0"], stdout=self.log, stderr=subprocess.STDOUT)
         self.uri = None
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -34,7 +34,10 @@ pub mod partition;
 pub mod rpc;
 pub mod tserver;
 
-pub use catalog::{Access, ColumnChange, DdlOp, Privilege, TableId, TableInfo, UserInfo, ViewInfo};
+pub use catalog::{
+    Access, ColumnChange, DdlOp, Privilege, ScramVerifier, TableId, TableInfo, UserInfo, ViewInfo,
+    SCRAM_ITERATIONS,
+};
 pub use client::{Client, TableHandle, TabletStats, Transaction, WriteError, Written};
 pub use error::EngineError;
 pub use nyala_storage as storage;

@@ -47,9 +47,15 @@ use tonic::transport::{Channel, Endpoint};
 #[derive(Parser)]
 #[command(about = "Serving benchmark: Nyala (Flight SQL) against PostgreSQL, same run")]
 struct Args {
-    /// Nyala's Flight SQL address, e.g. grpc://127.0.0.1:50051.
+    /// Nyala's Flight SQL address, e.g. grpc://127.0.0.1:50051; with `--nyala-protocol
+    /// postgres`, a connection string of its PostgreSQL protocol, e.g. "host=127.0.0.1
+    /// port=5433 user=nyala dbname=nyala".
     #[arg(long)]
     nyala: Option<String>,
+    /// How the benchmark talks to Nyala: Flight SQL (arrow-flight) or the PostgreSQL protocol
+    /// (tokio-postgres, the same client as PostgreSQL's).
+    #[arg(long, value_enum, default_value = "flight")]
+    nyala_protocol: Protocol,
     /// PostgreSQL connection string, e.g. "host=127.0.0.1 port=5432 user=postgres dbname=postgres".
     #[arg(long)]
     postgres: Option<String>,
@@ -65,6 +71,12 @@ struct Args {
     /// Sequential calls per latency test, after a tenth as many to warm up.
     #[arg(long, default_value_t = 1_000)]
     iterations: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Protocol {
+    Flight,
+    Postgres,
 }
 
 const FIELDS: usize = 10;
@@ -464,6 +476,67 @@ impl Client for Postgres {
     async fn close(self) -> Result<()> {
         // Prepared statements end with the connection, which ends when the client is dropped.
         Ok(())
+    }
+}
+
+/// Nyala through its PostgreSQL protocol, with the client PostgreSQL gets (tokio-postgres):
+/// the same statements, prepared on the connection, one round trip per call.
+struct NyalaPg(Postgres);
+
+impl Client for NyalaPg {
+    const NAME: &'static str = "nyala";
+
+    async fn connect(target: &str) -> Result<Self> {
+        Ok(NyalaPg(Postgres::connect(target).await?))
+    }
+
+    async fn describe(&mut self) -> Result<String> {
+        Ok(format!(
+            "PostgreSQL protocol (server_version {}), tokio-postgres, one connection per client",
+            self.0.show("server_version").await?
+        ))
+    }
+
+    async fn create_table(&mut self) -> Result<()> {
+        let fields: Vec<String> = (0..FIELDS).map(|i| format!("field{i} STRING")).collect();
+        let sql = format!(
+            "DROP TABLE IF EXISTS usertable; CREATE TABLE usertable (ycsb_key STRING, {}, \
+             PRIMARY KEY (ycsb_key)) DISTRIBUTE BY HASH (ycsb_key) INTO 8 BUCKETS",
+            fields.join(", ")
+        );
+        (self.0.client.batch_execute(&sql).await).with_context(|| format!("{sql} on Nyala"))
+    }
+
+    async fn execute(&mut self, sql: &str) -> Result<u64> {
+        self.0.execute(sql).await
+    }
+
+    async fn prepare(&mut self) -> Result<()> {
+        self.0.prepare().await
+    }
+
+    async fn select_one(&mut self) -> Result<u64> {
+        self.0.select_one().await
+    }
+
+    async fn read(&mut self, key: &str) -> Result<u64> {
+        self.0.read(key).await
+    }
+
+    async fn update(&mut self, field: usize, value: &str, key: &str) -> Result<u64> {
+        self.0.update(field, value, key).await
+    }
+
+    async fn insert(&mut self, key: &str, values: &[String]) -> Result<u64> {
+        self.0.insert(key, values).await
+    }
+
+    fn requests(&self) -> u64 {
+        self.0.requests()
+    }
+
+    async fn close(self) -> Result<()> {
+        self.0.close().await
     }
 }
 
@@ -962,6 +1035,13 @@ struct Pair<T> {
     postgres: Option<T>,
 }
 
+/// Where the systems are, and how Nyala is spoken to.
+struct Targets {
+    nyala: Option<String>,
+    postgres: Option<String>,
+    protocol: Protocol,
+}
+
 impl<T> Pair<T> {
     /// The systems' names and results, Nyala first.
     fn each(&self) -> impl Iterator<Item = (&'static str, &T)> {
@@ -986,9 +1066,12 @@ impl<T> Pair<T> {
 macro_rules! on_each_system {
     ($targets:expr, $f:ident ( $($arg:expr),* )) => {
         Pair {
-            nyala: match &$targets.nyala {
-                Some(target) => Some($f::<Nyala>(target, $($arg),*).await?),
-                None => None,
+            nyala: match (&$targets.nyala, $targets.protocol) {
+                (Some(target), Protocol::Flight) => Some($f::<Nyala>(target, $($arg),*).await?),
+                (Some(target), Protocol::Postgres) => {
+                    Some($f::<NyalaPg>(target, $($arg),*).await?)
+                }
+                (None, _) => None,
             },
             postgres: match &$targets.postgres {
                 Some(target) => Some($f::<Postgres>(target, $($arg),*).await?),
@@ -1100,9 +1183,10 @@ async fn run(args: Args) -> Result<()> {
     if args.rows < 2 || args.threads == 0 || args.iterations == 0 || args.seconds == 0 {
         bail!("--rows must be at least 2, --threads, --iterations and --seconds at least 1");
     }
-    let targets = Pair {
+    let targets = Targets {
         nyala: args.nyala.clone(),
         postgres: args.postgres.clone(),
+        protocol: args.nyala_protocol,
     };
     let both = targets.nyala.is_some() && targets.postgres.is_some();
     let duration = Duration::from_secs(args.seconds);
@@ -1112,8 +1196,11 @@ async fn run(args: Args) -> Result<()> {
         args.rows, args.threads, args.seconds, args.iterations
     );
     if let Some(target) = &targets.nyala {
-        let mut client = Nyala::connect(target).await?;
-        println!("  nyala     {target}: {}", client.describe().await?);
+        let described = match targets.protocol {
+            Protocol::Flight => Nyala::connect(target).await?.describe().await?,
+            Protocol::Postgres => NyalaPg::connect(target).await?.describe().await?,
+        };
+        println!("  nyala     {target}: {described}");
     }
     if let Some(target) = &targets.postgres {
         let mut client = Postgres::connect(target).await?;

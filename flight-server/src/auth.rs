@@ -21,25 +21,12 @@ const BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::n
         .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
 );
 
-/// The administrator `nyala serve --user/--password` creates at its first start.
-#[derive(Clone)]
-pub struct Credentials {
-    pub username: String,
-    pub password: String,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("username", &self.username)
-            .finish_non_exhaustive()
-    }
-}
+pub use nyala_server::auth::Credentials;
 
 /// Checks requests' credentials against the users in the catalog.
 #[derive(Clone)]
 pub struct Auth {
-    client: Client,
+    auth: nyala_server::auth::Auth,
 }
 
 /// What a request's `authorization` header proves.
@@ -55,13 +42,20 @@ pub enum Caller {
 
 impl Auth {
     pub fn new(client: Client) -> Self {
-        Self { client }
+        Self {
+            auth: nyala_server::auth::Auth::new(client),
+        }
+    }
+
+    /// The session layer's password checks.
+    pub fn shared(&self) -> &nyala_server::auth::Auth {
+        &self.auth
     }
 
     /// Who the request's headers say the caller is; an error for missing credentials or a
     /// wrong password. Authentication is on once the catalog has a user.
     pub async fn identify(&self, headers: &http::HeaderMap) -> Result<Caller, Status> {
-        if self.client.users().is_empty() {
+        if !self.auth.required() {
             return Ok(Caller::Anyone);
         }
         let header = headers
@@ -87,24 +81,11 @@ impl Auth {
             .and_then(|b| String::from_utf8(b).ok())
             .ok_or_else(|| Status::unauthenticated("malformed basic authorization header"))?;
         let (name, password) = decoded.split_once(':').unwrap_or((decoded.as_str(), ""));
-        let wrong = || Status::unauthenticated("invalid username or password");
-        let user = self.client.user(name).ok_or_else(wrong)?;
-        let password = password.to_string();
-        // Argon2 takes tens of milliseconds of CPU by design: off the async threads.
-        let checked = user.clone();
-        let valid = tokio::task::spawn_blocking(move || checked.verify(&password))
+        let user = self
+            .auth
+            .verify(name, password)
             .await
-            .map_err(|_| wrong())?;
-        match valid {
-            true => Ok(Caller::Password(user)),
-            false => Err(wrong()),
-        }
-    }
-
-    /// Whether the user a session logged in as still exists with the password it used.
-    pub fn still_valid(&self, login: &nyala_sql::Login) -> bool {
-        self.client
-            .user(&login.name)
-            .is_some_and(|now| now.password_hash == login.password_hash)
+            .map_err(crate::status)?;
+        Ok(Caller::Password(user))
     }
 }

@@ -9,7 +9,6 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -19,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::server::Connected;
 
-use crate::session::Sessions;
+use nyala_server::Sessions;
 
 /// How long an idle connection waits before TCP keepalive probes start.
 pub const KEEPALIVE: Duration = Duration::from_secs(60);
@@ -113,14 +112,15 @@ pub fn incoming(
     listener: TcpListener,
     sessions: &Arc<Sessions>,
 ) -> impl Stream<Item = io::Result<Connection>> + Send + 'static {
-    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
     let sessions = Arc::downgrade(sessions);
     futures::stream::unfold(listener, move |listener| {
         let sessions = sessions.clone();
         async move {
             let accepted = listener.accept().await.and_then(|(stream, remote)| {
                 tune(&stream)?;
-                let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+                let id = sessions
+                    .upgrade()
+                    .map_or(0, |sessions| sessions.next_connection());
                 let info = ConnectionInfo {
                     id,
                     remote: Some(remote),

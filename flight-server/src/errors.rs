@@ -219,7 +219,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let options = crate::ServerOptions::default();
-        let server = crate::serve(db, listener, options, std::future::pending());
+        let server = crate::serve(db, listener, None, options, std::future::pending());
         tokio::select! {
             served = server => panic!("the server stopped: {served:?}"),
             () = send_megabytes(address) => {}

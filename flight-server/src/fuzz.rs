@@ -30,10 +30,11 @@ use prost::Message;
 use tonic::Request;
 
 use crate::auth::{Auth, Caller};
-use crate::session::{SessionRef, Sessions};
+use crate::session::SessionRef;
 use crate::session_options::{OptionValue, SessionOptionValue, SetSessionOptionsRequest};
 use crate::tickets::{decode_params, encode_params, param_rows, QueryTicket};
 use crate::NyalaFlightService;
+use nyala_server::Sessions;
 
 /// A server over a database with one table, and a runtime to call it on.
 struct Server {
@@ -416,10 +417,7 @@ fn call(u: &mut Unstructured) -> arbitrary::Result<Call> {
 
 /// A request in a new session, as the session layer hands it to the service.
 fn request<T>(server: &Server, message: T) -> Request<T> {
-    let (session, _) = server
-        .sessions
-        .resolve(None, &Caller::Anyone, None)
-        .unwrap();
+    let (session, _) = server.sessions.resolve(None, None, None).unwrap();
     let mut request = Request::new(message);
     request.extensions_mut().insert(Caller::Anyone);
     request.extensions_mut().insert(SessionRef(session));

@@ -45,13 +45,13 @@ use arrow_flight::{
 };
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use nyala_sql::{
-    Database, IngestMode, IngestTarget, Interrupt, PlannedStatement, PreparedStatement, SqlError,
+    Database, IngestMode, IngestTarget, PlannedStatement, PreparedStatement, SqlError,
     StatementKind, CATALOG_NAME, SCHEMA_NAME,
 };
 use prost::Message;
 use tonic::{Request, Response, Status, Streaming};
 
-pub mod activity;
+pub use nyala_server::activity;
 pub mod admin;
 pub mod auth;
 pub mod connection;
@@ -67,10 +67,12 @@ mod tickets;
 mod upload;
 pub mod web;
 
-use activity::{Activity, TrackedStatement};
+use activity::Activity;
 use auth::{Auth, Caller};
 use errors::bounded_message;
-use session::{caller_of, session_of, ClientSession, SessionLayer, Sessions};
+use nyala_server::run::BatchStream;
+use nyala_server::{excerpt, ClientSession, ServerError, Sessions};
+use session::{caller_of, session_of, SessionLayer};
 use tickets::QueryTicket;
 use upload::Upload;
 
@@ -79,7 +81,6 @@ pub const SINGLE_ENDPOINT_HEADER: &str = "x-nyala-single-endpoint";
 
 type DoGetStream =
     Pin<Box<dyn Stream<Item = Result<arrow_flight::FlightData, Status>> + Send + 'static>>;
-type BatchStream = Pin<Box<dyn Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static>>;
 
 /// The Flight SQL service over one database.
 pub struct NyalaFlightService {
@@ -129,16 +130,6 @@ impl NyalaFlightService {
     pub fn with_activity(self, activity: Arc<Activity>) -> Self {
         Self { activity, ..self }
     }
-
-    /// Registers a statement of `kind` that `session` starts to run.
-    fn track(&self, session: &ClientSession, sql: &str, kind: StatementKind) -> TrackedStatement {
-        let kind = match kind {
-            StatementKind::Query => "query",
-            StatementKind::Dml => "dml",
-            StatementKind::Ddl => "ddl",
-        };
-        self.activity.start(sql, &session.user_name(), kind)
-    }
 }
 
 /// A server's TLS identity: its certificate chain and private key, PEM.
@@ -167,21 +158,6 @@ impl TlsIdentity {
     }
 }
 
-/// The user statements are shown as run by when the server does not authenticate.
-pub const ANONYMOUS: &str = "anonymous";
-
-/// `text`, or its start and end with the middle left out when it is longer than `max` chars.
-pub fn excerpt(text: &str, max: usize) -> String {
-    let chars = text.chars().count();
-    if chars <= max {
-        return text.to_string();
-    }
-    let head: String = text.chars().take(max * 2 / 3).collect();
-    let tail: String = text.chars().skip(chars - max / 3).collect();
-    let left_out = chars - head.chars().count() - tail.chars().count();
-    format!("{head} [... {left_out} characters left out ...] {tail}")
-}
-
 /// A client's mistake as a gRPC status, with a message of bounded length: an error that quotes
 /// a statement (a parse error's token, say) is cut to its start and end ([`errors`]).
 fn invalid(message: impl std::fmt::Display) -> Status {
@@ -204,9 +180,17 @@ fn in_transaction(session: &ClientSession, id: Option<&bytes::Bytes>) -> Result<
     }
 }
 
-/// A SQL error as a gRPC status with a message of bounded length: the user's mistakes are
-/// InvalidArgument, the rest say what kind of failure it was.
-pub fn status(e: SqlError) -> Status {
+/// An error of the session layer (a SQL error among them) as a gRPC status with a message of
+/// bounded length: the user's mistakes are InvalidArgument, the rest say what kind of failure
+/// it was.
+pub fn status(e: impl Into<ServerError>) -> Status {
+    let e = match e.into() {
+        ServerError::Sql(e) => e,
+        ServerError::Unauthenticated(m) => return Status::unauthenticated(bounded_message(&m)),
+        ServerError::NotFound(m) => return Status::not_found(bounded_message(&m)),
+        ServerError::TooLarge(m) => return Status::invalid_argument(bounded_message(&m)),
+        ServerError::TooMany(m) => return Status::resource_exhausted(bounded_message(&m)),
+    };
     let code = match &e {
         SqlError::NotSupported(_) => tonic::Code::Unimplemented,
         SqlError::PermissionDenied(_) => tonic::Code::PermissionDenied,
@@ -263,8 +247,9 @@ fn command_info(
 
 fn batch_stream(
     schema: SchemaRef,
-    batches: impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static,
+    batches: impl Stream<Item = Result<RecordBatch, ServerError>> + Send + 'static,
 ) -> DoGetStream {
+    let batches = batches.map_err(|e| FlightError::Tonic(Box::new(status(e))));
     let stream = FlightDataEncoderBuilder::new()
         .with_schema(schema)
         .build(batches)
@@ -278,7 +263,7 @@ fn batch_stream(
 fn one_batch(batch: RecordBatch) -> Response<DoGetStream> {
     Response::new(batch_stream(
         batch.schema(),
-        futures::stream::iter([Ok(batch)]),
+        futures::stream::iter([Ok::<_, ServerError>(batch)]),
     ))
 }
 
@@ -317,30 +302,6 @@ async fn read_params(
     tickets::read_params(Upload::new(request.into_inner())).await
 }
 
-/// Stops `stream` with a `cancelled` error once `cancelled` turns true.
-fn cancellable(
-    stream: BatchStream,
-    mut cancelled: tokio::sync::watch::Receiver<bool>,
-) -> BatchStream {
-    let mut flag = cancelled.clone();
-    let stopped = async move {
-        if cancelled.wait_for(|c| *c).await.is_err() {
-            // Nobody can cancel this query any more.
-            std::future::pending::<()>().await;
-        }
-    };
-    let error = futures::stream::once(async move { *flag.borrow_and_update() }).filter_map(
-        |was_cancelled| async move {
-            was_cancelled.then(|| {
-                Err(FlightError::Tonic(Box::new(Status::cancelled(
-                    "the query was cancelled",
-                ))))
-            })
-        },
-    );
-    Box::pin(stream.take_until(stopped).chain(error))
-}
-
 impl NyalaFlightService {
     /// GetFlightInfo for `statement` with optional parameter rows. Queries are planned now
     /// and kept in the session until their endpoints are fetched: one per tablet for plain
@@ -368,7 +329,8 @@ impl NyalaFlightService {
             ..Default::default()
         };
         if info.kind != StatementKind::Query {
-            ticket.count = Some(self.run_update(session, statement, &rows).await?);
+            let count = session.run_update(&self.activity, statement, &rows).await;
+            ticket.count = Some(count.map_err(status)?);
             ticket.ddl = info.kind == StatementKind::Ddl;
             let endpoint = self.endpoint(&ticket, false);
             return Ok(Response::new(flight_info(
@@ -452,7 +414,7 @@ impl NyalaFlightService {
         }
         let owner = self.sessions.get(&ticket.session);
         let pending = match &owner {
-            Some(owner) => owner.fetch_query(ticket.id)?,
+            Some(owner) => owner.fetch_query(ticket.id).map_err(status)?,
             None => None,
         };
         let (plans, cancelled) = match pending {
@@ -461,7 +423,7 @@ impl NyalaFlightService {
                 (Plans::Kept(query), cancelled)
             }
             None => {
-                limits::statement_text(&ticket.sql)?;
+                nyala_server::limits::statement_text(&ticket.sql).map_err(status)?;
                 let params = tickets::decode_params(&ticket.params).await?;
                 let mut plans = Vec::new();
                 for row in tickets::param_rows(params.as_ref())? {
@@ -486,13 +448,14 @@ impl NyalaFlightService {
             Some(i) => format!("[tablet {} of {}] {}", i + 1, ticket.partitions, ticket.sql),
             None => ticket.sql.clone(),
         };
-        let tracked = self.track(caller, &text, StatementKind::Query);
+        let tracked = caller.track(&self.activity, &text, StatementKind::Query);
         // The first plan starts now, so its errors are the call's; the plans of later
         // parameter rows start one after another as the stream reaches them (each holds a turn
         // among running queries while it runs).
         let first = run_ticket(first, &ticket)
             .await
-            .inspect_err(|status| tracked.failed(status))?;
+            .inspect_err(|e| tracked.failed(e))
+            .map_err(status)?;
         let plans = Arc::new(plans);
         let later = {
             let plans = plans.clone();
@@ -503,9 +466,7 @@ impl NyalaFlightService {
                 })
                 .map(|started| match started {
                     Ok(stream) => stream,
-                    Err(status) => Box::pin(futures::stream::once(async move {
-                        Err(FlightError::Tonic(Box::new(status)))
-                    })),
+                    Err(e) => Box::pin(futures::stream::once(async move { Err(e) })),
                 })
                 .flatten()
         };
@@ -514,66 +475,9 @@ impl NyalaFlightService {
             let _ = &plans;
             batch
         });
-        let batches = cancellable(Box::pin(batches), cancelled);
-        let batches = cancellable(batches, tracked.cancellation());
+        let batches = nyala_server::run::cancellable(Box::pin(batches), cancelled);
         // The stream carries the statement: it is finished when the stream ends or is dropped.
-        let batches = batches.map(move |batch| {
-            match &batch {
-                Ok(batch) => tracked.add_rows(batch.num_rows() as u64),
-                Err(FlightError::Tonic(status)) => tracked.failed(status),
-                Err(e) => tracked.failed(&internal(e)),
-            }
-            batch
-        });
-        Ok(Response::new(batch_stream(schema, Box::pin(batches))))
-    }
-
-    /// Runs a DDL or DML statement once per parameter row; returns the total count.
-    async fn run_update(
-        &self,
-        session: &ClientSession,
-        statement: &PreparedStatement,
-        rows: &[Vec<datafusion::common::ScalarValue>],
-    ) -> Result<u64, Status> {
-        let kind = statement.info().kind;
-        if kind == StatementKind::Ddl {
-            session.forget_statements();
-        }
-        let tracked = self.track(session, statement.sql(), kind);
-        let interrupt = Interrupt::default();
-        let work = self.run_rows(session, statement, rows, &interrupt);
-        tracked.run_to_end(work, &interrupt, |total| *total).await
-    }
-
-    /// Runs a DDL or DML statement once per parameter row (see [`Self::run_update`]).
-    async fn run_rows(
-        &self,
-        session: &ClientSession,
-        statement: &PreparedStatement,
-        rows: &[Vec<datafusion::common::ScalarValue>],
-        interrupt: &Interrupt,
-    ) -> Result<u64, Status> {
-        let mut total = 0;
-        for (i, row) in rows.iter().enumerate() {
-            let result = async {
-                let planned = session.sql().plan_prepared(statement, row).await?;
-                let applied = planned.execute_until(interrupt.clone()).await?;
-                let batches: Vec<RecordBatch> = applied.try_collect().await?;
-                Ok::<_, SqlError>(nyala_sql::count_of(&batches))
-            }
-            .await;
-            match result {
-                Ok(count) => total += count,
-                Err(e) if i > 0 => {
-                    return Err(status(SqlError::Invalid(format!(
-                        "{e} (parameter row {}; the {i} rows before it were applied)",
-                        i + 1
-                    ))))
-                }
-                Err(e) => return Err(status(e)),
-            }
-        }
-        Ok(total)
+        Ok(Response::new(batch_stream(schema, tracked.follow(batches))))
     }
 
     /// A statement sent as an update (DoPut): DDL or DML, run once per parameter row.
@@ -589,7 +493,8 @@ impl NyalaFlightService {
             ));
         }
         let rows = tickets::param_rows(params)?;
-        Ok(self.run_update(session, statement, &rows).await? as i64)
+        let count = session.run_update(&self.activity, statement, &rows).await;
+        Ok(count.map_err(status)? as i64)
     }
 
     /// Cancels the queries of `info`'s endpoints; whether any was found.
@@ -615,7 +520,7 @@ impl NyalaFlightService {
 
 /// The plans a DoGet runs: those its session kept since GetFlightInfo, or planned anew.
 enum Plans {
-    Kept(Arc<session::PendingQuery>),
+    Kept(Arc<nyala_server::session::PendingQuery>),
     Planned(Vec<PlannedStatement>),
 }
 
@@ -632,7 +537,7 @@ impl Plans {
 async fn run_ticket(
     planned: &PlannedStatement,
     ticket: &QueryTicket,
-) -> Result<BatchStream, Status> {
+) -> Result<BatchStream, ServerError> {
     let stream = match ticket.partition {
         Some(partition) if planned.tablet_partitions() == Some(ticket.partitions as usize) => {
             planned
@@ -643,11 +548,10 @@ async fn run_ticket(
             "the table's tablets changed since this query was planned; run it again".into(),
         )),
         None => planned.execute_query().await,
-    }
-    .map_err(status)?;
-    Ok(Box::pin(stream.map_err(|e| {
-        FlightError::Tonic(Box::new(status(SqlError::from(e))))
-    })))
+    }?;
+    Ok(Box::pin(
+        stream.map_err(|e| ServerError::from(SqlError::from(e))),
+    ))
 }
 
 #[tonic::async_trait]
@@ -690,7 +594,7 @@ impl FlightSqlService for NyalaFlightService {
     ) -> Result<Response<FlightInfo>, Status> {
         let session = session_of(&request)?;
         in_transaction(&session, query.transaction_id.as_ref())?;
-        let statement = session.statement(&query.query).await?;
+        let statement = session.statement(&query.query).await.map_err(status)?;
         self.info_for(&session, &statement, None, request).await
     }
 
@@ -710,7 +614,7 @@ impl FlightSqlService for NyalaFlightService {
     ) -> Result<i64, Status> {
         let session = session_of(&request)?;
         in_transaction(&session, command.transaction_id.as_ref())?;
-        let statement = session.statement(&command.query).await?;
+        let statement = session.statement(&command.query).await.map_err(status)?;
         self.update(&session, &statement, None).await
     }
 
@@ -802,9 +706,10 @@ impl FlightSqlService for NyalaFlightService {
                 .sql()
                 .ingest(&target, schema, batches)
                 .await
-                .map_err(status)
+                .map_err(ServerError::from)
         };
-        let loaded = tracked.run(ingest, |loaded| *loaded).await?;
+        let loaded = tracked.run(ingest, |loaded| *loaded).await;
+        let loaded = loaded.map_err(status)?;
         Ok(loaded as i64)
     }
 
@@ -815,7 +720,7 @@ impl FlightSqlService for NyalaFlightService {
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         let session = session_of(&request)?;
         in_transaction(&session, query.transaction_id.as_ref())?;
-        let statement = session.prepare(&query.query).await?;
+        let statement = session.prepare(&query.query).await.map_err(status)?;
         let info = statement.info().clone();
         let ipc = |schema: &Schema| -> Result<_, Status> {
             let message: IpcMessage = SchemaAsIpc::new(schema, &Default::default())
@@ -831,7 +736,7 @@ impl FlightSqlService for NyalaFlightService {
             Arc::new(Schema::empty())
         };
         Ok(ActionCreatePreparedStatementResult {
-            prepared_statement_handle: session.add_prepared(statement)?.into(),
+            prepared_statement_handle: session.add_prepared(statement).map_err(status)?.into(),
             dataset_schema: ipc(&dataset)?,
             parameter_schema: ipc(&advertised_parameters(&info.parameters))?,
         })
@@ -853,7 +758,9 @@ impl FlightSqlService for NyalaFlightService {
     ) -> Result<DoPutPreparedStatementResult, Status> {
         let session = session_of(&request)?;
         let params = read_params(request).await?;
-        session.bind(&query.prepared_statement_handle, params)?;
+        session
+            .bind(&query.prepared_statement_handle, params)
+            .map_err(status)?;
         Ok(DoPutPreparedStatementResult {
             prepared_statement_handle: Some(query.prepared_statement_handle),
         })
@@ -865,7 +772,9 @@ impl FlightSqlService for NyalaFlightService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let session = session_of(&request)?;
-        let prepared = session.prepared(&query.prepared_statement_handle)?;
+        let prepared = session
+            .prepared(&query.prepared_statement_handle)
+            .map_err(status)?;
         self.info_for(
             &session,
             &prepared.statement,
@@ -883,7 +792,9 @@ impl FlightSqlService for NyalaFlightService {
         // Our FlightInfo hands out statement tickets; a client that builds its own ticket from
         // the handle gets the statement run with its bound parameters.
         let session = session_of(&request)?;
-        let prepared = session.prepared(&query.prepared_statement_handle)?;
+        let prepared = session
+            .prepared(&query.prepared_statement_handle)
+            .map_err(status)?;
         let ticket = QueryTicket {
             sql: prepared.statement.sql().to_string(),
             params: tickets::encode_params(prepared.params.as_ref())?,
@@ -898,7 +809,9 @@ impl FlightSqlService for NyalaFlightService {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         let session = session_of(&request)?;
-        let prepared = session.prepared(&query.prepared_statement_handle)?;
+        let prepared = session
+            .prepared(&query.prepared_statement_handle)
+            .map_err(status)?;
         let uploaded = read_params(request).await?;
         self.update(
             &session,
@@ -1298,10 +1211,12 @@ where
         })
 }
 
-/// Serves Flight SQL for `db` on `listener` until `shutdown` completes.
+/// Serves Flight SQL for `db` on `listener`, and the PostgreSQL protocol on `pg` if given, over
+/// one session layer, until `shutdown` completes.
 pub async fn serve(
     db: Arc<Database>,
     listener: tokio::net::TcpListener,
+    pg: Option<tokio::net::TcpListener>,
     options: ServerOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
@@ -1313,6 +1228,23 @@ pub async fn serve(
     let activity = options.activity.unwrap_or_default();
     activity.watch_sessions(&sessions);
     let auth = Auth::new(db.client());
+    let shutdown = shutdown.boxed().shared();
+    let postgres = pg.map(|pg| {
+        let tls = options.tls.as_ref().map(|tls| nyala_pg::TlsIdentity {
+            cert_pem: tls.cert_pem.clone(),
+            key_pem: tls.key_pem.clone(),
+        });
+        let shared = auth.shared().clone();
+        let serving = nyala_pg::serve(
+            sessions.clone(),
+            activity.clone(),
+            shared,
+            pg,
+            tls,
+            shutdown.clone(),
+        );
+        tokio::spawn(serving)
+    });
     let service =
         NyalaFlightService::new(db, sessions.clone(), options.location)?.with_activity(activity);
     let server =
@@ -1339,6 +1271,9 @@ pub async fn serve(
         .add_service(server)
         .serve_with_incoming_shutdown(connection::incoming(listener, &sessions), shutdown)
         .await?;
+    if let Some(postgres) = postgres {
+        postgres.await??;
+    }
     Ok(())
 }
 

@@ -147,6 +147,10 @@ enum Command {
         /// defaults to the listen address.
         #[arg(long)]
         advertise: Option<String>,
+        /// Where the PostgreSQL protocol listens (psql, psycopg, pgjdbc, psqlODBC; port 0: any
+        /// free port; the line printed at start says which).
+        #[arg(long, default_value = "127.0.0.1:5433")]
+        pg_addr: SocketAddr,
         #[command(flatten)]
         administrator: AdministratorArgs,
         /// Unflushed data (MiB) all tablets together may hold; writers wait above it.
@@ -189,6 +193,9 @@ enum Command {
         /// Also serve Flight SQL here, as a coordinator of the cluster (needs --masters).
         #[arg(long, requires = "masters")]
         flight_addr: Option<SocketAddr>,
+        /// Also serve the PostgreSQL protocol here, as a coordinator (with --flight-addr).
+        #[arg(long, requires = "flight_addr")]
+        pg_addr: Option<SocketAddr>,
         #[command(flatten)]
         limits: LimitArgs,
         #[command(flatten)]
@@ -205,6 +212,9 @@ enum Command {
         /// Where Flight SQL listens.
         #[arg(long, default_value = "127.0.0.1:50051")]
         flight_addr: SocketAddr,
+        /// Where the PostgreSQL protocol listens, if anywhere.
+        #[arg(long)]
+        pg_addr: Option<SocketAddr>,
         /// Where the web UI and /metrics listen (none unless given; port 0: any free port).
         #[arg(long)]
         http_addr: Option<SocketAddr>,
@@ -333,6 +343,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             http_addr,
             advertise,
+            pg_addr,
             administrator,
             memory_limit_mb,
             history_max_age_secs,
@@ -355,7 +366,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 ..ServerOptions::default()
             };
             let scheme = tls.scheme();
-            let addresses = (listen, http_addr);
+            let addresses = (listen, http_addr, pg_addr);
             serve(
                 data_dir,
                 addresses,
@@ -374,6 +385,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             memory_limit_mb,
             masters,
             flight_addr,
+            pg_addr,
             limits,
             tls,
         } => {
@@ -382,7 +394,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 (rpc_addr, rpc_advertise, http_addr),
                 memory_limit_mb << 20,
                 masters,
-                flight_addr.map(|addr| (addr, limits.limits(), tls)),
+                flight_addr.map(|addr| ((addr, pg_addr), limits.limits(), tls)),
             )
             .await
         }
@@ -390,6 +402,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             data_dir,
             rpc_addr,
             flight_addr,
+            pg_addr,
             http_addr,
             default_replicas,
             masters,
@@ -400,7 +413,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             master(
                 data_dir,
-                (rpc_addr, flight_addr, http_addr),
+                (rpc_addr, (flight_addr, pg_addr), http_addr),
                 default_replicas,
                 masters,
                 std::time::Duration::from_secs(follower_unavailable_secs),
@@ -469,7 +482,11 @@ async fn shell(
 
 async fn master(
     data_dir: PathBuf,
-    (rpc_addr, flight_addr, http_addr): (SocketAddr, SocketAddr, Option<SocketAddr>),
+    (rpc_addr, (flight_addr, pg_addr), http_addr): (
+        SocketAddr,
+        (SocketAddr, Option<SocketAddr>),
+        Option<SocketAddr>,
+    ),
     default_replicas: usize,
     masters: Vec<String>,
     unavailable: std::time::Duration,
@@ -565,13 +582,14 @@ async fn master(
         "Nyala master listening on grpc://{addr}{http} (internal RPC {rpc_addr}, data: {})",
         data_dir.display()
     ));
+    let pg = listen_pg(pg_addr).await?;
     let options = ServerOptions {
         location: Some(format!("{}://{addr}", tls.scheme())),
         activity: Some(activity),
         tls: tls.identity()?,
         ..ServerOptions::default()
     };
-    nyala_flight::serve(db.clone(), listener, options, shutdown_signal()).await?;
+    nyala_flight::serve(db.clone(), listener, pg, options, shutdown_signal()).await?;
     db.shutdown().await?;
     heartbeats.abort();
     Ok(())
@@ -582,7 +600,7 @@ async fn tserver(
     (rpc_addr, rpc_advertise, http_addr): (SocketAddr, Option<String>, Option<SocketAddr>),
     memory_limit: usize,
     masters: Vec<String>,
-    flight: Option<(SocketAddr, QueryLimits, TlsArgs)>,
+    flight: Option<((SocketAddr, Option<SocketAddr>), QueryLimits, TlsArgs)>,
 ) -> anyhow::Result<()> {
     use nyala_engine::clock::HybridClock;
     use nyala_engine::consensus::{ConsensusService, RaftRouter};
@@ -679,7 +697,7 @@ async fn tserver(
 /// `masters`, until a shutdown signal.
 async fn coordinate(
     masters: Vec<String>,
-    flight_addr: SocketAddr,
+    (flight_addr, pg_addr): (SocketAddr, Option<SocketAddr>),
     (limits, tls): (QueryLimits, TlsArgs),
     activity: Arc<Activity>,
 ) -> anyhow::Result<()> {
@@ -699,13 +717,14 @@ async fn coordinate(
         .with_context(|| format!("cannot listen on {flight_addr}"))?;
     let addr = listener.local_addr()?;
     announce(&format!("Nyala coordinator listening on grpc://{addr}"));
+    let pg = listen_pg(pg_addr).await?;
     let options = ServerOptions {
         location: Some(format!("{}://{addr}", tls.scheme())),
         activity: Some(activity),
         tls: tls.identity()?,
         ..ServerOptions::default()
     };
-    nyala_flight::serve(db.clone(), listener, options, shutdown_signal()).await?;
+    nyala_flight::serve(db.clone(), listener, pg, options, shutdown_signal()).await?;
     db.client().wait_for_commits().await;
     Ok(())
 }
@@ -758,6 +777,22 @@ async fn start_web(addr: SocketAddr, state: WebState) -> anyhow::Result<String> 
     Ok(url)
 }
 
+/// The PostgreSQL protocol's listener at `addr`, if one is asked for; announces where it
+/// listens.
+async fn listen_pg(addr: Option<SocketAddr>) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+        format!("cannot listen on {addr} for PostgreSQL clients (see --pg-addr)")
+    })?;
+    announce(&format!(
+        "Nyala PostgreSQL protocol listening on {}",
+        listener.local_addr()?
+    ));
+    Ok(Some(listener))
+}
+
 /// Prints a status line (where a server listens) to stdout; a closed stdout is not an error.
 fn announce(line: &str) {
     use std::io::Write;
@@ -776,7 +811,7 @@ async fn shutdown_signal() {
 
 async fn serve(
     data_dir: PathBuf,
-    (listen, http_addr): (SocketAddr, SocketAddr),
+    (listen, http_addr, pg_addr): (SocketAddr, SocketAddr, SocketAddr),
     (advertise, scheme): (Option<String>, &str),
     administrator: Option<Credentials>,
     server: ServerOptions,
@@ -812,6 +847,7 @@ async fn serve(
         "Nyala listening on {shown}://{addr} and {http} (data: {})",
         data_dir.display()
     ));
+    let pg = listen_pg(Some(pg_addr)).await?;
     let advertised = advertise.unwrap_or_else(|| addr.to_string());
     let options = ServerOptions {
         location: Some(format!(
@@ -824,7 +860,7 @@ async fn serve(
         activity: Some(activity),
         ..server
     };
-    nyala_flight::serve(db.clone(), listener, options, shutdown_signal()).await?;
+    nyala_flight::serve(db.clone(), listener, pg, options, shutdown_signal()).await?;
     db.shutdown().await?;
     Ok(())
 }

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use prost::Message;
 use tonic::Status;
 
-use crate::session::{ClientSession, Sessions};
+use nyala_server::{ClientSession, Sessions};
 
 pub const SET_SESSION_OPTIONS: &str = "SetSessionOptions";
 pub const GET_SESSION_OPTIONS: &str = "GetSessionOptions";

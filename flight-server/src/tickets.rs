@@ -85,7 +85,7 @@ pub async fn read_params(mut upload: Upload) -> Result<Option<RecordBatch>, Stat
     let Some(schema) = upload.schema().cloned() else {
         return Ok(None);
     };
-    limits::parameter_count(schema.fields().len())?;
+    nyala_server::limits::parameter_count(schema.fields().len()).map_err(crate::status)?;
     // A schema without rows binds nothing (and arrow's empty batch of some uploaded types
     // panics: `ArrayData::new_null`).
     if schema.fields().is_empty() || batches.is_empty() {

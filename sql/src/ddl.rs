@@ -76,6 +76,7 @@ impl Ddl {
             Ddl::AlterUser { name, password } => DdlOp::AlterUser {
                 name,
                 password_hash: hash_password(&password.0)?,
+                scram: Some(nyala_engine::ScramVerifier::new(&password.0)),
             },
             Ddl::DropUser { name, if_exists } => {
                 if !if_exists && client.user(&name).is_none() {

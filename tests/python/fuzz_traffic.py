@@ -1576,7 +1576,7 @@ class Server:
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
             self.proc = subprocess.Popen(
                 [binary, "serve", "--data-dir", os.path.join(workdir, "data"),
-                 "--listen", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"],
+                 "--listen", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--pg-addr", "127.0.0.1:0"],
                 stdout=out, stderr=err, env=env)
         deadline = time.monotonic() + 60
         while True:

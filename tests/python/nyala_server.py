@@ -25,9 +25,9 @@ def nyala_bin():
     return next((p for p in paths if os.path.exists(p)), paths[0])
 
 
-def start_process(args, expect):
-    """Starts `nyala ARGS`; returns the process and the words of the first line it prints,
-    which must contain `expect`."""
+def start_process(args, expect, lines=1):
+    """Starts `nyala ARGS`; returns the process and the words of the first `lines` lines it
+    prints, the first of which must contain `expect`."""
     binary = nyala_bin()
     if not os.path.exists(binary):
         raise RuntimeError(f"no nyala binary at {binary}: build it or set NYALA_BIN")
@@ -38,7 +38,11 @@ def start_process(args, expect):
         proc.kill()
         proc.wait()
         raise RuntimeError(f"nyala {args[0]} did not start (exit code {proc.poll()}): {line!r}")
-    return proc, line.split()
+    words = line.split()
+    # The lines after the first follow at once (and may be buffered already: no select).
+    for _ in range(lines - 1):
+        words += proc.stdout.readline().split()
+    return proc, words
 
 
 def url_in(words, scheme):
@@ -47,22 +51,29 @@ def url_in(words, scheme):
 
 
 @contextlib.contextmanager
-def nyala_serve(*args, data_dir=None, graceful=False):
+def nyala_serve(*args, data_dir=None, graceful=False, postgres=False):
     """Runs `nyala serve` with extra `args`; yields its (grpc:// or, with --tls-cert,
-    grpc+tls://, http://) URLs; kills it afterwards. The data directory is a fresh temporary
-    one unless `data_dir` names one (to restart a server on the same data). `graceful` stops
-    it with SIGTERM instead, so it shuts down cleanly: its tablets flush their MemRowSets into
+    grpc+tls://, http://) URLs, and with `postgres` the (host, port) of its PostgreSQL
+    protocol; kills it afterwards. The data directory is a fresh temporary one unless
+    `data_dir` names one (to restart a server on the same data). `graceful` stops it with
+    SIGTERM instead, so it shuts down cleanly: its tablets flush their MemRowSets into
     DiskRowSets."""
     with contextlib.ExitStack() as stack:
         if data_dir is None:
             data_dir = stack.enter_context(tempfile.TemporaryDirectory())
         proc, words = start_process(
             ["serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0",
-             "--http-addr", "127.0.0.1:0", *args],
+             "--http-addr", "127.0.0.1:0", "--pg-addr", "127.0.0.1:0", *args],
             " on grpc",
+            lines=2 if postgres else 1,
         )
         try:
-            yield url_in(words, "grpc"), url_in(words, "http://")
+            urls = (url_in(words, "grpc"), url_in(words, "http://"))
+            if postgres:
+                # "Nyala PostgreSQL protocol listening on HOST:PORT"
+                host, port = words[words.index("PostgreSQL") + 4].rsplit(":", 1)
+                urls += ((host, int(port)),)
+            yield urls
             if graceful:
                 proc.terminate()
                 proc.wait(timeout=STARTUP_TIMEOUT)

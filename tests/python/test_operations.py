@@ -286,7 +286,7 @@ def test_a_data_directory_serves_one_server_at_a_time(tmp_path):
         sql(url, "INSERT INTO t VALUES (1)")
         second = subprocess.run(
             [nyala_bin(), "serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0",
-             "--http-addr", "127.0.0.1:0"],
+             "--http-addr", "127.0.0.1:0", "--pg-addr", "127.0.0.1:0"],
             capture_output=True, text=True, timeout=DEADLINE)
         assert second.returncode != 0
         assert "in use by another Nyala server" in second.stderr, second.stderr

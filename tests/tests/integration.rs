@@ -78,6 +78,8 @@ impl Server {
             "127.0.0.1:0",
             "--http-addr",
             "127.0.0.1:0",
+            "--pg-addr",
+            "127.0.0.1:0",
         ];
         all.extend(args);
         let (child, line) = spawn_nyala(&all, data_dir);

@@ -31,7 +31,7 @@ def start(*args):
     data_dir = tempfile.TemporaryDirectory()
     proc = subprocess.Popen(
         [binary, "serve", "--data-dir", data_dir.name, "--listen", "127.0.0.1:0",
-         "--http-addr", "127.0.0.1:0", *args],
+         "--http-addr", "127.0.0.1:0", "--pg-addr", "127.0.0.1:0", *args],
         stdout=subprocess.PIPE,
         text=True,
     )

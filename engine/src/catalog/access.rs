@@ -1,6 +1,7 @@
 //! Who may do what: the users the catalog knows ([`UserInfo`], passwords kept as salted Argon2id
-//! hashes) and, on every table and view, its owner and the privileges granted on it
-//! ([`Access`]). The catalog only stores them; the SQL layer decides what a statement needs.
+//! hashes, and as SCRAM-SHA-256 verifiers for PostgreSQL clients) and, on every table and view,
+//! its owner and the privileges granted on it ([`Access`]). The catalog only stores them; the
+//! SQL layer decides what a statement needs.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -101,6 +102,10 @@ pub struct UserInfo {
     /// The administrator may do everything, and alone manages users.
     #[serde(default)]
     pub admin: bool,
+    /// What SCRAM-SHA-256 checks the password against (PostgreSQL clients); None for
+    /// passwords set before Nyala stored it.
+    #[serde(default)]
+    pub scram: Option<ScramVerifier>,
 }
 
 impl std::fmt::Debug for UserInfo {
@@ -119,6 +124,7 @@ impl UserInfo {
             name: name.to_string(),
             password_hash: hash_password(password)?,
             admin,
+            scram: Some(ScramVerifier::new(password)),
         })
     }
 
@@ -129,6 +135,58 @@ impl UserInfo {
                 .verify_password(password.as_bytes(), &hash)
                 .is_ok()
         })
+    }
+}
+
+/// Iterations of SCRAM-SHA-256's key derivation (PostgreSQL's default).
+pub const SCRAM_ITERATIONS: usize = 4096;
+
+/// What SCRAM-SHA-256 (RFC 5802, 7677) needs to check a password it is never sent: a random
+/// salt and the password derived with it (PBKDF2-HMAC-SHA-256, [`SCRAM_ITERATIONS`]), base64.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScramVerifier {
+    salt: String,
+    salted_password: String,
+}
+
+impl ScramVerifier {
+    /// The verifier of `password`, with a fresh salt.
+    pub fn new(password: &str) -> Self {
+        use base64::Engine;
+        let salt: [u8; 16] = rand::random();
+        // As PostgreSQL: SASLprep, or the password as it is where that fails.
+        let normalized = stringprep::saslprep(password)
+            .map(|p| p.into_owned())
+            .unwrap_or_else(|_| password.to_string());
+        let mut salted = [0u8; 32];
+        ring::pbkdf2::derive(
+            ring::pbkdf2::PBKDF2_HMAC_SHA256,
+            std::num::NonZeroU32::new(SCRAM_ITERATIONS as u32).expect("non-zero"),
+            &salt,
+            normalized.as_bytes(),
+            &mut salted,
+        );
+        let b64 = base64::engine::general_purpose::STANDARD;
+        Self {
+            salt: b64.encode(salt),
+            salted_password: b64.encode(salted),
+        }
+    }
+
+    /// The salt and the salted password; None if what the catalog holds is damaged.
+    pub fn salted(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        Some((
+            b64.decode(&self.salt).ok()?,
+            b64.decode(&self.salted_password).ok()?,
+        ))
+    }
+}
+
+impl std::fmt::Debug for ScramVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScramVerifier").finish_non_exhaustive()
     }
 }
 

@@ -13,7 +13,7 @@ use crate::partition::{PartitionSchema, RangeSpec};
 use crate::Result;
 
 mod access;
-pub use access::{hash_password, Access, Privilege, UserInfo};
+pub use access::{hash_password, Access, Privilege, ScramVerifier, UserInfo, SCRAM_ITERATIONS};
 
 pub type TableId = String;
 
@@ -107,6 +107,10 @@ pub enum DdlOp {
     AlterUser {
         name: String,
         password_hash: String,
+        /// The new password's SCRAM verifier (absent from operations logged before there
+        /// were).
+        #[serde(default)]
+        scram: Option<ScramVerifier>,
     },
     /// Also takes back every privilege granted to the user; refused while it owns tables.
     DropUser {

@@ -251,11 +251,17 @@ impl Master {
         Ok(true)
     }
 
-    async fn alter_user(&self, name: &str, password_hash: String) -> Result<bool> {
+    async fn alter_user(
+        &self,
+        name: &str,
+        password_hash: String,
+        scram: Option<crate::catalog::ScramVerifier>,
+    ) -> Result<bool> {
         let _ddl = self.ddl.lock().await;
         let user = self.existing_user(name)?;
         let altered = UserInfo {
             password_hash,
+            scram,
             ..(*user).clone()
         };
         self.write_user(WriteKind::Upsert, &altered).await?;
@@ -628,7 +634,8 @@ impl Master {
             DdlOp::AlterUser {
                 name,
                 password_hash,
-            } => self.alter_user(&name, password_hash).await,
+                scram,
+            } => self.alter_user(&name, password_hash, scram).await,
             DdlOp::DropUser { name, if_exists } => self.drop_user(&name, if_exists).await,
             DdlOp::Privileges {
                 object,

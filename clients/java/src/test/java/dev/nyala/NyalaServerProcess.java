@@ -26,6 +26,8 @@ import java.util.stream.Stream;
 final class NyalaServerProcess implements AutoCloseable {
   /** "Nyala listening on grpc://HOST:PORT and http://..." or, with TLS, "grpc+tls://HOST:PORT". */
   private static final Pattern LISTENING = Pattern.compile("(grpc(?:\\+tls)?)://([^\\s:]+):(\\d+)");
+  /** "Nyala PostgreSQL protocol listening on HOST:PORT", the line after. */
+  private static final Pattern POSTGRES = Pattern.compile("PostgreSQL protocol listening on ([^\\s:]+):(\\d+)");
 
   private final Process process;
   private final Path dataDir;
@@ -34,13 +36,22 @@ final class NyalaServerProcess implements AutoCloseable {
 
   final String host;
   final int port;
+  /** Where the PostgreSQL protocol listens. */
+  final int pgPort;
 
-  private NyalaServerProcess(Process process, Path dataDir, String scheme, String host, int port) {
+  private NyalaServerProcess(
+      Process process, Path dataDir, String scheme, String host, int port, int pgPort) {
     this.process = process;
     this.dataDir = dataDir;
     this.scheme = scheme;
     this.host = host;
     this.port = port;
+    this.pgPort = pgPort;
+  }
+
+  /** A pgjdbc URL of the server's PostgreSQL protocol. */
+  String postgresUrl() {
+    return "jdbc:postgresql://" + host + ":" + pgPort + "/nyala";
   }
 
   /** Starts {@code nyala serve} with {@code extraArgs}; fails if it does not say where it listens. */
@@ -53,30 +64,31 @@ final class NyalaServerProcess implements AutoCloseable {
     Path log = Path.of("target", logName).toAbsolutePath();
     Files.createDirectories(log.getParent());
     List<String> command = new ArrayList<>(List.of(binary.toString(), "serve", "--data-dir",
-        dataDir.toString(), "--listen", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"));
+        dataDir.toString(), "--listen", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--pg-addr", "127.0.0.1:0"));
     command.addAll(List.of(extraArgs));
     Process process =
         new ProcessBuilder(command).redirectError(ProcessBuilder.Redirect.to(log.toFile())).start();
 
     BufferedReader stdout =
         new BufferedReader(new InputStreamReader(process.getInputStream(), StandardCharsets.UTF_8));
-    CompletableFuture<String> firstLine =
+    CompletableFuture<String> firstLines =
         CompletableFuture.supplyAsync(
             () -> {
               try {
-                return stdout.readLine();
+                return stdout.readLine() + "\n" + stdout.readLine();
               } catch (IOException e) {
                 return null;
               }
             });
     String line;
     try {
-      line = firstLine.get(60, TimeUnit.SECONDS);
+      line = firstLines.get(60, TimeUnit.SECONDS);
     } catch (Exception e) {
       line = null;
     }
     Matcher m = line == null ? null : LISTENING.matcher(line);
-    if (m == null || !m.find()) {
+    Matcher pg = line == null ? null : POSTGRES.matcher(line);
+    if (m == null || !m.find() || !pg.find()) {
       stop(process);
       deleteTree(dataDir);
       throw new IllegalStateException(
@@ -94,7 +106,13 @@ final class NyalaServerProcess implements AutoCloseable {
             "nyala-stdout-" + logName);
     drain.setDaemon(true);
     drain.start();
-    return new NyalaServerProcess(process, dataDir, m.group(1), m.group(2), Integer.parseInt(m.group(3)));
+    return new NyalaServerProcess(
+        process,
+        dataDir,
+        m.group(1),
+        m.group(2),
+        Integer.parseInt(m.group(3)),
+        Integer.parseInt(pg.group(2)));
   }
 
   @Override

@@ -1,7 +1,7 @@
 //! What clients do on this server, for operators: the statements running now and the last
 //! [`RECENT_STATEMENTS`] finished (an excerpt of the text, the user, duration, rows, outcome),
 //! each running one cancellable from the web UI; and the statement metrics (count and
-//! latency by kind, rows, errors by gRPC code, running statements, open sessions).
+//! latency by kind, rows, errors by class, running statements, open sessions).
 //!
 //! A statement is registered when it starts to run ([`Activity::start`]) and the returned
 //! [`TrackedStatement`] goes with its work: a query's result stream carries it, counting rows
@@ -29,6 +29,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
+use crate::error::{Result, ServerError};
 use crate::session::Sessions;
 
 /// Finished statements kept for the web UI.
@@ -44,13 +45,15 @@ struct KindLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
     kind: &'static str,
-    code: String,
+    class: &'static str,
 }
 
 /// A statement running now.
 #[derive(Debug)]
 pub struct RunningStatement {
     pub id: u64,
+    /// The session that runs it, where known.
+    session: Option<String>,
     /// An excerpt of the text (see [`TEXT_EXCERPT_CHARS`]).
     pub text: String,
     pub user: String,
@@ -140,26 +143,39 @@ impl Activity {
         );
         registry.register(
             "nyala_statement_errors",
-            "Statements that failed, by kind and gRPC status code",
+            "Statements that failed, by kind and class of error",
             self.errors.clone(),
         );
         registry.register(
             "nyala_statements_cancelled",
-            "Statements cancelled from the web UI",
+            "Statements cancelled (from the web UI, or by a client)",
             self.cancelled.clone(),
         );
         registry.register_collector(Box::new(ActivityCollector(Arc::downgrade(self))));
     }
 
     /// Counts the sessions of `sessions` in the metrics (once; the server's sessions).
-    pub(crate) fn watch_sessions(&self, sessions: &Arc<Sessions>) {
+    pub fn watch_sessions(&self, sessions: &Arc<Sessions>) {
         let _ = self.sessions.set(Arc::downgrade(sessions));
     }
 
     /// Registers a statement that starts to run; it is running until the returned value is
     /// dropped.
     pub fn start(self: &Arc<Self>, text: &str, user: &str, kind: &'static str) -> TrackedStatement {
+        self.start_in(None, text, user, kind)
+    }
+
+    /// [`Self::start`] for a statement of session `session`, which
+    /// [`Self::cancel_session`] cancels.
+    pub fn start_in(
+        self: &Arc<Self>,
+        session: Option<&str>,
+        text: &str,
+        user: &str,
+        kind: &'static str,
+    ) -> TrackedStatement {
         let statement = Arc::new(RunningStatement {
+            session: session.map(str::to_string),
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             text: crate::excerpt(&nyala_sql::redact_passwords(text), TEXT_EXCERPT_CHARS),
             user: user.to_string(),
@@ -192,13 +208,28 @@ impl Activity {
         let Some(statement) = self.running.lock().get(&id).cloned() else {
             return false;
         };
-        if !statement.cancel.send_replace(true) {
-            self.cancelled.inc();
-        }
+        self.cancel_statement(&statement);
         true
     }
 
-    fn finish(&self, statement: &RunningStatement, error: Option<(String, String)>) {
+    /// Cancels the statements session `session` runs now (a PostgreSQL CancelRequest); how
+    /// many.
+    pub fn cancel_session(&self, session: &str) -> usize {
+        let statements: Vec<_> = (self.running.lock().values())
+            .filter(|s| s.session.as_deref() == Some(session))
+            .cloned()
+            .collect();
+        statements.iter().for_each(|s| self.cancel_statement(s));
+        statements.len()
+    }
+
+    fn cancel_statement(&self, statement: &RunningStatement) {
+        if !statement.cancel.send_replace(true) {
+            self.cancelled.inc();
+        }
+    }
+
+    fn finish(&self, statement: &RunningStatement, error: Option<(&'static str, String)>) {
         self.running.lock().remove(&statement.id);
         let duration = statement.started.elapsed();
         let labels = KindLabels {
@@ -208,11 +239,11 @@ impl Activity {
             .get_or_create(&labels)
             .observe(duration.as_secs_f64());
         self.rows.get_or_create(&labels).inc_by(statement.rows());
-        if let Some((code, _)) = &error {
+        if let Some((class, _)) = &error {
             self.errors
                 .get_or_create(&ErrorLabels {
                     kind: statement.kind,
-                    code: code.clone(),
+                    class,
                 })
                 .inc();
         }
@@ -238,8 +269,8 @@ impl Activity {
 pub struct TrackedStatement {
     activity: Arc<Activity>,
     statement: Arc<RunningStatement>,
-    /// The error it failed with: its gRPC code and message.
-    error: Mutex<Option<(String, String)>>,
+    /// The error it failed with: its class and message.
+    error: Mutex<Option<(&'static str, String)>>,
 }
 
 impl TrackedStatement {
@@ -248,10 +279,16 @@ impl TrackedStatement {
         self.statement.rows.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Records that the statement failed with `status`.
-    pub fn failed(&self, status: &tonic::Status) {
-        let message = crate::excerpt(status.message(), TEXT_EXCERPT_CHARS);
-        *self.error.lock() = Some((format!("{:?}", status.code()), message));
+    /// Records that the statement failed with `error`.
+    pub fn failed(&self, error: &ServerError) {
+        self.failed_with(error.class(), &error.to_string());
+    }
+
+    /// Records that the statement failed with an error of `class` saying `message` (a front
+    /// end's own error, not the session layer's).
+    pub fn failed_with(&self, class: &'static str, message: &str) {
+        let message = crate::excerpt(message, TEXT_EXCERPT_CHARS);
+        *self.error.lock() = Some((class, message));
     }
 
     /// Resolves when the statement is cancelled (never, if it is not).
@@ -271,12 +308,12 @@ impl TrackedStatement {
     /// `Ok`, the rows `rows` counts.
     pub async fn run<T>(
         &self,
-        work: impl std::future::Future<Output = Result<T, tonic::Status>>,
+        work: impl std::future::Future<Output = Result<T>>,
         rows: impl FnOnce(&T) -> u64,
-    ) -> Result<T, tonic::Status> {
+    ) -> Result<T> {
         let done = tokio::select! {
             done = work => done,
-            () = self.cancelled() => Err(tonic::Status::cancelled("the statement was cancelled")),
+            () = self.cancelled() => Err(ServerError::cancelled()),
         };
         self.record(done, rows)
     }
@@ -286,10 +323,10 @@ impl TrackedStatement {
     /// its outcome as [`Self::run`] does.
     pub async fn run_to_end<T>(
         &self,
-        work: impl std::future::Future<Output = Result<T, tonic::Status>>,
+        work: impl std::future::Future<Output = Result<T>>,
         interrupt: &Interrupt,
         rows: impl FnOnce(&T) -> u64,
-    ) -> Result<T, tonic::Status> {
+    ) -> Result<T> {
         tokio::pin!(work);
         let done = tokio::select! {
             done = &mut work => done,
@@ -301,14 +338,10 @@ impl TrackedStatement {
         self.record(done, rows)
     }
 
-    fn record<T>(
-        &self,
-        done: Result<T, tonic::Status>,
-        rows: impl FnOnce(&T) -> u64,
-    ) -> Result<T, tonic::Status> {
+    fn record<T>(&self, done: Result<T>, rows: impl FnOnce(&T) -> u64) -> Result<T> {
         match &done {
             Ok(value) => self.add_rows(rows(value)),
-            Err(status) => self.failed(status),
+            Err(error) => self.failed(error),
         }
         done
     }

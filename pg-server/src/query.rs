@@ -1,0 +1,382 @@
+//! Statements from PostgreSQL clients, in the simple protocol (a `Query` message with one or
+//! more statements as text) and the extended one (Parse, Bind, Describe, Execute, Sync, which
+//! clients pipeline in one round trip). Both go through the session layer as Flight SQL's do:
+//! the text is prepared once per session and kept (so a statement sent again is only bound and
+//! run, and a lookup by the whole primary key takes the key-lookup path), queries stream their
+//! rows through `arrow-pg`'s encoders, and portals with a row limit (a fetch size) are
+//! suspended and resumed by pgwire.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{DataType, Schema, SchemaRef};
+use arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch, into_pg_type};
+use async_trait::async_trait;
+use datafusion::common::{ParamValues, ScalarValue};
+use futures::{Sink, StreamExt};
+use nyala_server::{ClientSession, ServerError};
+use nyala_sql::{PreparedStatement, StatementKind};
+use pgwire::api::portal::{Format, Portal};
+use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::results::{FieldInfo, QueryResponse, Response, Tag};
+use pgwire::api::stmt::QueryParser;
+use pgwire::api::store::PortalStore;
+use pgwire::api::{ClientInfo, ClientPortalStore, Type};
+use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::messages::PgWireBackendMessage;
+use pgwire::types::format::FormatOptions;
+
+use crate::errors::{error_info, pg_error};
+use crate::settings::{self, ParameterStatement};
+use crate::{Connection, SessionCell, Shared};
+
+/// A statement of a PostgreSQL client, parsed: one the session layer runs, or one about the
+/// connection's PostgreSQL parameters ([`settings`]).
+#[derive(Clone)]
+pub(crate) enum PgStatement {
+    Sql(PreparedStatement),
+    Parameter(ParameterStatement),
+}
+
+/// Whether `name` is one of Nyala's settings (the session's), not a PostgreSQL parameter.
+fn is_nyala_setting(name: &str) -> bool {
+    name.starts_with("nyala.") || name.starts_with("datafusion.") || name == "statement_timeout"
+}
+
+/// The statement handlers of one connection.
+pub(crate) struct Queries {
+    shared: Arc<Shared>,
+    session: SessionCell,
+}
+
+impl Queries {
+    pub(crate) fn new(connection: &Connection) -> Self {
+        Self {
+            shared: connection.shared.clone(),
+            session: connection.session.clone(),
+        }
+    }
+
+    fn session(&self) -> PgWireResult<Arc<ClientSession>> {
+        self.session.get().cloned().ok_or_else(|| {
+            pg_error(ServerError::Unauthenticated(
+                "the connection has not authenticated".into(),
+            ))
+        })
+    }
+
+    /// `sql` parsed and, unless it is about a PostgreSQL parameter, prepared (or found
+    /// prepared) in `session`; statements that read PostgreSQL's catalog are rewritten first.
+    async fn prepare(
+        &self,
+        session: &ClientSession,
+        sql: &str,
+    ) -> Result<PgStatement, ServerError> {
+        if let Some(parameter) = settings::recognise(sql, is_nyala_setting)? {
+            return Ok(PgStatement::Parameter(parameter));
+        }
+        let rewritten = crate::catalog::rewritten(sql);
+        let sql = rewritten.as_deref().unwrap_or(sql);
+        Ok(PgStatement::Sql(session.statement(sql).await?))
+    }
+
+    /// Runs `statement` with `params` bound: a query's rows in `format`, or what it changed.
+    async fn execute<C: ClientInfo>(
+        &self,
+        client: &mut C,
+        session: &ClientSession,
+        statement: &PgStatement,
+        params: Vec<ScalarValue>,
+        format: &Format,
+    ) -> Result<Response, ServerError> {
+        let options = format_options(client);
+        let statement = match statement {
+            PgStatement::Sql(statement) => statement,
+            PgStatement::Parameter(parameter) => {
+                return parameter_response(client, parameter, format, options)
+            }
+        };
+        let kind = statement.info().kind;
+        if kind == StatementKind::Query {
+            let (schema, batches) = session
+                .run_query(&self.shared.activity, statement, &params)
+                .await?;
+            let fields = Arc::new(pg_fields(&schema, format, options)?);
+            let encoded = fields.clone();
+            let rows = batches
+                .map(move |batch| {
+                    let batch = batch.and_then(|b| widened(b).map_err(ServerError::from));
+                    let rows: Box<dyn Iterator<Item = PgWireResult<_>> + Send + Sync> = match batch
+                    {
+                        Ok(batch) => encode_recordbatch(encoded.clone(), batch),
+                        Err(e) => Box::new(std::iter::once(Err(pg_error(e)))),
+                    };
+                    futures::stream::iter(rows)
+                })
+                .flatten();
+            return Ok(Response::Query(QueryResponse::new(fields, rows)));
+        }
+        let count = session
+            .run_update(&self.shared.activity, statement, &[params])
+            .await?;
+        Ok(completion(statement.sql(), kind, count))
+    }
+}
+
+/// What a statement about a PostgreSQL parameter answers (see [`settings`]).
+fn parameter_response<C: ClientInfo>(
+    client: &mut C,
+    parameter: &ParameterStatement,
+    format: &Format,
+    options: Arc<FormatOptions>,
+) -> Result<Response, ServerError> {
+    match parameter {
+        ParameterStatement::Set { name, value } => {
+            client.metadata_mut().insert(name.clone(), value.clone());
+            Ok(Response::Execution(Tag::new("SET")))
+        }
+        ParameterStatement::SetTransaction => Ok(Response::Execution(Tag::new("SET"))),
+        ParameterStatement::Show(name) => {
+            let value = settings::shown(name, client.metadata().get(name))?;
+            let batch = RecordBatch::try_new(
+                show_schema(name),
+                vec![Arc::new(arrow::array::StringArray::from(vec![value]))],
+            )
+            .map_err(nyala_sql::SqlError::from)?;
+            let fields = Arc::new(pg_fields(&batch.schema(), format, options)?);
+            let rows = encode_recordbatch(fields.clone(), batch).collect::<Vec<_>>();
+            Ok(Response::Query(QueryResponse::new(
+                fields,
+                futures::stream::iter(rows),
+            )))
+        }
+    }
+}
+
+/// The result of `SHOW name`: one text column named after the parameter.
+fn show_schema(name: &str) -> SchemaRef {
+    Arc::new(Schema::new(vec![arrow::datatypes::Field::new(
+        name,
+        DataType::Utf8,
+        false,
+    )]))
+}
+
+/// `batch` with its TINYINT columns as SMALLINT: PostgreSQL has no one-byte integer, and the
+/// encoder would send their binary form as one byte where clients read the two of an `int2`.
+fn widened(batch: RecordBatch) -> Result<RecordBatch, nyala_sql::SqlError> {
+    if !batch
+        .schema()
+        .fields()
+        .iter()
+        .any(|f| f.data_type() == &DataType::Int8)
+    {
+        return Ok(batch);
+    }
+    let (fields, columns): (Vec<_>, Vec<_>) = (batch.schema().fields().iter())
+        .zip(batch.columns())
+        .map(|(field, column)| match field.data_type() {
+            DataType::Int8 => {
+                let widened = field.as_ref().clone().with_data_type(DataType::Int16);
+                (
+                    Arc::new(widened),
+                    arrow::compute::cast(column, &DataType::Int16),
+                )
+            }
+            _ => (field.clone(), Ok(column.clone())),
+        })
+        .unzip();
+    let columns = columns.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}
+
+/// The columns of `schema` as PostgreSQL describes them.
+fn pg_fields(
+    schema: &SchemaRef,
+    format: &Format,
+    options: Arc<FormatOptions>,
+) -> Result<Vec<FieldInfo>, ServerError> {
+    arrow_schema_to_pg_fields(schema, format, Some(options))
+        .map_err(|e| ServerError::invalid(format!("a result column cannot be sent: {e}")))
+}
+
+/// What a statement that is not a query answers: its command tag with the rows it changed,
+/// or the start or end of a transaction.
+fn completion(sql: &str, kind: StatementKind, count: u64) -> Response {
+    let words = leading_words(sql);
+    let first = words.first().map(String::as_str).unwrap_or("");
+    let rows = count as usize;
+    match first {
+        "BEGIN" | "START" => Response::TransactionStart(Tag::new("BEGIN")),
+        "COMMIT" | "END" => Response::TransactionEnd(Tag::new("COMMIT")),
+        "ROLLBACK" | "ABORT" => Response::TransactionEnd(Tag::new("ROLLBACK")),
+        "INSERT" | "UPSERT" => Response::Execution(Tag::new("INSERT").with_oid(0).with_rows(rows)),
+        "UPDATE" | "DELETE" | "MERGE" => Response::Execution(Tag::new(first).with_rows(rows)),
+        _ if kind == StatementKind::Dml => Response::Execution(Tag::new(first).with_rows(rows)),
+        "CREATE" | "DROP" | "ALTER" if words.len() > 1 => {
+            Response::Execution(Tag::new(&format!("{first} {}", words[1])))
+        }
+        _ => Response::Execution(Tag::new(first)),
+    }
+}
+
+/// The first two words of a statement, upper case, past comments.
+fn leading_words(sql: &str) -> Vec<String> {
+    let mut rest = sql.trim_start();
+    loop {
+        if let Some(after) = rest.strip_prefix("--") {
+            rest = after.split_once('\n').map_or("", |(_, r)| r).trim_start();
+        } else if let Some(after) = rest.strip_prefix("/*") {
+            rest = after.split_once("*/").map_or("", |(_, r)| r).trim_start();
+        } else {
+            break;
+        }
+    }
+    rest.split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+        .filter(|w| !w.is_empty())
+        .take(2)
+        .map(str::to_ascii_uppercase)
+        .collect()
+}
+
+fn format_options<C: ClientInfo>(client: &C) -> Arc<FormatOptions> {
+    Arc::new(FormatOptions::from_client_metadata(client.metadata()))
+}
+
+#[async_trait]
+impl SimpleQueryHandler for Queries {
+    async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let session = self.session()?;
+        let error = |e: ServerError| Response::Error(Box::new(error_info(&e)));
+        let texts = match nyala_sql::Session::split_statements(query) {
+            Ok(texts) => texts,
+            Err(e) => return Ok(vec![error(e.into())]),
+        };
+        let mut responses = Vec::with_capacity(texts.len());
+        // As PostgreSQL: the statements after one that fails are not run.
+        for text in texts {
+            let ran = match self.prepare(&session, &text).await {
+                Ok(statement) => {
+                    let format = Format::UnifiedText;
+                    (self.execute(client, &session, &statement, vec![], &format)).await
+                }
+                Err(e) => Err(e),
+            };
+            match ran {
+                Ok(response) => responses.push(response),
+                Err(e) => {
+                    responses.push(error(e));
+                    break;
+                }
+            }
+        }
+        if responses.is_empty() {
+            responses.push(Response::EmptyQuery);
+        }
+        Ok(responses)
+    }
+}
+
+#[async_trait]
+impl QueryParser for Queries {
+    type Statement = PgStatement;
+
+    async fn parse_sql<C>(
+        &self,
+        _client: &C,
+        sql: &str,
+        _types: &[Option<Type>],
+    ) -> PgWireResult<Option<PgStatement>>
+    where
+        C: ClientInfo + Unpin + Send + Sync,
+    {
+        let session = self.session()?;
+        Ok(Some(self.prepare(&session, sql).await.map_err(pg_error)?))
+    }
+
+    fn get_parameter_types(&self, statement: &PgStatement) -> PgWireResult<Vec<Type>> {
+        let PgStatement::Sql(statement) = statement else {
+            return Ok(vec![]);
+        };
+        (statement.info().parameters.fields().iter())
+            .map(|field| into_pg_type(field.data_type()))
+            .collect()
+    }
+
+    fn get_result_schema(
+        &self,
+        statement: &PgStatement,
+        format: Option<&Format>,
+    ) -> PgWireResult<Vec<FieldInfo>> {
+        let format = format.unwrap_or(&Format::UnifiedText);
+        let options = Arc::new(FormatOptions::default());
+        let schema = match statement {
+            PgStatement::Sql(statement) if statement.info().kind == StatementKind::Query => {
+                statement.info().schema.clone()
+            }
+            PgStatement::Parameter(ParameterStatement::Show(name)) => show_schema(name),
+            _ => return Ok(vec![]),
+        };
+        pg_fields(&schema, format, options).map_err(pg_error)
+    }
+}
+
+#[async_trait]
+impl ExtendedQueryHandler for Queries {
+    type Statement = PgStatement;
+    type QueryParser = Queries;
+
+    fn query_parser(&self) -> Arc<Self::QueryParser> {
+        Arc::new(Queries {
+            shared: self.shared.clone(),
+            session: self.session.clone(),
+        })
+    }
+
+    async fn do_query<C>(
+        &self,
+        client: &mut C,
+        portal: &Portal<PgStatement>,
+        _max_rows: usize,
+    ) -> PgWireResult<Response>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let session = self.session()?;
+        let statement = &portal.statement.statement;
+        let params = match statement {
+            PgStatement::Sql(prepared) => {
+                let parameters = prepared.info().parameters.clone();
+                let types = (parameters.fields().iter())
+                    .map(|f| Some(f.data_type()))
+                    .collect::<Vec<_>>();
+                match arrow_pg::datatypes::df::deserialize_parameters(portal, &types)? {
+                    ParamValues::List(values) => values.into_iter().map(|v| v.value).collect(),
+                    ParamValues::Map(_) => vec![],
+                }
+            }
+            PgStatement::Parameter(_) => vec![],
+        };
+        let format = &portal.result_column_format;
+        match self
+            .execute(client, &session, statement, params, format)
+            .await
+        {
+            Ok(response) => Ok(response),
+            Err(e) => Ok(Response::Error(Box::new(error_info(&e)))),
+        }
+    }
+}

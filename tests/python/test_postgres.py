@@ -1,0 +1,230 @@
+"""The PostgreSQL protocol, as psycopg 3 and psql use it against a real `nyala serve`: the simple
+and extended protocols, every Nyala type in text and binary, SQLSTATEs, transactions across
+statements, and the same data as Flight SQL clients see."""
+
+import datetime
+import decimal
+import subprocess
+import threading
+
+import adbc_driver_flightsql.dbapi as flightsql
+import psycopg
+import psycopg.errors
+import pytest
+
+from nyala_server import PASSWORD, USER, nyala_serve
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """(grpc URL, (host, port) of the PostgreSQL protocol) of a server without authentication."""
+    with nyala_serve(postgres=True) as (grpc, _, pg):
+        yield grpc, pg
+
+
+@pytest.fixture
+def pg(servers):
+    return servers[1]
+
+
+def connect(pg, **kwargs):
+    host, port = pg
+    return psycopg.connect(host=host, port=port, user="nyala", dbname="nyala", **kwargs)
+
+
+def test_simple_and_extended_queries(pg, table_name):
+    """Statements as text (psycopg's `execute` without parameters uses the simple protocol)
+    and with parameters (Parse/Bind/Execute), reading what they wrote."""
+    with connect(pg, autocommit=True) as conn:
+        assert conn.execute("SELECT 1 AS one, 'x' AS s").fetchall() == [(1, "x")]
+        conn.execute(f"CREATE TABLE {table_name} (k BIGINT PRIMARY KEY, name STRING, v DOUBLE) "
+                     f"DISTRIBUTE BY HASH (k) INTO 2 BUCKETS")
+        cur = conn.execute(f"INSERT INTO {table_name} VALUES (1, 'one', 1.5), (2, 'two', 2.5)")
+        assert cur.rowcount == 2
+        with conn.cursor() as cur:
+            cur.executemany(f"INSERT INTO {table_name} VALUES (%s, %s, %s)",
+                            [(k, f"n{k}", k / 2) for k in range(3, 8)])
+        rows = conn.execute(f"SELECT k, name FROM {table_name} WHERE k > %s ORDER BY k",
+                            (5,)).fetchall()
+        assert rows == [(6, "n6"), (7, "n7")]
+        # A lookup by the whole key, prepared once and run again (psycopg prepares after 5).
+        for k in range(1, 8):
+            row = conn.execute(f"SELECT v FROM {table_name} WHERE k = %s", (k,),
+                               prepare=True).fetchone()
+            assert row == ((1.5 if k == 1 else 2.5 if k == 2 else k / 2),)
+        cur = conn.execute(f"UPDATE {table_name} SET v = v * 2 WHERE k <= %s", (2,))
+        assert cur.rowcount == 2
+        cur = conn.execute(f"DELETE FROM {table_name} WHERE k = 7")
+        assert cur.rowcount == 1
+        assert conn.execute(f"SELECT count(*), sum(v) FROM {table_name}").fetchone() == (6, 17.0)
+
+
+def test_several_statements_in_one_query(pg, table_name):
+    """One Query message with several statements runs them in order; one that fails stops
+    the rest, as in PostgreSQL."""
+    with connect(pg, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table_name} (k INT PRIMARY KEY); "
+                     f"INSERT INTO {table_name} VALUES (1); INSERT INTO {table_name} VALUES (2)")
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute(f"INSERT INTO {table_name} VALUES (3); INSERT INTO {table_name} "
+                         f"VALUES (1); INSERT INTO {table_name} VALUES (4)")
+        assert conn.execute(f"SELECT k FROM {table_name} ORDER BY k").fetchall() == [
+            (1,), (2,), (3,)]
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_types_round_trip(pg, table_name, binary):
+    """Every Nyala column type goes in as a parameter and comes back equal, in text and in
+    binary format."""
+    with connect(pg, autocommit=True) as conn:
+        conn.execute(f"""CREATE TABLE {table_name} (
+            k INT PRIMARY KEY, b BOOLEAN, i8 TINYINT, i16 SMALLINT, i64 BIGINT, f FLOAT,
+            d DOUBLE, s STRING, vc VARCHAR(10), bin BINARY, dec DECIMAL(12, 3), dt DATE,
+            ts TIMESTAMP)""")
+        # A Nyala TIMESTAMP is an instant (Kudu's UNIXTIME_MICROS): a PostgreSQL timestamptz.
+        row = (1, True, 7, -300, 2 ** 40, 1.5, -2.25, "naïve ✓", "short", b"\x00\xffab",
+               decimal.Decimal("12345.678"), datetime.date(2026, 11, 28),
+               datetime.datetime(2026, 11, 28, 10, 5, 7, 123456, tzinfo=datetime.timezone.utc))
+        with conn.cursor(binary=binary) as cur:
+            cur.execute(f"INSERT INTO {table_name} VALUES "
+                        f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", row)
+            cur.execute(f"INSERT INTO {table_name} (k) VALUES (2)")
+            cur.execute(f"SELECT * FROM {table_name} ORDER BY k")
+            got = cur.fetchall()
+        assert got[0] == row
+        assert got[1] == (2,) + (None,) * 12
+
+
+def test_errors_have_sqlstates_and_the_session_goes_on(pg, table_name):
+    """Clients act on SQLSTATEs: psycopg raises its error classes by code. After an error the
+    connection stays usable."""
+    with connect(pg, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table_name} (k INT PRIMARY KEY, v INT)")
+        conn.execute(f"INSERT INTO {table_name} VALUES (1, 1)")
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute(f"INSERT INTO {table_name} VALUES (%s, %s)", (1, 2))
+        with pytest.raises(psycopg.errors.SyntaxError):
+            conn.execute("SELEC 1")
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            conn.execute("SELECT * FROM no_such_table")
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1 / 0")
+        assert conn.execute(f"SELECT v FROM {table_name}").fetchall() == [(1,)]
+
+
+def test_transactions_span_statements(pg, table_name):
+    """psycopg opens a transaction with its first statement (autocommit off): what it writes
+    is its own until commit; rollback discards it; the status it reports follows."""
+    with connect(pg, autocommit=True) as admin:
+        admin.execute(f"CREATE TABLE {table_name} (k INT PRIMARY KEY, v INT)")
+        admin.execute(f"INSERT INTO {table_name} VALUES (1, 10), (2, 20)")
+    with connect(pg) as conn, connect(pg, autocommit=True) as other:
+        conn.execute(f"UPDATE {table_name} SET v = v + 1 WHERE k = 1")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        assert conn.execute(f"SELECT v FROM {table_name} WHERE k = 1").fetchone() == (11,)
+        assert other.execute(f"SELECT v FROM {table_name} WHERE k = 1").fetchone() == (10,)
+        conn.rollback()
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert other.execute(f"SELECT v FROM {table_name} WHERE k = 1").fetchone() == (10,)
+        conn.execute(f"INSERT INTO {table_name} VALUES (3, 30)")
+        conn.commit()
+        assert other.execute(f"SELECT count(*) FROM {table_name}").fetchone() == (3,)
+
+
+def test_write_write_conflict_is_a_serialization_failure(pg, table_name):
+    """Two transactions writing one row: the second to write gets 40001 (retry it)."""
+    with connect(pg, autocommit=True) as admin:
+        admin.execute(f"CREATE TABLE {table_name} (k INT PRIMARY KEY, v INT)")
+        admin.execute(f"INSERT INTO {table_name} VALUES (1, 0)")
+    with connect(pg) as first, connect(pg) as second:
+        first.execute(f"SELECT v FROM {table_name} WHERE k = 1").fetchone()
+        second.execute(f"SELECT v FROM {table_name} WHERE k = 1").fetchone()
+        first.execute(f"UPDATE {table_name} SET v = 1 WHERE k = 1")
+        first.commit()
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            second.execute(f"UPDATE {table_name} SET v = 2 WHERE k = 1")
+            second.commit()
+        second.rollback()
+    with connect(pg, autocommit=True) as conn:
+        assert conn.execute(f"SELECT v FROM {table_name}").fetchone() == (1,)
+
+
+def test_flight_sql_and_postgres_share_the_data(servers, table_name):
+    """A row written over one protocol is read over the other."""
+    grpc, pg = servers
+    with connect(pg, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table_name} (k INT PRIMARY KEY, s STRING)")
+        conn.execute(f"INSERT INTO {table_name} VALUES (%s, %s)", (1, "from postgres"))
+    with flightsql.connect(grpc, autocommit=True) as fconn, fconn.cursor() as cur:
+        cur.execute(f"INSERT INTO {table_name} VALUES (2, 'from flight')")
+        cur.execute(f"SELECT k, s FROM {table_name} ORDER BY k")
+        assert cur.fetchall() == [(1, "from postgres"), (2, "from flight")]
+    with connect(pg, autocommit=True) as conn:
+        assert conn.execute(f"SELECT s FROM {table_name} WHERE k = 2").fetchone() == (
+            "from flight",)
+
+
+def test_psql_runs_a_script(pg, table_name):
+    """psql, as an operator runs it: a script of statements and a query printed unaligned."""
+    host, port = pg
+    script = (f"CREATE TABLE {table_name} (k INT PRIMARY KEY, s STRING);\n"
+              f"INSERT INTO {table_name} VALUES (1, 'a'), (2, 'b');\n"
+              f"SELECT k, s FROM {table_name} ORDER BY k;\n")
+    out = subprocess.run(
+        ["psql", "-h", host, "-p", str(port), "-U", "nyala", "-d", "nyala", "-X", "-A", "-t",
+         "-v", "ON_ERROR_STOP=1"],
+        input=script, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["CREATE", "TABLE", "INSERT", "0", "2", "1|a", "2|b"], out.stdout
+
+
+def test_passwords_and_privileges():
+    """With users in the catalog, clients log in with SCRAM-SHA-256; a wrong password is
+    refused, and a user without a privilege gets 42501."""
+    with nyala_serve("--user", USER, "--password", PASSWORD, postgres=True) as (_, _, pg):
+        host, port = pg
+        with pytest.raises(psycopg.OperationalError, match="(?i)password authentication"):
+            psycopg.connect(host=host, port=port, user=USER, password="wrong", dbname="nyala")
+        with psycopg.connect(host=host, port=port, user=USER, password=PASSWORD,
+                             dbname="nyala", autocommit=True) as admin:
+            admin.execute("CREATE TABLE secret (k INT PRIMARY KEY)")
+            admin.execute("CREATE USER bob WITH PASSWORD 'bob-secret'")
+        with psycopg.connect(host=host, port=port, user="bob", password="bob-secret",
+                             dbname="nyala", autocommit=True) as bob:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                bob.execute("SELECT * FROM secret")
+            assert bob.execute("SELECT 41 + 1").fetchone() == (42,)
+
+
+def test_cancel_stops_the_running_statement(pg, table_name):
+    """A CancelRequest (psycopg's `cancel()`, psql's Ctrl-C) stops the connection's statement
+    with 57014; the connection goes on."""
+    with connect(pg, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table_name} (k INT PRIMARY KEY)")
+        conn.execute(f"INSERT INTO {table_name} SELECT value FROM generate_series(1, 3000)")
+        timer = threading.Timer(1.0, conn.cancel)
+        timer.start()
+        try:
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                conn.execute(f"SELECT count(*) FROM {table_name} a, {table_name} b, "
+                             f"{table_name} c").fetchall()
+        finally:
+            timer.cancel()
+        assert conn.execute(f"SELECT count(*) FROM {table_name}").fetchone() == (3000,)
+
+
+def test_postgres_parameters_are_set_and_shown(pg):
+    """What drivers and BI tools set and read as they connect."""
+    with connect(pg, autocommit=True) as conn:
+        conn.execute("SET extra_float_digits = 3")
+        conn.execute("SET application_name = 'reports'")
+        assert conn.execute("SHOW application_name").fetchone() == ("reports",)
+        assert conn.execute("SHOW transaction_isolation").fetchone() == ("repeatable read",)
+        assert conn.execute("SHOW server_version").fetchone()[0].startswith("16")
+        conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        with pytest.raises(psycopg.errors.FeatureNotSupported):
+            conn.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+        with pytest.raises(psycopg.Error, match="unrecognized configuration parameter"):
+            conn.execute("SET no_such_parameter = 1")
+        conn.execute("SET statement_timeout = 60000")
+        assert conn.execute("SELECT 1").fetchone() == (1,)
