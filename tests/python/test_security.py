@@ -107,7 +107,8 @@ def pki(tmp_path_factory):
     for name, data in (("ca.pem", ca), ("cert.pem", cert), ("key.pem", key)):
         (directory / name).write_bytes(data)
         paths[name] = str(directory / name)
-    return types.SimpleNamespace(ca=ca, cert=paths["cert.pem"], key=paths["key.pem"])
+    return types.SimpleNamespace(ca=ca, ca_path=paths["ca.pem"], cert=paths["cert.pem"],
+                                 key=paths["key.pem"])
 
 
 @pytest.fixture(scope="module")
@@ -116,12 +117,14 @@ def tls_server(pki):
     server printed (127.0.0.1, which the certificate names too), `localhost_url` the same port by
     DNS name, `http` the web UI."""
     with nyala_serve("--user", ADMIN, "--password", ADMIN_PASSWORD,
-                     "--tls-cert", pki.cert, "--tls-key", pki.key) as (url, http):
+                     "--tls-cert", pki.cert, "--tls-key", pki.key,
+                     postgres=True) as (url, http, pg):
         assert url.startswith("grpc+tls://127.0.0.1:"), url
         assert http.startswith("http://"), http
         _, port = host_port(url)
         yield types.SimpleNamespace(url=url, localhost_url=f"grpc+tls://localhost:{port}",
-                                    port=port, http=http, ca=pki.ca)
+                                    port=port, http=http, ca=pki.ca, pg=pg,
+                                    ca_path=pki.ca_path)
 
 
 # --- Clients ---
@@ -367,6 +370,23 @@ def test_plaintext_clients_are_refused(tls_server):
 
 
 # --- Authentication ---
+
+def test_postgres_clients_need_tls_and_a_password(tls_server):
+    """The PostgreSQL protocol of a TLS server: a client that verifies the certificate and
+    logs in with SCRAM-SHA-256 gets in; plaintext and a wrong password are refused."""
+    import psycopg
+    host, port = tls_server.pg
+    secure = dict(host="localhost", port=port, dbname="nyala", user=ADMIN,
+                  sslmode="verify-full", sslrootcert=tls_server.ca_path)
+    with psycopg.connect(password=ADMIN_PASSWORD, autocommit=True, **secure) as conn:
+        assert conn.info.pgconn.ssl_in_use
+        assert conn.execute("SELECT 6 * 7").fetchone() == (42,)
+    with pytest.raises(psycopg.OperationalError, match="(?i)password authentication"):
+        psycopg.connect(password="wrong password", **secure)
+    with pytest.raises(psycopg.OperationalError, match="only TLS connections"):
+        psycopg.connect(host=host, port=port, dbname="nyala", user=ADMIN,
+                        password=ADMIN_PASSWORD, sslmode="disable")
+
 
 def test_wrong_password_and_unknown_user_are_refused(tls_server, user):
     name, password, _ = user("pw")
