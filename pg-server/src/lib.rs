@@ -12,6 +12,7 @@
 //! following statements until `COMMIT` or `ROLLBACK`, as PostgreSQL's does.
 
 mod catalog;
+mod copy;
 mod errors;
 mod query;
 mod settings;
@@ -60,6 +61,7 @@ struct Connection {
     shared: Arc<Shared>,
     id: u64,
     session: SessionCell,
+    copy: query::CopyCell,
 }
 
 /// A connection's session, set once its client authenticated.
@@ -100,6 +102,10 @@ impl PgWireServerHandlers for Connection {
 
     fn extended_query_handler(&self) -> Arc<impl pgwire::api::query::ExtendedQueryHandler> {
         Arc::new(query::Queries::new(self))
+    }
+
+    fn copy_handler(&self) -> Arc<impl pgwire::api::copy::CopyHandler> {
+        Arc::new(query::Copies::new(self))
     }
 
     fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
@@ -149,6 +155,7 @@ pub async fn serve(
             id: shared.sessions.next_connection(),
             shared: shared.clone(),
             session: SessionCell::default(),
+            copy: query::CopyCell::default(),
         });
         let acceptor = acceptor.clone();
         tokio::spawn(async move {

@@ -14,9 +14,10 @@ use arrow::datatypes::{DataType, Schema, SchemaRef};
 use arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch, into_pg_type};
 use async_trait::async_trait;
 use datafusion::common::{ParamValues, ScalarValue};
-use futures::{Sink, StreamExt};
+use futures::{Sink, SinkExt, StreamExt};
 use nyala_server::{ClientSession, ServerError};
 use nyala_sql::{PreparedStatement, StatementKind};
+use pgwire::api::copy::CopyHandler;
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::results::{FieldInfo, QueryResponse, Response, Tag};
@@ -24,9 +25,11 @@ use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, Type};
 use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::messages::copy::{CopyData, CopyDone, CopyFail};
 use pgwire::messages::PgWireBackendMessage;
 use pgwire::types::format::FormatOptions;
 
+use crate::copy::{CopyIn, CopySpec, Direction};
 use crate::errors::{error_info, pg_error};
 use crate::settings::{self, ParameterStatement};
 use crate::{Connection, SessionCell, Shared};
@@ -37,6 +40,7 @@ use crate::{Connection, SessionCell, Shared};
 pub(crate) enum PgStatement {
     Sql(PreparedStatement),
     Parameter(ParameterStatement),
+    Copy(CopySpec),
 }
 
 /// Whether `name` is one of Nyala's settings (the session's), not a PostgreSQL parameter.
@@ -48,6 +52,7 @@ fn is_nyala_setting(name: &str) -> bool {
 pub(crate) struct Queries {
     shared: Arc<Shared>,
     session: SessionCell,
+    copy: CopyCell,
 }
 
 impl Queries {
@@ -55,6 +60,7 @@ impl Queries {
         Self {
             shared: connection.shared.clone(),
             session: connection.session.clone(),
+            copy: connection.copy.clone(),
         }
     }
 
@@ -76,6 +82,9 @@ impl Queries {
         if let Some(parameter) = settings::recognise(sql, is_nyala_setting)? {
             return Ok(PgStatement::Parameter(parameter));
         }
+        if let Some(copy) = crate::copy::recognise(sql)? {
+            return Ok(PgStatement::Copy(copy));
+        }
         let rewritten = crate::catalog::rewritten(sql);
         let sql = rewritten.as_deref().unwrap_or(sql);
         Ok(PgStatement::Sql(session.statement(sql).await?))
@@ -96,6 +105,7 @@ impl Queries {
             PgStatement::Parameter(parameter) => {
                 return parameter_response(client, parameter, format, options)
             }
+            PgStatement::Copy(copy) => return self.copy(session, copy).await,
         };
         let kind = statement.info().kind;
         if kind == StatementKind::Query {
@@ -122,6 +132,117 @@ impl Queries {
             .await?;
         Ok(completion(statement.sql(), kind, count))
     }
+}
+
+impl Queries {
+    /// Starts a COPY: asks the client for the rows of a COPY FROM STDIN (the [`Copies`]
+    /// handler takes them), or sends the rows of a COPY TO STDOUT.
+    async fn copy(
+        &self,
+        session: &ClientSession,
+        spec: &CopySpec,
+    ) -> Result<Response, ServerError> {
+        match &spec.direction {
+            Direction::In { table, columns } => {
+                let session = self.session().map_err(|_| {
+                    ServerError::Unauthenticated("the connection has not authenticated".into())
+                })?;
+                let copy = CopyIn::start(spec.clone(), session, table.clone(), columns.clone());
+                let copy = copy.await?;
+                let response = copy.response();
+                *self.copy.lock() = Some(copy);
+                Ok(Response::CopyIn(response))
+            }
+            Direction::Out { query } => {
+                let statement = session.statement(query).await?;
+                if statement.info().kind != StatementKind::Query {
+                    return Err(ServerError::invalid("COPY (...) TO takes a query"));
+                }
+                let (schema, batches) = session
+                    .run_query(&self.shared.activity, &statement, &[])
+                    .await?;
+                let schema = widened_schema(&schema);
+                let options = Arc::new(FormatOptions::default());
+                let fields = Arc::new(pg_fields(&schema, &Format::UnifiedText, options)?);
+                Ok(Response::CopyOut(spec.copy_out(fields, batches)))
+            }
+        }
+    }
+}
+
+/// The data of the COPY FROM STDIN in progress on a connection.
+pub(crate) type CopyCell = Arc<parking_lot::Mutex<Option<CopyIn>>>;
+
+/// Takes the rows of a COPY FROM STDIN as the client sends them, and loads them when it is done.
+pub(crate) struct Copies {
+    shared: Arc<Shared>,
+    copy: CopyCell,
+}
+
+impl Copies {
+    pub(crate) fn new(connection: &Connection) -> Self {
+        Self {
+            shared: connection.shared.clone(),
+            copy: connection.copy.clone(),
+        }
+    }
+}
+
+#[async_trait]
+impl CopyHandler for Copies {
+    async fn on_copy_data<C>(&self, _client: &mut C, data: CopyData) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        if let Some(copy) = self.copy.lock().as_mut() {
+            copy.receive(&data.data);
+        }
+        Ok(())
+    }
+
+    async fn on_copy_done<C>(&self, client: &mut C, _done: CopyDone) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let copy = self.copy.lock().take();
+        let Some(copy) = copy else {
+            return Err(pg_error(ServerError::invalid(
+                "no COPY FROM STDIN is in progress",
+            )));
+        };
+        let rows = copy.finish(&self.shared.activity).await.map_err(pg_error)?;
+        let tag = Tag::new("COPY").with_rows(rows as usize);
+        client
+            .send(PgWireBackendMessage::CommandComplete(tag.into()))
+            .await?;
+        Ok(())
+    }
+
+    async fn on_copy_fail<C>(&self, _client: &mut C, fail: CopyFail) -> PgWireError
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        self.copy.lock().take();
+        pg_error(nyala_sql::SqlError::Cancelled(format!(
+            "COPY FROM STDIN failed on the client's side: {}; nothing was loaded",
+            fail.message
+        )))
+    }
+}
+
+/// `schema` with its TINYINT columns as SMALLINT (see [`widened`]).
+fn widened_schema(schema: &SchemaRef) -> SchemaRef {
+    let fields = schema.fields().iter().map(|f| match f.data_type() {
+        DataType::Int8 => Arc::new(f.as_ref().clone().with_data_type(DataType::Int16)),
+        _ => f.clone(),
+    });
+    Arc::new(Schema::new(fields.collect::<Vec<_>>()))
 }
 
 /// What a statement about a PostgreSQL parameter answers (see [`settings`]).
@@ -165,7 +286,7 @@ fn show_schema(name: &str) -> SchemaRef {
 
 /// `batch` with its TINYINT columns as SMALLINT: PostgreSQL has no one-byte integer, and the
 /// encoder would send their binary form as one byte where clients read the two of an `int2`.
-fn widened(batch: RecordBatch) -> Result<RecordBatch, nyala_sql::SqlError> {
+pub(crate) fn widened(batch: RecordBatch) -> Result<RecordBatch, nyala_sql::SqlError> {
     if !batch
         .schema()
         .fields()
@@ -340,6 +461,7 @@ impl ExtendedQueryHandler for Queries {
         Arc::new(Queries {
             shared: self.shared.clone(),
             session: self.session.clone(),
+            copy: self.copy.clone(),
         })
     }
 
@@ -368,7 +490,7 @@ impl ExtendedQueryHandler for Queries {
                     ParamValues::Map(_) => vec![],
                 }
             }
-            PgStatement::Parameter(_) => vec![],
+            PgStatement::Parameter(_) | PgStatement::Copy(_) => vec![],
         };
         let format = &portal.result_column_format;
         match self

@@ -235,7 +235,7 @@ pub fn normalize_ident(ident: &Ident) -> String {
 }
 
 /// A table name: `t` or `nyala.public.t` / `public.t`.
-pub(crate) fn object_name(name: &ObjectName) -> Result<String> {
+pub fn object_name(name: &ObjectName) -> Result<String> {
     let parts: Vec<&Ident> = name
         .0
         .iter()

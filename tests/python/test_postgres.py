@@ -228,3 +228,66 @@ def test_postgres_parameters_are_set_and_shown(pg):
             conn.execute("SET no_such_parameter = 1")
         conn.execute("SET statement_timeout = 60000")
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_copy_in_and_out(pg, table_name):
+    """COPY FROM STDIN loads every row or none; COPY TO STDOUT gives them back as PostgreSQL
+    writes them (psycopg reads and writes the text format)."""
+    with connect(pg, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table_name} (k INT PRIMARY KEY, s STRING, b BINARY, "
+                     f"d DECIMAL(8, 2))")
+        rows = [(i, None if i % 7 == 0 else f"row\t{i}, \"q\"\n", bytes([i % 256, 0]),
+                 decimal.Decimal(i) / 4) for i in range(1, 1001)]
+        with conn.cursor() as cur:
+            with cur.copy(f"COPY {table_name} FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+            assert cur.rowcount == 1000
+            got = []
+            with cur.copy(f"COPY (SELECT k, s, b, d FROM {table_name} ORDER BY k) "
+                          f"TO STDOUT") as copy:
+                for row in copy.rows():
+                    got.append(row)
+        assert len(got) == 1000
+        assert got[6] == ("7", None, "\\x0700", "1.75")
+        assert got[0][1] == 'row\t1, "q"\n'
+        # A row that does not fit: nothing of the COPY is loaded.
+        with pytest.raises(psycopg.errors.UniqueViolation), conn.cursor() as cur:
+            with cur.copy(f"COPY {table_name} (k, s) FROM STDIN") as copy:
+                copy.write_row((5000, "new"))
+                copy.write_row((1, "duplicate"))
+        assert conn.execute(f"SELECT count(*) FROM {table_name}").fetchone() == (1000,)
+
+
+def test_copy_csv(pg, table_name):
+    """CSV in and out: quotes, embedded delimiters and newlines, an empty field as NULL."""
+    with connect(pg, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table_name} (k INT PRIMARY KEY, s STRING)")
+        with conn.cursor() as cur:
+            with cur.copy(f"COPY {table_name} FROM STDIN WITH (FORMAT csv, HEADER true)") as copy:
+                copy.write('k,s\n1,"a, ""quoted""\nline"\n2,\n3,plain\n')
+            assert cur.rowcount == 3
+            out = b""
+            with cur.copy(f"COPY {table_name} TO STDOUT WITH (FORMAT csv)") as copy:
+                for chunk in copy:
+                    out += bytes(chunk)
+        assert conn.execute(f"SELECT s FROM {table_name} ORDER BY k").fetchall() == [
+            ('a, "quoted"\nline',), (None,), ("plain",)]
+        lines = sorted(out.decode().replace('\nline', ' line').splitlines())
+        assert lines == ['1,"a, ""quoted"" line"', "2,", "3,plain"], out
+
+
+def test_psql_copy_from_a_file(pg, table_name, tmp_path):
+    """psql's \\copy reads a client-side CSV file through COPY FROM STDIN."""
+    host, port = pg
+    data = tmp_path / "rows.csv"
+    data.write_text("k,s\n1,one\n2,\"two, too\"\n")
+    script = (f"CREATE TABLE {table_name} (k INT PRIMARY KEY, s STRING);\n"
+              f"\\copy {table_name} FROM '{data}' WITH (FORMAT csv, HEADER true)\n"
+              f"SELECT s FROM {table_name} ORDER BY k;\n")
+    out = subprocess.run(
+        ["psql", "-h", host, "-p", str(port), "-U", "nyala", "-d", "nyala", "-X", "-A", "-t",
+         "-v", "ON_ERROR_STOP=1"],
+        input=script, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["CREATE TABLE", "COPY 2", "one", "two, too"], out.stdout
