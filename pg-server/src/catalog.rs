@@ -4,8 +4,11 @@
 //! `OPERATOR(pg_catalog.~)`, `'t'::regclass`, `COLLATE`, qualified function calls, ...
 
 use std::ops::ControlFlow;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
+use arrow::datatypes::DataType;
+use datafusion::common::ScalarValue;
+use datafusion::logical_expr::{create_udf, ColumnarValue, ScalarUDF, Volatility};
 use datafusion::sql::sqlparser::ast::{
     visit_expressions_mut, Expr, Function, FunctionArgumentList, FunctionArguments, Ident,
     ObjectName, Statement,
@@ -14,7 +17,8 @@ use datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
 use datafusion_pg_catalog::sql::PostgresCompatibilityParser;
 use nyala_server::ClientSession;
 
-/// Installs `pg_catalog` in `session`'s catalog.
+/// Installs `pg_catalog` in `session`'s catalog, and `version()` as PostgreSQL's (clients
+/// such as SQLAlchemy read the server's version from it).
 pub(crate) fn install(session: &ClientSession) {
     let context = session.sql().context();
     if let Err(e) = datafusion_pg_catalog::setup_pg_catalog(
@@ -24,6 +28,29 @@ pub(crate) fn install(session: &ClientSession) {
     ) {
         tracing::warn!(error = %e, "pg_catalog is not available in a PostgreSQL session");
     }
+    context.register_udf(version_udf());
+}
+
+/// What `version()` says to PostgreSQL clients.
+pub(crate) const VERSION: &str = concat!(
+    "PostgreSQL 16.6 (Nyala ",
+    env!("CARGO_PKG_VERSION"),
+    ") on x86_64-pc-linux-gnu"
+);
+
+fn version_udf() -> ScalarUDF {
+    let version = |_: &[ColumnarValue]| {
+        Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(
+            VERSION.into(),
+        ))))
+    };
+    create_udf(
+        "version",
+        vec![],
+        DataType::Utf8,
+        Volatility::Immutable,
+        Arc::new(version),
+    )
 }
 
 /// `sql` as the engine plans it, where it reads PostgreSQL's catalog in PostgreSQL's own
