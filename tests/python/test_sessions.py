@@ -322,3 +322,25 @@ def test_the_bearer_token_names_the_session_across_connections(auth_server):
     finally:
         for c in (a, b, a_again):
             c.close()
+
+
+def test_a_sql_transaction_belongs_to_its_session(clients, table_name):
+    """A SQL BEGIN opens a transaction in the session it was sent in, and every statement of
+    that session runs in it until COMMIT or ROLLBACK, as on a PostgreSQL connection: the
+    statements of a client with a session cookie, or, without one, of its gRPC connection.
+    Clients that share one connection between threads therefore share its transaction; each
+    thread should have its own connection (or session)."""
+    recorder = HeaderRecorder()
+    a = clients(middleware=[recorder])
+    a.update(f"CREATE TABLE {table_name} (k INT PRIMARY KEY)")
+    session_id = session_cookie(recorder.received)
+    a.update("BEGIN")
+    a.update(f"INSERT INTO {table_name} VALUES (1)")
+    count = f"SELECT count(*) AS n FROM {table_name}"
+    same_session = clients(headers=[(b"cookie", f"{SESSION_COOKIE}={session_id}".encode())])
+    other = clients()
+    assert a.read(statement_query(count)).column("n").to_pylist() == [1]
+    assert same_session.read(statement_query(count)).column("n").to_pylist() == [1]
+    assert other.read(statement_query(count)).column("n").to_pylist() == [0]
+    same_session.update("COMMIT")
+    assert other.read(statement_query(count)).column("n").to_pylist() == [1]
