@@ -29,6 +29,27 @@ pub(crate) fn install(session: &ClientSession) {
         tracing::warn!(error = %e, "pg_catalog is not available in a PostgreSQL session");
     }
     context.register_udf(version_udf());
+    context.register_udf(type_is_visible_udf());
+}
+
+/// `pg_type_is_visible(oid)`: every type is (Nyala has one schema; clients list domains with
+/// it, of which there are none).
+fn type_is_visible_udf() -> ScalarUDF {
+    let visible = |args: &[ColumnarValue]| {
+        let rows = match args.first() {
+            Some(ColumnarValue::Array(array)) => array.len(),
+            _ => return Ok(ColumnarValue::Scalar(ScalarValue::Boolean(Some(true)))),
+        };
+        let all = arrow::array::BooleanArray::from(vec![true; rows]);
+        Ok(ColumnarValue::Array(Arc::new(all)))
+    };
+    create_udf(
+        "pg_type_is_visible",
+        vec![DataType::Int32],
+        DataType::Boolean,
+        Volatility::Stable,
+        Arc::new(visible),
+    )
 }
 
 /// What `version()` says to PostgreSQL clients.

@@ -291,3 +291,23 @@ def test_psql_copy_from_a_file(pg, table_name, tmp_path):
         input=script, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["CREATE TABLE", "COPY 2", "one", "two, too"], out.stdout
+
+
+def test_sqlalchemy_reflects_tables_and_columns(pg, table_name):
+    """SQLAlchemy's PostgreSQL dialect (psycopg2 under SQLAlchemy 1.4, which the Flight SQL
+    dialect pins) connects, reads the server version and reflects tables and columns."""
+    import sqlalchemy as sa
+    host, port = pg
+    engine = sa.create_engine(f"postgresql+psycopg2://nyala@{host}:{port}/nyala")
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"CREATE TABLE {table_name} (id BIGINT PRIMARY KEY, "
+                                 f"name STRING, price DOUBLE)"))
+        inspector = sa.inspect(engine)
+        assert table_name in inspector.get_table_names()
+        columns = [(c["name"], str(c["type"]), c["nullable"])
+                   for c in inspector.get_columns(table_name)]
+        assert columns == [("id", "BIGINT", False), ("name", "TEXT", True),
+                           ("price", "DOUBLE_PRECISION", True)]
+    finally:
+        engine.dispose()
