@@ -345,9 +345,9 @@ impl CopySpec {
                     finish_field(&mut row, &mut field, quoted);
                     quoted = false;
                     let done = std::mem::take(&mut row);
-                    if !(self.header && line == 1)
-                        && !(done.len() == 1 && done[0].as_deref() == Some("\\."))
-                    {
+                    let header = self.header && line == 1;
+                    let end_marker = done.len() == 1 && done[0].as_deref() == Some("\\.");
+                    if !header && !end_marker {
                         check_width(done.len(), width, line)?;
                         rows.push(done);
                     }
@@ -525,7 +525,7 @@ impl CopyIn {
             false => columns
                 .iter()
                 .map(|name| {
-                    (schema.field_with_name(name).map(Field::clone)).map_err(|_| {
+                    (schema.field_with_name(name).cloned()).map_err(|_| {
                         ServerError::invalid(format!(
                             "column \"{name}\" of table {table} does not exist"
                         ))

@@ -38,7 +38,7 @@ use crate::{Connection, SessionCell, Shared};
 /// connection's PostgreSQL parameters ([`settings`]).
 #[derive(Clone)]
 pub(crate) enum PgStatement {
-    Sql(PreparedStatement),
+    Sql(Box<PreparedStatement>),
     Parameter(ParameterStatement),
     Copy(CopySpec),
 }
@@ -87,7 +87,7 @@ impl Queries {
         }
         let rewritten = crate::catalog::rewritten(sql);
         let sql = rewritten.as_deref().unwrap_or(sql);
-        Ok(PgStatement::Sql(session.statement(sql).await?))
+        Ok(PgStatement::Sql(Box::new(session.statement(sql).await?)))
     }
 
     /// Runs `statement` with `params` bound: a query's rows in `format`, or what it changed.
