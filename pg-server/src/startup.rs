@@ -162,7 +162,12 @@ impl AuthSource for Verifiers {
                 "this user's password was set before PostgreSQL clients could log in: set it \
                  again (ALTER USER ... PASSWORD) to log in over PostgreSQL",
             )),
-            None => Err(refused("invalid username or password")),
+            // An unknown user goes through the exchange as a wrong password does, so the
+            // answer does not tell which users exist.
+            None => Ok(Password::new(
+                Some(rand::random::<[u8; 16]>().to_vec()),
+                rand::random::<[u8; 32]>().to_vec(),
+            )),
         }
     }
 }

@@ -185,6 +185,9 @@ def test_passwords_and_privileges():
         host, port = pg
         with pytest.raises(psycopg.OperationalError, match="(?i)password authentication"):
             psycopg.connect(host=host, port=port, user=USER, password="wrong", dbname="nyala")
+        # An unknown user is refused as a wrong password is: the answer names no user.
+        with pytest.raises(psycopg.OperationalError, match="(?i)password authentication"):
+            psycopg.connect(host=host, port=port, user="nobody", password="x", dbname="nyala")
         with psycopg.connect(host=host, port=port, user=USER, password=PASSWORD,
                              dbname="nyala", autocommit=True) as admin:
             admin.execute("CREATE TABLE secret (k INT PRIMARY KEY)")
