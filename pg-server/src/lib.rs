@@ -53,6 +53,12 @@ struct Shared {
     tls: bool,
 }
 
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").finish_non_exhaustive()
+    }
+}
+
 /// What a CancelRequest names a connection by: its process id and secret key.
 type CancelKey = (i32, bytes::Bytes);
 

@@ -145,12 +145,6 @@ struct Verifiers {
     shared: Arc<Shared>,
 }
 
-impl Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared").finish_non_exhaustive()
-    }
-}
-
 #[async_trait]
 impl AuthSource for Verifiers {
     async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {

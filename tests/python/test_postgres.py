@@ -164,16 +164,21 @@ def test_flight_sql_and_postgres_share_the_data(servers, table_name):
             "from flight",)
 
 
-def test_psql_runs_a_script(pg, table_name):
-    """psql, as an operator runs it: a script of statements and a query printed unaligned."""
+def psql(pg, script):
+    """Runs `script` with psql as an operator does (unaligned, tuples only, stop on error)."""
     host, port = pg
-    script = (f"CREATE TABLE {table_name} (k INT PRIMARY KEY, s STRING);\n"
-              f"INSERT INTO {table_name} VALUES (1, 'a'), (2, 'b');\n"
-              f"SELECT k, s FROM {table_name} ORDER BY k;\n")
-    out = subprocess.run(
+    return subprocess.run(
         ["psql", "-h", host, "-p", str(port), "-U", "nyala", "-d", "nyala", "-X", "-A", "-t",
          "-v", "ON_ERROR_STOP=1"],
         input=script, capture_output=True, text=True, timeout=60)
+
+
+def test_psql_runs_a_script(pg, table_name):
+    """psql, as an operator runs it: a script of statements and a query printed unaligned."""
+    script = (f"CREATE TABLE {table_name} (k INT PRIMARY KEY, s STRING);\n"
+              f"INSERT INTO {table_name} VALUES (1, 'a'), (2, 'b');\n"
+              f"SELECT k, s FROM {table_name} ORDER BY k;\n")
+    out = psql(pg, script)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["CREATE", "TABLE", "INSERT", "0", "2", "1|a", "2|b"], out.stdout
 
@@ -282,16 +287,12 @@ def test_copy_csv(pg, table_name):
 
 def test_psql_copy_from_a_file(pg, table_name, tmp_path):
     """psql's \\copy reads a client-side CSV file through COPY FROM STDIN."""
-    host, port = pg
     data = tmp_path / "rows.csv"
     data.write_text("k,s\n1,one\n2,\"two, too\"\n")
     script = (f"CREATE TABLE {table_name} (k INT PRIMARY KEY, s STRING);\n"
               f"\\copy {table_name} FROM '{data}' WITH (FORMAT csv, HEADER true)\n"
               f"SELECT s FROM {table_name} ORDER BY k;\n")
-    out = subprocess.run(
-        ["psql", "-h", host, "-p", str(port), "-U", "nyala", "-d", "nyala", "-X", "-A", "-t",
-         "-v", "ON_ERROR_STOP=1"],
-        input=script, capture_output=True, text=True, timeout=60)
+    out = psql(pg, script)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["CREATE TABLE", "COPY 2", "one", "two, too"], out.stdout
 
