@@ -248,7 +248,7 @@ impl CopySpec {
         let columns = fields.len();
         let rows = batches.flat_map(move |batch| {
             let encoded = batch
-                .and_then(|b| crate::query::widened(b).map_err(ServerError::from))
+                .and_then(|b| crate::results::sent_batch(b).map_err(ServerError::from))
                 .map_err(pg_error)
                 .and_then(|batch| encode(&mut encoder, &fields, &batch));
             futures::stream::iter(match encoded {

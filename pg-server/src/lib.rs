@@ -15,6 +15,7 @@ mod catalog;
 mod copy;
 mod errors;
 mod query;
+mod results;
 mod settings;
 mod startup;
 

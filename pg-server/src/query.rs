@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Schema, SchemaRef};
-use arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch, into_pg_type};
+use arrow_pg::datatypes::{encode_recordbatch, into_pg_type};
 use async_trait::async_trait;
 use datafusion::common::{ParamValues, ScalarValue};
 use futures::{Sink, SinkExt, StreamExt};
@@ -31,6 +31,7 @@ use pgwire::types::format::FormatOptions;
 
 use crate::copy::{CopyIn, CopySpec, Direction};
 use crate::errors::{error_info, pg_error};
+use crate::results::{encoded_as, pg_fields, sent_batch};
 use crate::settings::{self, ParameterStatement};
 use crate::{Connection, SessionCell, Shared};
 
@@ -113,10 +114,10 @@ impl Queries {
                 .run_query(&self.shared.activity, statement, &params)
                 .await?;
             let fields = Arc::new(pg_fields(&schema, format, options)?);
-            let encoded = fields.clone();
+            let encoded = encoded_as(&fields);
             let rows = batches
                 .map(move |batch| {
-                    let batch = batch.and_then(|b| widened(b).map_err(ServerError::from));
+                    let batch = batch.and_then(|b| sent_batch(b).map_err(ServerError::from));
                     let rows: Box<dyn Iterator<Item = PgWireResult<_>> + Send + Sync> = match batch
                     {
                         Ok(batch) => encode_recordbatch(encoded.clone(), batch),
@@ -161,9 +162,9 @@ impl Queries {
                 let (schema, batches) = session
                     .run_query(&self.shared.activity, &statement, &[])
                     .await?;
-                let schema = widened_schema(&schema);
                 let options = Arc::new(FormatOptions::default());
                 let fields = Arc::new(pg_fields(&schema, &Format::UnifiedText, options)?);
+                let fields = encoded_as(&fields);
                 Ok(Response::CopyOut(spec.copy_out(fields, batches)))
             }
         }
@@ -236,15 +237,6 @@ impl CopyHandler for Copies {
     }
 }
 
-/// `schema` with its TINYINT columns as SMALLINT (see [`widened`]).
-fn widened_schema(schema: &SchemaRef) -> SchemaRef {
-    let fields = schema.fields().iter().map(|f| match f.data_type() {
-        DataType::Int8 => Arc::new(f.as_ref().clone().with_data_type(DataType::Int16)),
-        _ => f.clone(),
-    });
-    Arc::new(Schema::new(fields.collect::<Vec<_>>()))
-}
-
 /// What a statement about a PostgreSQL parameter answers (see [`settings`]).
 fn parameter_response<C: ClientInfo>(
     client: &mut C,
@@ -282,47 +274,6 @@ fn show_schema(name: &str) -> SchemaRef {
         DataType::Utf8,
         false,
     )]))
-}
-
-/// `batch` with its TINYINT columns as SMALLINT: PostgreSQL has no one-byte integer, and the
-/// encoder would send their binary form as one byte where clients read the two of an `int2`.
-pub(crate) fn widened(batch: RecordBatch) -> Result<RecordBatch, nyala_sql::SqlError> {
-    if !batch
-        .schema()
-        .fields()
-        .iter()
-        .any(|f| f.data_type() == &DataType::Int8)
-    {
-        return Ok(batch);
-    }
-    let (fields, columns): (Vec<_>, Vec<_>) = (batch.schema().fields().iter())
-        .zip(batch.columns())
-        .map(|(field, column)| match field.data_type() {
-            DataType::Int8 => {
-                let widened = field.as_ref().clone().with_data_type(DataType::Int16);
-                (
-                    Arc::new(widened),
-                    arrow::compute::cast(column, &DataType::Int16),
-                )
-            }
-            _ => (field.clone(), Ok(column.clone())),
-        })
-        .unzip();
-    let columns = columns.into_iter().collect::<Result<Vec<_>, _>>()?;
-    Ok(RecordBatch::try_new(
-        Arc::new(Schema::new(fields)),
-        columns,
-    )?)
-}
-
-/// The columns of `schema` as PostgreSQL describes them.
-fn pg_fields(
-    schema: &SchemaRef,
-    format: &Format,
-    options: Arc<FormatOptions>,
-) -> Result<Vec<FieldInfo>, ServerError> {
-    arrow_schema_to_pg_fields(schema, format, Some(options))
-        .map_err(|e| ServerError::invalid(format!("a result column cannot be sent: {e}")))
 }
 
 /// What a statement that is not a query answers: its command tag with the rows it changed,

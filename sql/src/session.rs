@@ -65,6 +65,13 @@ impl Session {
         self.principal.name()
     }
 
+    /// The users' tables this session's user may see, sorted by name.
+    pub fn visible_tables(&self) -> Vec<nyala_engine::TableHandle> {
+        let mut tables = self.db.client.tables();
+        tables.retain(|table| self.may_see(&table.name));
+        tables
+    }
+
     /// Runs the session as `user` (after the server checked its password).
     pub fn log_in(&self, user: &nyala_engine::UserInfo) {
         self.principal.set(Some(Login {

@@ -41,3 +41,19 @@ def test_tables_and_columns_are_listed(odbc, table_name):
         columns = [(row.column_name, row.type_name)
                    for row in cur.columns(table=table_name)]
         assert columns == [("k", "int8"), ("name", "text"), ("price", "numeric")]
+
+
+def test_primary_keys_and_the_key_index(odbc, table_name):
+    """SQLPrimaryKeys and SQLStatistics: the key in key order, and the unique index behind
+    it, as BI tools read them to tell rows apart."""
+    with pyodbc.connect(odbc, autocommit=True) as conn:
+        cur = conn.cursor()
+        cur.execute(f"CREATE TABLE {table_name} (host STRING, ts BIGINT, v DOUBLE, "
+                    f"PRIMARY KEY (host, ts))")
+        keys = [(row.column_name, row.key_seq, row.pk_name)
+                for row in cur.primaryKeys(table_name)]
+        assert keys == [("host", 1, f"{table_name}_pkey"), ("ts", 2, f"{table_name}_pkey")]
+        index = [(row.index_name, row.non_unique, row.ordinal_position, row.column_name)
+                 for row in cur.statistics(table_name) if row.index_name]
+        assert index == [(f"{table_name}_pkey", 0, 1, "host"),
+                         (f"{table_name}_pkey", 0, 2, "ts")]

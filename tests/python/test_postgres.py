@@ -164,12 +164,13 @@ def test_flight_sql_and_postgres_share_the_data(servers, table_name):
             "from flight",)
 
 
-def psql(pg, script):
-    """Runs `script` with psql as an operator does (unaligned, tuples only, stop on error)."""
+def psql(pg, script, tuples_only=True):
+    """Runs `script` with psql as an operator does (unaligned, stop on error; tuples only
+    unless told otherwise)."""
     host, port = pg
     return subprocess.run(
-        ["psql", "-h", host, "-p", str(port), "-U", "nyala", "-d", "nyala", "-X", "-A", "-t",
-         "-v", "ON_ERROR_STOP=1"],
+        ["psql", "-h", host, "-p", str(port), "-U", "nyala", "-d", "nyala", "-X", "-A",
+         *(["-t"] if tuples_only else []), "-v", "ON_ERROR_STOP=1"],
         input=script, capture_output=True, text=True, timeout=60)
 
 
@@ -181,6 +182,21 @@ def test_psql_runs_a_script(pg, table_name):
     out = psql(pg, script)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["CREATE", "TABLE", "INSERT", "0", "2", "1|a", "2|b"], out.stdout
+
+
+def test_psql_describes_a_table_and_its_key(pg, table_name):
+    """psql's `\\dt` lists the table and `\\d` shows its columns and the key's index."""
+    psql(pg, f"CREATE TABLE {table_name} (host STRING, ts BIGINT, v DOUBLE, "
+             f"PRIMARY KEY (host, ts));\n")
+    listed = psql(pg, "\\dt\n")
+    assert listed.returncode == 0, listed.stderr
+    assert f"public|{table_name}|table|" in listed.stdout, listed.stdout
+    described = psql(pg, f"\\d {table_name}\n", tuples_only=False)
+    assert described.returncode == 0, described.stderr
+    lines = described.stdout.splitlines()
+    assert "host|text||not null|" in lines, described.stdout
+    assert "v|double precision|||" in lines, described.stdout
+    assert f'    "{table_name}_pkey" PRIMARY KEY, btree (host, ts)' in lines, described.stdout
 
 
 def test_passwords_and_privileges():
@@ -297,9 +313,10 @@ def test_psql_copy_from_a_file(pg, table_name, tmp_path):
     assert out.stdout.splitlines() == ["CREATE TABLE", "COPY 2", "one", "two, too"], out.stdout
 
 
-def test_sqlalchemy_reflects_tables_and_columns(pg, table_name):
+def test_sqlalchemy_reflects_tables_columns_and_keys(pg, table_name):
     """SQLAlchemy's PostgreSQL dialect (psycopg2 under SQLAlchemy 1.4, which the Flight SQL
-    dialect pins) connects, reads the server version and reflects tables and columns."""
+    dialect pins) connects, reads the server version and reflects tables, columns and
+    primary keys."""
     import sqlalchemy as sa
     host, port = pg
     engine = sa.create_engine(f"postgresql+psycopg2://nyala@{host}:{port}/nyala")
@@ -313,5 +330,9 @@ def test_sqlalchemy_reflects_tables_and_columns(pg, table_name):
                    for c in inspector.get_columns(table_name)]
         assert columns == [("id", "BIGINT", False), ("name", "TEXT", True),
                            ("price", "DOUBLE_PRECISION", True)]
+        key = inspector.get_pk_constraint(table_name)
+        assert key == {"constrained_columns": ["id"], "name": f"{table_name}_pkey"}
+        reflected = sa.Table(table_name, sa.MetaData(), autoload_with=engine)
+        assert [c.name for c in reflected.primary_key] == ["id"]
     finally:
         engine.dispose()

@@ -176,10 +176,21 @@ class NyalaPgJdbcTest {
       }
     }
     assertEquals(List.of("a:int8", "b:text", "c:float8"), columns);
-    // getPrimaryKeys reads pg_index through information_schema._pg_expandarray, which
-    // pg_catalog does not have yet: it fails with a clear error rather than a wrong answer.
-    SQLException keys =
-        assertThrows(SQLException.class, () -> meta.getPrimaryKeys(null, "public", "pg_described"));
-    assertTrue(keys.getMessage().contains("_pg_expandarray"), keys.getMessage());
+    // The key, in key order, with the name PostgreSQL gives its constraint.
+    List<String> keys = new ArrayList<>();
+    try (ResultSet rs = meta.getPrimaryKeys(null, "public", "pg_described")) {
+      while (rs.next()) {
+        keys.add(rs.getString("COLUMN_NAME") + ":" + rs.getInt("KEY_SEQ") + ":" + rs.getString("PK_NAME"));
+      }
+    }
+    assertEquals(List.of("a:1:pg_described_pkey", "b:2:pg_described_pkey"), keys);
+    // The key's index, as BI tools read it to learn which columns identify a row.
+    List<String> index = new ArrayList<>();
+    try (ResultSet rs = meta.getIndexInfo(null, "public", "pg_described", true, false)) {
+      while (rs.next()) {
+        index.add(rs.getString("INDEX_NAME") + ":" + rs.getString("COLUMN_NAME"));
+      }
+    }
+    assertEquals(List.of("pg_described_pkey:a", "pg_described_pkey:b"), index);
   }
 }
