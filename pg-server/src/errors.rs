@@ -65,6 +65,10 @@ fn from_message(message: &str) -> &'static str {
     let has = |s: &str| m.contains(s);
     if has("duplicate primary key") || has("duplicate key") {
         "23505"
+    } else if has("savepoint") && has("does not exist") {
+        "3B001"
+    } else if has("only be used in transaction blocks") {
+        "25P01"
     } else if (has("table") || has("view")) && (has("not found") || has("does not exist")) {
         "42P01"
     } else if has("already exists") {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Schema, SchemaRef};
+use arrow_pg::datatypes::df::deserialize_parameters;
 use arrow_pg::datatypes::{encode_recordbatch, into_pg_type};
 use async_trait::async_trait;
 use datafusion::common::{ParamValues, ScalarValue};
@@ -285,6 +286,10 @@ fn completion(sql: &str, kind: StatementKind, count: u64) -> Response {
     match first {
         "BEGIN" | "START" => Response::TransactionStart(Tag::new("BEGIN")),
         "COMMIT" | "END" => Response::TransactionEnd(Tag::new("COMMIT")),
+        // ROLLBACK TO SAVEPOINT: the transaction goes on.
+        "ROLLBACK" if words.get(1).is_some_and(|w| w == "TO") => {
+            Response::Execution(Tag::new("ROLLBACK"))
+        }
         "ROLLBACK" | "ABORT" => Response::TransactionEnd(Tag::new("ROLLBACK")),
         "INSERT" | "UPSERT" => Response::Execution(Tag::new("INSERT").with_oid(0).with_rows(rows)),
         "UPDATE" | "DELETE" | "MERGE" => Response::Execution(Tag::new(first).with_rows(rows)),
@@ -433,13 +438,21 @@ impl ExtendedQueryHandler for Queries {
         let params = match statement {
             PgStatement::Sql(prepared) => {
                 let parameters = prepared.info().parameters.clone();
+                // A text parameter (or one the statement implies no type for) takes the type
+                // the client gave it: binding casts the value to the statement's type.
                 let types = (parameters.fields().iter())
-                    .map(|f| Some(f.data_type()))
+                    .map(|f| Some(f.data_type()).filter(|t| **t != DataType::Utf8))
                     .collect::<Vec<_>>();
-                match arrow_pg::datatypes::df::deserialize_parameters(portal, &types)? {
+                let mut values = match deserialize_parameters(portal, &types)? {
                     ParamValues::List(values) => values.into_iter().map(|v| v.value).collect(),
                     ParamValues::Map(_) => vec![],
+                };
+                // Values for parameters the client declared (in Parse) that the statement does
+                // not use: a catalog query rewritten for the engine may have dropped some.
+                if values.len() <= portal.statement.parameter_types.len() {
+                    values.truncate(types.len());
                 }
+                values
             }
             PgStatement::Parameter(_) | PgStatement::Copy(_) => vec![],
         };

@@ -11,20 +11,29 @@ use datafusion::logical_expr::LogicalPlan;
 
 use crate::{Result, SqlError};
 
-/// The types of a plan's positional parameters `$1..$n` (None where nothing implies one).
+/// The most parameters a statement may have (PostgreSQL's protocol counts them in 16 bits).
+const MAX_PARAMETERS: usize = 65_535;
+
+/// The types of a plan's positional parameters `$1..$n`, `$n` the highest it uses (None where
+/// nothing implies one, or the statement does not use it: as in PostgreSQL, a value may be
+/// bound to a parameter the statement leaves out).
 pub(crate) fn parameter_types(plan: &LogicalPlan) -> Result<Vec<Option<DataType>>> {
     let types = plan.get_parameter_types()?;
-    let mut numbered = Vec::with_capacity(types.len());
-    for i in 1..=types.len() {
-        match types.get(&format!("${i}")) {
-            Some(t) => numbered.push(t.clone()),
-            None => {
-                return Err(SqlError::Invalid(format!(
-                    "parameters must be numbered $1 to ${} without gaps (or all be '?')",
-                    types.len()
-                )))
-            }
+    let mut numbered: Vec<Option<DataType>> = Vec::with_capacity(types.len());
+    for (name, data_type) in types {
+        let index = (name.strip_prefix('$'))
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|n| (1..=MAX_PARAMETERS).contains(n))
+            .ok_or_else(|| {
+                SqlError::Invalid(format!(
+                    "parameter {name}: parameters are numbered $1, $2, ... up to \
+                     ${MAX_PARAMETERS} (or all '?')"
+                ))
+            })?;
+        if numbered.len() < index {
+            numbered.resize(index, None);
         }
+        numbered[index - 1] = data_type;
     }
     Ok(numbered)
 }

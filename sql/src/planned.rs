@@ -217,6 +217,7 @@ impl PlannedStatement {
                     }
                     TxnControl::Commit => self.session.commit().await?,
                     TxnControl::Rollback => self.session.rollback().await,
+                    savepoint => self.session.savepoint(&savepoint)?,
                 }
                 no_rows()
             }

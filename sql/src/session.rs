@@ -443,6 +443,22 @@ impl Session {
         }
     }
 
+    /// `SAVEPOINT`, `RELEASE SAVEPOINT` or `ROLLBACK TO SAVEPOINT` in the transaction in
+    /// progress; an error without one, as in PostgreSQL.
+    pub(crate) fn savepoint(&self, control: &TxnControl) -> Result<()> {
+        let Some(txn) = self.txn.current() else {
+            return Err(SqlError::Invalid(
+                "savepoints can only be used in transaction blocks (after BEGIN)".into(),
+            ));
+        };
+        match control {
+            TxnControl::Savepoint(name) => txn.savepoint(name),
+            TxnControl::Release(name) => txn.release(name),
+            TxnControl::RollbackTo(name) => txn.rollback_to(name),
+            _ => Ok(()),
+        }
+    }
+
     /// Rolls the transaction in progress back (`ROLLBACK`); without one, does nothing.
     pub async fn rollback(&self) {
         if let Some(txn) = self.txn.take() {
@@ -489,11 +505,14 @@ impl Session {
 }
 
 /// `BEGIN`, `COMMIT` and `ROLLBACK`: statements that start and end transactions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum TxnControl {
     Begin { read_only: bool },
     Commit,
     Rollback,
+    Savepoint(String),
+    Release(String),
+    RollbackTo(String),
 }
 
 impl TxnControl {
@@ -536,14 +555,15 @@ impl TxnControl {
                 chain: false,
                 savepoint: None,
             } => TxnControl::Rollback,
+            SqlStatement::Rollback {
+                chain: false,
+                savepoint: Some(name),
+            } => TxnControl::RollbackTo(name.value.clone()),
             SqlStatement::Commit { .. } | SqlStatement::Rollback { .. } => {
-                return Err(SqlError::NotSupported(
-                    "COMMIT/ROLLBACK AND CHAIN and savepoints".into(),
-                ))
+                return Err(SqlError::NotSupported("COMMIT/ROLLBACK AND CHAIN".into()))
             }
-            SqlStatement::Savepoint { .. } | SqlStatement::ReleaseSavepoint { .. } => {
-                return Err(SqlError::NotSupported("savepoints".into()))
-            }
+            SqlStatement::Savepoint { name } => TxnControl::Savepoint(name.value.clone()),
+            SqlStatement::ReleaseSavepoint { name } => TxnControl::Release(name.value.clone()),
             _ => return Ok(None),
         }))
     }

@@ -23,7 +23,7 @@
 //! session's configuration ([`TxnSlot`] is an extension of it).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
@@ -80,6 +80,8 @@ impl TxnSlot {
             overlay: Mutex::new(HashMap::new()),
             failed: Mutex::new(None),
             wrote: AtomicBool::new(false),
+            writes: AtomicU64::new(0),
+            savepoints: Mutex::new(Vec::new()),
             ended: AtomicBool::new(false),
         });
         let id = txn.id();
@@ -105,6 +107,10 @@ pub struct OpenTxn {
     /// Why the transaction failed, once a statement failed in it.
     failed: Mutex<Option<String>>,
     wrote: AtomicBool,
+    /// Write statements run in the transaction (those that failed too).
+    writes: AtomicU64,
+    /// Savepoints, oldest first, with the writes run before each.
+    savepoints: Mutex<Vec<(String, u64)>>,
     ended: AtomicBool,
 }
 
@@ -191,6 +197,39 @@ impl OpenTxn {
         self.txn.abort().await;
     }
 
+    /// `SAVEPOINT name`.
+    pub(crate) fn savepoint(&self, name: &str) -> Result<()> {
+        self.check_usable()?;
+        let writes = self.writes.load(Ordering::Acquire);
+        self.savepoints.lock().push((name.to_string(), writes));
+        Ok(())
+    }
+
+    /// `RELEASE SAVEPOINT name`: forgets it and the savepoints set after it.
+    pub(crate) fn release(&self, name: &str) -> Result<()> {
+        self.check_usable()?;
+        let mut savepoints = self.savepoints.lock();
+        let at = savepoint_position(&savepoints, name)?;
+        savepoints.truncate(at);
+        Ok(())
+    }
+
+    /// `ROLLBACK TO SAVEPOINT name`, which Nyala can do where the transaction wrote nothing
+    /// since the savepoint (a read that failed leaves nothing to undo): its writes are in the
+    /// tablets, and they cannot undo part of a transaction's.
+    pub(crate) fn rollback_to(&self, name: &str) -> Result<()> {
+        let mut savepoints = self.savepoints.lock();
+        let at = savepoint_position(&savepoints, name)?;
+        if self.writes.load(Ordering::Acquire) > savepoints[at].1 {
+            return Err(SqlError::NotSupported(format!(
+                "ROLLBACK TO SAVEPOINT {name} after the transaction wrote since it: Nyala \
+                 cannot undo part of a transaction's writes; ROLLBACK the whole transaction"
+            )));
+        }
+        savepoints.truncate(at + 1);
+        Ok(())
+    }
+
     /// Writes `rows` to `table` in the transaction, on condition that they have not changed
     /// since its snapshot, and keeps them for reading back. Returns the rows written. Any
     /// failure fails the transaction.
@@ -201,6 +240,7 @@ impl OpenTxn {
         batches: Vec<RecordBatch>,
         verb: &str,
     ) -> DFResult<u64> {
+        self.writes.fetch_add(1, Ordering::AcqRel);
         let written = self.write_checked(table, kind, batches, verb).await;
         if let Err(e) = &written {
             self.fail(&e.strip_backtrace()).await;
@@ -389,6 +429,12 @@ impl Drop for OpenTxn {
 }
 
 /// The error of a statement that met a row another transaction changed.
+/// Where the savepoint `name` (the latest of that name) is in `savepoints`.
+fn savepoint_position(savepoints: &[(String, u64)], name: &str) -> Result<usize> {
+    (savepoints.iter().rposition(|(saved, _)| saved == name))
+        .ok_or_else(|| SqlError::Invalid(format!("savepoint \"{name}\" does not exist")))
+}
+
 fn serialization_failure(verb: &str, table: &str) -> DataFusionError {
     DataFusionError::External(Box::new(SqlError::Conflict(format!(
         "could not serialize access: a row the {verb} writes in table {table} was changed by \

@@ -4,7 +4,10 @@ statements, and the same data as Flight SQL clients see."""
 
 import datetime
 import decimal
+import json
+import os
 import subprocess
+import sys
 import threading
 
 import adbc_driver_flightsql.dbapi as flightsql
@@ -131,6 +134,37 @@ def test_transactions_span_statements(pg, table_name):
         assert other.execute(f"SELECT count(*) FROM {table_name}").fetchone() == (3,)
 
 
+def test_savepoints_around_reads_and_writes(pg, table_name):
+    """psycopg's nested `transaction()` is a savepoint. Around reads (as drivers use it to
+    look types up) it is released or rolled back to; after a write since the savepoint,
+    ROLLBACK TO is refused (the tablets cannot undo part of a transaction) and the whole
+    transaction is rolled back."""
+    with connect(pg, autocommit=True) as admin:
+        admin.execute(f"CREATE TABLE {table_name} (k INT PRIMARY KEY)")
+    with connect(pg) as conn:
+        with conn.transaction():
+            conn.execute(f"INSERT INTO {table_name} VALUES (1)")
+            with conn.transaction():
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+            with pytest.raises(psycopg.errors.UndefinedTable):
+                with conn.transaction():
+                    conn.execute("SELECT * FROM no_such_table")
+            conn.execute(f"INSERT INTO {table_name} VALUES (2)")
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="ROLLBACK"):
+            with conn.transaction():
+                conn.execute(f"INSERT INTO {table_name} VALUES (3)")
+                conn.execute("SAVEPOINT before_four")
+                conn.execute(f"INSERT INTO {table_name} VALUES (4)")
+                conn.execute("ROLLBACK TO SAVEPOINT before_four")
+        with pytest.raises(psycopg.errors.InvalidSavepointSpecification):
+            with conn.transaction():
+                conn.execute("RELEASE SAVEPOINT never_set")
+    with connect(pg, autocommit=True) as conn:
+        assert conn.execute(f"SELECT k FROM {table_name} ORDER BY k").fetchall() == [(1,), (2,)]
+        with pytest.raises(psycopg.errors.NoActiveSqlTransaction):
+            conn.execute("SAVEPOINT outside")
+
+
 def test_write_write_conflict_is_a_serialization_failure(pg, table_name):
     """Two transactions writing one row: the second to write gets 40001 (retry it)."""
     with connect(pg, autocommit=True) as admin:
@@ -182,6 +216,64 @@ def test_psql_runs_a_script(pg, table_name):
     out = psql(pg, script)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["CREATE", "TABLE", "INSERT", "0", "2", "1|a", "2|b"], out.stdout
+
+
+# SQLAlchemy 2 (whose `postgresql+psycopg` dialect is psycopg 3's) cannot be installed beside
+# the SQLAlchemy 1.4 that flightsql-dbapi pins: it goes to a folder of its own, which only the
+# process that uses it puts on its path.
+SQLALCHEMY2 = os.path.expanduser("~/.cache/nyala-test-sqlalchemy2")
+
+SQLALCHEMY2_REFLECTION = """
+import json, sys
+import sqlalchemy as sa
+assert sa.__version__.startswith("2."), sa.__version__
+table, view = sys.argv[2], sys.argv[3]
+engine = sa.create_engine(sys.argv[1])
+inspector = sa.inspect(engine)
+reflected = sa.Table(table, sa.MetaData(), autoload_with=engine)
+print(json.dumps({
+    "tables": [t for t in inspector.get_table_names() if t in (table, view)],
+    "views": [v for v in inspector.get_view_names() if v in (table, view)],
+    "columns": [(c["name"], str(c["type"]), c["nullable"]) for c in inspector.get_columns(table)],
+    "key": inspector.get_pk_constraint(table)["constrained_columns"],
+    "key_name": inspector.get_pk_constraint(table)["name"],
+    "reflected_key": [c.name for c in reflected.primary_key],
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def sqlalchemy2():
+    if not os.path.isdir(os.path.join(SQLALCHEMY2, "sqlalchemy")):
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", SQLALCHEMY2,
+                        "sqlalchemy>=2.0,<2.1"], check=True, capture_output=True)
+    return SQLALCHEMY2
+
+
+def test_sqlalchemy2_psycopg_reflects_tables_views_and_keys(pg, table_name, sqlalchemy2):
+    """SQLAlchemy 2's `postgresql+psycopg` dialect, as ORMs and BI tools (Superset) use it:
+    table and view names, columns and the primary key, and a Table reflected whole."""
+    host, port = pg
+    view = f"{table_name}_v"
+    with connect(pg, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table_name} (host STRING, ts BIGINT, v DOUBLE, "
+                     f"PRIMARY KEY (host, ts))")
+        conn.execute(f"CREATE VIEW {view} AS SELECT host, v FROM {table_name}")
+    env = dict(os.environ, PYTHONPATH=sqlalchemy2)
+    url = f"postgresql+psycopg://nyala@{host}:{port}/nyala"
+    out = subprocess.run([sys.executable, "-c", SQLALCHEMY2_REFLECTION, url, table_name, view],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    reflected = json.loads(out.stdout)
+    assert reflected == {
+        "tables": [table_name],
+        "views": [view],
+        "columns": [["host", "TEXT", False], ["ts", "BIGINT", False],
+                    ["v", "DOUBLE PRECISION", True]],
+        "key": ["host", "ts"],
+        "key_name": f"{table_name}_pkey",
+        "reflected_key": ["host", "ts"],
+    }
 
 
 def test_psql_describes_a_table_and_its_key(pg, table_name):

@@ -276,7 +276,8 @@ def test_failed_statement_rolls_the_transaction_back(server, table_name):
 
 def test_ddl_read_only_and_unsupported_forms(server, table_name):
     """DDL runs at once and only before the transaction writes; READ ONLY refuses writes;
-    other isolation levels, savepoints, AND CHAIN, CTAS and INSERT IGNORE are refused."""
+    other isolation levels, AND CHAIN, CTAS and INSERT IGNORE are refused; savepoints are
+    refused outside a transaction and rolled back to only where nothing was written since."""
     create_kv(server, table_name, 2)
     early, late = f"{table_name}_early", f"{table_name}_late"
     with flightsql.connect(server, autocommit=True) as conn, conn.cursor() as cur, \
@@ -313,9 +314,21 @@ def test_ddl_read_only_and_unsupported_forms(server, table_name):
         cur.execute("BEGIN ISOLATION LEVEL SNAPSHOT")
         cur.execute("COMMIT")
         for sql in ["BEGIN ISOLATION LEVEL SERIALIZABLE", "BEGIN ISOLATION LEVEL READ COMMITTED",
-                    "SAVEPOINT s", "COMMIT AND CHAIN", "ROLLBACK AND CHAIN"]:
+                    "COMMIT AND CHAIN", "ROLLBACK AND CHAIN"]:
             with pytest.raises(flightsql.NotSupportedError, match="not supported"):
                 cur.execute(sql)
+        # Savepoints: only in a transaction, and rolled back to only where nothing was
+        # written since (the tablets cannot undo part of a transaction's writes).
+        with pytest.raises(flightsql.Error, match="transaction blocks"):
+            cur.execute("SAVEPOINT s")
+        cur.execute("BEGIN")
+        cur.execute("SAVEPOINT s")
+        assert rows(cur, f"SELECT count(*) FROM {table_name}") == [(2,)]
+        cur.execute("ROLLBACK TO SAVEPOINT s")
+        cur.execute(f"UPDATE {table_name} SET v = 0 WHERE k = 1")
+        with pytest.raises(flightsql.NotSupportedError, match="ROLLBACK the whole transaction"):
+            cur.execute("ROLLBACK TO SAVEPOINT s")
+        cur.execute("ROLLBACK")
         assert rows(cur, f"SELECT k, v FROM {table_name} ORDER BY k") == [(1, 10), (2, 20)]
 
 

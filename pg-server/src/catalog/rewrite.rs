@@ -3,6 +3,12 @@
 //! rules (`OPERATOR(pg_catalog.~)`, `'t'::regclass`, `COLLATE`, ...), then by Nyala's for
 //! what those leave out:
 //! - `current_catalog` and `current_schema` written without parentheses;
+//! - a scalar subquery's value as `first_value(...)`: the engine plans a correlated one only
+//!   if it is aggregated, where PostgreSQL fails if it returns more than one row (catalog
+//!   queries' return one);
+//! - `pg_table_is_visible(oid)`: whether the relation is in a schema of the search path
+//!   (`public`, `pg_catalog`), where the library's says all are;
+//! - `to_regtype(name)` and `to_regclass(name)`, as a scalar subquery of the catalog;
 //! - set-returning functions in a select list: `information_schema._pg_expandarray(a)` and
 //!   `generate_subscripts(a, 1)`, as `unnest` of a list;
 //! - a composite's field, `(row).field`, as `get_field(row, 'field')`;
@@ -14,7 +20,8 @@ use std::sync::LazyLock;
 
 use datafusion::sql::sqlparser::ast::{
     visit_expressions_mut, AccessExpr, BinaryOperator, Expr, Function, FunctionArg,
-    FunctionArgExpr, FunctionArgumentList, FunctionArguments, Ident, ObjectName, Subscript, Value,
+    FunctionArgExpr, FunctionArgumentList, FunctionArguments, GroupByExpr, Ident, ObjectName,
+    SelectItem, SetExpr, Subscript, Value,
 };
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -49,6 +56,27 @@ fn rewritten_expr(expr: &Expr) -> Option<Expr> {
             "current_schema" if ident.quote_style.is_none() => Some(call("current_schema", vec![])),
             _ => None,
         },
+        Expr::Subquery(query) => {
+            let mut query = query.clone();
+            let SetExpr::Select(select) = query.body.as_mut() else {
+                return None;
+            };
+            let [item] = select.projection.as_mut_slice() else {
+                return None;
+            };
+            let (SelectItem::UnnamedExpr(value) | SelectItem::ExprWithAlias { expr: value, .. }) =
+                item
+            else {
+                return None;
+            };
+            let grouped =
+                !matches!(&select.group_by, GroupByExpr::Expressions(keys, _) if keys.is_empty());
+            if grouped || is_aggregate(value) || query.limit_clause.is_some() {
+                return None;
+            }
+            *value = call("first_value", vec![value.clone()]);
+            Some(Expr::Subquery(query))
+        }
         Expr::BinaryOp {
             left,
             op: BinaryOperator::PGCustomBinaryOperator(parts),
@@ -71,6 +99,18 @@ fn rewritten_expr(expr: &Expr) -> Option<Expr> {
                 ("_pg_expandarray", [array]) => Some(call(
                     "unnest",
                     vec![call("pg_expandarray", vec![array.clone()])],
+                )),
+                ("pg_table_is_visible", [oid]) => parsed(&format!(
+                    "{oid} IN (SELECT c.oid FROM pg_catalog.pg_class c \
+                     JOIN pg_catalog.pg_namespace n ON c.relnamespace = n.oid \
+                     WHERE n.nspname IN ('{}', 'pg_catalog'))",
+                    nyala_sql::SCHEMA_NAME
+                )),
+                ("to_regtype", [name]) => parsed(&format!(
+                    "(SELECT oid FROM pg_catalog.pg_type WHERE typname = {name})"
+                )),
+                ("to_regclass", [name]) => parsed(&format!(
+                    "(SELECT oid FROM pg_catalog.pg_class WHERE relname = {name})"
                 )),
                 ("generate_subscripts", [array, _dimension]) => parsed(&format!(
                     "unnest(range(1, CAST(array_length({array}) AS BIGINT) + 1))"
@@ -117,6 +157,32 @@ fn rewritten_expr(expr: &Expr) -> Option<Expr> {
         }
         _ => None,
     }
+}
+
+/// Whether `expr` is a call of an aggregate function (of those catalog queries use).
+fn is_aggregate(expr: &Expr) -> bool {
+    let Expr::Function(function) = expr else {
+        return false;
+    };
+    let name = function.name.0.last().and_then(|part| part.as_ident());
+    name.is_some_and(|name| {
+        let aggregates = [
+            "count",
+            "sum",
+            "min",
+            "max",
+            "avg",
+            "array_agg",
+            "string_agg",
+            "bool_and",
+            "bool_or",
+            "every",
+            "json_agg",
+            "jsonb_agg",
+            "first_value",
+        ];
+        aggregates.contains(&name.value.to_ascii_lowercase().as_str())
+    })
 }
 
 /// The operator `OPERATOR(pg_catalog.symbol)` names, as the engine writes it.

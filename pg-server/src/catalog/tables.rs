@@ -21,7 +21,7 @@ use datafusion::common::{exec_datafusion_err, Result};
 use datafusion::datasource::{MemTable, TableType};
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::{collect, ExecutionPlan};
-use datafusion_pg_catalog::pg_catalog::oid_field::{kind, oid_field};
+use datafusion_pg_catalog::pg_catalog::oid_field::{kind, oid_field, OID_ALIAS_KEY};
 
 use super::relations::{Relation, Relations};
 use crate::results::{INT2VECTOR, PG_TYPE_KEY};
@@ -49,8 +49,8 @@ impl SchemaProvider for PgCatalog {
                     return Ok(None);
                 };
                 match name.eq_ignore_ascii_case("pg_class") {
-                    true => (Kind::Class, with_class_options(&table.schema())),
-                    false => (Kind::Attribute, table.schema()),
+                    true => (Kind::Class, with_class_options(&oid_typed(&table.schema()))),
+                    false => (Kind::Attribute, Arc::new(oid_typed(&table.schema()))),
                 }
             }
             "pg_index" => (Kind::Index, index_rows(&[])?.schema()),
@@ -122,6 +122,7 @@ impl TableProvider for CatalogTable {
                 constraint_rows(&self.relations.list(), namespace)?
             }
         };
+        let rows = RecordBatch::try_new(self.schema.clone(), rows.columns().to_vec())?;
         let table = MemTable::try_new(self.schema.clone(), vec![vec![rows]])?;
         table.scan(state, projection, filters, limit).await
     }
@@ -290,6 +291,20 @@ impl CatalogTable {
 /// reflection): no table has options or an access-control list.
 const CLASS_OPTIONS: [&str; 2] = ["reloptions", "relacl"];
 
+/// `schema` with its OID columns typed `oid`, as PostgreSQL types them: the library types
+/// some as `regclass`, `regtype` or `regnamespace`, which drivers read as names (psycopg
+/// returns `pg_constraint.conrelid` as a string, and SQLAlchemy then matches no table).
+fn oid_typed(schema: &Schema) -> Schema {
+    let fields = schema.fields().iter().map(|field| {
+        let mut metadata = field.metadata().clone();
+        if let Some(kind) = metadata.get_mut(OID_ALIAS_KEY) {
+            *kind = kind::OID.to_string();
+        }
+        field.as_ref().clone().with_metadata(metadata)
+    });
+    Schema::new_with_metadata(fields.collect::<Vec<_>>(), schema.metadata().clone())
+}
+
 /// The library's `pg_class` schema with [`CLASS_OPTIONS`].
 fn with_class_options(schema: &Schema) -> SchemaRef {
     let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
@@ -309,13 +324,13 @@ fn index_rows(relations: &[Relation]) -> Result<RecordBatch> {
     let zeros = |element: DataType| zero_lists(element, lengths());
     let mut columns: Vec<(Field, ArrayRef)> = vec![
         (
-            oid_field("indexrelid", kind::REGCLASS, false),
+            oid_field("indexrelid", kind::OID, false),
             Arc::new(Int32Array::from_iter_values(
                 keyed.iter().map(|r| r.index_oid()),
             )),
         ),
         (
-            oid_field("indrelid", kind::REGCLASS, false),
+            oid_field("indrelid", kind::OID, false),
             Arc::new(Int32Array::from_iter_values(keyed.iter().map(|r| r.oid()))),
         ),
         (
@@ -379,7 +394,7 @@ fn constraint_rows(relations: &[Relation], namespace: i32) -> Result<RecordBatch
             )),
         ),
         (
-            oid_field("connamespace", kind::REGNAMESPACE, false),
+            oid_field("connamespace", kind::OID, false),
             constant(namespace),
         ),
         (Field::new("contype", DataType::Utf8, false), text("p")),
@@ -395,17 +410,14 @@ fn constraint_rows(relations: &[Relation], namespace: i32) -> Result<RecordBatch
             Field::new("convalidated", DataType::Boolean, false),
             flag(true),
         ),
+        (oid_field("conrelid", kind::OID, false), oids(Relation::oid)),
+        (oid_field("contypid", kind::OID, false), constant(0)),
         (
-            oid_field("conrelid", kind::REGCLASS, false),
-            oids(Relation::oid),
-        ),
-        (oid_field("contypid", kind::REGTYPE, false), constant(0)),
-        (
-            oid_field("conindid", kind::REGCLASS, false),
+            oid_field("conindid", kind::OID, false),
             oids(Relation::index_oid),
         ),
         (oid_field("conparentid", kind::OID, false), constant(0)),
-        (oid_field("confrelid", kind::REGCLASS, false), constant(0)),
+        (oid_field("confrelid", kind::OID, false), constant(0)),
         (Field::new("confupdtype", DataType::Utf8, false), text(" ")),
         (Field::new("confdeltype", DataType::Utf8, false), text(" ")),
         (
