@@ -118,6 +118,7 @@ fn ticket(sql: &str, params: Vec<FlightData>, partition: Option<u32>) -> Vec<u8>
         ddl: false,
         snapshot: partition.map(|_| 1),
         session: "00000000000000000000000000000000".into(),
+        transaction: None,
     };
     TicketStatementQuery {
         statement_handle: handle.encode_to_vec().into(),
@@ -373,6 +374,7 @@ fn structured(u: &mut Unstructured) -> arbitrary::Result<Vec<u8>> {
                 ddl: u.arbitrary()?,
                 snapshot: u.arbitrary()?,
                 session: text(u)?,
+                transaction: u.arbitrary()?,
             };
             TicketStatementQuery {
                 statement_handle: handle.encode_to_vec().into(),

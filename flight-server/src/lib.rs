@@ -164,20 +164,25 @@ fn invalid(message: impl std::fmt::Display) -> Status {
     Status::invalid_argument(bounded_message(&message.to_string()))
 }
 
-/// An error unless `id` (from a request that names a transaction) is the transaction open in
-/// `session`. Requests that name none run in the session's transaction, if one is open.
-fn in_transaction(session: &ClientSession, id: Option<&bytes::Bytes>) -> Result<(), Status> {
-    let Some(id) = id else {
-        return Ok(());
+/// The session a request that names transaction `id` (begun by BeginTransaction) runs in:
+/// that transaction's; a request that names none runs in the session, and so commits on its
+/// own unless the session's SQL `BEGIN` opened a transaction (the Flight SQL spec has
+/// requests without a transaction id auto-commit).
+fn in_transaction(
+    session: &Arc<ClientSession>,
+    id: Option<&bytes::Bytes>,
+) -> Result<Arc<ClientSession>, Status> {
+    let id = match id {
+        Some(id) => Some(transaction_id(id)?),
+        None => None,
     };
-    let named = <[u8; 8]>::try_from(id.as_ref()).map(u64::from_be_bytes);
-    match (named, session.sql().transaction_id()) {
-        (Ok(named), Some(open)) if named == open => Ok(()),
-        _ => Err(Status::failed_precondition(
-            "the request names a transaction that is not open in this session (it ended, or \
-             was begun by another session)",
-        )),
-    }
+    session.in_transaction(id).map_err(status)
+}
+
+/// A transaction id as BeginTransaction handed it out.
+fn transaction_id(id: &[u8]) -> Result<u64, Status> {
+    let id = <[u8; 8]>::try_from(id).map_err(|_| invalid("malformed transaction id"))?;
+    Ok(u64::from_be_bytes(id))
 }
 
 /// An error of the session layer (a SQL error among them) as a gRPC status with a message of
@@ -326,6 +331,7 @@ impl NyalaFlightService {
         let mut ticket = QueryTicket {
             sql: statement.sql().to_string(),
             session: session.id().to_string(),
+            transaction: session.transaction(),
             ..Default::default()
         };
         if info.kind != StatementKind::Query {
@@ -397,7 +403,7 @@ impl NyalaFlightService {
     /// are gone, the statement planned again in the caller's session.
     async fn stream_ticket(
         &self,
-        caller: &ClientSession,
+        caller: &Arc<ClientSession>,
         handle: &[u8],
     ) -> Result<Response<DoGetStream>, Status> {
         let ticket = QueryTicket::decode_handle(handle)?;
@@ -426,6 +432,12 @@ impl NyalaFlightService {
                 nyala_server::limits::statement_text(&ticket.sql).map_err(status)?;
                 let params = tickets::decode_params(&ticket.params).await?;
                 let mut plans = Vec::new();
+                // A transaction is its session's: the one that planned the query.
+                let caller = match (&owner, ticket.transaction) {
+                    (Some(owner), Some(_)) => owner.in_transaction(ticket.transaction),
+                    _ => caller.in_transaction(ticket.transaction),
+                };
+                let caller = caller.map_err(status)?;
                 for row in tickets::param_rows(params.as_ref())? {
                     plans.push(
                         caller
@@ -592,8 +604,7 @@ impl FlightSqlService for NyalaFlightService {
         query: CommandStatementQuery,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let session = session_of(&request)?;
-        in_transaction(&session, query.transaction_id.as_ref())?;
+        let session = in_transaction(&session_of(&request)?, query.transaction_id.as_ref())?;
         let statement = session.statement(&query.query).await.map_err(status)?;
         self.info_for(&session, &statement, None, request).await
     }
@@ -612,8 +623,7 @@ impl FlightSqlService for NyalaFlightService {
         command: CommandStatementUpdate,
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
-        let session = session_of(&request)?;
-        in_transaction(&session, command.transaction_id.as_ref())?;
+        let session = in_transaction(&session_of(&request)?, command.transaction_id.as_ref())?;
         let statement = session.statement(&command.query).await.map_err(status)?;
         self.update(&session, &statement, None).await
     }
@@ -685,7 +695,14 @@ impl FlightSqlService for NyalaFlightService {
             buckets,
         };
         let session = session_of(&request)?;
-        in_transaction(&session, command.transaction_id.as_ref())?;
+        // ADBC (1.13) names the transaction in its statements but not in bulk ingest: an
+        // ingest that names none runs in the session's one transaction begun by
+        // BeginTransaction, if it has one, so that commit() and rollback() cover it.
+        let session = match &command.transaction_id {
+            Some(id) => session.in_transaction(Some(transaction_id(id)?)),
+            None => session.in_transaction(session.sole_named_transaction()),
+        };
+        let session = session.map_err(status)?;
         let mut upload = Upload::new(request.into_inner());
         let first = upload.try_next().await?;
         let schema = match (upload.schema(), &first) {
@@ -718,8 +735,7 @@ impl FlightSqlService for NyalaFlightService {
         query: ActionCreatePreparedStatementRequest,
         request: Request<Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
-        let session = session_of(&request)?;
-        in_transaction(&session, query.transaction_id.as_ref())?;
+        let session = in_transaction(&session_of(&request)?, query.transaction_id.as_ref())?;
         let statement = session.prepare(&query.query).await.map_err(status)?;
         let info = statement.info().clone();
         let ipc = |schema: &Schema| -> Result<_, Status> {
@@ -775,6 +791,7 @@ impl FlightSqlService for NyalaFlightService {
         let prepared = session
             .prepared(&query.prepared_statement_handle)
             .map_err(status)?;
+        let session = session.for_prepared(&prepared).map_err(status)?;
         self.info_for(
             &session,
             &prepared.statement,
@@ -795,9 +812,11 @@ impl FlightSqlService for NyalaFlightService {
         let prepared = session
             .prepared(&query.prepared_statement_handle)
             .map_err(status)?;
+        let session = session.for_prepared(&prepared).map_err(status)?;
         let ticket = QueryTicket {
             sql: prepared.statement.sql().to_string(),
             params: tickets::encode_params(prepared.params.as_ref())?,
+            transaction: session.transaction(),
             ..Default::default()
         };
         self.stream_ticket(&session, &ticket.encode_to_vec()).await
@@ -812,6 +831,7 @@ impl FlightSqlService for NyalaFlightService {
         let prepared = session
             .prepared(&query.prepared_statement_handle)
             .map_err(status)?;
+        let session = session.for_prepared(&prepared).map_err(status)?;
         let uploaded = read_params(request).await?;
         self.update(
             &session,
@@ -827,7 +847,7 @@ impl FlightSqlService for NyalaFlightService {
         request: Request<Action>,
     ) -> Result<ActionBeginTransactionResult, Status> {
         let session = session_of(&request)?;
-        let id = session.sql().begin(false).map_err(status)?;
+        let id = session.begin_named().map_err(status)?;
         Ok(ActionBeginTransactionResult {
             transaction_id: id.to_be_bytes().to_vec().into(),
         })
@@ -839,14 +859,18 @@ impl FlightSqlService for NyalaFlightService {
         request: Request<Action>,
     ) -> Result<(), Status> {
         let session = session_of(&request)?;
-        in_transaction(&session, Some(&query.transaction_id))?;
-        match EndTransaction::try_from(query.action) {
-            Ok(EndTransaction::Commit) => session.sql().commit().await.map_err(status),
-            Ok(EndTransaction::Rollback) => {
-                session.sql().rollback().await;
+        let action = EndTransaction::try_from(query.action)
+            .ok()
+            .filter(|action| *action != EndTransaction::Unspecified)
+            .ok_or_else(|| invalid("EndTransaction needs COMMIT or ROLLBACK"))?;
+        let id = transaction_id(&query.transaction_id)?;
+        let ended = session.end_named(id).map_err(status)?;
+        match action {
+            EndTransaction::Commit => ended.commit().await.map_err(status),
+            _ => {
+                ended.rollback().await;
                 Ok(())
             }
-            _ => Err(invalid("EndTransaction needs COMMIT or ROLLBACK")),
         }
     }
 

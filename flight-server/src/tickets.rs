@@ -48,6 +48,9 @@ pub struct QueryTicket {
     /// The session that planned the query and keeps its plan under `id`.
     #[prost(string, tag = "9")]
     pub session: String,
+    /// The transaction (begun by BeginTransaction) the query runs in, if any.
+    #[prost(uint64, optional, tag = "11")]
+    pub transaction: Option<u64>,
 }
 
 impl QueryTicket {

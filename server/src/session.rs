@@ -64,7 +64,10 @@ pub struct ClientSession {
     connection: AtomicU64,
     /// Milliseconds since the registry started, at the last request.
     last_used: AtomicU64,
-    state: Mutex<SessionState>,
+    /// Shared by the session and its handles for transactions begun by an action.
+    state: Arc<Mutex<SessionState>>,
+    /// The transaction begun by an action this handle runs requests in (None: the session).
+    transaction: Option<u64>,
 }
 
 #[derive(Default)]
@@ -79,6 +82,9 @@ struct SessionState {
     pending_plans: usize,
     /// Queries being fetched, for cancellation.
     running: HashMap<u64, Weak<PendingQuery>>,
+    /// Transactions begun by an action (Flight SQL's BeginTransaction), by id, each on a SQL
+    /// session of its own: only requests naming one run in it.
+    transactions: HashMap<u64, nyala_sql::Session>,
 }
 
 /// A prepared statement and the parameters last bound to it.
@@ -86,6 +92,8 @@ struct SessionState {
 pub struct Prepared {
     pub statement: PreparedStatement,
     pub params: Option<RecordBatch>,
+    /// The transaction begun by an action that the statement was prepared in, and runs in.
+    pub transaction: Option<u64>,
 }
 
 /// A query planned at GetFlightInfo, waiting for its endpoints to be fetched: one plan per
@@ -124,7 +132,8 @@ impl Sessions {
             sql: self.db.session(),
             connection: AtomicU64::new(NO_CONNECTION),
             last_used: AtomicU64::new(self.now_ms()),
-            state: Mutex::default(),
+            state: Arc::default(),
+            transaction: None,
         });
         registry
             .sessions
@@ -322,6 +331,79 @@ impl ClientSession {
         &self.sql
     }
 
+    /// The transaction begun by an action this handle runs requests in (None: the session).
+    pub fn transaction(&self) -> Option<u64> {
+        self.transaction
+    }
+
+    /// Begins a transaction that only requests naming its id run in (Flight SQL's
+    /// BeginTransaction, whose spec has requests that name none commit on their own), on a
+    /// SQL session of its own with this session's user and settings.
+    pub fn begin_named(&self) -> Result<u64> {
+        let sql = self.sql.sibling();
+        let id = sql.begin(false)?;
+        self.state.lock().transactions.insert(id, sql);
+        Ok(id)
+    }
+
+    /// The session as a request that names `transaction` (None: none) runs in it: the
+    /// session itself, or a handle on the transaction begun by an action, which shares the
+    /// session's prepared statements and queries.
+    pub fn in_transaction(self: &Arc<Self>, transaction: Option<u64>) -> Result<Arc<Self>> {
+        let Some(id) = transaction.filter(|&id| Some(id) != self.transaction) else {
+            return Ok(self.clone());
+        };
+        let sql = (self.state.lock().transactions.get(&id).cloned())
+            .ok_or_else(Self::unknown_transaction)?;
+        Ok(Arc::new(ClientSession {
+            id: self.id.clone(),
+            sql,
+            connection: AtomicU64::new(self.connection.load(Ordering::Relaxed)),
+            last_used: AtomicU64::new(self.last_used.load(Ordering::Relaxed)),
+            state: self.state.clone(),
+            transaction: Some(id),
+        }))
+    }
+
+    /// The id of the session's transaction begun by an action, if it has exactly one.
+    pub fn sole_named_transaction(&self) -> Option<u64> {
+        let state = self.state.lock();
+        let mut ids = state.transactions.keys();
+        match (ids.next(), ids.next()) {
+            (Some(&id), None) => Some(id),
+            _ => None,
+        }
+    }
+
+    /// The session as prepared statement `prepared` runs in it: the transaction it was
+    /// prepared in while that is open; once that ended, the session's one transaction begun by
+    /// an action, if it has one (ADBC keeps a statement it prepared across `commit()`, and
+    /// runs it in the next transaction), else the session.
+    pub fn for_prepared(self: &Arc<Self>, prepared: &Prepared) -> Result<Arc<Self>> {
+        let open = |id: &u64| self.state.lock().transactions.contains_key(id);
+        match prepared.transaction.filter(open) {
+            Some(id) => self.in_transaction(Some(id)),
+            None if prepared.transaction.is_some() => {
+                self.in_transaction(self.sole_named_transaction())
+            }
+            None => Ok(self.clone()),
+        }
+    }
+
+    /// Ends the transaction `id` begun by an action: its SQL session, to commit or roll back.
+    pub fn end_named(&self, id: u64) -> Result<nyala_sql::Session> {
+        let ended = self.state.lock().transactions.remove(&id);
+        ended.ok_or_else(Self::unknown_transaction)
+    }
+
+    fn unknown_transaction() -> ServerError {
+        ServerError::NotFound(
+            "the request names a transaction that is not open in this session (it ended, or \
+             was begun by another session)"
+                .into(),
+        )
+    }
+
     /// Statement `sql`, planned for execution: kept from an earlier time it was sent, or
     /// planned now. Plans of tables changed by DDL since are planned again when they run.
     pub async fn statement(&self, sql: &str) -> Result<PreparedStatement> {
@@ -381,6 +463,7 @@ impl ClientSession {
             Prepared {
                 statement,
                 params: None,
+                transaction: self.transaction,
             },
         );
         Ok(handle)

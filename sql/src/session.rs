@@ -80,6 +80,17 @@ impl Session {
         }))
     }
 
+    /// A new session of the same database, as the same user and with this one's settings,
+    /// but with a transaction slot of its own: what a transaction that only requests naming
+    /// it run in (Flight SQL's BeginTransaction) runs on.
+    pub fn sibling(&self) -> Session {
+        let sibling = self.db.session();
+        sibling.principal.set(self.login());
+        let options = self.ctx.state().config_options().clone();
+        *sibling.ctx.state_ref().write().config_mut().options_mut() = options.as_ref().clone();
+        sibling
+    }
+
     /// The user the session runs as, with the password hash it logged in with.
     pub fn login(&self) -> Option<Login> {
         self.principal.login()

@@ -105,14 +105,40 @@ def any_value(data, type_name):
 
 # --- Flight SQL statements ---
 
-def statement_query(sql):
-    """A descriptor for CommandStatementQuery{query = 1}."""
-    return flight.FlightDescriptor.for_command(any_message("CommandStatementQuery", length_delimited(1, sql)))
+def in_transaction(transaction_id):
+    """The transaction_id (2) field of a statement, if it names one."""
+    return length_delimited(2, transaction_id) if transaction_id is not None else b""
 
 
-def statement_update(sql):
-    """A descriptor for CommandStatementUpdate{query = 1}."""
-    return flight.FlightDescriptor.for_command(any_message("CommandStatementUpdate", length_delimited(1, sql)))
+def statement_query(sql, transaction_id=None):
+    """A descriptor for CommandStatementQuery{query = 1, transaction_id = 2}."""
+    body = length_delimited(1, sql) + in_transaction(transaction_id)
+    return flight.FlightDescriptor.for_command(any_message("CommandStatementQuery", body))
+
+
+def statement_update(sql, transaction_id=None):
+    """A descriptor for CommandStatementUpdate{query = 1, transaction_id = 2}."""
+    body = length_delimited(1, sql) + in_transaction(transaction_id)
+    return flight.FlightDescriptor.for_command(any_message("CommandStatementUpdate", body))
+
+
+def begin_transaction():
+    """The action ActionBeginTransactionRequest{}."""
+    return flight.Action("BeginTransaction", any_message("ActionBeginTransactionRequest", b""))
+
+
+def transaction_id(result_body):
+    """transaction_id (1) of an ActionBeginTransactionResult in an Any."""
+    return decode_fields(any_value(result_body, "ActionBeginTransactionResult"))[1][0]
+
+
+END_COMMIT, END_ROLLBACK = 1, 2
+
+
+def end_transaction(transaction_id, action):
+    """The action ActionEndTransactionRequest{transaction_id = 1, action = 2}."""
+    body = length_delimited(1, transaction_id) + varint_field(2, action)
+    return flight.Action("EndTransaction", any_message("ActionEndTransactionRequest", body))
 
 
 def create_prepared_statement(sql):

@@ -19,13 +19,17 @@ import pytest
 
 from flight_sql_messages import (
     CLOSED,
+    END_COMMIT,
+    END_ROLLBACK,
     ERROR,
     INVALID_NAME,
     INVALID_VALUE,
+    begin_transaction,
     close_prepared_statement,
     close_session,
     close_session_status,
     create_prepared_statement,
+    end_transaction,
     get_session_options,
     prepared_statement_handle,
     prepared_statement_query,
@@ -34,6 +38,7 @@ from flight_sql_messages import (
     set_session_options_errors,
     statement_query,
     statement_update,
+    transaction_id,
 )
 from nyala_server import PASSWORD, USER
 
@@ -53,9 +58,10 @@ class Client:
     def close(self):
         self.flight.close()
 
-    def update(self, sql):
+    def update(self, sql, transaction_id=None):
         """CommandStatementUpdate through DoPut."""
-        writer, reader = self.flight.do_put(statement_update(sql), pa.schema([]), self.options)
+        descriptor = statement_update(sql, transaction_id)
+        writer, reader = self.flight.do_put(descriptor, pa.schema([]), self.options)
         writer.done_writing()
         reader.read()
         writer.close()
@@ -344,3 +350,30 @@ def test_a_sql_transaction_belongs_to_its_session(clients, table_name):
     assert other.read(statement_query(count)).column("n").to_pylist() == [0]
     same_session.update("COMMIT")
     assert other.read(statement_query(count)).column("n").to_pylist() == [1]
+
+
+def test_a_flight_sql_transaction_holds_only_the_requests_that_name_it(clients, table_name):
+    """A transaction begun by BeginTransaction runs only the requests that carry its id; on
+    the same session (the same connection here), requests without one commit on their own,
+    as the Flight SQL spec has it. EndTransaction commits or rolls it back; an ended id is
+    refused."""
+    a = clients()
+    a.update(f"CREATE TABLE {table_name} (k INT PRIMARY KEY)")
+    (body,) = a.action(begin_transaction())
+    txn = transaction_id(body)
+    a.update(f"INSERT INTO {table_name} VALUES (1)", txn)
+    a.update(f"INSERT INTO {table_name} VALUES (2)")
+    keys = f"SELECT k FROM {table_name} ORDER BY k"
+    # The transaction reads at its snapshot (taken by its first statement) and its own rows.
+    assert a.read(statement_query(keys, txn)).column("k").to_pylist() == [1]
+    assert a.read(statement_query(keys)).column("k").to_pylist() == [2]
+    assert clients().read(statement_query(keys)).column("k").to_pylist() == [2]
+    a.action(end_transaction(txn, END_COMMIT))
+    assert clients().read(statement_query(keys)).column("k").to_pylist() == [1, 2]
+    with pytest.raises(pa.ArrowKeyError, match="not open in this session"):  # NOT_FOUND
+        a.update(f"INSERT INTO {table_name} VALUES (3)", txn)
+    (body,) = a.action(begin_transaction())
+    txn = transaction_id(body)
+    a.update(f"DELETE FROM {table_name} WHERE k = 1", txn)
+    a.action(end_transaction(txn, END_ROLLBACK))
+    assert a.read(statement_query(keys)).column("k").to_pylist() == [1, 2]
