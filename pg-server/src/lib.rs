@@ -13,6 +13,7 @@
 
 mod catalog;
 mod copy;
+mod corked;
 mod errors;
 mod query;
 mod results;

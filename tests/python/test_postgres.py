@@ -393,6 +393,37 @@ def test_copy_csv(pg, table_name):
         assert lines == ['1,"a, ""quoted"" line"', "2,", "3,plain"], out
 
 
+def test_copy_binary(pg, table_name):
+    """The binary format in and out, as psycopg writes and reads it with the types named:
+    NULLs, a negative decimal, text with tabs and non-ASCII characters, an empty result."""
+    types = ["int8", "text", "float8", "numeric"]
+    rows = [(1, "one", 1.5, decimal.Decimal("12.34")),
+            (2, None, -0.25, decimal.Decimal("-7.50")),
+            (3, "tab\tand ünïcode", None, None),
+            (4, "", 1e300, decimal.Decimal("-0.01"))]
+    with connect(pg, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table_name} (k BIGINT PRIMARY KEY, s STRING, v DOUBLE, "
+                     f"d DECIMAL(10, 2))")
+        with conn.cursor() as cur:
+            with cur.copy(f"COPY {table_name} (k, s, v, d) FROM STDIN "
+                          f"WITH (FORMAT BINARY)") as copy:
+                copy.set_types(types)
+                for row in rows:
+                    copy.write_row(row)
+            assert cur.rowcount == len(rows)
+            cur.execute(f"SELECT k, s, v, d FROM {table_name} ORDER BY k")
+            assert cur.fetchall() == rows
+            with cur.copy(f"COPY (SELECT k, s, v, d FROM {table_name} ORDER BY k) "
+                          f"TO STDOUT WITH (FORMAT BINARY)") as copy:
+                copy.set_types(types)
+                got = list(copy.rows())
+            assert got == rows
+            with cur.copy(f"COPY (SELECT k FROM {table_name} WHERE k < 0) "
+                          f"TO STDOUT WITH (FORMAT BINARY)") as copy:
+                copy.set_types(["int8"])
+                assert list(copy.rows()) == []
+
+
 def test_psql_copy_from_a_file(pg, table_name, tmp_path):
     """psql's \\copy reads a client-side CSV file through COPY FROM STDIN."""
     data = tmp_path / "rows.csv"

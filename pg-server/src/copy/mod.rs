@@ -1,11 +1,12 @@
-//! `COPY t [(columns)] FROM STDIN` and `COPY t | (query) TO STDOUT`, in text and CSV format
-//! (PostgreSQL's `COPY`, psql's `\copy`, psycopg's `cursor.copy()`).
+//! `COPY t [(columns)] FROM STDIN` and `COPY t | (query) TO STDOUT`, in text, CSV and binary
+//! format (PostgreSQL's `COPY`, psql's `\copy`, psycopg's `cursor.copy()`).
 //!
 //! Rows copied in are loaded through the bulk ingest path, as a Flight SQL ingest is: all of
 //! them or, on an error, none. The client's data is kept until it says it is done (at most
-//! [`MAX_COPY_BYTES`]), then parsed against the table's columns: every value as PostgreSQL
-//! writes it in text (`\N` or an unquoted empty CSV field is NULL, `bytea` as `\x` hex), cast
-//! to its column's type. Rows copied out are encoded by `arrow-pg` as PostgreSQL writes them.
+//! [`MAX_COPY_BYTES`]), then parsed against the table's columns: in text and CSV every value
+//! as PostgreSQL writes it in text (`\N` or an unquoted empty CSV field is NULL, `bytea` as
+//! `\x` hex), cast to its column's type; in binary every value in its type's binary form
+//! ([`binary`]). Rows copied out are encoded by `arrow-pg` as PostgreSQL writes them.
 
 use std::sync::Arc;
 
@@ -26,6 +27,8 @@ use pgwire::error::PgWireResult;
 use pgwire::messages::copy::CopyData;
 
 use crate::errors::pg_error;
+
+mod binary;
 
 /// The most bytes one `COPY ... FROM STDIN` may send (larger loads: several COPYs, or Flight
 /// SQL's bulk ingest, which streams).
@@ -187,8 +190,15 @@ pub(crate) fn recognise(sql: &str) -> Result<Option<CopySpec>, ServerError> {
             other => return Err(SqlError::NotSupported(format!("COPY option {other}")).into()),
         }
     }
-    if spec.format == Format::Binary {
-        return Err(SqlError::NotSupported("COPY in binary format: use text or CSV".into()).into());
+    let text_options = spec.delimiter.is_some()
+        || spec.null.is_some()
+        || spec.header
+        || spec.quote.is_some()
+        || spec.escape.is_some();
+    if spec.format == Format::Binary && text_options {
+        return Err(ServerError::invalid(
+            "COPY in binary format takes no DELIMITER, NULL, HEADER, QUOTE or ESCAPE",
+        ));
     }
     Ok(Some(spec))
 }
@@ -221,6 +231,10 @@ impl CopySpec {
         fields: Arc<Vec<FieldInfo>>,
         batches: BatchStream,
     ) -> CopyResponse {
+        let fields = match self.format {
+            Format::Binary => binary::fields(&fields),
+            Format::Text | Format::Csv => fields,
+        };
         let mut encoder = match self.format {
             Format::Csv => CopyEncoder::new_csv(
                 fields.clone(),
@@ -232,7 +246,8 @@ impl CopySpec {
                     force_quote: vec![],
                 },
             ),
-            _ => CopyEncoder::new_text(
+            Format::Binary => CopyEncoder::new_binary(fields.clone()),
+            Format::Text => CopyEncoder::new_text(
                 fields.clone(),
                 CopyTextOptions {
                     delimiter: self.delimiter().to_string().into(),
@@ -257,25 +272,45 @@ impl CopySpec {
             })
         });
         let stream = futures::stream::iter(header).chain(rows);
-        CopyResponse::new(self.wire_format(), columns, stream)
+        match self.format {
+            Format::Binary => binary::response(columns, stream),
+            Format::Text | Format::Csv => CopyResponse::new(self.wire_format(), columns, stream),
+        }
     }
 
     /// The rows of `data`, sent by a `COPY ... FROM STDIN`, as a batch of `schema`'s columns.
     fn parse(&self, data: &[u8], schema: &SchemaRef) -> Result<RecordBatch, ServerError> {
+        let columns = match self.format {
+            Format::Binary => binary::columns(data, schema)?,
+            Format::Text | Format::Csv => self.text_columns(data, schema)?,
+        };
+        let null_in_not_null = (schema.fields().iter())
+            .zip(&columns)
+            .find(|(field, column)| !field.is_nullable() && column.null_count() > 0);
+        if let Some((field, _)) = null_in_not_null {
+            return Err(ServerError::invalid(format!(
+                "COPY column {}: NULL in a NOT NULL column",
+                field.name()
+            )));
+        }
+        RecordBatch::try_new(schema.clone(), columns)
+            .map_err(|e| ServerError::from(SqlError::from(e)))
+    }
+
+    /// The columns of `data` in text or CSV format, each cast from text to its field's type.
+    fn text_columns(&self, data: &[u8], schema: &SchemaRef) -> Result<Vec<ArrayRef>, ServerError> {
         let text = std::str::from_utf8(data)
             .map_err(|e| ServerError::invalid(format!("COPY data is not UTF-8: {e}")))?;
         let rows = match self.format {
             Format::Csv => self.csv_rows(text, schema.fields().len())?,
             _ => self.text_rows(text, schema.fields().len())?,
         };
-        let columns = (schema.fields().iter().enumerate())
+        (schema.fields().iter().enumerate())
             .map(|(i, field)| {
                 let values: Vec<Option<&str>> = rows.iter().map(|r| r[i].as_deref()).collect();
                 typed(field, values)
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        RecordBatch::try_new(schema.clone(), columns)
-            .map_err(|e| ServerError::from(SqlError::from(e)))
+            .collect()
     }
 
     /// PostgreSQL's text format: a row per line, fields split by the delimiter, backslash
@@ -442,12 +477,8 @@ fn typed(field: &Field, values: Vec<Option<&str>>) -> Result<ArrayRef, ServerErr
                 safe: false,
                 ..Default::default()
             };
-            let cast = arrow::compute::cast_with_options(&text, data_type, &options)
-                .map_err(|e| column_error(e.to_string()))?;
-            if !field.is_nullable() && cast.null_count() > 0 {
-                return Err(column_error("NULL in a NOT NULL column".into()));
-            }
-            Ok(cast)
+            arrow::compute::cast_with_options(&text, data_type, &options)
+                .map_err(|e| column_error(e.to_string()))
         }
     }
 }
@@ -655,6 +686,14 @@ mod tests {
     }
 
     #[test]
+    fn binary_is_recognised_in_both_syntaxes() {
+        let binary = spec("COPY t FROM STDIN WITH (FORMAT binary)");
+        assert_eq!(binary.format, Format::Binary);
+        assert_eq!(binary.wire_format(), 1);
+        assert_eq!(spec("COPY t TO STDOUT BINARY").format, Format::Binary);
+    }
+
+    #[test]
     fn bad_copies_are_refused_with_the_reason() {
         let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int32, false)]));
         let text = spec("COPY t FROM STDIN");
@@ -663,7 +702,8 @@ mod tests {
         let e = text.parse(b"x\n", &schema).unwrap_err().to_string();
         assert!(e.contains("column k"), "{e}");
         assert!(recognise("COPY t FROM '/etc/passwd'").is_err());
-        assert!(recognise("COPY t FROM STDIN WITH (FORMAT binary)").is_err());
+        let binary = recognise("COPY t FROM STDIN WITH (FORMAT binary, DELIMITER ',')");
+        assert!(binary.is_err());
         assert!(recognise("SELECT 1").unwrap().is_none());
     }
 }
