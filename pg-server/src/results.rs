@@ -99,14 +99,7 @@ pub(crate) fn pg_fields(
         (schema.fields().iter())
             .zip(fields)
             .map(|(field, info)| match is_int2vector(field) {
-                true => FieldInfo::new(
-                    info.name().to_string(),
-                    info.table_id(),
-                    info.column_id(),
-                    Type::INT2_VECTOR,
-                    FieldFormat::Text,
-                )
-                .with_format_options(options.clone()),
+                true => retyped(&info, Type::INT2_VECTOR).with_format_options(options.clone()),
                 false => info,
             });
     Ok(described.collect())
@@ -123,15 +116,21 @@ pub(crate) fn encoded_as(fields: &Arc<Vec<FieldInfo>>) -> Arc<Vec<FieldInfo>> {
     let encoded = fields
         .iter()
         .map(|field| match field.datatype() == &Type::INT2_VECTOR {
-            true => FieldInfo::new(
-                field.name().to_string(),
-                field.table_id(),
-                field.column_id(),
-                Type::TEXT,
-                FieldFormat::Text,
-            )
-            .with_format_options(field.format_options().clone()),
+            true => retyped(field, Type::TEXT),
             false => field.clone(),
         });
     Arc::new(encoded.collect())
+}
+
+/// `field` as a text column of type `datatype`.
+fn retyped(field: &FieldInfo, datatype: Type) -> FieldInfo {
+    let name = field.name().to_string();
+    FieldInfo::new(
+        name,
+        field.table_id(),
+        field.column_id(),
+        datatype,
+        FieldFormat::Text,
+    )
+    .with_format_options(field.format_options().clone())
 }

@@ -26,8 +26,8 @@ pub(crate) fn parameter_types(plan: &LogicalPlan) -> Result<Vec<Option<DataType>
             .filter(|n| (1..=MAX_PARAMETERS).contains(n))
             .ok_or_else(|| {
                 SqlError::Invalid(format!(
-                    "parameter {name}: parameters are numbered $1, $2, ... up to \
-                     ${MAX_PARAMETERS} (or all '?')"
+                    "parameter {name}: a statement has at most {MAX_PARAMETERS} parameters, \
+                     numbered from $1 (or all '?')"
                 ))
             })?;
         if numbered.len() < index {

@@ -10,11 +10,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, BooleanArray, Int16Array, Int32Array, ListArray, RecordBatch, StringArray,
-    UInt32Array,
+    Array, ArrayRef, AsArray, BooleanArray, Int16Array, Int32Array, ListArray, RecordBatch,
+    StringArray, UInt32Array,
 };
 use arrow::compute::{cast, concat_batches, take_record_batch};
-use arrow::datatypes::{DataType, Field, Int16Type, Int32Type, Schema, SchemaRef};
+use arrow::datatypes::{
+    ArrowPrimitiveType, DataType, Field, Int16Type, Int32Type, Schema, SchemaRef,
+};
 use async_trait::async_trait;
 use datafusion::catalog::{SchemaProvider, Session, TableProvider};
 use datafusion::common::{exec_datafusion_err, Result};
@@ -518,19 +520,20 @@ fn column(batch: &RecordBatch, name: &str, as_type: &DataType) -> Result<ArrayRe
 }
 
 fn int32s(batch: &RecordBatch, name: &str) -> Result<Vec<Option<i32>>> {
-    let values = column(batch, name, &DataType::Int32)?;
-    Ok(values
-        .as_any()
-        .downcast_ref::<Int32Array>()
-        .map_or(vec![], |a| a.iter().collect()))
+    primitives::<Int32Type>(batch, name)
 }
 
 fn int16s(batch: &RecordBatch, name: &str) -> Result<Vec<Option<i16>>> {
-    let values = column(batch, name, &DataType::Int16)?;
-    Ok(values
-        .as_any()
-        .downcast_ref::<Int16Array>()
-        .map_or(vec![], |a| a.iter().collect()))
+    primitives::<Int16Type>(batch, name)
+}
+
+/// The values of column `name` of `batch`, as `T`'s.
+fn primitives<T: ArrowPrimitiveType>(
+    batch: &RecordBatch,
+    name: &str,
+) -> Result<Vec<Option<T::Native>>> {
+    let values = column(batch, name, &T::DATA_TYPE)?;
+    Ok(values.as_primitive::<T>().iter().collect())
 }
 
 fn bools(batch: &RecordBatch, name: &str) -> Result<Vec<Option<bool>>> {
