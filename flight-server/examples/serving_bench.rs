@@ -71,6 +71,16 @@ struct Args {
     /// Sequential calls per latency test, after a tenth as many to warm up.
     #[arg(long, default_value_t = 1_000)]
     iterations: usize,
+    /// Also write the tables and the summary as JSON to this file (the schema of
+    /// `bench/results/*.json`, which `bench/render.py` turns into the guide's benchmarks page).
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// The benchmark's name in the JSON file.
+    #[arg(long, default_value = "serving")]
+    json_name: String,
+    /// The command line recorded in the JSON file (by default this program's own).
+    #[arg(long)]
+    json_command: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -1082,24 +1092,35 @@ macro_rules! on_each_system {
 }
 
 /// A table printed a row at a time as results arrive: the first column left-aligned, the others
-/// right-aligned, each as wide as given (or its heading).
+/// right-aligned, each as wide as given (or its heading). It keeps its rows for the JSON report.
 struct Table {
+    title: String,
+    columns: Vec<String>,
     widths: Vec<usize>,
+    rows: Vec<Vec<String>>,
 }
 
 impl Table {
     fn new(title: &str, columns: &[(&str, usize)]) -> Self {
         let table = Table {
+            title: title.to_string(),
+            columns: columns.iter().map(|(h, _)| h.to_string()).collect(),
             widths: columns.iter().map(|(h, w)| (*w).max(h.len())).collect(),
+            rows: Vec::new(),
         };
         println!("\n{title}");
-        table.row(columns.iter().map(|(h, _)| h.to_string()).collect());
+        table.print(&table.columns);
         let width: usize = table.widths.iter().sum::<usize>() + 2 * (table.widths.len() - 1);
         println!("{}", "-".repeat(width));
         table
     }
 
-    fn row(&self, cells: Vec<String>) {
+    fn row(&mut self, cells: Vec<String>) {
+        self.print(&cells);
+        self.rows.push(cells);
+    }
+
+    fn print(&self, cells: &[String]) {
         let mut line = String::new();
         for (i, (cell, width)) in cells.iter().zip(&self.widths).enumerate() {
             if i == 0 {
@@ -1195,16 +1216,20 @@ async fn run(args: Args) -> Result<()> {
         "Serving benchmark: {} rows of {FIELDS} fields x {FIELD_BYTES} B, {} clients, {} s per workload, {} calls per latency test",
         args.rows, args.threads, args.seconds, args.iterations
     );
+    let mut systems = serde_json::Map::new();
     if let Some(target) = &targets.nyala {
         let described = match targets.protocol {
             Protocol::Flight => Nyala::connect(target).await?.describe().await?,
             Protocol::Postgres => NyalaPg::connect(target).await?.describe().await?,
         };
         println!("  nyala     {target}: {described}");
+        systems.insert(Nyala::NAME.into(), described.into());
     }
     if let Some(target) = &targets.postgres {
         let mut client = Postgres::connect(target).await?;
-        println!("  postgres  {target}: {}", client.describe().await?);
+        let described = client.describe().await?;
+        println!("  postgres  {target}: {described}");
+        systems.insert(Postgres::NAME.into(), described.into());
     }
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
@@ -1216,7 +1241,8 @@ async fn run(args: Args) -> Result<()> {
     }
 
     // Load.
-    let table = Table::new(
+    let mut tables = Vec::new();
+    let mut table = Table::new(
         &format!(
             "Load: one client, multi-row INSERTs of {LOAD_BATCH} rows, the same SQL text for both"
         ),
@@ -1239,8 +1265,10 @@ async fn run(args: Args) -> Result<()> {
         ]);
     }
 
+    tables.push(table);
+
     // Latency on one connection.
-    let table = Table::new(
+    let mut table = Table::new(
         "Latency: one client, sequential calls (ms); requests = Flight RPCs or PostgreSQL round trips per call",
         &[
             ("test", 34),
@@ -1288,12 +1316,13 @@ async fn run(args: Args) -> Result<()> {
         }
         latency_results.push(pair);
     }
+    tables.push(table);
     for (pair, test) in latency_results.iter().zip(["SELECT 1", "lookup"]) {
         print_errors(test, pair, |r| &r.outcomes);
     }
 
     // YCSB workloads.
-    let table = Table::new(
+    let mut table = Table::new(
         &format!(
             "YCSB workloads: {} clients, {} s each; keys scrambled zipfian (0.99), D reads the latest; \
              ops/s counts successful operations; latencies in ms",
@@ -1366,6 +1395,7 @@ async fn run(args: Args) -> Result<()> {
         }
         workload_results.push((workload, pair));
     }
+    tables.push(table);
     for (workload, pair) in &workload_results {
         print_errors(&workload.name[..1], pair, |r| &r.outcomes);
     }
@@ -1418,5 +1448,70 @@ async fn run(args: Args) -> Result<()> {
         summary.push(format!("{name} {failed} failed, {not_one} row counts != 1"));
     }
     println!("summary: {}", summary.join("; "));
+    if let Some(path) = &args.json {
+        let report = json_report(&args, systems, &tables, &summary);
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("results written to {}", path.display());
+    }
     Ok(())
+}
+
+/// The run as `bench/results/*.json` holds it: what ran where, every table as printed, and the
+/// summary lines as notes.
+fn json_report(
+    args: &Args,
+    systems: serde_json::Map<String, serde_json::Value>,
+    tables: &[Table],
+    summary: &[String],
+) -> serde_json::Value {
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let load: Vec<f64> = std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let memory_gib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let kib: f64 = m.lines().next()?.split_whitespace().nth(1)?.parse().ok()?;
+        Some((kib / (1024.0 * 1024.0)).round())
+    });
+    let protocol = match args.nyala_protocol {
+        Protocol::Flight => "Arrow Flight SQL (arrow-flight)",
+        Protocol::Postgres => "the PostgreSQL protocol (tokio-postgres)",
+    };
+    let command = args
+        .json_command
+        .clone()
+        .unwrap_or_else(|| std::env::args().collect::<Vec<_>>().join(" "));
+    serde_json::json!({
+        "benchmark": args.json_name,
+        "title": match systems.contains_key(Postgres::NAME) {
+            true => format!("Serving: YCSB and latency, Nyala over {protocol} against PostgreSQL"),
+            false => format!("Serving: YCSB and latency, Nyala over {protocol}"),
+        },
+        "command": command,
+        "commit": commit,
+        "date": chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        "machine": {
+            "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+            "memory_gib": memory_gib,
+            "load_average": load,
+        },
+        "baseline": systems.get(Postgres::NAME).cloned(),
+        "systems": systems,
+        "parameters": {
+            "rows": args.rows, "threads": args.threads,
+            "seconds": args.seconds, "iterations": args.iterations,
+        },
+        "tables": tables.iter().map(|t| serde_json::json!({
+            "title": t.title, "columns": t.columns, "rows": t.rows,
+        })).collect::<Vec<_>>(),
+        "notes": summary,
+    })
 }
