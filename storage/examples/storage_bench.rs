@@ -39,6 +39,68 @@ struct Args {
     /// Random point lookups.
     #[arg(long, default_value_t = 2_000)]
     lookups: usize,
+    /// Also write the figures as JSON to this file (the schema of `bench/results/*.json`, which
+    /// `bench/render.py` turns into the guide's benchmarks page).
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+/// What the run measured, printed as it comes and kept for the JSON file: scans side by side
+/// with the same scan of the Parquet file, and the other figures as text.
+#[derive(Default)]
+struct Results {
+    scans: std::cell::RefCell<Vec<Vec<serde_json::Value>>>,
+    figures: std::cell::RefCell<Vec<[String; 2]>>,
+}
+
+impl Results {
+    fn say(&self, figure: &str, result: String) {
+        println!("{figure}: {result}");
+        self.figures.borrow_mut().push([figure.to_string(), result]);
+    }
+
+    fn write(&self, args: &Args, path: &std::path::Path) {
+        let commit = std::process::Command::new("git")
+            .args(["rev-parse", "--short", "HEAD"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        let load: Vec<f64> = std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        let report = serde_json::json!({
+            "benchmark": "storage",
+            "title": "Tablet storage against one Parquet file (parquet crate), same rows, same run",
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "commit": commit,
+            "date": chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            "machine": {
+                "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+                "load_average": load,
+            },
+            "baseline": "the same rows as one Parquet file (LZ4), read with the parquet crate",
+            "parameters": {"rows": args.rows, "runs": args.runs, "lookups": args.lookups},
+            "tables": [
+                {
+                    "title": format!("Full scans of one column, median of {} warm runs", args.runs),
+                    "columns": ["scan", "tablet s", "tablet M rows/s", "Parquet s", "tablet/Parquet"],
+                    "rows": *self.scans.borrow(),
+                },
+                {
+                    "title": "Other figures",
+                    "columns": ["figure", "result"],
+                    "rows": *self.figures.borrow(),
+                },
+            ],
+        });
+        let text = serde_json::to_string_pretty(&report).expect("json") + "\n";
+        std::fs::write(path, text).expect("writing the JSON file");
+        println!("results written to {}", path.display());
+    }
 }
 
 const BATCH: usize = 1_000;
@@ -169,6 +231,7 @@ fn main() {
     let mut keys: Vec<i64> = (0..args.rows as i64).collect();
     keys.shuffle(&mut rng);
     let mut clock = Clock::from_now();
+    let results = Results::default();
 
     // Inserts, flushing whenever the MemRowSet is full.
     let mut latencies = Vec::with_capacity(args.rows / BATCH + 1);
@@ -190,15 +253,18 @@ fn main() {
     tablet.flush().expect("flush");
     flushing += t.elapsed();
     let insert_time = start.elapsed();
-    println!(
-        "insert: {} rows in {:.2} s = {:.0} rows/s (of which flushing {:.2} s); \
-         per {BATCH}-row batch p50 {:.0} µs, p99 {:.0} µs",
-        args.rows,
-        insert_time.as_secs_f64(),
-        args.rows as f64 / insert_time.as_secs_f64(),
-        flushing.as_secs_f64(),
-        percentile(&mut latencies, 0.5).as_secs_f64() * 1e6,
-        percentile(&mut latencies, 0.99).as_secs_f64() * 1e6,
+    results.say(
+        "insert",
+        format!(
+            "{} rows in {:.2} s = {:.0} rows/s (of which flushing {:.2} s); \
+             per {BATCH}-row batch p50 {:.0} µs, p99 {:.0} µs",
+            args.rows,
+            insert_time.as_secs_f64(),
+            args.rows as f64 / insert_time.as_secs_f64(),
+            flushing.as_secs_f64(),
+            percentile(&mut latencies, 0.5).as_secs_f64() * 1e6,
+            percentile(&mut latencies, 0.99).as_secs_f64() * 1e6,
+        ),
     );
 
     for updates in [false, true] {
@@ -208,6 +274,7 @@ fn main() {
             args.rows / 2,
             updates,
             &mut rng,
+            &results,
         );
     }
 
@@ -229,20 +296,25 @@ fn main() {
     let tablet_bytes = tablet.disk_bytes();
     let history_bytes = delta_file_bytes(&dir.path().join("tablet"));
     let parquet_bytes = std::fs::metadata(&parquet_path).expect("stat").len();
-    println!(
-        "bytes on disk per row: tablet {:.2} (base data with the encoded key column {:.2}, \
-         UNDO history {:.2}), parquet {:.2}; base/parquet {:.2}x",
-        tablet_bytes as f64 / args.rows as f64,
-        (tablet_bytes - history_bytes) as f64 / args.rows as f64,
-        history_bytes as f64 / args.rows as f64,
-        parquet_bytes as f64 / args.rows as f64,
-        (tablet_bytes - history_bytes) as f64 / parquet_bytes as f64
+    results.say(
+        "bytes on disk per row",
+        format!(
+            "tablet {:.2} (base data with the encoded key column {:.2}, UNDO history {:.2}), \
+             parquet {:.2}; base/parquet {:.2}x",
+            tablet_bytes as f64 / args.rows as f64,
+            (tablet_bytes - history_bytes) as f64 / args.rows as f64,
+            history_bytes as f64 / args.rows as f64,
+            parquet_bytes as f64 / args.rows as f64,
+            (tablet_bytes - history_bytes) as f64 / parquet_bytes as f64
+        ),
     );
-
-    println!(
-        "memory held for key lookups: {:.1} bytes per row ({} rowsets)",
-        tablet.key_index_bytes() as f64 / args.rows as f64,
-        tablet.rowset_count()
+    results.say(
+        "memory held for key lookups",
+        format!(
+            "{:.1} bytes per row ({} rowsets)",
+            tablet.key_index_bytes() as f64 / args.rows as f64,
+            tablet.rowset_count()
+        ),
     );
     let now = Timestamp(u64::MAX - 1);
     let report = |what: &str, tablet_column: usize, parquet_column: usize, snapshot| {
@@ -260,6 +332,21 @@ fn main() {
             b = sum;
         }
         let (ours, theirs) = (median(ours), median(theirs));
+        results.scans.borrow_mut().push(vec![
+            format!(
+                "{what}{}",
+                if a == b {
+                    ""
+                } else {
+                    " (results differ: updated rows)"
+                }
+            )
+            .into(),
+            ours.as_secs_f64().into(),
+            (args.rows as f64 / ours.as_secs_f64() / 1e6).into(),
+            theirs.as_secs_f64().into(),
+            (ours.as_secs_f64() / theirs.as_secs_f64()).into(),
+        ]);
         println!(
             "{what}: tablet {:.3} s ({:.0} M rows/s), parquet {:.3} s, tablet/parquet {:.2}x{}",
             ours.as_secs_f64(),
@@ -308,10 +395,13 @@ fn main() {
         times.push(start.elapsed());
     }
     let range_time = median(times);
-    println!(
-        "scan of v for a key range of 1 % of the rows: {:.4} s, {:.1}x faster than the full scan",
-        range_time.as_secs_f64(),
-        fresh.as_secs_f64() / range_time.as_secs_f64()
+    results.say(
+        "scan of v for a key range of 1 % of the rows",
+        format!(
+            "{:.4} s, {:.1}x faster than the full scan",
+            range_time.as_secs_f64(),
+            fresh.as_secs_f64() / range_time.as_secs_f64()
+        ),
     );
 
     // Point lookups through the scan path (an equality predicate on the key).
@@ -338,13 +428,17 @@ fn main() {
             assert_eq!(found, 1, "key {k}");
         }
         let lookup_time = start.elapsed();
-        println!(
-            "point lookups by primary key (warm, {} rowsets, key pages cached {:.1} MB): \
-             {:.0} per second, {:.0} µs each",
-            tablet.rowset_count(),
-            options.page_cache.bytes() as f64 / 1e6,
-            args.lookups as f64 / lookup_time.as_secs_f64(),
-            lookup_time.as_secs_f64() * 1e6 / args.lookups as f64
+        results.say(
+            &format!(
+                "point lookups by primary key (warm, {} rowsets, key pages cached {:.1} MB)",
+                tablet.rowset_count(),
+                options.page_cache.bytes() as f64 / 1e6,
+            ),
+            format!(
+                "{:.0} per second, {:.0} µs each",
+                args.lookups as f64 / lookup_time.as_secs_f64(),
+                lookup_time.as_secs_f64() * 1e6 / args.lookups as f64
+            ),
         );
     };
     lookups(&mut rng);
@@ -356,10 +450,13 @@ fn main() {
     let merges = run_maintenance(&tablet, |k| {
         matches!(k, MaintenanceKind::MergeRowsets { .. })
     });
-    println!(
-        "rowset compaction: {merges} merges in {:.2} s, {rowsets_before} -> {} rowsets",
-        start.elapsed().as_secs_f64(),
-        tablet.rowset_count()
+    results.say(
+        "rowset compaction",
+        format!(
+            "{merges} merges in {:.2} s, {rowsets_before} -> {} rowsets",
+            start.elapsed().as_secs_f64(),
+            tablet.rowset_count()
+        ),
     );
     lookups(&mut rng);
     report("full scan of INT64 v after rowset compaction", 1, 1, now);
@@ -383,9 +480,12 @@ fn main() {
         let (index, ts) = clock.next();
         tablet.apply(index, ts, &batch).expect("update");
     }
-    println!(
-        "update of 10 % of the rows (scattered, {BATCH} per batch): {:.0} rows/s",
-        updated.len() as f64 / start.elapsed().as_secs_f64()
+    results.say(
+        &format!("update of 10 % of the rows (scattered, {BATCH} per batch)"),
+        format!(
+            "{:.0} rows/s",
+            updated.len() as f64 / start.elapsed().as_secs_f64()
+        ),
     );
     let with_deltas = report(
         "after updating 10 %, deltas in memory: scan of v",
@@ -401,9 +501,9 @@ fn main() {
     );
     let start = Instant::now();
     tablet.flush().expect("flush");
-    println!(
-        "flush of the updates as REDO files: {:.2} s",
-        start.elapsed().as_secs_f64()
+    results.say(
+        "flush of the updates as REDO files",
+        format!("{:.2} s", start.elapsed().as_secs_f64()),
     );
     let in_files = report("after updating 10 %, REDO files: scan of v", 1, 1, now);
     // Major delta compaction of the same files twice: on a copy of the tablet rewriting whole
@@ -429,26 +529,35 @@ fn main() {
     drop(whole);
     std::fs::remove_dir_all(&copy_dir).expect("remove copy");
     let (_, columns_time, columns_bytes) = apply_redo(&tablet, &tablet_dir);
-    println!(
-        "major delta compaction of {applied} rowsets: rewriting only the updated column {:.2} s, \
-         {:.1} MB written; rewriting whole rowsets {:.2} s, {:.1} MB written; {:.1}x faster",
-        columns_time.as_secs_f64(),
-        columns_bytes as f64 / 1e6,
-        whole_time.as_secs_f64(),
-        whole_bytes as f64 / 1e6,
-        whole_time.as_secs_f64() / columns_time.as_secs_f64()
+    results.say(
+        &format!("major delta compaction of {applied} rowsets"),
+        format!(
+            "rewriting only the updated column {:.2} s, {:.1} MB written; rewriting whole \
+             rowsets {:.2} s, {:.1} MB written; {:.1}x faster",
+            columns_time.as_secs_f64(),
+            columns_bytes as f64 / 1e6,
+            whole_time.as_secs_f64(),
+            whole_bytes as f64 / 1e6,
+            whole_time.as_secs_f64() / columns_time.as_secs_f64()
+        ),
     );
     let compacted = report("after major delta compaction: scan of v", 1, 1, now);
     report("after major delta compaction: scan of s", 2, 2, now);
-    println!(
-        "scan of v vs fresh: deltas in memory {:.2}x, in REDO files {:.2}x, compacted {:.2}x \
-         (whole rowsets rewritten: {:.2}x)",
-        with_deltas.as_secs_f64() / fresh.as_secs_f64(),
-        in_files.as_secs_f64() / fresh.as_secs_f64(),
-        compacted.as_secs_f64() / fresh.as_secs_f64(),
-        whole_scan.as_secs_f64() / fresh.as_secs_f64()
+    results.say(
+        "scan of v vs fresh",
+        format!(
+            "deltas in memory {:.2}x, in REDO files {:.2}x, compacted {:.2}x (whole rowsets \
+             rewritten: {:.2}x)",
+            with_deltas.as_secs_f64() / fresh.as_secs_f64(),
+            in_files.as_secs_f64() / fresh.as_secs_f64(),
+            compacted.as_secs_f64() / fresh.as_secs_f64(),
+            whole_scan.as_secs_f64() / fresh.as_secs_f64()
+        ),
     );
     lookups(&mut rng);
+    if let Some(path) = &args.json {
+        results.write(&args, path);
+    }
 }
 
 /// Inserts `rows` shuffled rows into a new tablet in batches (with `updates`, each followed by
@@ -461,6 +570,7 @@ fn sustained_ingest(
     rows_n: usize,
     updates: bool,
     rng: &mut rand::rngs::StdRng,
+    results: &Results,
 ) {
     use std::sync::atomic::{AtomicBool, Ordering};
     let tablet =
@@ -529,22 +639,22 @@ fn sustained_ingest(
     let p50 = percentile(&mut latencies, 0.5);
     let p99 = percentile(&mut latencies, 0.99);
     let max = latencies.iter().max().copied().unwrap_or_default();
-    println!(
-        "sustained ingest with background flushes and compactions: {rows_n} rows inserted{} in \
-         {:.2} s = {:.0} inserted rows/s, {flushes} flushes and {compactions} compactions \
-         meanwhile; per {BATCH}-row batch p50 {:.0} µs, p99 {:.0} µs (p99/p50 {:.1}), max \
-         {:.1} ms, {stalls} stalls over 100 ms",
-        if updates {
-            " and about as many updated"
-        } else {
-            ""
-        },
-        elapsed.as_secs_f64(),
-        rows_n as f64 / elapsed.as_secs_f64(),
-        p50.as_secs_f64() * 1e6,
-        p99.as_secs_f64() * 1e6,
-        p99.as_secs_f64() / p50.as_secs_f64(),
-        max.as_secs_f64() * 1e3,
+    results.say(
+        &format!(
+            "sustained ingest with background flushes and compactions{}",
+            if updates { ", as many updates" } else { "" }
+        ),
+        format!(
+            "{rows_n} rows inserted in {:.2} s = {:.0} inserted rows/s, {flushes} flushes and \
+             {compactions} compactions meanwhile; per {BATCH}-row batch p50 {:.0} µs, p99 {:.0} \
+             µs (p99/p50 {:.1}), max {:.1} ms, {stalls} stalls over 100 ms",
+            elapsed.as_secs_f64(),
+            rows_n as f64 / elapsed.as_secs_f64(),
+            p50.as_secs_f64() * 1e6,
+            p99.as_secs_f64() * 1e6,
+            p99.as_secs_f64() / p50.as_secs_f64(),
+            max.as_secs_f64() * 1e3,
+        ),
     );
     drop(tablet);
     std::fs::remove_dir_all(dir).expect("remove");
