@@ -34,7 +34,7 @@ use pgwire::types::format::FormatOptions;
 use crate::copy::{CopyIn, CopySpec, Direction};
 use crate::corked::Corked;
 use crate::errors::{error_info, pg_error};
-use crate::results::{encoded_as, pg_fields, sent_batch};
+use crate::results::{encoded_as, pg_fields, sent_batch, LastFields};
 use crate::settings::{self, ParameterStatement};
 use crate::{Connection, SessionCell, Shared};
 
@@ -57,6 +57,7 @@ pub(crate) struct Queries {
     shared: Arc<Shared>,
     session: SessionCell,
     copy: CopyCell,
+    fields: LastFields,
 }
 
 impl Queries {
@@ -65,6 +66,7 @@ impl Queries {
             shared: connection.shared.clone(),
             session: connection.session.clone(),
             copy: connection.copy.clone(),
+            fields: LastFields::default(),
         }
     }
 
@@ -116,8 +118,7 @@ impl Queries {
             let (schema, batches) = session
                 .run_query(&self.shared.activity, statement, &params)
                 .await?;
-            let fields = Arc::new(pg_fields(&schema, format, options)?);
-            let encoded = encoded_as(&fields);
+            let (fields, encoded) = self.fields.describe(&schema, format, options)?;
             let rows = batches
                 .map(move |batch| {
                     let batch = batch.and_then(|b| sent_batch(b).map_err(ServerError::from));
@@ -420,6 +421,7 @@ impl ExtendedQueryHandler for Queries {
             shared: self.shared.clone(),
             session: self.session.clone(),
             copy: self.copy.clone(),
+            fields: LastFields::default(),
         })
     }
 

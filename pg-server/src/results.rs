@@ -105,6 +105,55 @@ pub(crate) fn pg_fields(
     Ok(described.collect())
 }
 
+/// The last result description made for a connection's handler, reused while the schema (the
+/// same prepared statement run again), the result formats asked for and the client's format
+/// settings stay the same: describing a result costs more than a key lookup's row.
+#[derive(Default)]
+pub(crate) struct LastFields(parking_lot::Mutex<Option<Described>>);
+
+struct Described {
+    schema: SchemaRef,
+    format: Format,
+    options: Arc<FormatOptions>,
+    /// What [`pg_fields`] made, and [`encoded_as`] of it.
+    fields: (Arc<Vec<FieldInfo>>, Arc<Vec<FieldInfo>>),
+}
+
+impl LastFields {
+    /// [`pg_fields`] and [`encoded_as`] of `schema`, made again only if something changed.
+    pub(crate) fn describe(
+        &self,
+        schema: &SchemaRef,
+        format: &Format,
+        options: Arc<FormatOptions>,
+    ) -> Result<(Arc<Vec<FieldInfo>>, Arc<Vec<FieldInfo>>), ServerError> {
+        let mut last = self.0.lock();
+        if let Some(d) = last.as_ref().filter(|d| {
+            Arc::ptr_eq(&d.schema, schema) && same_format(&d.format, format) && d.options == options
+        }) {
+            return Ok(d.fields.clone());
+        }
+        let fields = Arc::new(pg_fields(schema, format, options.clone())?);
+        let fields = (fields.clone(), encoded_as(&fields));
+        *last = Some(Described {
+            schema: schema.clone(),
+            format: format.clone(),
+            options,
+            fields: fields.clone(),
+        });
+        Ok(fields)
+    }
+}
+
+fn same_format(a: &Format, b: &Format) -> bool {
+    match (a, b) {
+        (Format::UnifiedText, Format::UnifiedText) => true,
+        (Format::UnifiedBinary, Format::UnifiedBinary) => true,
+        (Format::Individual(a), Format::Individual(b)) => a == b,
+        _ => false,
+    }
+}
+
 /// `fields` as the encoder writes them: an `int2vector` column as the text it holds.
 pub(crate) fn encoded_as(fields: &Arc<Vec<FieldInfo>>) -> Arc<Vec<FieldInfo>> {
     if !fields

@@ -154,6 +154,29 @@ impl RowArena {
         )?)
     }
 
+    /// One row with the columns `columns`, as a slice of the batch that holds it: no copy, for
+    /// a key lookup's answer (which lives as long as the statement; a copy is made where an
+    /// image is kept, by [`RowArena::gather`]).
+    pub fn row(
+        &self,
+        schema: &SchemaRef,
+        columns: &[usize],
+        row: RowRef,
+    ) -> Result<RecordBatch, StorageError> {
+        let (batch, row) = self.index(row);
+        let projected = std::sync::Arc::new(schema.project(columns)?);
+        let source = &self.batches[batch];
+        let arrays = columns
+            .iter()
+            .map(|&c| source.column(c).slice(row, 1))
+            .collect();
+        Ok(RecordBatch::try_new_with_options(
+            projected,
+            arrays,
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(1)),
+        )?)
+    }
+
     /// Drops the batches numbered below `end`.
     pub fn drop_before(&mut self, end: u32) {
         let n = (end.saturating_sub(self.first) as usize).min(self.batches.len());

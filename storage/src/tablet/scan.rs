@@ -123,12 +123,18 @@ impl Tablet {
             };
             sources.push_back(Source::Batch(row));
         }
-        if !in_memory.is_empty() {
-            sources.push_back(Source::Batch(state.arena.gather(
+        match in_memory[..] {
+            [] => {}
+            [row] => sources.push_back(Source::Batch(state.arena.row(
+                &table,
+                &read_columns,
+                row,
+            )?)),
+            _ => sources.push_back(Source::Batch(state.arena.gather(
                 &table,
                 &read_columns,
                 &in_memory,
-            )?));
+            )?)),
         }
         Ok(boxed_scan(state, spec, read_columns, output_len, sources))
     }
