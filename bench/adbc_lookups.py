@@ -24,8 +24,8 @@ The DB-API cursor runs statements in a transaction (autocommit is off by default
 statement once and binds each key with a DoPut, then GetFlightInfo and DoGet. Prints the client's
 p50/p99 per lookup and the server's mean time per call of each Flight method (its
 `nyala_rpc_duration_seconds` metric), with the ratio of each phase to the first. Timings are
-never asserted; the exit code is non-zero only if a lookup returns other than one row.
-Needs pyarrow and adbc-driver-flightsql (tests/python/requirements.txt).
+never asserted; the exit code is non-zero only if a lookup returns other than one row. Writes
+the run's results to bench/results/adbc_lookups.json (--json) for docs/benchmarks.md. Needs pyarrow and adbc-driver-flightsql (tests/python/requirements.txt).
 """
 import argparse
 import os
@@ -39,6 +39,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from queue_bench import Processes  # noqa: E402
+from results import Report, add_json_argument  # noqa: E402
 
 FIELDS = 10
 FIELD_BYTES = 100
@@ -82,6 +83,29 @@ def lookups(cur, http, keys):
     return latencies, means
 
 
+def results_report(args, phases, load_at_start=None):
+    """The run as bench/results/adbc_lookups.json holds it (see bench/results.py); `phases`:
+    [(name, (client latencies in s, {method: mean µs per call}))]."""
+    report = Report("adbc_lookups",
+                    f"Primary-key lookups through ADBC's DB-API: {args.rows} rows of "
+                    f"{FIELDS} x {FIELD_BYTES}-byte STRING fields, {args.lookups} lookups over "
+                    f"{args.keys} keys on one connection",
+                    baseline="the first phase (rows in memory) of the same run",
+                    load_at_start=load_at_start)
+    rows = report.table("Client latency per lookup (execute + fetchall) and the server's mean "
+                        "time per call",
+                        ["rows", "p50 ms", "p99 ms", "p50 / in memory"]
+                        + [f"{m} µs" for m in METHODS])
+    base = pct(phases[0][1][0], 0.5)
+    for name, (latencies, means) in phases:
+        p50 = pct(latencies, 0.5)
+        rows.append([name, round(p50 * 1e3, 3), round(pct(latencies, 0.99) * 1e3, 3),
+                     round(p50 / base, 2)] + [round(means[m], 1) for m in METHODS])
+    report.note("Target (prepared primary-key lookup through Flight SQL, loopback, warm): "
+                "p50 at most 0.3 ms, p99 at most 2 ms.")
+    return report
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=10_000)
@@ -90,7 +114,9 @@ def main():
     target = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/nyala-target"))
     p.add_argument("--nyala", default=os.environ.get("NYALA_BIN",
                                                      os.path.join(target, "release", "nyala")))
+    add_json_argument(p, "adbc_lookups")
     args = p.parse_args()
+    load_at_start = os.getloadavg()[0]
 
     import adbc_driver_flightsql.dbapi as flightsql
     import pyarrow as pa
@@ -146,6 +172,7 @@ def main():
             print(f"{name:<24}{p50 * 1e3:>9.3f}{pct(latencies, 0.99) * 1e3:>9.3f}"
                   f"{p50 / base:>6.2f}x" + "".join(f"{means[m]:>18.1f}" for m in METHODS))
         print("client p50/p99 per lookup (execute + fetchall); server: mean time per call")
+        results_report(args, phases, load_at_start).write(args.json)
     finally:
         procs.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -31,7 +31,8 @@ Prints each time, the ratio clone / CTAS and the growth, with the targets for re
 checks that the tables hold what they should (count(*) and exact sums over the columns of c1
 and c2 equal those of orders, c3's those of orders AS OF that time, none of c3's rows
 updated): FAILED lines and a non-zero exit code otherwise. The server is stopped on exit, also
-after an error or Ctrl-C. Client and server share this machine's CPUs. Needs pyarrow and
+after an error or Ctrl-C. Client and server share this machine's CPUs. Writes the run's
+results to bench/results/clone.json (--json) for docs/benchmarks.md. Needs pyarrow and
 adbc-driver-flightsql (tests/python/requirements.txt).
 """
 import argparse
@@ -43,6 +44,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results import Report, add_json_argument  # noqa: E402
 
 BATCH = 100_000
 STATUSES = ("open", "paid", "shipped", "delivered", "returned")
@@ -184,6 +188,37 @@ def batch(start, n):
 # ---------------------------------------------------------------------------------------------
 
 
+def results_report(args, source_bytes, ctas, clone, growth, clone_as_of, growth_as_of, failed,
+                   load_at_start=None):
+    """The run as bench/results/clone.json holds it (see bench/results.py): seconds and disk
+    growth in bytes of each statement, `source_bytes` the source table's tablet files."""
+    report = Report("clone", f"CREATE TABLE ... CLONE against CTAS on {args.rows:,} rows "
+                             f"({args.buckets} hash buckets)".replace(",", " "),
+                    baseline="CREATE TABLE c1 PRIMARY KEY (o_id) AS SELECT * FROM orders (a copy "
+                             "of every row) of the same table, same run",
+                    load_at_start=load_at_start)
+    rows = report.table("Time and disk growth", ["statement", "seconds", "% of CTAS",
+                                                 "disk growth bytes", "% of the table's bytes"])
+
+    def pct(part, whole):
+        return round(100 * part / whole, 2) if part is not None and whole else None
+
+    rows.append(["CREATE TABLE c1 PRIMARY KEY (o_id) AS SELECT * FROM orders", round(ctas, 3),
+                 100.0, None, None])
+    rows.append(["CREATE TABLE c2 CLONE orders", round(clone, 3), pct(clone, ctas), growth,
+                 pct(growth, source_bytes)])
+    if clone_as_of is not None:
+        rows.append([f"CREATE TABLE c3 CLONE orders AS OF <before {args.update_percent:g} % "
+                     f"were updated>", round(clone_as_of, 3), pct(clone_as_of, ctas),
+                     growth_as_of, pct(growth_as_of, source_bytes)])
+    report.note(f"orders: {source_bytes:,} bytes of tablet files.".replace(",", " "))
+    if failed:
+        report.note(f"{failed} checks of the tables' contents FAILED (see the output).")
+    report.note("Targets: a clone takes at most 10 % of a CTAS's time and grows the disk by at "
+                "most 5 % of the table's bytes.")
+    return report
+
+
 def run(args, cur, data_dir):
     """The measurements; returns the number of failed checks."""
     failed = 0
@@ -272,6 +307,8 @@ def run(args, cur, data_dir):
         f"{100 * growth / source_bytes:.3f} % of the table's bytes; AS OF clone after "
         f"{args.update_percent:g} % updated {clone_as_of:.3f} s")
     log(TARGETS)
+    results_report(args, source_bytes, ctas, clone, growth, clone_as_of, growth_as_of, failed,
+                   args.load_at_start).write(args.json)
     return failed
 
 
@@ -292,7 +329,9 @@ def main():
                    help="percentage of rows updated before the AS OF clone (default 1)")
     p.add_argument("--keep-data-dir", action="store_true",
                    help="keep the server's data directory and log")
+    add_json_argument(p, "clone")
     args = p.parse_args()
+    args.load_at_start = os.getloadavg()[0]
     if args.rows < 1 or args.buckets < 1 or not 0 <= args.update_percent <= 100:
         p.error("--rows and --buckets must be positive, --update-percent within 0..100")
 

@@ -50,8 +50,9 @@ and measures, over Flight SQL (the ADBC driver; for bulk ingest also pyarrow's F
    each query's round trip, so the two show the server's part and the whole of one Python
    user's path.
 
-Ends with a summary line and the targets for reference (not asserted). Timings are never
-asserted: the exit code is non-zero only when a check fails or a statement fails. Every
+Ends with a summary line and the targets for reference (not asserted), and writes the run's
+results to bench/results/queue.json (queue_cluster.json with --cluster; --json) for
+docs/benchmarks.md. Timings are never asserted: the exit code is non-zero only when a check fails or a statement fails. Every
 process the script started is stopped on exit, also after an error or Ctrl-C. Client and
 servers share this machine's CPUs; the load average is printed at the start and the end.
 Needs pyarrow and adbc-driver-flightsql (tests/python/requirements.txt).
@@ -73,6 +74,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 from flight_sql_messages import (decode_fields, statement_ingest, statement_query,  # noqa: E402
                                  statement_update)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results import Report, default_path  # noqa: E402
 
 BATCH = 1024          # messages per enqueue call
 BODY_BYTES = 100      # bytes of each message body
@@ -484,9 +487,10 @@ def client_list(choices):
     return parse
 
 
-def enqueue(uri, setup_cur, args, method, shape, label, threads, stop):
+def enqueue(uri, setup_cur, args, method, shape, label, threads, stop, rows=None):
     """One enqueue measurement with `threads` producers sending batches of `shape` on a fresh
-    table; returns (messages/s or None, failed)."""
+    table; returns (messages/s or None, failed). Appends its figures to `rows` (a results
+    table's, see ENQUEUE_COLUMNS)."""
     table = f"{args.table}_{method}"
     create_queue_table(setup_cur, table, args.buckets, args.replicas, args.ready_secs)
     queues = queue_names(args.queues)
@@ -525,6 +529,12 @@ def enqueue(uri, setup_cur, args, method, shape, label, threads, stop):
         f"{sent * BODY_BYTES / 1e6 / secs:8.1f} MB/s; one call p50 {pct(calls, 50) * 1e3:.1f} ms "
         f"p99 {pct(calls, 99) * 1e3:.1f} ms max {max(calls, default=0) * 1e3:.1f} ms; "
         f"producers' CPU {client_cpu * 1e6 / max(sent, 1):.2f} µs/msg")
+    if rows is not None:
+        rows.append([label.split(", ")[0], BATCH_SHAPES[shape], threads, round(rate),
+                     round(sent * BODY_BYTES / 1e6 / secs, 1),
+                     round(pct(calls, 50) * 1e3, 2) if calls else None,
+                     round(pct(calls, 99) * 1e3, 2) if calls else None,
+                     round(client_cpu * 1e6 / max(sent, 1), 2)])
     failed = False
     failures = [f for w in workers for f in w.failures]
     if failures:
@@ -773,9 +783,10 @@ class Producer(threading.Thread):
                 session.close()
 
 
-def latency(uri, setup_cur, args, stop, procs, client):
+def latency(uri, setup_cur, args, stop, procs, client, rows=None):
     """Returns (p99 ms or None, failed). `procs`: the server processes this run started (their
-    CPU is reported), or None; `client`: the consumers' and the producer's (LATENCY_CLIENTS)."""
+    CPU is reported), or None; `client`: the consumers' and the producer's (LATENCY_CLIENTS).
+    Appends its figures to `rows` (a results table's, see LATENCY_COLUMNS)."""
     table = f"{args.table}_latency"
     create_queue_table(setup_cur, table, args.buckets, args.replicas, args.ready_secs)
     queues = queue_names(args.queues)
@@ -819,6 +830,11 @@ def latency(uri, setup_cur, args, stop, procs, client):
     if lat:
         log(f"  send -> receive ms: p50 {pct(lat, 50):.2f}  p90 {pct(lat, 90):.2f}  "
             f"p99 {pct(lat, 99):.2f}  max {lat[-1]:.2f}  (count {len(lat):,})")
+    if rows is not None:
+        def ms(values, p):
+            return round(pct(values, p), 2) if values else None
+        rows.append([LATENCY_CLIENTS[client][1], len(lat), ms(ins, 50), ms(ins, 99),
+                     ms(lat, 50), ms(lat, 90), ms(lat, 99), round(lat[-1], 2) if lat else None])
     if producer.error:
         log(f"  FAILED: producer: {producer.error}")
         failed = True
@@ -845,6 +861,31 @@ def latency(uri, setup_cur, args, stop, procs, client):
 
 
 # ---------------------------------------------------------------------------------------------
+# Results
+
+ENQUEUE_COLUMNS = ["method", "batches", "producers", "msg/s", "MB/s of bodies", "call p50 ms",
+                   "call p99 ms", "producers' CPU µs/msg"]
+LATENCY_COLUMNS = ["client", "messages", "INSERT p50 ms", "INSERT p99 ms", "wake-up p50 ms",
+                   "wake-up p90 ms", "wake-up p99 ms", "wake-up max ms"]
+
+
+def results_report(args, mode, load_at_start=None):
+    """The run's Report (see bench/results.py), and its enqueue and latency tables' rows."""
+    report = Report("queue_cluster" if args.cluster else "queue",
+                    f"Queue tables, {mode}: enqueue throughput in batches of {BATCH} messages of "
+                    f"{BODY_BYTES} bytes over {args.queues} queues, and commit-to-consumer latency "
+                    f"of tail() long polls",
+                    baseline=None, load_at_start=load_at_start)
+    enqueue_rows = report.table(f"Enqueue, {args.seconds:g} s each" if not args.messages else
+                                f"Enqueue, {args.messages} messages each", ENQUEUE_COLUMNS)
+    latency_rows = report.table(f"Commit-to-consumer latency: one producer inserting single "
+                                f"messages at {args.rate:g}/s for {args.latency_seconds:g} s, "
+                                f"one consumer per queue", LATENCY_COLUMNS)
+    report.note("A spread batch writes several tablets, so it is a transaction; a batch of one "
+                "queue is one tablet's single write.")
+    report.note("Targets: at least 1 M msg/s on one node and 300 k msg/s with 3 replicas; "
+                "wake-up p99 at most 10 ms.")
+    return report, enqueue_rows, latency_rows
 
 
 def main():
@@ -912,7 +953,14 @@ def main():
     p.add_argument("--keep-tables", action="store_true", help="do not drop the tables")
     p.add_argument("--keep-data-dir", action="store_true",
                    help="keep the started servers' data directories and logs")
+    p.add_argument("--json", metavar="PATH",
+                   help="write the run's results here as JSON for docs/benchmarks.md (default: "
+                        "bench/results/queue.json, with --cluster queue_cluster.json; '' writes "
+                        "nothing)")
     args = p.parse_args()
+    if args.json is None:
+        args.json = default_path("queue_cluster" if args.cluster else "queue")
+    load_at_start = os.getloadavg()[0]
     if args.queues < 1 or args.buckets < 1 or args.rate <= 0:
         p.error("--queues, --buckets and --rate must be positive")
     if args.replicas is None and args.cluster:
@@ -967,6 +1015,7 @@ def main():
         log(f"table: {args.buckets} hash buckets on queue"
             + (f", WITH (replicas = {args.replicas})" if args.replicas else "")
             + f"; {args.queues} queues; bodies of {BODY_BYTES} bytes")
+        report, enqueue_rows, latency_rows = results_report(args, mode, load_at_start)
         setup = connect(uri)
         setup_cur = setup.cursor()
         try:
@@ -992,7 +1041,7 @@ def main():
                     counted = f"{label}, {BATCH_SHAPES[shape]}, {producers(threads)}"
                     try:
                         rate, bad = enqueue(uri, setup_cur, args, method, shape, counted,
-                                            threads, stop)
+                                            threads, stop, enqueue_rows)
                     except Exception as e:  # noqa: BLE001
                         log(f"  FAILED: {counted}: {one_line(e)}")
                         rate, bad = None, True
@@ -1014,7 +1063,8 @@ def main():
                 f"one producer inserting single messages at {args.rate:g}/s for "
                 f"{args.latency_seconds:g} s:")
             try:
-                results[f"p99 {client}"], bad = latency(uri, setup_cur, args, stop, procs, client)
+                results[f"p99 {client}"], bad = latency(uri, setup_cur, args, stop, procs, client,
+                                                        latency_rows)
             except Exception as e:  # noqa: BLE001
                 log(f"  FAILED: latency: {one_line(e)}")
                 results[f"p99 {client}"], bad = None, True
@@ -1047,6 +1097,9 @@ def main():
         log(f"summary: {mode} enqueue {enqueued}; {wake}"
             + ("; FAILED checks above" if failed else ""))
         log(TARGETS)
+        if failed:
+            report.note("Some checks FAILED in this run (see its output).")
+        report.write(args.json)
     except KeyboardInterrupt:
         print("queue: interrupted", file=sys.stderr)
         interrupted = True

@@ -11,7 +11,9 @@
 # flight_sql_floor (a Flight SQL server doing no work) in Nyala's place: the floor that the
 # protocol, the client and the machine put under any Flight SQL server's figures. PostgreSQL runs as the `postgres` OS user, so this needs
 # root (or to run as postgres); PG_BIN overrides /usr/lib/postgresql/15/bin. Both servers and their
-# temporary directories are removed on exit, also after an error or Ctrl-C.
+# temporary directories are removed on exit, also after an error or Ctrl-C. Each run writes its
+# results for docs/benchmarks.md (bench/render.py) to bench/results/: serving.json (Flight SQL),
+# serving_pg.json (Nyala's PostgreSQL protocol) and serving_floor.json.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -123,8 +125,10 @@ as_postgres "$PG_BIN/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/server.log" -w -t 60 
 echo "Nyala: nyala serve ($profile build) at $nyala_addr, data in a fresh temporary directory"
 echo "PostgreSQL: $("$PG_BIN/postgres" --version), scratch cluster at 127.0.0.1:$pg_port, initdb defaults" \
   "(fsync on, synchronous_commit on), trust authentication"
+results="$PWD/bench/results"
 "$bin/examples/serving_bench" --nyala "$nyala_addr" \
-  --postgres "host=127.0.0.1 port=$pg_port user=postgres dbname=postgres" "$@"
+  --postgres "host=127.0.0.1 port=$pg_port user=postgres dbname=postgres" \
+  --json "$results/serving.json" "$@"
 
 # The same tests through Nyala's PostgreSQL protocol, with the client PostgreSQL gets.
 nyala_pg="$(grep -o -m1 'PostgreSQL protocol listening on 127\.0\.0\.1:[0-9]*' "$work/nyala.log" | grep -o '[0-9]*$')"
@@ -132,7 +136,8 @@ echo
 echo "Nyala through its PostgreSQL protocol at 127.0.0.1:$nyala_pg"
 "$bin/examples/serving_bench" --nyala-protocol postgres \
   --nyala "host=127.0.0.1 port=$nyala_pg user=nyala dbname=nyala" \
-  --postgres "host=127.0.0.1 port=$pg_port user=postgres dbname=postgres" "$@"
+  --postgres "host=127.0.0.1 port=$pg_port user=postgres dbname=postgres" \
+  --json "$results/serving_pg.json" "$@"
 
 if [ "${SERVING_FLOOR:-0}" = 1 ]; then
   kill "$nyala_pid" && wait "$nyala_pid" 2>/dev/null || true  # its CPU to the floor's run
@@ -149,5 +154,6 @@ if [ "${SERVING_FLOOR:-0}" = 1 ]; then
   echo
   echo "The floor: flight_sql_floor (answers from memory, no database work) in Nyala's place"
   "$bin/examples/serving_bench" --nyala "$floor_addr" \
-    --postgres "host=127.0.0.1 port=$pg_port user=postgres dbname=postgres" "$@"
+    --postgres "host=127.0.0.1 port=$pg_port user=postgres dbname=postgres" \
+    --json "$results/serving_floor.json" "$@"
 fi

@@ -16,6 +16,7 @@ result into Arrow in the client. It checks that the three results agree and prin
 times and ratios, the load rate, and bytes on disk against the Parquet files.
 
 It never asserts timings: the exit code is non-zero only when a query fails or results differ.
+It writes the run's results to bench/results/tpch.json (--json) for docs/benchmarks.md.
 Installs what it needs with pip when missing (tpchgen-cli, duckdb, datafusion, pyarrow,
 adbc-driver-flightsql). The server, the client and the other engines share this machine's CPUs.
 """
@@ -34,6 +35,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from results import Report, add_json_argument  # noqa: E402
+
 QUERY_DIR = os.path.join(HERE, "tpch")
 TABLES = ["region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem"]
 PRIMARY_KEYS = {
@@ -562,6 +566,53 @@ def fmt_ratio(a, b):
     return f"{a / b:.2f}x" if isinstance(a, float) and isinstance(b, float) and b > 0 else "-"
 
 
+def results_report(scale, runs, buckets, versions, load_stats, size_rows, query_rows,
+                   load_at_start=None):
+    """The run as bench/results/tpch.json holds it (see bench/results.py). `versions`:
+    DataFusion's and DuckDB's; `load_stats`: load()'s; `size_rows`: [when, tablets on disk
+    MiB, in memory MiB, data directory MiB or None, its ratios to the Parquet files (Snappy,
+    LZ4) or None]; `query_rows`: [(query, rows, Nyala s, DataFusion s, DuckDB s, result)],
+    a time being a float or an error text."""
+    def secs(v):
+        return round(v, 3) if isinstance(v, float) else None
+
+    def ratio(a, b):
+        return round(a / b, 2) if isinstance(a, float) and isinstance(b, float) and b > 0 else None
+
+    report = Report(
+        "tpch", f"TPC-H SF{scale:g} over Flight SQL against DataFusion and DuckDB, best of "
+                f"{runs} runs after a warm-up",
+        baseline=f"DataFusion {versions[0]} (Python) and DuckDB {versions[1]} reading the same "
+                 f"Parquet files, same run", load_at_start=load_at_start)
+    rows = report.table("Queries (seconds, each including fetching the whole result)",
+                        ["query", "rows", "Nyala s", "DataFusion s", "DuckDB s",
+                         "Nyala/DataFusion", "Nyala/DuckDB", "result"])
+    for q, count, n, d, k, status in query_rows:
+        rows.append([f"q{q:02d}", count, secs(n), secs(d), secs(k), ratio(n, d), ratio(n, k),
+                     status])
+    ok = [r for r in query_rows if all(isinstance(v, float) for v in r[2:5])]
+    if ok:
+        tn, td, tk = (sum(r[i] for r in ok) for i in (2, 3, 4))
+        rows.append([f"total ({len(ok)} of {len(query_rows)})", None, secs(tn), secs(td),
+                     secs(tk), ratio(tn, td), ratio(tn, tk), ""])
+    slow = [f"q{r[0]:02d}" for r in ok if r[2] > 1.5 * r[3]]
+    report.note(f"Queries above 1.5x DataFusion: {len(slow)}"
+                + (f" ({', '.join(slow)})." if slow else "."))
+    if load_stats:
+        load_rows = report.table(f"Load through Flight SQL bulk ingest, {buckets} hash buckets",
+                                 ["table", "rows", "seconds", "rows/s"])
+        for table, n, s in load_stats:
+            load_rows.append([table, n, round(s, 2), round(n / s) if s > 0 else None])
+        n, s = sum(x[1] for x in load_stats), sum(x[2] for x in load_stats)
+        load_rows.append(["all", n, round(s, 2), round(n / s) if s > 0 else None])
+    report.table("Size", ["when", "tablets on disk MiB", "tablets in memory MiB",
+                          "data directory MiB", "data directory / Parquet (Snappy)",
+                          "data directory / Parquet (LZ4)"]).extend(size_rows)
+    report.note("Targets: the total at most 0.8x DataFusion's; no query above 1.5x DataFusion; "
+                "the data directory at most 1.1x the same rows in Parquet with LZ4.")
+    return report
+
+
 def main():
     target = os.environ.get("CARGO_TARGET_DIR") or os.path.expanduser("~/.cache/nyala-target")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -587,6 +638,7 @@ def main():
                    help="Nyala statement timeout per statement in seconds (0: none)")
     p.add_argument("--keep-data-dir", action="store_true",
                    help="keep the started server's data directory (and log) after the run")
+    add_json_argument(p, "tpch")
     args = p.parse_args()
     args.runs = max(args.runs, 1)
     if args.skip_load and not args.connect:
@@ -620,6 +672,7 @@ def main():
     failed = False
     conn = None
     engines = []
+    stats, size_rows, query_rows = [], [], []
     try:
         if args.connect:
             uri = args.connect
@@ -649,8 +702,12 @@ def main():
             disk, memory = partition_bytes(conn)
             line = (f"size {when}: tablets {disk / 2**20:.1f} MiB on disk + {memory / 2**20:.1f} "
                     f"MiB in memory")
+            size_rows.append([when, round(disk / 2**20, 1), round(memory / 2**20, 1), None, None,
+                              None])
             if server:
                 total = dir_bytes(server.data_dir)
+                size_rows[-1][3:] = [round(total / 2**20, 1), round(total / parquet_bytes, 2),
+                                     round(total / lz4_bytes, 2)]
                 line += (f"; data directory {total / 2**20:.1f} MiB = "
                          f"{total / parquet_bytes:.2f}x the Parquet files "
                          f"({parquet_bytes / 2**20:.1f} MiB, Snappy), "
@@ -696,6 +753,7 @@ def main():
             for note in notes:
                 print(f"      {note}")
             rows_out.append((q, n, d, k))
+            query_rows.append((q, counts[0] if counts else None, n, d, k, status))
             if server and not server.alive():
                 print("tpch: nyala serve exited", file=sys.stderr)
                 failed = True
@@ -711,6 +769,9 @@ def main():
         if not args.skip_load:
             sizes("after the queries")
         print(f"load average at the end {os.getloadavg()[0]:.2f}")
+        results_report(args.scale, args.runs, args.buckets,
+                       (datafusion.__version__, duckdb.__version__), stats, size_rows,
+                       query_rows, load1).write(args.json)
     except KeyboardInterrupt:
         print("tpch: interrupted", file=sys.stderr)
         failed = True

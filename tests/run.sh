@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: Rust unit and integration tests, then the Python client tests against a
-# real `nyala serve` process. Installs what it needs (Python packages) itself.
+# The whole test suite: Rust unit and integration tests, the user guide and its links, then the
+# Python and Java client tests against real `nyala serve` processes. Installs what it needs
+# (mdBook, Debian and Python packages) itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,16 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 cargo build --workspace --all-targets
 export NYALA_BIN="$CARGO_TARGET_DIR/debug/nyala"
 cargo test --workspace
+
+# The user guide (docs/, an mdBook), built outside the clone with its links checked; and the
+# benchmarks page, which must be what bench/render.py makes of bench/results/*.json.
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+command -v mdbook >/dev/null \
+    || cargo install mdbook --locked --version 0.5.4 --no-default-features --features search
+book="$(realpath -m "$CARGO_TARGET_DIR")/book"
+mdbook build docs -d "$book"
+python3 docs/check_links.py "$book"
+python3 bench/render.py --check
 
 # Debian packages, as root or with sudo: headless Chromium for the web UI tests, psql for the
 # PostgreSQL protocol's, psqlODBC and unixODBC for the ODBC tests.
@@ -34,6 +45,7 @@ done
 
 python3 -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 python3 -m pip install --quiet --disable-pip-version-check -e clients/python
+python3 -m unittest discover -s bench -p 'test_*.py'  # the benchmarks' results files, no server
 python3 -m pytest -q tests/python clients/python/tests
 
 # The Flight SQL JDBC driver and pgjdbc against a real server; Maven fetches them and JUnit.
