@@ -36,6 +36,9 @@ RESULTS_DIR = os.path.join(BENCH_DIR, "results")
 
 KEYS = ("benchmark", "title", "command", "commit", "date", "machine", "baseline", "tables",
         "notes")
+# Keys a document may have besides: what each system measured is (serving_bench) and the run's
+# parameters.
+OPTIONAL_KEYS = ("systems", "parameters")
 
 
 def default_path(name):
@@ -182,7 +185,7 @@ def validate(doc):
     for key in ("commit", "baseline"):
         if doc.get(key) is not None and not isinstance(doc.get(key), str):
             problems.append(f"'{key}' must be a string or null")
-    unknown = sorted(set(doc) - set(KEYS))
+    unknown = sorted(set(doc) - set(KEYS) - set(OPTIONAL_KEYS))
     if unknown:
         problems.append(f"unknown keys {unknown}")
     machine = doc.get("machine")

@@ -126,9 +126,10 @@ echo "Nyala: nyala serve ($profile build) at $nyala_addr, data in a fresh tempor
 echo "PostgreSQL: $("$PG_BIN/postgres" --version), scratch cluster at 127.0.0.1:$pg_port, initdb defaults" \
   "(fsync on, synchronous_commit on), trust authentication"
 results="$PWD/bench/results"
+command="bench/serving.sh${*:+ $*}"
 "$bin/examples/serving_bench" --nyala "$nyala_addr" \
   --postgres "host=127.0.0.1 port=$pg_port user=postgres dbname=postgres" \
-  --json "$results/serving.json" "$@"
+  --json "$results/serving.json" --json-name serving --json-command "$command" "$@"
 
 # The same tests through Nyala's PostgreSQL protocol, with the client PostgreSQL gets.
 nyala_pg="$(grep -o -m1 'PostgreSQL protocol listening on 127\.0\.0\.1:[0-9]*' "$work/nyala.log" | grep -o '[0-9]*$')"
@@ -137,7 +138,7 @@ echo "Nyala through its PostgreSQL protocol at 127.0.0.1:$nyala_pg"
 "$bin/examples/serving_bench" --nyala-protocol postgres \
   --nyala "host=127.0.0.1 port=$nyala_pg user=nyala dbname=nyala" \
   --postgres "host=127.0.0.1 port=$pg_port user=postgres dbname=postgres" \
-  --json "$results/serving_pg.json" "$@"
+  --json "$results/serving_pg.json" --json-name serving_pg --json-command "$command" "$@"
 
 if [ "${SERVING_FLOOR:-0}" = 1 ]; then
   kill "$nyala_pid" && wait "$nyala_pid" 2>/dev/null || true  # its CPU to the floor's run
@@ -155,5 +156,6 @@ if [ "${SERVING_FLOOR:-0}" = 1 ]; then
   echo "The floor: flight_sql_floor (answers from memory, no database work) in Nyala's place"
   "$bin/examples/serving_bench" --nyala "$floor_addr" \
     --postgres "host=127.0.0.1 port=$pg_port user=postgres dbname=postgres" \
-    --json "$results/serving_floor.json" "$@"
+    --json "$results/serving_floor.json" --json-name serving_floor \
+    --json-command "SERVING_FLOOR=1 $command" "$@"
 fi

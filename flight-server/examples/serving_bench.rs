@@ -1115,8 +1115,10 @@ impl Table {
         table
     }
 
-    fn row(&mut self, cells: Vec<String>) {
+    /// Prints a row and keeps it, with empty cells where it has fewer than the columns.
+    fn row(&mut self, mut cells: Vec<String>) {
         self.print(&cells);
+        cells.resize(self.columns.len(), String::new());
         self.rows.push(cells);
     }
 
