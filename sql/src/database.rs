@@ -16,12 +16,17 @@ use nyala_engine::tserver::TabletServer;
 use nyala_engine::Client;
 use nyala_storage::TabletOptions;
 
-use crate::access::Principal;
+use crate::catalog::schema as catalog;
+use crate::exec::runtime_filter;
+use crate::functions::as_of;
+use crate::functions::bounded as functions;
+use crate::functions::tail;
 use crate::limits::{Limits, QueryLimits, YieldingLeaves};
+use crate::plan::dml;
+use crate::session::access::Principal;
+use crate::session::settings::NyalaOptions;
+use crate::session::transaction::TxnSlot;
 use crate::session::Session;
-use crate::settings::NyalaOptions;
-use crate::transaction::TxnSlot;
-use crate::{as_of, catalog, dml, functions, runtime_filter, tail};
 use crate::{Result, SqlError, CATALOG_NAME, SCHEMA_NAME};
 
 /// Options for opening an embedded database.

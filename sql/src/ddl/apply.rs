@@ -2,7 +2,7 @@
 //! SELECT, which is a CREATE TABLE and an INSERT that succeed or fail together.
 //!
 //! DDL reaches the engine as the parser produced it; nothing is planned in between, so what a
-//! statement means is decided in one place (the parser and [`crate::columns`]), and only what
+//! statement means is decided in one place (the parser and [`crate::parse::columns`]), and only what
 //! depends on the catalog at the moment it runs (does the table exist, does a column) is
 //! decided here.
 
@@ -12,12 +12,12 @@ use futures::TryStreamExt;
 use nyala_engine::catalog::hash_password;
 use nyala_engine::{Access, Client, ColumnChange, DdlOp, UserInfo, ViewInfo};
 
-use crate::as_of;
+use crate::functions::as_of;
 use crate::limits::Interrupt;
-use crate::planned::Action;
+use crate::parse::statement::{CreateTableAsSpec, CreateTableSpec, Ddl, Nullability};
+use crate::plan::planned::Action;
 use crate::results::{count_batch, one_stream};
 use crate::session::Session;
-use crate::statement::{CreateTableAsSpec, CreateTableSpec, Ddl, Nullability};
 use crate::{Result, SqlError};
 
 impl Ddl {

@@ -12,7 +12,7 @@ use datafusion::common::extensions_options;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{SetVariable, Statement};
 
-use crate::runtime_filter::RuntimeFilterMode;
+use crate::exec::runtime_filter::RuntimeFilterMode;
 
 extensions_options! {
     /// Nyala's session settings (`SET nyala.<name> = <value>`).

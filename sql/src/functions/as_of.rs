@@ -29,7 +29,7 @@ use datafusion::sql::sqlparser::ast::{
 use nyala_engine::Client;
 use nyala_storage::Timestamp;
 
-use crate::table::NyalaTable;
+use crate::catalog::table::NyalaTable;
 use crate::{Result, SqlError};
 
 pub const FUNCTION: &str = "nyala_as_of";

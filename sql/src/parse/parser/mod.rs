@@ -11,7 +11,7 @@
 //! - `CREATE TABLE [IF NOT EXISTS] t (column TYPE [options], ..., [NON UNIQUE] PRIMARY KEY (a, ...))
 //!   [DISTRIBUTE BY ...] [WITH (replicas = n)]` and `CREATE TABLE t {PRIMARY KEY (a, ...) |
 //!   (PRIMARY KEY (a, ...))} [DISTRIBUTE BY ...] [WITH (...)] AS <query>`;
-//! - the partitioning clause, Kudu's and Impala's (see [`crate::partitioning`]):
+//! - the partitioning clause, Kudu's and Impala's (see [`crate::parse::partitioning`]):
 //!   `DISTRIBUTE BY HASH (a) INTO n BUCKETS, ..., RANGE (b) (PARTITION lower <= VALUES < upper,
 //!   ...)`, `PARTITION BY HASH (a) PARTITIONS n, RANGE (b) SPLIT ROWS ((v), ...)`;
 //! - `ALTER TABLE t ADD|DROP RANGE PARTITION <range>`;
@@ -42,10 +42,10 @@ use datafusion::sql::sqlparser::parser::{IsOptional, Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::{Location, Token, TokenWithSpan, Tokenizer};
 use nyala_engine::{BoundSpec, PartitionSchema, Privilege, RangeSpec};
 
-use crate::columns;
-use crate::dialect::NyalaDialect;
-use crate::partitioning::PartitionSpec;
-use crate::statement::{
+use crate::parse::columns;
+use crate::parse::dialect::NyalaDialect;
+use crate::parse::partitioning::PartitionSpec;
+use crate::parse::statement::{
     normalize_ident, object_name, CreateTableAsSpec, CreateTableSpec, Ddl, NyalaStatement, Secret,
     Show,
 };
@@ -1048,7 +1048,7 @@ mod tests {
     use nyala_storage::{ColumnCompression, ColumnEncoding, ColumnType};
 
     use super::*;
-    use crate::statement::ColumnAlteration;
+    use crate::parse::statement::ColumnAlteration;
 
     fn parse(sql: &str) -> Result<NyalaStatement> {
         NyalaParser::parse_sql(sql)

@@ -19,8 +19,11 @@ use datafusion::sql::sqlparser::ast::{
 use nyala_engine::{Client, Privilege};
 use parking_lot::RwLock;
 
-use crate::statement::{object_name, Ddl, NyalaStatement, Show};
-use crate::{as_of, tail, Result, SqlError};
+use crate::functions::as_of;
+use crate::functions::tail;
+use crate::parse::statement::{object_name, Ddl, NyalaStatement, Show};
+use crate::Result;
+use crate::SqlError;
 
 /// The user a session runs as (shared with the session's schema providers, which list only
 /// what the user may see). None: not authenticated (fine while there are no users).

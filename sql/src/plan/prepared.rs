@@ -37,16 +37,16 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::ExecutionPlan;
 use nyala_engine::TableHandle;
 
-use crate::access::Requirements;
-use crate::dml::{self, MutationNode};
-use crate::lookup::{KeyLookup, KeyMutation};
-use crate::params::{bind, parameter_types};
-use crate::planned::{Action, PlannedStatement, StatementInfo, StatementKind};
+use crate::catalog::table::NyalaTable;
+use crate::exec::scan::NyalaScanExec;
+use crate::functions::tail::{PreparedTail, TailExec, TailTable};
+use crate::plan::dml::{self, MutationNode};
+use crate::plan::lookup::{KeyLookup, KeyMutation};
+use crate::plan::params::{bind, parameter_types};
+use crate::plan::planned::{Action, PlannedStatement, StatementInfo, StatementKind};
 use crate::results::{client_schema, client_type, empty_schema};
-use crate::scan::NyalaScanExec;
+use crate::session::access::Requirements;
 use crate::session::Session;
-use crate::table::NyalaTable;
-use crate::tail::{PreparedTail, TailExec, TailTable};
 use crate::{Result, SqlError};
 
 /// A statement ready to be run many times with different parameter values.
@@ -99,7 +99,7 @@ impl PreparedStatement {
     }
 
     /// Whether executions read or write their row by its whole primary key without DataFusion
-    /// ([`crate::lookup`]), where the bound values allow it.
+    /// ([`crate::plan::lookup`]), where the bound values allow it.
     pub fn is_keyed(&self) -> bool {
         matches!(
             &self.template,

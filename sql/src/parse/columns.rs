@@ -12,8 +12,8 @@ use datafusion::sql::sqlparser::ast::{
 use nyala_engine::ColumnChange;
 use nyala_storage::{ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema};
 
-use crate::dialect::StorageOption;
-use crate::statement::{normalize_ident, ColumnAlteration};
+use crate::parse::dialect::StorageOption;
+use crate::parse::statement::{normalize_ident, ColumnAlteration};
 use crate::{Result, SqlError};
 
 /// The storage schema of `CREATE TABLE name (columns, constraints)`; `non_unique`: the key was

@@ -3,12 +3,16 @@
 //! It is where a parsed statement meets the catalog. Nyala's own statements are planned
 //! completely here (DDL is carried as parsed, SHOW is answered); everything else becomes
 //! DataFusion's logical plan, kept with its placeholders until values are bound (see
-//! [`crate::prepared`]), then planned physically with Nyala's scan and mutation operators. The
+//! [`crate::plan::prepared`]), then planned physically with Nyala's scan and mutation operators. The
 //! session also holds the settings `SET` changes, which is why each client gets its own.
 //!
 //! A logical plan nests at most [`MAX_PLAN_DEPTH`] operators (CTEs that read one another and
 //! subqueries stack up): some of DataFusion's optimizer rules recurse without stack protection,
 //! so a deeper plan is refused before they run.
+
+pub(crate) mod access;
+pub mod settings;
+pub(crate) mod transaction;
 
 use datafusion::common::tree_node::{TreeNodeRecursion, TreeNodeVisitor};
 use datafusion::common::ScalarValue;
@@ -21,16 +25,19 @@ use datafusion::sql::sqlparser::ast::{Ident, ObjectName, Statement as SqlStateme
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::access::{Authorizer, Login, Principal, Requirements};
+use crate::catalog::schema as catalog;
 use crate::database::Database;
-use crate::params::bind;
-use crate::parser::NyalaParser;
-use crate::planned::{statement_kind, Action, PlannedStatement, StatementKind};
-use crate::prepared::Draft;
-use crate::settings::{self, NyalaOptions};
-use crate::statement::{object_name, Ddl, NyalaStatement};
-use crate::transaction::{OpenTxn, TxnSlot};
-use crate::{as_of, catalog, dml, scan};
+use crate::exec::scan;
+use crate::functions::as_of;
+use crate::parse::parser::NyalaParser;
+use crate::parse::statement::{object_name, Ddl, NyalaStatement};
+use crate::plan::dml;
+use crate::plan::params::bind;
+use crate::plan::planned::{statement_kind, Action, PlannedStatement, StatementKind};
+use crate::plan::prepared::Draft;
+use crate::session::access::{Authorizer, Login, Principal, Requirements};
+use crate::session::settings::NyalaOptions;
+use crate::session::transaction::{OpenTxn, TxnSlot};
 use crate::{Result, SqlError};
 
 /// A SQL session: DataFusion session state plus access to the database.
@@ -38,9 +45,9 @@ use crate::{Result, SqlError};
 pub struct Session {
     pub(crate) db: Arc<Database>,
     pub(crate) ctx: SessionContext,
-    /// Who the session runs as (see [`crate::access`]).
+    /// Who the session runs as (see [`crate::session::access`]).
     pub(crate) principal: Arc<Principal>,
-    /// The transaction `BEGIN` opened, if any (see [`crate::transaction`]).
+    /// The transaction `BEGIN` opened, if any (see [`crate::session::transaction`]).
     pub(crate) txn: Arc<TxnSlot>,
 }
 
@@ -292,7 +299,7 @@ impl Session {
         mut statement: Box<SqlStatement>,
     ) -> Result<LogicalPlan> {
         as_of::lower(&mut statement)?;
-        crate::tail::lower_parameters(&mut statement, &self.db.client);
+        crate::functions::tail::lower_parameters(&mut statement, &self.db.client);
         self.refuse_assigned_columns(&statement)?;
         self.name_assigned_columns(&mut statement);
         let plan = self
@@ -330,7 +337,7 @@ impl Session {
         let position = &table.schema.columns()[position].name;
         let named = |column: &ObjectName| {
             (column.0.last().and_then(|part| part.as_ident()))
-                .is_some_and(|ident| crate::statement::normalize_ident(ident) == *position)
+                .is_some_and(|ident| crate::parse::statement::normalize_ident(ident) == *position)
         };
         match insert.columns.iter().any(named) {
             true => Err(SqlError::Invalid(format!(

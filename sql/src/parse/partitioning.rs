@@ -1,5 +1,5 @@
 //! Partitioning by column names: the clause of CREATE TABLE (parsed by
-//! [`crate::parser::NyalaParser`]) before the table's columns are known, turned into the
+//! [`crate::parse::parser::NyalaParser`]) before the table's columns are known, turned into the
 //! engine's [`PartitionSchema`] once they are, and rendered back for SHOW CREATE TABLE.
 //!
 //! The syntax is Kudu's and Impala's:

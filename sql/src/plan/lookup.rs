@@ -30,13 +30,13 @@ use datafusion::logical_expr::{BinaryExpr, Expr, LogicalPlan, Operator};
 use nyala_engine::{Client, TableHandle};
 use nyala_storage::{PredicateOp, ScanSpec, Timestamp, WriteKind};
 
-use crate::dml::{NyalaSink, Outcome};
-use crate::mutation::{pause, MAX_RESTARTS};
-use crate::params::cast_params;
-use crate::predicate::to_predicates;
+use crate::catalog::predicate::to_predicates;
+use crate::catalog::table::NyalaTable;
+use crate::exec::mutation::{pause, MAX_RESTARTS};
+use crate::plan::dml::{NyalaSink, Outcome};
+use crate::plan::params::cast_params;
 use crate::results::stream_of;
-use crate::table::NyalaTable;
-use crate::transaction::OpenTxn;
+use crate::session::transaction::OpenTxn;
 use crate::{Result, SqlError};
 
 /// A prepared query recognised as a lookup by the whole primary key.
@@ -313,7 +313,7 @@ impl BoundLookup {
 /// are parameters or constants (`UPDATE t SET a = $1, b = 'x' WHERE k = $2`): each execution
 /// reads the key at the tablet's safe snapshot, writes the row on condition that it has not
 /// changed since, and starts again at a newer snapshot if it has, as
-/// [`crate::mutation::ConditionalMutationExec`] does for every other UPDATE and DELETE.
+/// [`crate::exec::mutation::ConditionalMutationExec`] does for every other UPDATE and DELETE.
 #[derive(Clone)]
 pub(crate) struct KeyMutation {
     /// Reads the key columns of the target row.

@@ -7,10 +7,11 @@
 use arrow::array::RecordBatch;
 use nyala_storage::{ColumnCompression, ColumnEncoding, ColumnType};
 
+use crate::catalog::schema as catalog;
+use crate::parse::partitioning;
+use crate::parse::statement::Show;
 use crate::results::string_batch;
 use crate::session::Session;
-use crate::statement::Show;
-use crate::{catalog, partitioning};
 use crate::{Result, SqlError};
 
 impl Session {
@@ -40,7 +41,7 @@ impl Session {
     fn show_grants(&self) -> Result<RecordBatch> {
         let client = &self.db.client;
         let user = self.user();
-        let admin = crate::access::Authorizer { client }.is_admin(user.as_deref());
+        let admin = crate::session::access::Authorizer { client }.is_admin(user.as_deref());
         let objects = (client.tables().into_iter())
             .map(|t| (t.name.clone(), "TABLE", t.access.clone()))
             .chain(

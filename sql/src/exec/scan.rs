@@ -34,9 +34,9 @@ use futures::TryStreamExt;
 use nyala_engine::{Client, TableHandle};
 use nyala_storage::{ScanSpec, Timestamp};
 
-use crate::predicate::physical_to_predicates;
-use crate::runtime_filter::{RuntimeFilter, RuntimeFilterMode};
-use crate::transaction::TxnSlot;
+use crate::catalog::predicate::physical_to_predicates;
+use crate::exec::runtime_filter::{RuntimeFilter, RuntimeFilterMode};
+use crate::session::transaction::TxnSlot;
 
 /// Longest dynamic filter text shown by EXPLAIN (IN lists from joins can be long).
 const MAX_FILTER_TEXT: usize = 200;
@@ -51,7 +51,7 @@ pub struct NyalaScanExec {
     spec: ScanSpec,
     /// The pushed filters as SQL text, for EXPLAIN.
     pushed: Vec<String>,
-    /// Filters built by joins at run time ([`crate::runtime_filter`]), awaited before scanning.
+    /// Filters built by joins at run time ([`crate::exec::runtime_filter`]), awaited before scanning.
     runtime: Vec<RuntimeFilter>,
     /// DataFusion's dynamic filters pushed down from joins and TopK, converted to tablet
     /// predicates where possible when the scan starts.

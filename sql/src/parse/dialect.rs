@@ -2,7 +2,7 @@
 //! inside statements sqlparser parses.
 //!
 //! Whole statements of Nyala's own (CREATE TABLE ... DISTRIBUTE BY, ALTER TABLE ... RANGE
-//! PARTITION, SHOW PARTITIONS) are parsed by [`crate::parser::NyalaParser`] before sqlparser is
+//! PARTITION, SHOW PARTITIONS) are parsed by [`crate::parse::parser::NyalaParser`] before sqlparser is
 //! asked. Three extensions are nested where only sqlparser's own grammar reaches — a column
 //! definition in an ALTER TABLE, an UPSERT under EXPLAIN, a table reference in any query — so
 //! they are parsed through the hooks sqlparser gives a dialect, at the grammar position they

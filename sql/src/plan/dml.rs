@@ -7,7 +7,7 @@
 //!   included) and yields their key columns, plus for an UPDATE the new values of the assigned
 //!   columns; they become `Update` or `Delete` mutations by key.
 //!
-//! UPDATE and DELETE run in [`crate::mutation::ConditionalMutationExec`], which writes each
+//! UPDATE and DELETE run in [`crate::exec::mutation::ConditionalMutationExec`], which writes each
 //! row only if it has not changed since the statement read it and reads the others again.
 //!
 //! A statement is atomic: rows that fit in one write to one tablet are that write, which the
@@ -47,9 +47,9 @@ use futures::StreamExt;
 use nyala_engine::{Client, EngineError, TableHandle, Written};
 use nyala_storage::{Timestamp, WriteKind};
 
+use crate::catalog::table::NyalaTable;
 use crate::limits::Interrupt;
-use crate::table::NyalaTable;
-use crate::transaction::TxnSlot;
+use crate::session::transaction::TxnSlot;
 
 #[derive(Debug)]
 pub struct NyalaSink {

@@ -2,7 +2,7 @@
 //!
 //! Scans become one [`NyalaScanExec`] partition per tablet with projection, convertible filters
 //! and (when no filter needs re-checking) the limit pushed into storage. INSERT and UPSERT
-//! (`InsertOp::Replace`) here, UPDATE and DELETE through [`crate::dml::MutationNode`], become
+//! (`InsertOp::Replace`) here, UPDATE and DELETE through [`crate::plan::dml::MutationNode`], become
 //! plans ending in a [`DataSinkExec`] over a [`NyalaSink`], so DataFusion does all expression
 //! evaluation and Nyala only applies mutations.
 
@@ -23,10 +23,10 @@ use datafusion::physical_plan::ExecutionPlan;
 use nyala_engine::{Client, TableHandle};
 use nyala_storage::{ScanSpec, Timestamp, WriteKind};
 
-use crate::dml::NyalaSink;
-use crate::mutation::ConditionalMutationExec;
-use crate::predicate::to_predicates;
-use crate::scan::NyalaScanExec;
+use crate::catalog::predicate::to_predicates;
+use crate::exec::mutation::ConditionalMutationExec;
+use crate::exec::scan::NyalaScanExec;
+use crate::plan::dml::NyalaSink;
 
 const SCAN_BATCH_ROWS: usize = 8192;
 
@@ -139,7 +139,7 @@ impl NyalaTable {
     }
 
     /// The sink of an UPDATE or DELETE: writes the rows on condition that they have not changed
-    /// since the statement read them, and reads the others again (see [`crate::mutation`]).
+    /// since the statement read them, and reads the others again (see [`crate::exec::mutation`]).
     pub(crate) fn conditional_sink(
         &self,
         input: Arc<dyn ExecutionPlan>,

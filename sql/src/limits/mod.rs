@@ -420,7 +420,7 @@ pub(crate) struct YieldingLeaves;
 
 impl YieldingLeaves {
     fn wrap(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
-        let yields = plan.is::<CooperativeExec>() || plan.is::<crate::scan::NyalaScanExec>();
+        let yields = plan.is::<CooperativeExec>() || plan.is::<crate::exec::scan::NyalaScanExec>();
         match plan.children().is_empty() && !yields {
             true => Arc::new(CooperativeExec::new(plan)),
             false => plan,

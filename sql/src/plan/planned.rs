@@ -18,15 +18,16 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use futures::TryStreamExt;
 
+use crate::exec::scan;
 use crate::limits::{detached, limited, Interrupt, Stop};
-use crate::lookup::{BoundLookup, BoundMutation};
+use crate::parse::statement::{CreateTableSpec, Ddl};
+use crate::plan::lookup::{BoundLookup, BoundMutation};
 use crate::results::{
     client_schema, client_stream, count_batch, count_schema, empty_schema, no_rows, one_stream,
     stream_of,
 };
+use crate::session::settings;
 use crate::session::{Session, TxnControl};
-use crate::statement::{CreateTableSpec, Ddl};
-use crate::{scan, settings};
 use crate::{Result, SqlError};
 
 /// What kind of statement a planned statement is; Flight SQL answers queries with rows and
@@ -69,9 +70,9 @@ pub(crate) enum Action {
     Setting(LogicalPlan),
     /// `BEGIN`, `COMMIT` or `ROLLBACK`.
     Transaction(TxnControl),
-    /// A prepared query that reads one row by its whole primary key ([`crate::lookup`]).
+    /// A prepared query that reads one row by its whole primary key ([`crate::plan::lookup`]).
     Lookup(BoundLookup),
-    /// A prepared UPDATE or DELETE of one row by its whole primary key ([`crate::lookup`]).
+    /// A prepared UPDATE or DELETE of one row by its whole primary key ([`crate::plan::lookup`]).
     KeyMutation(BoundMutation),
     Plan(Arc<dyn ExecutionPlan>),
 }

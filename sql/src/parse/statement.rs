@@ -1,4 +1,4 @@
-//! The statements Nyala knows, as [`crate::parser::NyalaParser`] hands them to a session.
+//! The statements Nyala knows, as [`crate::parse::parser::NyalaParser`] hands them to a session.
 //!
 //! This is the one vocabulary of the SQL layer: the parser produces a [`NyalaStatement`], a
 //! session plans it, and DDL is carried as parsed ([`Ddl`]) all the way to the catalog, so a
@@ -12,7 +12,7 @@ use datafusion::sql::sqlparser::ast::{
 use nyala_engine::{ColumnChange, PartitionSchema, RangeSpec};
 use nyala_storage::{ColumnSchema, ColumnType, Schema};
 
-use crate::partitioning::PartitionSpec;
+use crate::parse::partitioning::PartitionSpec;
 use crate::{Result, SqlError};
 
 /// A statement, classified.

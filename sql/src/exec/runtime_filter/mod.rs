@@ -55,8 +55,8 @@ use futures::{Stream, StreamExt};
 use nyala_storage::{ColumnPredicate, JoinFilter, PredicateOp, Scalar};
 use tokio::sync::watch;
 
-use crate::scan::NyalaScanExec;
-use crate::settings::NyalaOptions;
+use crate::exec::scan::NyalaScanExec;
+use crate::session::settings::NyalaOptions;
 
 /// Build sides with more keys than this get a bloom filter sized for this many (its
 /// false-positive rate rises, its size does not): 4 M keys, about 5 MB.

@@ -12,10 +12,10 @@ use datafusion::sql::sqlparser::ast::{
     AssignmentTarget, Ident, TableFactor, Update, UpdateTableFromKind,
 };
 
-use crate::as_of;
-use crate::parser::NyalaParser;
+use crate::functions::as_of;
+use crate::parse::parser::NyalaParser;
+use crate::parse::statement::{normalize_ident, object_name, NyalaStatement};
 use crate::session::Session;
-use crate::statement::{normalize_ident, object_name, NyalaStatement};
 use crate::{Result, SqlError};
 
 impl Session {

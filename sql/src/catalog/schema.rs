@@ -18,8 +18,8 @@ use datafusion::sql::resolve::resolve_table_references;
 use nyala_engine::{Client, TableHandle, TabletStats};
 use parking_lot::RwLock;
 
-use crate::access::{Authorizer, Principal};
-use crate::table::NyalaTable;
+use crate::catalog::table::NyalaTable;
+use crate::session::access::{Authorizer, Principal};
 
 pub struct NyalaSchemaProvider {
     client: Client,

@@ -53,8 +53,8 @@ use datafusion::sql::sqlparser::ast::{
 };
 use nyala_engine::{Client, TableHandle};
 
-use crate::scan::{self, NyalaScanExec};
-use crate::table::NyalaTable;
+use crate::catalog::table::NyalaTable;
+use crate::exec::scan::{self, NyalaScanExec};
 
 pub const FUNCTION: &str = "tail";
 
@@ -106,7 +106,7 @@ fn parameter_condition(from: &mut [TableWithJoins], client: &Client) -> Option<S
     let is_tail = |name: &ObjectName| match name.0.as_slice() {
         [part] => part
             .as_ident()
-            .is_some_and(|i| crate::statement::normalize_ident(i) == FUNCTION),
+            .is_some_and(|i| crate::parse::statement::normalize_ident(i) == FUNCTION),
         _ => false,
     };
     if !joins.is_empty() || !is_tail(name) || alias.as_ref().is_some_and(|a| !a.columns.is_empty())
@@ -377,7 +377,7 @@ impl PreparedTail {
                         elsewhere |= node
                             .expressions()
                             .iter()
-                            .any(crate::table::has_placeholders)
+                            .any(crate::catalog::table::has_placeholders)
                     }
                 }
                 Ok(TreeNodeRecursion::Continue)
@@ -411,7 +411,7 @@ impl PreparedTail {
         });
         // The plan above the tail runs again at every execution: it may hold only operators
         // that keep no state between executions (a TopK keeps its dynamic filter).
-        if tails != 1 || !crate::prepared::reusable(&plan) {
+        if tails != 1 || !crate::plan::prepared::reusable(&plan) {
             return None;
         }
         Some(PreparedTail {
@@ -427,7 +427,7 @@ impl PreparedTail {
 
     /// The physical plan of one execution with `params` bound.
     pub(crate) fn plan(&self, params: &[ScalarValue]) -> crate::Result<Arc<dyn ExecutionPlan>> {
-        let values = ParamValues::from(crate::params::cast_params(&self.types, params)?);
+        let values = ParamValues::from(crate::plan::params::cast_params(&self.types, params)?);
         let bind = |expr: &Expr| {
             expr.clone()
                 .transform_up(|e| match e {
@@ -480,7 +480,7 @@ pub(crate) struct TailExec {
 }
 
 impl TailExec {
-    /// The scan of the queue table it runs (see [`crate::prepared`]'s reusable plans).
+    /// The scan of the queue table it runs (see [`crate::plan::prepared`]'s reusable plans).
     pub(crate) fn scan(&self) -> &NyalaScanExec {
         &self.scan
     }
