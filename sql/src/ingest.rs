@@ -25,10 +25,10 @@ use futures::{stream, Stream, TryStreamExt};
 use nyala_engine::Privilege;
 use nyala_storage::{Schema as TableSchema, WriteKind};
 
+use crate::exec::sink::NyalaSink;
 use crate::limits::detached;
 use crate::parse::partitioning::PartitionSpec;
 use crate::parse::statement::{CreateTableSpec, Ddl, Nullability};
-use crate::plan::dml::NyalaSink;
 use crate::session::access::Requirements;
 use crate::session::Session;
 use crate::{Result, SqlError};

@@ -26,7 +26,7 @@ use nyala_storage::{ScanSpec, Timestamp, WriteKind};
 use crate::catalog::predicate::to_predicates;
 use crate::exec::mutation::ConditionalMutationExec;
 use crate::exec::scan::NyalaScanExec;
-use crate::plan::dml::NyalaSink;
+use crate::exec::sink::NyalaSink;
 
 const SCAN_BATCH_ROWS: usize = 8192;
 

@@ -5,3 +5,5 @@
 pub(crate) mod mutation;
 pub mod runtime_filter;
 pub(crate) mod scan;
+pub(crate) mod sink;
+pub(crate) mod tail;

@@ -35,7 +35,8 @@ use nyala_engine::{Client, TableHandle};
 use nyala_storage::{ScanSpec, Timestamp};
 
 use crate::catalog::predicate::physical_to_predicates;
-use crate::exec::runtime_filter::{RuntimeFilter, RuntimeFilterMode};
+use crate::exec::runtime_filter::filter::RuntimeFilter;
+use crate::session::settings::RuntimeFilterMode;
 use crate::session::transaction::TxnSlot;
 
 /// Longest dynamic filter text shown by EXPLAIN (IN lists from joins can be long).

@@ -19,6 +19,7 @@ use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl};
 use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::datasource::TableProvider;
 use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::simplify::SimplifyContext;
 use datafusion::logical_expr::{ColumnarValue, Expr};
 use datafusion::optimizer::simplify_expressions::ExprSimplifier;
@@ -164,14 +165,12 @@ fn snapshot_at(time: ScalarValue) -> DfResult<Timestamp> {
     Ok(Timestamp(Timestamp::from_micros(micros + 1).0 - 1))
 }
 
-impl crate::session::Session {
-    /// The snapshot of `AS OF <time>` outside a query (`CREATE TABLE ... CLONE t AS OF`).
-    pub(crate) async fn time_of(&self, time: &SqlExpr) -> Result<Timestamp> {
-        let state = self.ctx.state();
-        let expr = state.create_logical_expr(&time.to_string(), &DFSchema::empty())?;
-        // now() is a constant of the statement, replaced before evaluation.
-        let context = SimplifyContext::builder().with_current_time().build();
-        let expr = ExprSimplifier::new(context).simplify(expr)?;
-        Ok(snapshot_at(evaluate(&state, &expr)?)?)
-    }
+/// The snapshot of `AS OF <time>` outside a query (`CREATE TABLE ... CLONE t AS OF`), `time`
+/// planned in the session's `state`.
+pub(crate) async fn time_of(state: &SessionState, time: &SqlExpr) -> Result<Timestamp> {
+    let expr = state.create_logical_expr(&time.to_string(), &DFSchema::empty())?;
+    // now() is a constant of the statement, replaced before evaluation.
+    let context = SimplifyContext::builder().with_current_time().build();
+    let expr = ExprSimplifier::new(context).simplify(expr)?;
+    Ok(snapshot_at(evaluate(state, &expr)?)?)
 }

@@ -33,7 +33,7 @@ use nyala_storage::{PredicateOp, ScanSpec, Timestamp, WriteKind};
 use crate::catalog::predicate::to_predicates;
 use crate::catalog::table::NyalaTable;
 use crate::exec::mutation::{pause, MAX_RESTARTS};
-use crate::plan::dml::{NyalaSink, Outcome};
+use crate::exec::sink::{NyalaSink, Outcome};
 use crate::plan::params::cast_params;
 use crate::results::stream_of;
 use crate::session::transaction::OpenTxn;

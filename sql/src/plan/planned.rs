@@ -27,7 +27,8 @@ use crate::results::{
     stream_of,
 };
 use crate::session::settings;
-use crate::session::{Session, TxnControl};
+use crate::session::transaction::TxnControl;
+use crate::session::Session;
 use crate::{Result, SqlError};
 
 /// What kind of statement a planned statement is; Flight SQL answers queries with rows and

@@ -27,27 +27,22 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::ScalarValue;
 use datafusion::datasource::source_as_provider;
 use datafusion::logical_expr::{Expr, LogicalPlan, Volatility};
-use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::coop::CooperativeExec;
-use datafusion::physical_plan::empty::EmptyExec;
-use datafusion::physical_plan::filter::FilterExec;
-use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
-use datafusion::physical_plan::placeholder_row::PlaceholderRowExec;
-use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::ExecutionPlan;
 use nyala_engine::TableHandle;
 
 use crate::catalog::table::NyalaTable;
-use crate::exec::scan::NyalaScanExec;
-use crate::functions::tail::{PreparedTail, TailExec, TailTable};
+use crate::functions::tail::TailTable;
 use crate::plan::dml::{self, MutationNode};
 use crate::plan::lookup::{KeyLookup, KeyMutation};
 use crate::plan::params::{bind, parameter_types};
 use crate::plan::planned::{Action, PlannedStatement, StatementInfo, StatementKind};
+use crate::plan::planner::Draft;
+use crate::plan::prepared_tail::PreparedTail;
+use crate::plan::reusable::reusable;
 use crate::results::{client_schema, client_type, empty_schema};
 use crate::session::access::Requirements;
 use crate::session::Session;
-use crate::{Result, SqlError};
+use crate::Result;
 
 /// A statement ready to be run many times with different parameter values.
 #[derive(Clone)]
@@ -112,16 +107,6 @@ impl PreparedStatement {
             }
         )
     }
-}
-
-/// A statement parsed and turned into a logical plan, or planned completely where it has no
-/// logical plan (Nyala's DDL and SHOW statements).
-pub(crate) enum Draft {
-    Logical {
-        kind: StatementKind,
-        plan: LogicalPlan,
-    },
-    Planned(PlannedStatement),
 }
 
 impl Session {
@@ -321,22 +306,6 @@ impl Session {
                 .is_ok_and(|now| Arc::ptr_eq(&now, table))
         })
     }
-
-    /// Plans a statement that has no parameters, from its draft.
-    pub(crate) async fn plan_draft(
-        &self,
-        draft: Draft,
-        params: &[ScalarValue],
-    ) -> Result<PlannedStatement> {
-        match draft {
-            Draft::Logical { kind, plan } => self.plan_logical(kind, plan, params).await,
-            Draft::Planned(_) if !params.is_empty() => Err(SqlError::Invalid(format!(
-                "this statement has no parameters, {} were bound",
-                params.len()
-            ))),
-            Draft::Planned(planned) => Ok(planned),
-        }
-    }
 }
 
 /// Whether `plan` calls a function whose value is not fixed by its arguments (`now()`,
@@ -361,36 +330,6 @@ fn reads_the_clock(plan: &LogicalPlan) -> bool {
         })
     });
     found
-}
-
-/// Whether a physical plan can be executed again as it is: it is built only of operators that
-/// keep no state between executions (a hash join keeps its build side, a TopK its dynamic
-/// filter, a scan the filters joins give it at run time). Statement snapshots are pinned on a
-/// copy at each execution.
-pub(crate) fn reusable(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    let mut reusable = true;
-    let _ = plan.apply(|node| {
-        let scan = (node.downcast_ref::<NyalaScanExec>())
-            .or_else(|| node.downcast_ref::<TailExec>().map(TailExec::scan));
-        reusable &= match scan {
-            Some(scan) => !scan.has_runtime_filters(),
-            None => {
-                node.is::<ProjectionExec>()
-                    || node.is::<FilterExec>()
-                    || node.is::<PlaceholderRowExec>()
-                    || node.is::<EmptyExec>()
-                    || node.is::<CooperativeExec>()
-                    || node.is::<CoalescePartitionsExec>()
-                    || node.is::<GlobalLimitExec>()
-                    || node.is::<LocalLimitExec>()
-            }
-        };
-        Ok(match reusable {
-            true => TreeNodeRecursion::Continue,
-            false => TreeNodeRecursion::Stop,
-        })
-    });
-    reusable
 }
 
 /// The Nyala tables a plan reads and writes (a `tail` reads its queue table), None if its plan

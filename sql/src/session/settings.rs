@@ -12,8 +12,6 @@ use datafusion::common::extensions_options;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{SetVariable, Statement};
 
-use crate::exec::runtime_filter::RuntimeFilterMode;
-
 extensions_options! {
     /// Nyala's session settings (`SET nyala.<name> = <value>`).
     pub struct NyalaOptions {
@@ -27,6 +25,34 @@ extensions_options! {
 
 impl ConfigExtension for NyalaOptions {
     const PREFIX: &'static str = "nyala";
+}
+
+/// What `nyala.runtime_filters` asks of hash joins over Nyala scans (see
+/// [`crate::exec::runtime_filter`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeFilterMode {
+    Off,
+    MinMax,
+    Bloom,
+}
+
+impl RuntimeFilterMode {
+    pub fn parse(value: &str) -> Option<Self> {
+        match value.to_ascii_lowercase().as_str() {
+            "off" | "false" | "none" => Some(Self::Off),
+            "minmax" | "min_max" => Some(Self::MinMax),
+            "bloom" | "on" | "true" => Some(Self::Bloom),
+            _ => None,
+        }
+    }
+
+    pub fn of(config: &ConfigOptions) -> Self {
+        config
+            .extensions
+            .get::<NyalaOptions>()
+            .and_then(|o| Self::parse(&o.runtime_filters))
+            .unwrap_or(Self::Bloom)
+    }
 }
 
 /// Settings known by another name (PostgreSQL's) too.

@@ -31,6 +31,7 @@ use arrow::compute::{concat_batches, filter_record_batch};
 use arrow::datatypes::SchemaRef;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::execution::TaskContext;
+use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use nyala_engine::{Client, TableHandle, Transaction};
 use nyala_storage::{
     encode_keys, predicate_mask, ColumnPredicate, PredicateOp, Scalar, ScanSpec, Timestamp,
@@ -39,6 +40,71 @@ use nyala_storage::{
 use parking_lot::Mutex;
 
 use crate::{Result, SqlError};
+
+/// `BEGIN`, `COMMIT` and `ROLLBACK`: statements that start and end transactions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TxnControl {
+    Begin { read_only: bool },
+    Commit,
+    Rollback,
+    Savepoint(String),
+    Release(String),
+    RollbackTo(String),
+}
+
+impl TxnControl {
+    /// The transaction statement `statement` is (None: it is another kind of statement);
+    /// an error for the forms Nyala does not support.
+    pub(crate) fn of(statement: &SqlStatement) -> Result<Option<Self>> {
+        use datafusion::sql::sqlparser::ast::{
+            TransactionAccessMode, TransactionIsolationLevel, TransactionMode,
+        };
+        Ok(Some(match statement {
+            SqlStatement::StartTransaction {
+                modes, statements, ..
+            } => {
+                if !statements.is_empty() {
+                    return Err(SqlError::NotSupported("BEGIN ... END blocks".into()));
+                }
+                let mut read_only = false;
+                for mode in modes {
+                    match mode {
+                        TransactionMode::AccessMode(TransactionAccessMode::ReadOnly) => {
+                            read_only = true
+                        }
+                        TransactionMode::AccessMode(TransactionAccessMode::ReadWrite) => {}
+                        TransactionMode::IsolationLevel(
+                            TransactionIsolationLevel::RepeatableRead
+                            | TransactionIsolationLevel::Snapshot,
+                        ) => {}
+                        TransactionMode::IsolationLevel(level) => {
+                            return Err(SqlError::NotSupported(format!(
+                                "ISOLATION LEVEL {level}: transactions run at REPEATABLE READ \
+                                 (snapshot isolation)"
+                            )))
+                        }
+                    }
+                }
+                TxnControl::Begin { read_only }
+            }
+            SqlStatement::Commit { chain: false, .. } => TxnControl::Commit,
+            SqlStatement::Rollback {
+                chain: false,
+                savepoint: None,
+            } => TxnControl::Rollback,
+            SqlStatement::Rollback {
+                chain: false,
+                savepoint: Some(name),
+            } => TxnControl::RollbackTo(name.value.clone()),
+            SqlStatement::Commit { .. } | SqlStatement::Rollback { .. } => {
+                return Err(SqlError::NotSupported("COMMIT/ROLLBACK AND CHAIN".into()))
+            }
+            SqlStatement::Savepoint { name } => TxnControl::Savepoint(name.value.clone()),
+            SqlStatement::ReleaseSavepoint { name } => TxnControl::Release(name.value.clone()),
+            _ => return Ok(None),
+        }))
+    }
+}
 
 /// Most bytes of rows a transaction keeps for reading its own writes (its writes in the
 /// tablets are not bounded by this, only what it would read back).
@@ -443,7 +509,7 @@ fn serialization_failure(verb: &str, table: &str) -> DataFusionError {
     ))))
 }
 
-fn is_locked(error: &nyala_engine::EngineError) -> bool {
+pub(crate) fn is_locked(error: &nyala_engine::EngineError) -> bool {
     matches!(
         error,
         nyala_engine::EngineError::Storage(nyala_storage::StorageError::Locked { .. })
