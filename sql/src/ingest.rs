@@ -26,7 +26,7 @@ use nyala_engine::Privilege;
 use nyala_storage::{Schema as TableSchema, WriteKind};
 
 use crate::exec::sink::NyalaSink;
-use crate::limits::detached;
+use crate::limits::interrupt::detached;
 use crate::parse::partitioning::PartitionSpec;
 use crate::parse::statement::{CreateTableSpec, Ddl, Nullability};
 use crate::session::access::Requirements;

@@ -13,7 +13,7 @@ use nyala_engine::catalog::hash_password;
 use nyala_engine::{Access, Client, ColumnChange, DdlOp, UserInfo, ViewInfo};
 
 use crate::functions::as_of;
-use crate::limits::Interrupt;
+use crate::limits::interrupt::Interrupt;
 use crate::parse::statement::{CreateTableAsSpec, CreateTableSpec, Ddl, Nullability};
 use crate::plan::planned::Action;
 use crate::results::{count_batch, one_stream};

@@ -3,6 +3,7 @@
 //! and DELETE ([`mutation`]).
 
 pub(crate) mod mutation;
+pub(crate) mod probe_slices;
 pub mod runtime_filter;
 pub(crate) mod scan;
 pub(crate) mod sink;

@@ -33,7 +33,7 @@ use nyala_storage::Timestamp;
 
 use crate::exec::scan::{self, NyalaScanExec};
 use crate::exec::sink::{NyalaSink, Outcome};
-use crate::limits::Interrupt;
+use crate::limits::interrupt::Interrupt;
 
 /// How often a statement starts again before it gives up: each time, a concurrent statement
 /// that changed one of its rows has committed, so restarts only repeat under a stream of

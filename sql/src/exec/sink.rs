@@ -26,7 +26,7 @@ use futures::StreamExt;
 use nyala_engine::{Client, EngineError, TableHandle, Written};
 use nyala_storage::{Timestamp, WriteKind};
 
-use crate::limits::Interrupt;
+use crate::limits::interrupt::Interrupt;
 use crate::session::transaction::{is_locked, TxnSlot};
 
 #[derive(Debug)]

@@ -11,3 +11,4 @@ pub(crate) mod prepared_tail;
 pub(crate) mod reusable;
 pub(crate) mod update_from;
 pub(crate) mod values_insert;
+pub(crate) mod yielding_leaves;

@@ -19,7 +19,8 @@ use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use futures::TryStreamExt;
 
 use crate::exec::scan;
-use crate::limits::{detached, limited, Interrupt, Stop};
+use crate::limits::interrupt::{detached, Interrupt, Stop};
+use crate::limits::timeout::limited;
 use crate::parse::statement::{CreateTableSpec, Ddl};
 use crate::plan::lookup::{BoundLookup, BoundMutation};
 use crate::results::{

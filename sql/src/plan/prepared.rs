@@ -13,10 +13,24 @@
 //! every statement whose plan depends on the moment it is planned (`AS OF now() - ...`) and
 //! Nyala's own statements (DDL, SHOW, DESCRIBE), which are cheap to plan and change the catalog.
 //!
-//! ```ignore
+//! ```
+//! # use datafusion::common::ScalarValue;
+//! # use datafusion::physical_plan::common::collect;
+//! # use nyala_sql::{Database, DatabaseOptions};
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> nyala_sql::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let db = Database::open(dir.path(), DatabaseOptions::default()).await?;
+//! # let session = db.session();
+//! # session.execute("CREATE TABLE t (k BIGINT PRIMARY KEY, v STRING)").await?;
+//! # session.execute("INSERT INTO t VALUES (7, 'seven'), (8, 'eight')").await?;
 //! let lookup = session.prepare_statement("SELECT * FROM t WHERE k = $1").await?;
 //! let planned = session.plan_prepared(&lookup, &[ScalarValue::from(7i64)]).await?;
-//! let rows = planned.execute().await?;
+//! let rows = collect(planned.execute().await?).await?;
+//! assert_eq!(rows.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+//! # db.shutdown().await?;
+//! # Ok(())
+//! # }
 //! ```
 
 use std::sync::Arc;
