@@ -2,27 +2,18 @@
 //! every SQL session opened on it.
 //!
 //! Sessions hold their own DataFusion state (settings, prepared plans) but see one catalog, so a
-//! table one session creates is visible to all; this is where that sharing is set up and where
-//! each session gets Nyala's tables, system tables and planners registered into DataFusion.
-
+//! table one session creates is visible to all. A session is opened with [`Database::session`]
+//! (in `session/open.rs`, beside what it registers into DataFusion).
 use std::path::Path;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
-use datafusion::catalog::{CatalogProvider, MemoryCatalogProvider};
-use datafusion::execution::SessionStateBuilder;
-use datafusion::prelude::{SessionConfig, SessionContext};
 use nyala_engine::tserver::TabletServer;
 use nyala_engine::Client;
 use nyala_storage::TabletOptions;
 
-use crate::access::Principal;
-use crate::limits::{Limits, QueryLimits, YieldingLeaves};
-use crate::session::Session;
-use crate::settings::NyalaOptions;
-use crate::transaction::TxnSlot;
-use crate::{as_of, catalog, dml, functions, runtime_filter, tail};
-use crate::{Result, SqlError, CATALOG_NAME, SCHEMA_NAME};
+use crate::limits::{Limits, QueryLimits};
+use crate::{Result, SqlError};
 
 /// Options for opening an embedded database.
 #[derive(Debug, Clone, Default)]
@@ -91,66 +82,6 @@ impl Database {
         Ok(Self::with_client(client, limits))
     }
 
-    /// A new SQL session over this database.
-    pub fn session(self: &Arc<Self>) -> Session {
-        let txn = Arc::new(TxnSlot::default());
-        let config = SessionConfig::new()
-            .with_default_catalog_and_schema(CATALOG_NAME, SCHEMA_NAME)
-            .with_create_default_catalog_and_schema(false)
-            .with_information_schema(true)
-            // Tablets are the unit of scan parallelism: a scan-only plan keeps one partition per
-            // tablet, so Flight SQL can hand each tablet to a separate reader.
-            .with_round_robin_repartition(false)
-            .with_option_extension(NyalaOptions::default())
-            .with_extension(txn.clone());
-        let state = SessionStateBuilder::new()
-            .with_config(config)
-            .with_default_features()
-            .with_physical_optimizer_rule(Arc::new(runtime_filter::RuntimeFilterRule::default()))
-            .with_physical_optimizer_rule(Arc::new(YieldingLeaves))
-            .with_query_planner(Arc::new(dml::NyalaQueryPlanner))
-            .build();
-        let ctx = SessionContext::new_with_state(state);
-        functions::bound_growing_functions(&ctx);
-        let principal = Arc::new(Principal::default());
-        let catalog = MemoryCatalogProvider::new();
-        // Registering a schema into a fresh in-memory catalog cannot fail.
-        let _ = catalog.register_schema(
-            SCHEMA_NAME,
-            Arc::new(catalog::NyalaSchemaProvider::new(
-                self.client.clone(),
-                ctx.state_weak_ref(),
-                principal.clone(),
-            )),
-        );
-        let _ = catalog.register_schema(
-            catalog::SysSchemaProvider::NAME,
-            Arc::new(catalog::SysSchemaProvider::new(
-                self.client.clone(),
-                principal.clone(),
-            )),
-        );
-        ctx.register_catalog(CATALOG_NAME, Arc::new(catalog));
-        ctx.register_udtf(
-            tail::FUNCTION,
-            Arc::new(tail::TailFunction {
-                client: self.client.clone(),
-            }),
-        );
-        ctx.register_udtf(
-            as_of::FUNCTION,
-            Arc::new(as_of::AsOfFunction {
-                client: self.client.clone(),
-            }),
-        );
-        Session {
-            db: self.clone(),
-            ctx,
-            principal,
-            txn,
-        }
-    }
-
     /// Names and Arrow schemas of all user tables, sorted by name.
     pub fn tables(&self) -> Vec<(String, SchemaRef)> {
         self.client
@@ -158,23 +89,6 @@ impl Database {
             .iter()
             .map(|t| (t.name.clone(), t.schema.arrow_schema()))
             .collect()
-    }
-
-    /// Names and result schemas of all views, sorted by name. A view whose query no longer
-    /// plans (a table it reads was dropped) has no columns.
-    pub async fn views(self: &Arc<Self>) -> Vec<(String, SchemaRef)> {
-        let state = self.session().ctx.state();
-        let mut views = Vec::new();
-        for view in self.client.views() {
-            let schema = match catalog::view_plan(&state, &view.sql).await {
-                Ok(plan) => {
-                    crate::results::client_schema(&Arc::new(plan.schema().as_arrow().clone()))
-                }
-                Err(_) => Arc::new(arrow::datatypes::Schema::empty()),
-            };
-            views.push((view.name.clone(), schema));
-        }
-        views
     }
 
     /// Primary-key column names of `table`, in key order.

@@ -25,12 +25,12 @@ use futures::{stream, Stream, TryStreamExt};
 use nyala_engine::Privilege;
 use nyala_storage::{Schema as TableSchema, WriteKind};
 
-use crate::access::Requirements;
-use crate::dml::NyalaSink;
-use crate::limits::detached;
-use crate::partitioning::PartitionSpec;
+use crate::exec::sink::NyalaSink;
+use crate::limits::interrupt::detached;
+use crate::parse::partitioning::PartitionSpec;
+use crate::parse::statement::{CreateTableSpec, Ddl, Nullability};
+use crate::session::access::Requirements;
 use crate::session::Session;
-use crate::statement::{CreateTableSpec, Ddl, Nullability};
 use crate::{Result, SqlError};
 
 /// What to do about the target table before loading.

@@ -12,45 +12,30 @@
 //! column (rows affected), DDL and SET no columns and no rows; a statement's
 //! [`PlannedStatement::schema`] is always the schema of its stream.
 
-mod access;
-mod as_of;
 mod catalog;
-mod columns;
 mod database;
 mod ddl;
-mod dialect;
-mod dml;
 mod error;
+mod exec;
 mod functions;
 mod ingest;
 mod limits;
-mod lookup;
-mod mutation;
-mod params;
-pub mod parser;
-pub mod partitioning;
-mod planned;
-mod predicate;
-mod prepared;
+mod parse;
+mod plan;
 mod results;
-pub mod runtime_filter;
-mod scan;
 mod session;
-pub mod settings;
-mod show;
-pub mod statement;
-mod table;
-mod tail;
-mod transaction;
-mod update_from;
 
-pub use access::{redact_passwords, Login};
 pub use database::{Database, DatabaseOptions};
 pub use error::SqlError;
+pub use exec::runtime_filter;
 pub use ingest::{count_of, IngestMode, IngestTarget};
-pub use limits::{Interrupt, QueryLimits, Stop};
-pub use planned::{PlannedStatement, StatementInfo, StatementKind};
-pub use prepared::PreparedStatement;
+pub use limits::interrupt::{Interrupt, Stop};
+pub use limits::QueryLimits;
+pub use parse::{parser, partitioning, statement};
+pub use plan::planned::{PlannedStatement, StatementInfo, StatementKind};
+pub use plan::prepared::PreparedStatement;
+pub use session::access::{redact_passwords, Login};
+pub use session::settings;
 pub use session::Session;
 
 pub type Result<T, E = SqlError> = std::result::Result<T, E>;

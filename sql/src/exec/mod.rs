@@ -1,0 +1,10 @@
+//! The physical operators Nyala adds to DataFusion's plans: the tablet scan ([`scan`]), the
+//! runtime filters joins hand to it ([`runtime_filter`]), and the conditional writes of UPDATE
+//! and DELETE ([`mutation`]).
+
+pub(crate) mod mutation;
+pub(crate) mod probe_slices;
+pub mod runtime_filter;
+pub(crate) mod scan;
+pub(crate) mod sink;
+pub(crate) mod tail;

@@ -1,0 +1,189 @@
+//! [`RuntimeFilterRule`]: the physical optimizer rule that wraps the build side of a hash join
+//! that collects it in a [`RuntimeFilterBuildExec`] and attaches a [`RuntimeFilter`] to each
+//! Nyala scan its probe-side keys come from.
+
+use std::sync::Arc;
+
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{JoinType, NullEquality};
+use datafusion::error::Result;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::ExecutionPlan;
+
+use crate::exec::runtime_filter::build::RuntimeFilterBuildExec;
+use crate::exec::runtime_filter::filter::{FilterSlot, RuntimeFilter};
+use crate::exec::runtime_filter::routing::keep_routed_dynamic_filters;
+use crate::exec::scan::NyalaScanExec;
+use crate::session::settings::RuntimeFilterMode;
+
+/// The physical optimizer rule that attaches runtime filters to hash joins over Nyala scans.
+#[derive(Debug, Default)]
+pub struct RuntimeFilterRule {
+    next_id: std::sync::atomic::AtomicUsize,
+}
+
+impl PhysicalOptimizerRule for RuntimeFilterRule {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let mode = RuntimeFilterMode::of(config);
+        if mode == RuntimeFilterMode::Off {
+            return Ok(plan);
+        }
+        let plan = keep_routed_dynamic_filters(&plan)?;
+        plan.transform_up(|node| {
+            let Some(join) = node.downcast_ref::<HashJoinExec>() else {
+                return Ok(Transformed::no(node));
+            };
+            match self.attach(&node, join, mode)? {
+                Some(new) => Ok(Transformed::yes(new)),
+                None => Ok(Transformed::no(node)),
+            }
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "nyala_runtime_filters"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+impl RuntimeFilterRule {
+    fn attach(
+        &self,
+        node: &Arc<dyn ExecutionPlan>,
+        join: &HashJoinExec,
+        mode: RuntimeFilterMode,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        // Removing probe rows that match no build key is only correct when such rows do not
+        // appear in the output, and the build side must be complete before the probe starts.
+        let probe_rows_without_match_dropped = matches!(
+            join.join_type(),
+            JoinType::Inner
+                | JoinType::Left
+                | JoinType::LeftSemi
+                | JoinType::LeftAnti
+                | JoinType::LeftMark
+                | JoinType::RightSemi
+        );
+        // A null-aware anti join (NOT IN) must see the probe side's NULLs, which filters drop.
+        // Only a join that collects its build side (one partition, run once) has every key in
+        // one place: a partitioned join's build partitions each hold one hash partition's.
+        if *join.partition_mode() != PartitionMode::CollectLeft
+            || !probe_rows_without_match_dropped
+            || join.null_aware
+            || join.left().is::<RuntimeFilterBuildExec>()
+        {
+            return Ok(None);
+        }
+        let left_schema = join.left().schema();
+        let right_schema = join.right().schema();
+        let slot = FilterSlot::new(
+            self.next_id
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        );
+        let replaces: Vec<u64> = node
+            .dynamic_expressions_produced()
+            .iter()
+            .filter_map(|e| e.expression_id())
+            .collect();
+        let mut probe = join.right().clone();
+        let mut keys = Vec::new();
+        for (left, right) in join.on() {
+            let Some(column) = right.downcast_ref::<Column>() else {
+                continue;
+            };
+            if left.data_type(&left_schema)? != right.data_type(&right_schema)? {
+                continue;
+            }
+            let filter = |column: usize| RuntimeFilter {
+                slot: slot.clone(),
+                key: keys.len(),
+                column,
+            };
+            if let Some(new_probe) = attach_to_scan(&probe, column.index(), &filter, &replaces) {
+                probe = new_probe;
+                keys.push(left.clone());
+            }
+        }
+        if keys.is_empty() {
+            return Ok(None);
+        }
+        let pass_nulls = join.null_equality() == NullEquality::NullEqualsNull;
+        let build = Arc::new(RuntimeFilterBuildExec::try_new(
+            join.left().clone(),
+            keys,
+            slot,
+            mode,
+            pass_nulls,
+        )?);
+        Ok(Some(replace_children(node, vec![build, probe])?))
+    }
+}
+
+/// `plan` with the runtime filter on its output column `column` attached to the Nyala scan
+/// that produces the column, if the way down only moves, sorts, projects or filters rows (and
+/// limits none).
+fn attach_to_scan(
+    plan: &Arc<dyn ExecutionPlan>,
+    column: usize,
+    filter: &dyn Fn(usize) -> RuntimeFilter,
+    replaces: &[u64],
+) -> Option<Arc<dyn ExecutionPlan>> {
+    if let Some(scan) = plan.downcast_ref::<NyalaScanExec>() {
+        if scan.limit().is_some() {
+            return None;
+        }
+        let table_column = scan.table_column(column)?;
+        return Some(Arc::new(
+            scan.with_runtime_filter(filter(table_column), replaces),
+        ));
+    }
+    let child_column = if let Some(projection) = plan.downcast_ref::<ProjectionExec>() {
+        let expr = &projection.expr().get(column)?.expr;
+        expr.downcast_ref::<Column>()?.index()
+    } else if let Some(filter_exec) = plan.downcast_ref::<FilterExec>() {
+        match filter_exec.projection() {
+            Some(p) => *p.get(column)?,
+            None => column,
+        }
+    } else if matches!(
+        plan.name(),
+        "RepartitionExec"
+            | "CoalesceBatchesExec"
+            | "CoalescePartitionsExec"
+            | "CooperativeExec"
+            | "SortExec"
+    ) {
+        column
+    } else {
+        return None;
+    };
+    // Below a limit (a TopK sort, a fetch), removing rows would change which rows are kept.
+    if plan.fetch().is_some() {
+        return None;
+    }
+    let child = plan.children().first().copied()?.clone();
+    let new_child = attach_to_scan(&child, child_column, filter, replaces)?;
+    replace_children(plan, vec![new_child]).ok()
+}
+
+fn replace_children(
+    plan: &Arc<dyn ExecutionPlan>,
+    children: Vec<Arc<dyn ExecutionPlan>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let options = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
+    plan.clone().replace_children(children, options)
+}
