@@ -7,7 +7,8 @@
 use arrow::array::RecordBatch;
 use nyala_storage::{ColumnCompression, ColumnEncoding, ColumnType};
 
-use crate::catalog::schema as catalog;
+use crate::catalog::schema::visible;
+use crate::catalog::sys::partitions;
 use crate::parse::partitioning;
 use crate::parse::statement::Show;
 use crate::results::string_batch;
@@ -23,7 +24,7 @@ impl Session {
                 let client = &self.db.client;
                 let tables = client.tables().into_iter().map(|t| t.name.clone());
                 let views = client.views().into_iter().map(|v| v.name.clone());
-                let names = catalog::visible(client, &self.principal, tables.chain(views));
+                let names = visible(client, &self.principal, tables.chain(views));
                 string_batch(vec![("table_name", names)])
             }
             Show::Grants => self.show_grants(),
@@ -143,7 +144,7 @@ impl Session {
     /// `SHOW PARTITIONS`: the table's rows of `sys.partitions`, without the table name.
     fn show_partitions(&self, name: &str) -> Result<RecordBatch> {
         let table = self.db.client.table(name)?;
-        let batch = catalog::partitions(&self.db.client, &[table])?;
+        let batch = partitions(&self.db.client, &[table])?;
         let columns: Vec<usize> = (1..batch.num_columns()).collect();
         Ok(batch.project(&columns)?)
     }

@@ -10,7 +10,8 @@ use datafusion::catalog::{CatalogProvider, MemoryCatalogProvider};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
-use crate::catalog::schema::{view_plan, NyalaSchemaProvider, SysSchemaProvider};
+use crate::catalog::schema::{view_plan, NyalaSchemaProvider};
+use crate::catalog::sys::SysSchemaProvider;
 use crate::database::Database;
 use crate::exec::runtime_filter::rule::RuntimeFilterRule;
 use crate::functions::as_of::{self, AsOfFunction};
