@@ -6,8 +6,10 @@
 mod fuzz;
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use nyala_raft::{RaftConfig, RaftNode, StateMachine};
+use nyala_testkit::wait_until;
 use rand::{Rng, SeedableRng};
 
 /// Appends commands to a Vec; "flushing" persists the Vec and its index to a file.
@@ -231,14 +233,10 @@ async fn durable_prefix_of_the_log_is_deleted() {
     assert!(node.log_bytes() + 8 * after as u64 <= on_disk(dir.path()));
     // Once everything is durable, the newest segment goes too (within a few ticks).
     node.with_state_machine(|sm| sm.flush()).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while on_disk(dir.path()) > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the log was not dropped"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    wait_until("the log to be dropped", Duration::from_secs(10), || async {
+        on_disk(dir.path()) == 0
+    })
+    .await;
     drop(node);
     let node = self::node(dir.path());
     assert_eq!(items(&node), (0..61).collect::<Vec<_>>());
@@ -297,6 +295,7 @@ mod cluster {
     use std::time::{Duration, Instant};
 
     use nyala_raft::{Message, RaftConfig, RaftNode, Transport};
+    use nyala_testkit::wait_until;
     use parking_lot::Mutex;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
@@ -389,20 +388,15 @@ mod cluster {
 
     /// Proposes `value` at whichever node leads; true if acknowledged.
     async fn propose(net: &Arc<Network>, value: u64) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            assert!(Instant::now() < deadline, "no leader for 20 s");
-            let leader = net.nodes.lock().values().find(|n| n.is_leader()).cloned();
-            let Some(leader) = leader else {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            };
-            let proposal = leader.propose(value.to_le_bytes().to_vec());
-            return matches!(
-                tokio::time::timeout(Duration::from_secs(5), proposal).await,
-                Ok(Ok(_))
-            );
-        }
+        let leader = wait_until("a leader", Duration::from_secs(20), || async {
+            net.nodes.lock().values().find(|n| n.is_leader()).cloned()
+        })
+        .await;
+        let proposal = leader.propose(value.to_le_bytes().to_vec());
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), proposal).await,
+            Ok(Ok(_))
+        )
     }
 
     fn items(node: &Node) -> Vec<u64> {
@@ -468,16 +462,13 @@ mod cluster {
             acknowledged.len()
         );
         // Every node ends with the same commands, in the same order, each acknowledged one once.
-        let deadline = Instant::now() + Duration::from_secs(30);
         let nodes: Vec<Node> = (1..=3).map(|i| net.nodes.lock()[&i].clone()).collect();
-        let applied = loop {
+        let converged = || async {
             let all: Vec<Vec<u64>> = nodes.iter().map(items).collect();
-            if all.iter().all(|a| *a == all[0]) && all[0].contains(acknowledged.last().unwrap()) {
-                break all[0].clone();
-            }
-            assert!(Instant::now() < deadline, "nodes did not converge");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            let same = all.iter().all(|a| *a == all[0]);
+            (same && all[0].contains(acknowledged.last().unwrap())).then(|| all[0].clone())
         };
+        let applied = wait_until("the nodes to converge", Duration::from_secs(30), converged).await;
         let mut seen = applied.clone();
         seen.sort_unstable();
         seen.dedup();
@@ -503,22 +494,24 @@ mod cluster {
         net.cut.store(true, Ordering::Release);
         // Election timeouts of 15 to 30 ticks of 20 ms; the bound is for liveness only (leaders
         // that never wake would never step down), as generous as the other waits here.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while nodes.iter().any(|n| n.leader().is_some()) {
-            let leaders: Vec<_> = nodes.iter().map(|n| n.leader()).collect();
-            assert!(
-                Instant::now() < deadline,
-                "leaders still known: {leaders:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(
+            "the leaders to step down",
+            Duration::from_secs(20),
+            || async {
+                let leaders: Vec<_> = nodes.iter().map(|n| n.leader()).collect();
+                match leaders.iter().any(Option::is_some) {
+                    true => Err(format!("leaders still known: {leaders:?}")),
+                    false => Ok(()),
+                }
+            },
+        )
+        .await;
         net.cut.store(false, Ordering::Release);
         assert!(propose(&net, 2).await);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while nodes.iter().any(|n| items(n) != [1, 2]) {
-            assert!(Instant::now() < deadline, "the group did not recover");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until("the group to recover", Duration::from_secs(20), || async {
+            nodes.iter().all(|n| items(n) == [1, 2])
+        })
+        .await;
         net.stop.store(true, Ordering::Release);
     }
 
@@ -600,11 +593,12 @@ mod cluster {
         for v in 51..=60 {
             assert!(propose(&net, v).await);
         }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while items(&new).len() < 60 {
-            assert!(Instant::now() < deadline, "the learner did not catch up");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(
+            "the learner to catch up",
+            Duration::from_secs(20),
+            || async { items(&new).len() >= 60 },
+        )
+        .await;
         leader
             .change_membership(MembershipChange::AddVoter(4), vec![])
             .await
@@ -625,15 +619,14 @@ mod cluster {
             assert!(propose(&net, v).await);
         }
         let members: Vec<Node> = net.nodes.lock().values().cloned().collect();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
+        wait_until("the members to agree", Duration::from_secs(20), || async {
             let all: Vec<Vec<u64>> = members.iter().map(items).collect();
-            if all.iter().all(|a| *a == (1..=70).collect::<Vec<_>>()) {
-                break;
+            match all.iter().all(|a| *a == (1..=70).collect::<Vec<_>>()) {
+                true => Ok(()),
+                false => Err(format!("members differ: {all:?}")),
             }
-            assert!(Instant::now() < deadline, "members differ: {all:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await;
         net.stop.store(true, Ordering::Release);
     }
 }

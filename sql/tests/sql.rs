@@ -8,11 +8,13 @@ mod fuzz;
 mod runtime_filters;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow::array::RecordBatch;
 use arrow::util::pretty::pretty_format_batches;
 use datafusion::physical_plan::common::collect;
 use nyala_sql::{Database, DatabaseOptions, Session};
+use nyala_testkit::wait_until;
 
 async fn open(dir: &std::path::Path) -> (Arc<Database>, Session) {
     let db = Database::open(dir, DatabaseOptions::default())
@@ -34,23 +36,17 @@ async fn crash_and_reopen(
 ) -> (Arc<Database>, Session) {
     drop((db, session));
     // A liveness bound, not a timing measurement: a round ends.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
+    let release = "the dropped database to let go of its directory";
+    let db = wait_until(release, Duration::from_secs(60), || async {
         match Database::open(dir, DatabaseOptions::default()).await {
-            Ok(db) => {
-                let session = db.session();
-                return (db, session);
-            }
-            Err(e) if e.to_string().contains("in use by another Nyala server") => {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the dropped database never lets go of its directory"
-                );
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
+            Ok(db) => Ok(db),
+            Err(e) if e.to_string().contains("in use by another Nyala server") => Err(e),
             Err(e) => panic!("reopening {}: {e}", dir.display()),
         }
-    }
+    })
+    .await;
+    let session = db.session();
+    (db, session)
 }
 
 async fn run(session: &Session, sql: &str) -> Vec<RecordBatch> {
@@ -1572,15 +1568,17 @@ async fn as_of_reads_past_versions_across_flushes_compactions_and_restarts() {
     run(&s, "UPDATE t SET v = 100 WHERE k <= 50").await;
     let third = now(s.clone()).await;
     let compacted = "SELECT min(column_files) FROM sys.partitions WHERE table_name = 't'";
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while text(&s, compacted).await.contains("| 0 ") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no major delta compaction ran: {}",
-            text(&s, "SELECT * FROM sys.partitions").await
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    wait_until(
+        "a major delta compaction",
+        Duration::from_secs(30),
+        || async {
+            match text(&s, compacted).await.contains("| 0 ") {
+                true => Err(text(&s, "SELECT * FROM sys.partitions").await),
+                false => Ok(()),
+            }
+        },
+    )
+    .await;
     let w = "SELECT count(*) FROM t WHERE w = 'w' || k AND v = 100";
     assert!(text(&s, w).await.contains("| 50 "));
     assert!(text(&s, &at(&first, count_sum))

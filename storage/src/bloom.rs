@@ -28,8 +28,7 @@ use arrow::datatypes::{
 };
 use twox_hash::XxHash3_64;
 
-use crate::scan::Scalar;
-use crate::StorageError;
+use crate::{Scalar, StorageError};
 
 /// Rows a filter checks before it may switch itself off.
 pub const BLOOM_WARMUP_ROWS: u64 = 1 << 16;

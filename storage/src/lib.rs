@@ -16,6 +16,7 @@ mod key;
 mod memrowset;
 pub mod panics;
 mod rowset_tree;
+mod scalar;
 mod scan;
 mod schema;
 mod tablet;
@@ -28,9 +29,9 @@ pub use diskrowset::ColumnRange;
 pub use error::StorageError;
 pub(crate) use key::KeyBytes;
 pub use key::{encode_key_columns, encode_keys, format_key};
+pub use scalar::Scalar;
 pub use scan::{
-    equality_combinations, predicate_mask, ColumnPredicate, PredicateOp, Scalar, ScanIterator,
-    ScanSpec,
+    equality_combinations, predicate_mask, ColumnPredicate, PredicateOp, ScanIterator, ScanSpec,
 };
 pub use schema::{
     ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema, AUTO_INCREMENT_COLUMN,

@@ -1,40 +1,19 @@
-//! Tablet scans: the rows visible at a snapshot, with projection, predicates and limit.
-//!
-//! A scan captures what it needs when it starts — the MemRowSet rows and delta images visible
-//! at its snapshot, gathered into batches, and a reader per DiskRowSet opened on its file — so
-//! it holds no lock while it runs and is unaffected by later writes, flushes or compactions.
-//! Each batch is read with the projected and predicate columns only, filtered with Arrow
-//! kernels, then cut down to the projection.
+//! What a scan asks for: the [`ScanSpec`] and its column predicates, how rows are tested
+//! against them ([`predicate_mask`]), and what they say about keys — the range of encoded keys
+//! a scan can only return, or the few keys it looks up one by one. Rowset readers, the
+//! MemRowSet and the wire encoding share this vocabulary; the tablet's scan
+//! (`tablet/scan.rs`) puts the sources together and runs it.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, BooleanArray, BooleanBufferBuilder, RecordBatch};
 use arrow::buffer::BooleanBuffer;
 use arrow::compute::kernels::{boolean, cmp};
-use arrow::compute::{filter_record_batch, is_not_null, is_null};
+use arrow::compute::{is_not_null, is_null};
 use arrow::datatypes::DataType;
 
 use crate::bloom::JoinFilter;
-use crate::diskrowset::RowsetReader;
-use crate::{Schema, StorageError, Timestamp};
-
-#[derive(Clone, Debug)]
-pub struct Scalar(pub ArrayRef);
-
-impl Scalar {
-    /// The value for a comparison with an array of type `data_type`: a string value meets
-    /// `Utf8View` columns (rowsets decode strings into views) as a view.
-    pub(crate) fn datum_of(
-        &self,
-        data_type: &DataType,
-    ) -> Result<arrow::array::Scalar<ArrayRef>, arrow::error::ArrowError> {
-        match self.0.data_type() == data_type {
-            true => Ok(arrow::array::Scalar::new(self.0.clone())),
-            false => arrow::compute::cast(&self.0, data_type).map(arrow::array::Scalar::new),
-        }
-    }
-}
+use crate::{Scalar, Schema, StorageError, Timestamp};
 
 #[derive(Clone, Debug)]
 pub enum PredicateOp {
@@ -105,102 +84,6 @@ pub struct ScanSpec {
 
 pub type ScanIterator = Box<dyn Iterator<Item = Result<RecordBatch, StorageError>> + Send>;
 
-/// One source of rows for a scan.
-pub(crate) enum Source {
-    /// Rows already gathered (MemRowSet rows, delta images); predicates still to apply.
-    Batch(RecordBatch),
-    /// A DiskRowSet's base rows, with hidden rows skipped and predicates applied by the reader.
-    Rowset(Box<RowsetReader>),
-}
-
-pub(crate) struct Scan {
-    pub schema: Schema,
-    /// Table columns read: the projection, then predicate columns not in it.
-    pub read_columns: Vec<usize>,
-    /// How many of `read_columns` are returned.
-    pub output_len: usize,
-    pub predicates: Vec<ColumnPredicate>,
-    pub remaining: Option<usize>,
-    pub sources: VecDeque<Source>,
-    /// [`ScanSpec::string_views`].
-    pub string_views: bool,
-}
-
-impl Scan {
-    /// The next batch, and whether the scan's predicates were already applied to it.
-    fn next_raw(&mut self) -> Option<Result<(RecordBatch, bool), StorageError>> {
-        loop {
-            match self.sources.front_mut()? {
-                Source::Batch(_) => {
-                    let Some(Source::Batch(b)) = self.sources.pop_front() else {
-                        unreachable!()
-                    };
-                    return Some(Ok((b, false)));
-                }
-                Source::Rowset(reader) => match reader.next() {
-                    None => {
-                        self.sources.pop_front();
-                    }
-                    Some(Err(e)) => return Some(Err(e)),
-                    // Parquet returns columns in file order; scans want `read_columns` order.
-                    Some(Ok(batch)) => {
-                        return Some(
-                            reorder(&self.schema, &self.read_columns, &batch).map(|b| (b, true)),
-                        )
-                    }
-                },
-            }
-        }
-    }
-
-    fn finish(&self, batch: RecordBatch, filtered: bool) -> Result<RecordBatch, StorageError> {
-        let batch = if filtered || self.predicates.is_empty() {
-            batch
-        } else {
-            let mask = predicate_mask(&self.schema, &self.predicates, &batch)?;
-            filter_record_batch(&batch, &mask)?
-        };
-        let keep: Vec<usize> = (0..self.output_len).collect();
-        let batch = batch.project(&keep)?;
-        match self.string_views {
-            true => string_views(batch),
-            false => Ok(batch),
-        }
-    }
-}
-
-/// `batch` with its `Utf8` columns as `Utf8View` (rows decoded from rowsets already are).
-fn string_views(batch: RecordBatch) -> Result<RecordBatch, StorageError> {
-    let schema = batch.schema();
-    if !schema
-        .fields()
-        .iter()
-        .any(|f| f.data_type() == &DataType::Utf8)
-    {
-        return Ok(batch);
-    }
-    let mut fields = Vec::with_capacity(schema.fields().len());
-    let mut columns = Vec::with_capacity(fields.capacity());
-    for (field, column) in schema.fields().iter().zip(batch.columns()) {
-        match field.data_type() {
-            DataType::Utf8 => {
-                fields.push(field.as_ref().clone().with_data_type(DataType::Utf8View));
-                columns.push(arrow::compute::cast(column, &DataType::Utf8View)?);
-            }
-            _ => {
-                fields.push(field.as_ref().clone());
-                columns.push(column.clone());
-            }
-        }
-    }
-    let options = arrow::array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-    Ok(RecordBatch::try_new_with_options(
-        Arc::new(arrow::datatypes::Schema::new(fields)),
-        columns,
-        &options,
-    )?)
-}
-
 /// Which rows of `batch` (holding at least the predicate columns, by name) pass `predicates`.
 /// Join filters run last, on the rows the other predicates left, so their statistics count
 /// only the rows they decide.
@@ -256,24 +139,6 @@ pub fn predicate_mask(
     Ok(mask)
 }
 
-fn reorder(
-    schema: &Schema,
-    columns: &[usize],
-    batch: &RecordBatch,
-) -> Result<RecordBatch, StorageError> {
-    let indexes = columns
-        .iter()
-        .map(|&c| {
-            let name = &schema.columns()[c].name;
-            batch
-                .schema()
-                .index_of(name)
-                .map_err(|_| StorageError::Corruption(format!("rowset lacks column '{name}'")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(batch.project(&indexes)?)
-}
-
 fn evaluate(column: &ArrayRef, op: &PredicateOp) -> Result<BooleanArray, arrow::error::ArrowError> {
     let s = |v: &Scalar| v.datum_of(column.data_type());
     Ok(match op {
@@ -297,68 +162,6 @@ fn evaluate(column: &ArrayRef, op: &PredicateOp) -> Result<BooleanArray, arrow::
             ))
         }
     })
-}
-
-impl Iterator for Scan {
-    type Item = Result<RecordBatch, StorageError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if self.remaining == Some(0) {
-                return None;
-            }
-            let batch = match self.next_raw()? {
-                Ok((batch, filtered)) => self.finish(batch, filtered),
-                Err(e) => Err(e),
-            };
-            let batch = match batch {
-                Ok(b) => b,
-                Err(e) => {
-                    self.sources.clear();
-                    return Some(Err(e));
-                }
-            };
-            if batch.num_rows() == 0 {
-                continue;
-            }
-            let batch = match &mut self.remaining {
-                Some(left) => {
-                    let n = batch.num_rows().min(*left);
-                    *left -= n;
-                    batch.slice(0, n)
-                }
-                None => batch,
-            };
-            return Some(Ok(batch));
-        }
-    }
-}
-
-/// Table columns a scan reads: the projection, then predicate columns not in it.
-pub(crate) fn read_columns(
-    schema: &Schema,
-    spec: &ScanSpec,
-) -> Result<(Vec<usize>, usize), StorageError> {
-    let n = schema.columns().len();
-    let mut columns: Vec<usize> = spec.projection.clone().unwrap_or_else(|| (0..n).collect());
-    if let Some(bad) = columns.iter().find(|&&c| c >= n) {
-        return Err(StorageError::InvalidPredicate(format!(
-            "projection column #{bad} does not exist"
-        )));
-    }
-    let output_len = columns.len();
-    for p in &spec.predicates {
-        if p.column >= n {
-            return Err(StorageError::InvalidPredicate(format!(
-                "predicate column #{} does not exist",
-                p.column
-            )));
-        }
-        if !columns.contains(&p.column) {
-            columns.push(p.column);
-        }
-    }
-    Ok((columns, output_len))
 }
 
 /// Most keys a scan looks up one by one instead of reading the rowsets.
@@ -499,8 +302,4 @@ pub(crate) fn point_keys(schema: &Schema, predicates: &[ColumnPredicate]) -> Opt
     keys.sort_unstable();
     keys.dedup();
     Some(keys)
-}
-
-pub(crate) fn boxed(scan: Scan) -> ScanIterator {
-    Box::new(scan)
 }

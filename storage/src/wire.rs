@@ -14,8 +14,8 @@ use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::StreamWriter;
 use serde::{Deserialize, Serialize};
 
-use crate::scan::{ColumnPredicate, PredicateOp, Scalar, ScanSpec};
-use crate::{StorageError, Timestamp};
+use crate::scan::{ColumnPredicate, PredicateOp, ScanSpec};
+use crate::{Scalar, StorageError, Timestamp};
 
 #[derive(Serialize, Deserialize)]
 struct WireSpec {

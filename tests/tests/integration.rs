@@ -1184,6 +1184,8 @@ mod cluster {
         ColumnSchema, ColumnType, ScanSpec, Schema, Timestamp, WriteBatch, WriteKind,
     };
 
+    use nyala_testkit::wait_until;
+
     use super::{linearizability, proxy};
 
     struct TabletServerProcess {
@@ -1328,17 +1330,14 @@ mod cluster {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let leader_of_tablet_0 =
             "SELECT leader FROM sys.partitions WHERE table_name = 'events' AND tablet = 0";
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let victim = loop {
+        let victim = wait_until("tablet 0's leader", Duration::from_secs(20), || async {
             let leaders = sql(&flight_url, leader_of_tablet_0).await.unwrap();
             let leader =
                 arrow::util::display::array_value_to_string(leaders[0].column(0), 0).unwrap();
-            if let Some(victim) = cluster.servers.iter().position(|s| s.addr == leader) {
-                break victim;
-            }
-            assert!(Instant::now() < deadline, "no leader reported: {leader:?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+            let victim = cluster.servers.iter().position(|s| s.addr == leader);
+            victim.ok_or_else(|| format!("no leader reported: {leader:?}"))
+        })
+        .await;
         cluster.servers[victim].kill();
         let killed = Instant::now();
         // Reads may fail while the tablet changes leader (UNAVAILABLE: a replica still
@@ -1373,22 +1372,17 @@ mod cluster {
         // Restart everything: the catalog and every row come back.
         cluster.restart_server(victim);
         cluster.restart_all();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match sql(&flight_url, "SELECT id FROM events").await {
-                Ok(batches) => {
-                    let mut after = column_i64(&batches, 0);
-                    after.sort_unstable();
-                    if after == stored {
-                        break;
-                    }
-                }
-                Err(_) if Instant::now() < deadline => {}
-                Err(e) => panic!("after restart: {e}"),
+        let restored = "the stored rows after the restart";
+        wait_until(restored, Duration::from_secs(30), || async {
+            let batches = sql(&flight_url, "SELECT id FROM events").await?;
+            let mut after = column_i64(&batches, 0);
+            after.sort_unstable();
+            match after == stored {
+                true => Ok(()),
+                false => Err("rows differ after the restart".to_string()),
             }
-            assert!(Instant::now() < deadline, "rows differ after the restart");
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
+        })
+        .await;
     }
 
     /// A bank: transfers between two accounts are one UPDATE each (the two rows are often in
@@ -1482,21 +1476,17 @@ mod cluster {
         let snapshots = reader.await.unwrap();
         eprintln!("{acknowledged} transfers acknowledged, {snapshots} snapshots checked");
         assert!(acknowledged > 0 && snapshots > 0);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(batches) = sql(&url, "SELECT sum(balance), count(*) FROM bank").await {
-                assert_eq!(
-                    (column_i64(&batches, 0)[0], column_i64(&batches, 1)[0]),
-                    (TOTAL, ACCOUNTS)
-                );
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the bank cannot be read after the kill"
-            );
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
+        let read = "SELECT sum(balance), count(*) FROM bank";
+        let batches = wait_until(
+            "the bank to be read after the kill",
+            Duration::from_secs(30),
+            || sql(&url, read),
+        )
+        .await;
+        assert_eq!(
+            (column_i64(&batches, 0)[0], column_i64(&batches, 1)[0]),
+            (TOTAL, ACCOUNTS)
+        );
     }
 
     /// A statement writing every tablet of a three-server cluster (so a transaction) while a
@@ -1551,18 +1541,16 @@ mod cluster {
             };
             // The statement runs until the process crashes (a participant's crash may leave it
             // to finish through other replicas).
-            let deadline = Instant::now() + Duration::from_secs(30);
-            let acknowledged = loop {
+            let answer = format!("step {step}'s answer");
+            let acknowledged = wait_until(&answer, Duration::from_secs(30), || async {
                 match sql(&url, &insert(step)).await {
-                    Ok(_) => break true,
-                    Err(e) if e.contains("duplicate") => break true,
-                    Err(_) if crashing_server.is_none() => break false,
-                    Err(e) => {
-                        assert!(Instant::now() < deadline, "step {step}: {e}");
-                        tokio::time::sleep(Duration::from_millis(300)).await;
-                    }
+                    Ok(_) => Ok(true),
+                    Err(e) if e.contains("duplicate") => Ok(true),
+                    Err(_) if crashing_server.is_none() => Ok(false),
+                    Err(e) => Err(e),
                 }
-            };
+            })
+            .await;
             match crashing_server {
                 Some(i) => {
                     // It crashed if it still led a participant when the statement ran (when
@@ -1584,21 +1572,23 @@ mod cluster {
                 }
             }
             // The tablets end the transaction: as decided, or aborted.
-            let deadline = Instant::now() + Duration::from_secs(60);
-            let stored = loop {
+            let resolved = format!("step {step} to be resolved");
+            let stored = wait_until(&resolved, Duration::from_secs(60), || async {
                 match count(step).await {
                     Ok(n) if Some(n) == outcome || (outcome.is_none() && (n == 0 || n == ROWS)) => {
-                        break n
+                        Some(n)
                     }
-                    Ok(n) => assert!(
-                        n == 0 || n == ROWS,
-                        "step {step}: {n} of the statement's {ROWS} rows are visible"
-                    ),
-                    Err(_) => {}
+                    Ok(n) => {
+                        assert!(
+                            n == 0 || n == ROWS,
+                            "step {step}: {n} of the statement's {ROWS} rows are visible"
+                        );
+                        None
+                    }
+                    Err(_) => None,
                 }
-                assert!(Instant::now() < deadline, "step {step} was not resolved");
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            };
+            })
+            .await;
             eprintln!("step {step} ({crash_at}): acknowledged {acknowledged}, {stored} rows");
             if acknowledged {
                 assert_eq!(
@@ -1608,14 +1598,9 @@ mod cluster {
             }
             if stored == 0 {
                 // Its keys are free: the same statement now commits whole.
-                let deadline = Instant::now() + Duration::from_secs(30);
-                while let Err(e) = sql(&url, &insert(step)).await {
-                    assert!(
-                        Instant::now() < deadline,
-                        "step {step}: keys stay locked: {e}"
-                    );
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                }
+                let unlocked = format!("step {step}'s keys to be unlocked");
+                let statement = insert(step);
+                wait_until(&unlocked, Duration::from_secs(30), || sql(&url, &statement)).await;
                 assert_eq!(count(step).await.unwrap(), ROWS);
             }
         }
@@ -2143,17 +2128,11 @@ mod cluster {
             }
         }
         // After the faults, the money is all there.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match sql(&urls[0], "SELECT sum(bal) FROM bank").await {
-                Ok(b) => {
-                    assert_eq!(column_i64(&b, 0), vec![TOTAL]);
-                    break;
-                }
-                Err(e) => assert!(Instant::now() < deadline, "{e}"),
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let b = wait_until("the bank to be read", Duration::from_secs(30), || {
+            sql(&urls[0], "SELECT sum(bal) FROM bank")
+        })
+        .await;
+        assert_eq!(column_i64(&b, 0), vec![TOTAL]);
         drop(tservers);
     }
 
@@ -2177,11 +2156,10 @@ mod cluster {
             async move {
                 let statement =
                     format!("INSERT INTO inbox (user_id, body) VALUES ('u1', '{body}')");
-                let deadline = Instant::now() + Duration::from_secs(30);
-                while let Err(e) = sql(&url, &statement).await {
-                    assert!(Instant::now() < deadline, "{e}");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
+                wait_until("an insert into the queue", Duration::from_secs(30), || {
+                    sql(&url, &statement)
+                })
+                .await;
             }
         };
         for i in 0..5 {
@@ -2206,15 +2184,12 @@ mod cluster {
                 let read = format!(
                     "SELECT pos, body FROM tail('inbox', {last}, 20000) WHERE user_id = 'u1'"
                 );
-                let deadline = Instant::now() + Duration::from_secs(60);
-                loop {
-                    match sql(&url, &read).await {
-                        Ok(rows) if rows.iter().map(|b| b.num_rows()).sum::<usize>() > 0 => {
-                            return column_i64(&rows, 0)
-                        }
-                        _ => assert!(Instant::now() < deadline, "the tail saw nothing"),
-                    }
-                }
+                let rows = wait_until("rows in the tail", Duration::from_secs(60), || async {
+                    let rows = sql(&url, &read).await.ok()?;
+                    (rows.iter().map(|b| b.num_rows()).sum::<usize>() > 0).then_some(rows)
+                })
+                .await;
+                column_i64(&rows, 0)
             })
         };
         for i in 0..5 {
@@ -2276,14 +2251,7 @@ mod cluster {
 
     /// Runs `statement` until it succeeds (30 s at most): a retry must be harmless.
     async fn until_ok(url: &str, statement: &str) -> Vec<RecordBatch> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match sql(url, statement).await {
-                Ok(rows) => return rows,
-                Err(e) => assert!(Instant::now() < deadline, "{statement}: {e}"),
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_until(statement, Duration::from_secs(30), || sql(url, statement)).await
     }
 
     /// Files named `rowset-*` under the tablet directories in `tablets` that have another link.
@@ -2377,11 +2345,11 @@ mod cluster {
         let ddl = |statement: String, alive: Vec<usize>| {
             let urls = urls.clone();
             async move {
-                let deadline = Instant::now() + Duration::from_secs(30);
-                loop {
+                let taken = format!("a master to take {statement}");
+                wait_until(&taken, Duration::from_secs(30), || async {
                     for &i in &alive {
                         match sql(&urls[i], &statement).await {
-                            Ok(_) => return i,
+                            Ok(_) => return Some(i),
                             Err(e) => assert!(
                                 e.contains("does not lead the catalog")
                                     || e.contains("replicas")
@@ -2392,9 +2360,9 @@ mod cluster {
                             ),
                         }
                     }
-                    assert!(Instant::now() < deadline, "no master took {statement}");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
+                    None
+                })
+                .await
             }
         };
         let leader = ddl(
@@ -2404,11 +2372,13 @@ mod cluster {
         .await;
         // Every master sees the table (followers learn it from the catalog's log) and writes.
         for (i, url) in urls.iter().enumerate() {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while let Err(e) = sql(url, &format!("INSERT INTO m VALUES ({i})")).await {
-                assert!(Instant::now() < deadline, "master {i}: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            let insert = format!("INSERT INTO m VALUES ({i})");
+            wait_until(
+                &format!("master {i} to insert"),
+                Duration::from_secs(10),
+                || sql(url, &insert),
+            )
+            .await;
         }
         drop(masters[leader].take());
         let alive: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
@@ -2500,19 +2470,12 @@ mod cluster {
         eprintln!("tablet on disk: {} bytes", column_i64(&size, 0)[0]);
         let killed = Instant::now();
         let dead_id = cluster.servers[victim].id;
-        let deadline = Instant::now() + Duration::from_secs(600);
-        let after = loop {
-            if let Some(v) = voters(&live_addrs(&[victim]), &tablet).await {
-                if v.len() == 3 && !v.contains(&dead_id) {
-                    break v;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the tablet was not re-replicated"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        let re_replicated = "the tablet to be re-replicated";
+        let after = wait_until(re_replicated, Duration::from_secs(600), || async {
+            let v = voters(&live_addrs(&[victim]), &tablet).await?;
+            (v.len() == 3 && !v.contains(&dead_id)).then_some(v)
+        })
+        .await;
         eprintln!(
             "{rows} rows: re-replicated {:?} after the member was killed \
              (3 s of that is the unavailability timeout)",
@@ -2532,18 +2495,15 @@ mod cluster {
         assert_eq!(column_i64(&count, 0), vec![rows as i64 + 1]);
         // The server replaced first comes back: its stale replica is deleted.
         cluster.restart_server(victim);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let status = status(&addrs[victim]).await.unwrap();
-            if status.replicas.iter().all(|r| r.tablet_id != tablet) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the stale replica is still there"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_until(
+            "the stale replica to go",
+            Duration::from_secs(30),
+            || async {
+                let status = status(&addrs[victim]).await.unwrap();
+                status.replicas.iter().all(|r| r.tablet_id != tablet)
+            },
+        )
+        .await;
     }
 
     /// A tablet server started with `--flight-addr` serves Flight SQL as a coordinator: DDL
@@ -2828,11 +2788,7 @@ mod cluster {
     /// Runs DDL once the master can place it (the tablet servers register with their first
     /// heartbeat).
     async fn ddl_when_ready(url: &str, statement: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while let Err(e) = sql(url, statement).await {
-            assert!(Instant::now() < deadline, "{e}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_until(statement, Duration::from_secs(20), || sql(url, statement)).await;
     }
 
     /// Two clients inserting `(id, writer)` rows, `batch` per statement, each remembering the
@@ -2890,20 +2846,10 @@ mod cluster {
         acknowledged: &[i64],
         batch: i64,
     ) -> Vec<i64> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let stored = loop {
-            match sql(url, &format!("SELECT id FROM {table}")).await {
-                Ok(batches) => {
-                    let mut ids = column_i64(&batches, 0);
-                    ids.sort_unstable();
-                    break ids;
-                }
-                Err(e) => {
-                    assert!(Instant::now() < deadline, "{e}");
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                }
-            }
-        };
+        let read = format!("SELECT id FROM {table}");
+        let batches = wait_until(&read, Duration::from_secs(30), || sql(url, &read)).await;
+        let mut stored = column_i64(&batches, 0);
+        stored.sort_unstable();
         let mut distinct = stored.clone();
         distinct.dedup();
         assert_eq!(distinct.len(), stored.len(), "a row stored twice");
@@ -3138,19 +3084,19 @@ mod cluster {
         let expected: Vec<i64> = (0..next).collect();
         let deadline = Instant::now() + Duration::from_secs(60);
         for addr in &addrs {
-            loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            wait_until(&format!("every row on {addr}"), left, || async {
                 let keys = scan_keys(addr, tablet).await;
-                if keys == expected {
-                    break;
+                match keys == expected {
+                    true => Ok(()),
+                    false => Err(format!(
+                        "{addr} has {} of {} rows",
+                        keys.len(),
+                        expected.len()
+                    )),
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "{addr} has {} of {} rows",
-                    keys.len(),
-                    expected.len()
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            })
+            .await;
         }
     }
 }

@@ -425,6 +425,7 @@ mod tests {
 
     use arrow::array::{Int64Array, RecordBatch, StringArray};
     use nyala_storage::{ColumnSchema, ColumnType, Schema, TabletOptions, WriteBatch, WriteKind};
+    use nyala_testkit::wait_until;
 
     use crate::clock::HybridClock;
     use crate::tserver::TabletServer;
@@ -475,21 +476,21 @@ mod tests {
         // A liveness bound, not a timing: half the idle interval, so only a thread that waits
         // for that interval instead of the write's signal fails.
         let deadline = Instant::now() + super::IDLE_INTERVAL / 2;
-        while replica.tablet().memory_bytes() > 0 {
-            assert!(Instant::now() < deadline, "not flushed");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until("a flush", super::IDLE_INTERVAL / 2, || async {
+            replica.tablet().memory_bytes() == 0
+        })
+        .await;
         assert!(replica.tablet().disk_bytes() > 0);
         assert_eq!(replica.tablet().durable_index(), replica.last_applied());
         // Everything is durable in the tablet's files: its log goes.
-        while replica.log_bytes() > 0 {
-            assert!(
-                Instant::now() < deadline,
-                "log kept: {} bytes",
-                replica.log_bytes()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        wait_until("the log to go", left, || async {
+            match replica.log_bytes() {
+                0 => Ok(()),
+                bytes => Err(format!("log kept: {bytes} bytes")),
+            }
+        })
+        .await;
         // Operators see it: in the log of recent operations, with the score that chose it.
         let recent = server.maintenance_log().recent();
         let flush = recent

@@ -29,8 +29,8 @@ use parquet::schema::types::{SchemaDescPtr, SchemaDescriptor};
 use parquet::DecodeResult;
 
 use super::{guard, DiskRowSet};
-use crate::scan::{predicate_mask, ColumnPredicate, PredicateOp, Scalar};
-use crate::{ColumnType, Schema, StorageError};
+use crate::scan::{predicate_mask, ColumnPredicate, PredicateOp};
+use crate::{ColumnType, Scalar, Schema, StorageError};
 
 impl DiskRowSet {
     /// A reader of the table columns `columns` (indexes into `schema`, the predicates'

@@ -4,17 +4,26 @@
 //! A scan whose predicates pin every key column to a few values is a lookup instead: each key
 //! is found through the MemRowSet index and the rowsets' key indexes, and only its row is read.
 //! Either way the sources are put together under the read lock and read without it.
+//!
+//! A scan captures what it needs when it starts — the MemRowSet rows and delta images visible
+//! at its snapshot, gathered into batches, and a reader per DiskRowSet opened on its file — so
+//! it holds no lock while it runs and is unaffected by later writes, flushes or compactions.
+//! Each batch is read with the projected and predicate columns only, filtered with Arrow
+//! kernels, then cut down to the projection.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
+use arrow::compute::filter_record_batch;
+use arrow::datatypes::DataType;
 
 use super::{State, Tablet};
 use crate::delta::Image;
+use crate::diskrowset::RowsetReader;
 use crate::memrowset::{visible, MemRowSet, RowRef, Version};
-use crate::scan::{self, KeyRange, ScanIterator, ScanSpec, Source};
-use crate::{PageCache, StorageError, Timestamp};
+use crate::scan::{self, predicate_mask, ColumnPredicate, KeyRange, ScanIterator, ScanSpec};
+use crate::{PageCache, Schema, StorageError, Timestamp};
 
 /// The rowset index [`State::locate_at`] gives rows of the MemRowSet.
 const IN_MEMROWSET: usize = usize::MAX;
@@ -30,7 +39,7 @@ impl Tablet {
         }
         let state = self.state.read();
         let schema = &state.schema;
-        let (read_columns, output_len) = scan::read_columns(schema, spec)?;
+        let (read_columns, output_len) = read_columns(schema, spec)?;
         let table = schema.arrow_schema();
         if let Some(keys) = scan::point_keys(schema, &spec.predicates) {
             return self.lookup(&state, spec, keys, read_columns, output_len);
@@ -165,7 +174,7 @@ fn boxed_scan(
     output_len: usize,
     sources: VecDeque<Source>,
 ) -> ScanIterator {
-    scan::boxed(scan::Scan {
+    Box::new(Scan {
         schema: (*state.schema).clone(),
         read_columns,
         output_len,
@@ -221,4 +230,180 @@ impl State {
         }
         Ok(None)
     }
+}
+
+/// One source of rows for a scan.
+pub(crate) enum Source {
+    /// Rows already gathered (MemRowSet rows, delta images); predicates still to apply.
+    Batch(RecordBatch),
+    /// A DiskRowSet's base rows, with hidden rows skipped and predicates applied by the reader.
+    Rowset(Box<RowsetReader>),
+}
+
+pub(crate) struct Scan {
+    pub schema: Schema,
+    /// Table columns read: the projection, then predicate columns not in it.
+    pub read_columns: Vec<usize>,
+    /// How many of `read_columns` are returned.
+    pub output_len: usize,
+    pub predicates: Vec<ColumnPredicate>,
+    pub remaining: Option<usize>,
+    pub sources: VecDeque<Source>,
+    /// [`ScanSpec::string_views`].
+    pub string_views: bool,
+}
+
+impl Scan {
+    /// The next batch, and whether the scan's predicates were already applied to it.
+    fn next_raw(&mut self) -> Option<Result<(RecordBatch, bool), StorageError>> {
+        loop {
+            match self.sources.front_mut()? {
+                Source::Batch(_) => {
+                    let Some(Source::Batch(b)) = self.sources.pop_front() else {
+                        unreachable!()
+                    };
+                    return Some(Ok((b, false)));
+                }
+                Source::Rowset(reader) => match reader.next() {
+                    None => {
+                        self.sources.pop_front();
+                    }
+                    Some(Err(e)) => return Some(Err(e)),
+                    // Parquet returns columns in file order; scans want `read_columns` order.
+                    Some(Ok(batch)) => {
+                        return Some(
+                            reorder(&self.schema, &self.read_columns, &batch).map(|b| (b, true)),
+                        )
+                    }
+                },
+            }
+        }
+    }
+
+    fn finish(&self, batch: RecordBatch, filtered: bool) -> Result<RecordBatch, StorageError> {
+        let batch = if filtered || self.predicates.is_empty() {
+            batch
+        } else {
+            let mask = predicate_mask(&self.schema, &self.predicates, &batch)?;
+            filter_record_batch(&batch, &mask)?
+        };
+        let keep: Vec<usize> = (0..self.output_len).collect();
+        let batch = batch.project(&keep)?;
+        match self.string_views {
+            true => string_views(batch),
+            false => Ok(batch),
+        }
+    }
+}
+
+/// `batch` with its `Utf8` columns as `Utf8View` (rows decoded from rowsets already are).
+fn string_views(batch: RecordBatch) -> Result<RecordBatch, StorageError> {
+    let schema = batch.schema();
+    if !schema
+        .fields()
+        .iter()
+        .any(|f| f.data_type() == &DataType::Utf8)
+    {
+        return Ok(batch);
+    }
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut columns = Vec::with_capacity(fields.capacity());
+    for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        match field.data_type() {
+            DataType::Utf8 => {
+                fields.push(field.as_ref().clone().with_data_type(DataType::Utf8View));
+                columns.push(arrow::compute::cast(column, &DataType::Utf8View)?);
+            }
+            _ => {
+                fields.push(field.as_ref().clone());
+                columns.push(column.clone());
+            }
+        }
+    }
+    let options = arrow::array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    Ok(RecordBatch::try_new_with_options(
+        Arc::new(arrow::datatypes::Schema::new(fields)),
+        columns,
+        &options,
+    )?)
+}
+
+fn reorder(
+    schema: &Schema,
+    columns: &[usize],
+    batch: &RecordBatch,
+) -> Result<RecordBatch, StorageError> {
+    let indexes = columns
+        .iter()
+        .map(|&c| {
+            let name = &schema.columns()[c].name;
+            batch
+                .schema()
+                .index_of(name)
+                .map_err(|_| StorageError::Corruption(format!("rowset lacks column '{name}'")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(batch.project(&indexes)?)
+}
+
+impl Iterator for Scan {
+    type Item = Result<RecordBatch, StorageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.remaining == Some(0) {
+                return None;
+            }
+            let batch = match self.next_raw()? {
+                Ok((batch, filtered)) => self.finish(batch, filtered),
+                Err(e) => Err(e),
+            };
+            let batch = match batch {
+                Ok(b) => b,
+                Err(e) => {
+                    self.sources.clear();
+                    return Some(Err(e));
+                }
+            };
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            let batch = match &mut self.remaining {
+                Some(left) => {
+                    let n = batch.num_rows().min(*left);
+                    *left -= n;
+                    batch.slice(0, n)
+                }
+                None => batch,
+            };
+            return Some(Ok(batch));
+        }
+    }
+}
+
+/// Table columns a scan reads: the projection, then predicate columns not in it.
+pub(crate) fn read_columns(
+    schema: &Schema,
+    spec: &ScanSpec,
+) -> Result<(Vec<usize>, usize), StorageError> {
+    let n = schema.columns().len();
+    let mut columns: Vec<usize> = spec.projection.clone().unwrap_or_else(|| (0..n).collect());
+    if let Some(bad) = columns.iter().find(|&&c| c >= n) {
+        return Err(StorageError::InvalidPredicate(format!(
+            "projection column #{bad} does not exist"
+        )));
+    }
+    let output_len = columns.len();
+    for p in &spec.predicates {
+        if p.column >= n {
+            return Err(StorageError::InvalidPredicate(format!(
+                "predicate column #{} does not exist",
+                p.column
+            )));
+        }
+        if !columns.contains(&p.column) {
+            columns.push(p.column);
+        }
+    }
+    Ok((columns, output_len))
 }
