@@ -24,7 +24,7 @@ use nyala_storage::{
 };
 
 use crate::clock::HybridClock;
-use crate::tserver::maintenance::MaintenanceSignal;
+use crate::tserver::maintenance::signal::MaintenanceSignal;
 use crate::{EngineError, Result};
 
 /// Raft node id of the only voter of a single-replica tablet.
