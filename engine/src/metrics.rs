@@ -6,26 +6,42 @@
 //!   histograms of this process ([`engine`]), bumped where the event happens: one atomic
 //!   add per batch or operation, never per row, never a lock on the write or scan path.
 //! - **State** (each tablet's memory, rowsets, Raft term and commit index; the servers a master
-//!   knows) is read from the live objects when the page is scraped, by collectors
-//!   ([`register_tablet_server`], [`register_master`]) that hold them weakly, so a scrape
-//!   costs nothing between scrapes and sees no stale tablets.
+//!   knows) is read from the live objects when the page is scraped, by collectors that hold
+//!   them weakly, so a scrape costs nothing between scrapes and sees no stale tablets. They
+//!   live with what they read, as Kudu keeps metrics per subsystem:
+//!   [`crate::tserver::metrics`] and [`crate::master::metrics`]. This module knows neither:
+//!   it is the counters, the RPC layer and the gauges the collectors fill.
 //!
 //! Names follow Prometheus's conventions: `nyala_` and the subsystem first, the unit last
 //! (`_bytes`, `_seconds`), counters end in `_total` (the encoder adds it).
 //!
-//! ```ignore
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # use std::sync::Arc;
+//! # use nyala_engine::clock::HybridClock;
+//! # use nyala_engine::storage::TabletOptions;
+//! # use nyala_engine::tserver::{TabletServer, DEFAULT_MEMORY_LIMIT};
+//! # let dir = tempfile::tempdir()?;
+//! # let clock = Arc::new(HybridClock::new());
+//! let server = TabletServer::open(dir.path(), TabletOptions::default(), DEFAULT_MEMORY_LIMIT, clock, None)?;
 //! let mut registry = prometheus_client::registry::Registry::default();
 //! nyala_engine::metrics::register(&mut registry);
-//! nyala_engine::metrics::register_tablet_server(&mut registry, &server);
+//! nyala_engine::tserver::metrics::register_tablet_server(&mut registry, &server);
+//!
+//! let mut page = String::new();
+//! prometheus_client::encoding::text::encode(&mut page, &registry)?;
+//! assert!(page.contains("nyala_server_replicas 0"));
+//! # server.shutdown()?;
+//! # Ok(())
+//! # }
 //! ```
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, LazyLock, Weak};
+use std::sync::LazyLock;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -33,10 +49,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::TypedMetric;
 use prometheus_client::registry::Registry;
-
-use crate::master::{Master, TServerRegistry};
-use crate::tserver::replica::TabletReplica;
-use crate::tserver::TabletServer;
 
 /// Latency buckets from 100 µs to about 26 s, four times apart.
 pub fn latency_buckets() -> impl Iterator<Item = f64> {
@@ -291,15 +303,16 @@ where
     }
 }
 
-/// Gauges of one family with labels, filled at scrape time.
-struct Gauges {
+/// Gauges of one family with labels, filled at scrape time (by the collectors of
+/// `tserver::metrics` and `master::metrics`).
+pub(crate) struct Gauges {
     name: &'static str,
     help: &'static str,
     family: Family<Vec<(&'static str, String)>, Gauge>,
 }
 
 impl Gauges {
-    fn new(name: &'static str, help: &'static str) -> Self {
+    pub(crate) fn new(name: &'static str, help: &'static str) -> Self {
         Self {
             name,
             help,
@@ -307,233 +320,22 @@ impl Gauges {
         }
     }
 
-    fn set(&self, labels: &[(&'static str, &str)], value: i64) {
+    pub(crate) fn set(&self, labels: &[(&'static str, &str)], value: i64) {
         let labels = labels.iter().map(|(k, v)| (*k, v.to_string())).collect();
         self.family.get_or_create(&labels).set(value);
     }
 
-    fn encode(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+    pub(crate) fn encode(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
         encode(encoder, self.name, self.help, &self.family)
     }
 }
 
 /// Encodes one family of metrics a collector made.
-fn encode(
+pub(crate) fn encode(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     metric: &(impl EncodeMetric + TypedMetric),
 ) -> std::fmt::Result {
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
-}
-
-/// Raft state of replicas, one series per tablet: term, leader, indexes, followers' lag.
-struct RaftGauges {
-    term: Gauges,
-    leader: Gauges,
-    commit: Gauges,
-    applied: Gauges,
-    lag: Gauges,
-    log: Gauges,
-}
-
-impl RaftGauges {
-    fn new() -> Self {
-        Self {
-            term: Gauges::new("nyala_raft_term", "The Raft term a replica is in"),
-            leader: Gauges::new(
-                "nyala_raft_leader",
-                "The server id of the leader a replica knows (0: none)",
-            ),
-            commit: Gauges::new("nyala_raft_commit_index", "A replica's Raft commit index"),
-            applied: Gauges::new(
-                "nyala_raft_applied_index",
-                "The last log entry a replica applied",
-            ),
-            lag: Gauges::new(
-                "nyala_raft_follower_lag_entries",
-                "On a leader: committed entries a member's log does not have yet",
-            ),
-            log: Gauges::new("nyala_raft_log_bytes", "Bytes of a replica's log on disk"),
-        }
-    }
-
-    fn add(&self, replica: &TabletReplica) {
-        let tablet = replica.id();
-        let group = replica.group_state();
-        let labels = [("tablet", tablet)];
-        self.term.set(&labels, group.term as i64);
-        self.leader.set(&labels, group.leader as i64);
-        self.commit.set(&labels, group.commit as i64);
-        self.applied.set(&labels, replica.last_applied() as i64);
-        self.log.set(&labels, replica.log_bytes() as i64);
-        if group.leader == replica.node_id() {
-            for (member, matched) in &group.matched {
-                if *member != group.leader {
-                    let follower = member.to_string();
-                    self.lag.set(
-                        &[("tablet", tablet), ("follower", &follower)],
-                        group.commit.saturating_sub(*matched) as i64,
-                    );
-                }
-            }
-        }
-    }
-
-    fn encode(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
-        for gauges in [
-            &self.term,
-            &self.leader,
-            &self.commit,
-            &self.applied,
-            &self.lag,
-            &self.log,
-        ] {
-            gauges.encode(encoder)?;
-        }
-        Ok(())
-    }
-}
-
-/// The state of a tablet server's replicas, read at every scrape.
-#[derive(Debug)]
-struct TabletServerCollector(Weak<TabletServer>);
-
-impl Collector for TabletServerCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        let Some(server) = self.0.upgrade() else {
-            return Ok(());
-        };
-        let memory = Gauges::new(
-            "nyala_tablet_memory_bytes",
-            "Unflushed data (MemRowSet and deltas) of a tablet replica",
-        );
-        let disk = Gauges::new(
-            "nyala_tablet_disk_bytes",
-            "A tablet replica's files on disk",
-        );
-        let rows = Gauges::new(
-            "nyala_tablet_estimated_rows",
-            "Rows of a tablet replica in memory and on disk, deleted and updated ones included",
-        );
-        let rowsets = Gauges::new("nyala_tablet_rowsets", "DiskRowSets of a tablet replica");
-        let deltas = Gauges::new(
-            "nyala_tablet_delta_files",
-            "UNDO and REDO delta files of a tablet replica",
-        );
-        let raft = RaftGauges::new();
-        let replicas = server.replicas();
-        for replica in &replicas {
-            let labels = [("tablet", replica.id())];
-            let tablet = replica.tablet();
-            memory.set(&labels, tablet.memory_bytes() as i64);
-            disk.set(&labels, tablet.disk_bytes() as i64);
-            rows.set(&labels, tablet.estimated_rows() as i64);
-            rowsets.set(&labels, tablet.rowset_count() as i64);
-            deltas.set(&labels, tablet.delta_file_count() as i64);
-            raft.add(replica);
-        }
-        for gauges in [&memory, &disk, &rows, &rowsets, &deltas] {
-            gauges.encode(&mut encoder)?;
-        }
-        raft.encode(&mut encoder)?;
-        let total = Gauge::<i64>::default();
-        total.set(server.memory_bytes() as i64);
-        encode(
-            &mut encoder,
-            "nyala_server_memory_bytes",
-            "Unflushed data of all the server's tablet replicas",
-            &total,
-        )?;
-        let limit = Gauge::<i64>::default();
-        limit.set(server.memory_limit() as i64);
-        encode(
-            &mut encoder,
-            "nyala_server_memory_limit_bytes",
-            "The unflushed data the server's replicas may hold together before writers wait",
-            &limit,
-        )?;
-        let count = Gauge::<i64>::default();
-        count.set(replicas.len() as i64);
-        encode(
-            &mut encoder,
-            "nyala_server_replicas",
-            "Tablet replicas on this server",
-            &count,
-        )
-    }
-}
-
-/// Registers the state of `server`'s replicas (memory, files, Raft) in `registry`.
-pub fn register_tablet_server(registry: &mut Registry, server: &Arc<TabletServer>) {
-    registry.register_collector(Box::new(TabletServerCollector(Arc::downgrade(server))));
-}
-
-/// What a master knows, read at every scrape: its tablet servers, the catalog, and the Raft
-/// state of the catalog's replica.
-#[derive(Debug)]
-struct MasterCollector {
-    master: Weak<Master>,
-    registry: Weak<TServerRegistry>,
-}
-
-impl Collector for MasterCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        let (Some(master), Some(registry)) = (self.master.upgrade(), self.registry.upgrade())
-        else {
-            return Ok(());
-        };
-        let servers = registry.servers();
-        let live = Gauges::new(
-            "nyala_master_tablet_server_live",
-            "Whether a tablet server was heard from recently (1) or not (0)",
-        );
-        let replicas = Gauges::new(
-            "nyala_master_tablet_server_replicas",
-            "Replicas a tablet server last reported",
-        );
-        for server in &servers {
-            let id = server.id.to_string();
-            let labels = [
-                ("server", id.as_str()),
-                ("address", server.address.as_str()),
-            ];
-            live.set(&labels, server.live as i64);
-            replicas.set(&labels, server.replicas as i64);
-        }
-        live.encode(&mut encoder)?;
-        replicas.encode(&mut encoder)?;
-        let tables = master.tables();
-        let count = Gauge::<i64>::default();
-        count.set(tables.len() as i64);
-        encode(
-            &mut encoder,
-            "nyala_master_tables",
-            "Tables in the catalog",
-            &count,
-        )?;
-        let tablets = Gauge::<i64>::default();
-        tablets.set(tables.iter().map(|t| t.tablets.len() as i64).sum());
-        encode(
-            &mut encoder,
-            "nyala_master_tablets",
-            "Tablets of all tables in the catalog",
-            &tablets,
-        )?;
-        let raft = RaftGauges::new();
-        raft.add(master.catalog());
-        raft.encode(&mut encoder)
-    }
-}
-
-/// Registers what `master` and its `registry` of tablet servers know in `registry`.
-pub fn register_master(
-    metrics: &mut Registry,
-    master: &Arc<Master>,
-    registry: &Arc<TServerRegistry>,
-) {
-    metrics.register_collector(Box::new(MasterCollector {
-        master: Arc::downgrade(master),
-        registry: Arc::downgrade(registry),
-    }));
 }

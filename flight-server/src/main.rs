@@ -564,7 +564,7 @@ async fn master(
     let addr = listener.local_addr()?;
     let activity = Arc::new(Activity::default());
     let mut metrics = registry_with_engine_metrics();
-    nyala_engine::metrics::register_master(&mut metrics, &node.master, &node.registry);
+    nyala_engine::master::metrics::register_master(&mut metrics, &node.master, &node.registry);
     activity.register(&mut metrics);
     let web = WebState {
         role: "master",
@@ -626,7 +626,7 @@ async fn tserver(
     let addr = listener.local_addr()?;
     let activity = Arc::new(Activity::default());
     let mut metrics = registry_with_engine_metrics();
-    nyala_engine::metrics::register_tablet_server(&mut metrics, &server);
+    nyala_engine::tserver::metrics::register_tablet_server(&mut metrics, &server);
     if flight.is_some() {
         activity.register(&mut metrics);
     }
@@ -830,7 +830,7 @@ async fn serve(
     let activity = Arc::new(Activity::default());
     let mut metrics = registry_with_engine_metrics();
     if let Some(server) = db.tablet_server() {
-        nyala_engine::metrics::register_tablet_server(&mut metrics, server);
+        nyala_engine::tserver::metrics::register_tablet_server(&mut metrics, server);
     }
     activity.register(&mut metrics);
     let web = WebState {

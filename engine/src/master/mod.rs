@@ -28,6 +28,7 @@ use crate::{EngineError, Result};
 
 pub mod admin;
 pub mod ksck;
+pub mod metrics;
 mod node;
 pub mod placement;
 pub mod registry;

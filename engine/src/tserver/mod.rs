@@ -4,12 +4,14 @@
 //!
 //! - [`replica`]: one tablet behind its Raft log (writes proposed, applied deterministically).
 //! - [`maintenance`]: the thread that flushes and compacts the server's tablets.
+//! - [`metrics`]: the server's replicas as metrics, read when `/metrics` is scraped.
 //! - [`service`]: the tablet server's RPC service (writes, scans, replica lifecycle), with
 //!   [`scanners`] (open scans) and [`tablet_copy`] (both ends of copying a replica).
 //! - [`heartbeater`]: the reports this server sends to the masters.
 
 pub mod heartbeater;
 pub mod maintenance;
+pub mod metrics;
 pub mod replica;
 pub mod scanners;
 pub mod service;

@@ -9,22 +9,43 @@
 //! Scans read at a *safe* snapshot: just below the oldest write still in flight (proposed but not
 //! applied), or "now" if there is none. Every write acknowledged before the scan started is
 //! visible, and no write can later appear below the snapshot, so a scan is repeatable.
+//!
+//! The parts, as Kudu splits `tablet_replica.cc` from the operations it applies:
+//! - [`TabletReplica`] (here): proposing writes, transactions and schema changes; scans at a
+//!   safe snapshot; leadership, membership, tablet copy, flush and shutdown.
+//! - `apply`: [`TabletStateMachine`], what applying a committed entry does on every replica.
+//! - `entry`: the log entry's framing (timestamp, request id, operation).
+//! - `inflight`: the writes proposed and not yet applied, and the timestamps storage holds.
+//! - `peers`: [`Peers`] (`peers.json`) and [`Replication`], how a replica reaches its group.
+//! - `staging`: replica directories that appear and go whole ([`discard`], [`remove_staging`]).
+//! - `auto_ids`: the auto_incrementing_id a leader gives inserted rows.
 
-use std::collections::BTreeSet;
+mod apply;
+mod auto_ids;
+mod entry;
+mod inflight;
+mod peers;
+mod staging;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
-use nyala_raft::{RaftConfig, RaftNode, StateMachine};
+use nyala_raft::{RaftConfig, RaftNode};
 use nyala_storage::{
-    RequestId, ScanIterator, ScanSpec, Schema, StorageError, Tablet, TabletOp, TabletOptions,
-    Timestamp, WriteBatch, WriteKind, WriteOutcome, AUTO_INCREMENT_COLUMN,
+    RequestId, ScanIterator, ScanSpec, Schema, Tablet, TabletOp, TabletOptions, Timestamp,
+    WriteBatch, WriteKind, WriteOutcome,
 };
 
+pub use apply::TabletStateMachine;
+use entry::LoggedOp;
+use inflight::{Inflight, Pending};
+pub use peers::{Peers, Replication};
+pub use staging::{beside, clone_staging_dir, discard, remove_staging};
+use staging::{build_in_place, place};
+
 use crate::clock::HybridClock;
-use crate::tserver::maintenance::MaintenanceSignal;
+use crate::tserver::maintenance::signal::MaintenanceSignal;
 use crate::{EngineError, Result};
 
 /// Raft node id of the only voter of a single-replica tablet.
@@ -35,191 +56,11 @@ const LOCAL_NODE_ID: u64 = 1;
 /// cannot reach a majority has stepped down.
 const READ_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The replicas of a replicated tablet: the voters (tablet server ids, which are also their Raft
-/// node ids) and where each server listens. Kept in `peers.json` in the replica's directory; a
-/// replica without it is a single-voter tablet of the embedded node.
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct Peers {
-    pub voters: Vec<u64>,
-    pub addresses: std::collections::BTreeMap<u64, String>,
-}
-
-const PEERS_FILE: &str = "peers.json";
-
 /// What the Raft node answers once a proposed entry is applied.
 type AppliedAnswer = std::result::Result<
     std::result::Result<WriteOutcome, nyala_storage::StorageError>,
     nyala_raft::RaftError,
 >;
-
-impl Peers {
-    fn read(dir: &Path) -> Result<Option<Peers>> {
-        match std::fs::read(dir.join(PEERS_FILE)) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-                EngineError::CatalogCorrupted(format!("{}: {e}", dir.join(PEERS_FILE).display()))
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    fn write(&self, dir: &Path) -> Result<()> {
-        let json =
-            serde_json::to_vec(self).map_err(|e| EngineError::CatalogCorrupted(e.to_string()))?;
-        let tmp = dir.join("peers.json.tmp");
-        std::fs::write(&tmp, json)?;
-        std::fs::File::open(&tmp)?.sync_all()?;
-        std::fs::rename(&tmp, dir.join(PEERS_FILE))?;
-        Ok(())
-    }
-}
-
-/// How a replica reaches the other replicas of its tablet.
-pub struct Replication {
-    /// This server's id (its Raft node id in every group).
-    pub server_id: u64,
-    pub peers: Peers,
-    pub transport: Box<dyn nyala_raft::Transport>,
-    /// Tells the server where a newly added member listens.
-    pub learn: Option<Arc<dyn Fn(u64, String) + Send + Sync>>,
-    /// Whether followers serve reads (the masters' catalog): then they hear of every commit
-    /// at once, not at the next append or heartbeat (see `RaftConfig::lazy_commit_broadcast`).
-    pub followers_serve_reads: bool,
-}
-
-/// Timestamps of writes proposed but not yet applied, and those storage holds (transactions
-/// prepared but not yet committed or aborted, a queue's rows waiting for their turn); scans
-/// that must read above one of them wait on `left` until it is applied or fails (a write) or
-/// is released.
-#[derive(Default)]
-struct InflightWrites {
-    pending: parking_lot::Mutex<Pending>,
-    left: parking_lot::Condvar,
-    /// The newest timestamp rows became visible at, for readers waiting for new rows (see
-    /// [`TabletReplica::wait_for_write`]).
-    written: tokio::sync::watch::Sender<u64>,
-}
-
-#[derive(Default)]
-struct Pending {
-    writes: BTreeSet<u64>,
-    /// Held timestamps: transactions prepared, rows waiting for their turn.
-    held: BTreeSet<u64>,
-}
-
-impl Pending {
-    /// Whether something at or below `snapshot` is still pending.
-    fn below(&self, snapshot: Timestamp) -> bool {
-        let at_or_below = |set: &BTreeSet<u64>| set.first().is_some_and(|&t| t <= snapshot.0);
-        at_or_below(&self.writes) || at_or_below(&self.held)
-    }
-}
-
-type Inflight = Arc<InflightWrites>;
-
-impl InflightWrites {
-    fn lock(&self) -> parking_lot::MutexGuard<'_, Pending> {
-        self.pending.lock()
-    }
-
-    /// Snapshots at and above each timestamp `holds.hold` wait (a transaction prepared, rows
-    /// waiting for their turn) until it is in a later `holds.release`.
-    fn change_holds(&self, holds: &nyala_storage::Holds) {
-        if holds.hold.is_empty() && holds.release.is_empty() {
-            return;
-        }
-        let mut pending = self.pending.lock();
-        pending.held.extend(holds.hold.iter().map(|t| t.0));
-        for t in &holds.release {
-            pending.held.remove(&t.0);
-        }
-        self.left.notify_all();
-    }
-
-    /// The write at `ts` was applied or failed.
-    fn remove(&self, ts: u64) {
-        self.pending.lock().writes.remove(&ts);
-        self.left.notify_all();
-    }
-
-    /// Waits until no write or prepared transaction at or below `snapshot` is pending; false
-    /// after `timeout`.
-    /// Whether every write and transaction below `snapshot` is applied.
-    fn applied(&self, snapshot: Timestamp) -> bool {
-        !self.pending.lock().below(snapshot)
-    }
-
-    fn wait_until_applied(&self, snapshot: Timestamp, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut pending = self.pending.lock();
-        while pending.below(snapshot) {
-            if self.left.wait_until(&mut pending, deadline).timed_out() {
-                return !pending.below(snapshot);
-            }
-        }
-        true
-    }
-}
-
-/// An operation as it is stored in the Raft log: its timestamp, the client's request it
-/// applies (if the client tracks it), then the operation.
-struct LoggedOp {
-    ts: Timestamp,
-    request: Option<RequestId>,
-    op: TabletOp,
-}
-
-impl LoggedOp {
-    /// The log entry of `op`, its timestamp left to [`LoggedOp::stamp`].
-    fn frame(op: &TabletOp, request: Option<RequestId>) -> Vec<u8> {
-        let mut entry = vec![0; 8];
-        if let Some(request) = request {
-            request.encode_into(&mut entry);
-        }
-        op.encode_into(&mut entry);
-        entry
-    }
-
-    fn stamp(entry: &mut [u8], ts: Timestamp) {
-        entry[..8].copy_from_slice(&ts.0.to_le_bytes());
-    }
-
-    fn decode(bytes: &[u8]) -> Result<Self, StorageError> {
-        let (ts, op) = bytes.split_first_chunk::<8>().ok_or_else(|| {
-            StorageError::Corruption("log entry shorter than its timestamp".into())
-        })?;
-        let (request, op) = RequestId::split(op)?;
-        Ok(Self {
-            ts: Timestamp(u64::from_le_bytes(*ts)),
-            request,
-            op: TabletOp::decode(op)?,
-        })
-    }
-}
-
-/// `rows` with auto_incrementing_id `first`, `first + 1`, ... (replacing the column's NULLs).
-fn with_auto_ids(rows: &RecordBatch, first: i64, n: i64) -> Result<RecordBatch> {
-    let mut fields: Vec<Field> = Vec::with_capacity(rows.num_columns() + 1);
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(rows.num_columns() + 1);
-    for (field, column) in rows.schema().fields().iter().zip(rows.columns()) {
-        if field.name() == AUTO_INCREMENT_COLUMN {
-            if column.null_count() != column.len() {
-                return Err(EngineError::Unsupported(format!(
-                    "{AUTO_INCREMENT_COLUMN} is assigned by the database; leave it out of INSERT"
-                )));
-            }
-            continue;
-        }
-        fields.push(field.as_ref().clone());
-        columns.push(column.clone());
-    }
-    fields.push(Field::new(AUTO_INCREMENT_COLUMN, DataType::Int64, false));
-    columns.push(Arc::new(Int64Array::from_iter_values(first..first + n)));
-    Ok(RecordBatch::try_new(
-        Arc::new(ArrowSchema::new(fields)),
-        columns,
-    )?)
-}
 
 /// A client's request as its tablet's leader gets it: its id, the same in every attempt to
 /// send it, and when the client first sent it.
@@ -227,265 +68,6 @@ fn with_auto_ids(rows: &RecordBatch, first: i64, n: i64) -> Result<RecordBatch> 
 pub struct ClientRequest {
     pub id: RequestId,
     pub sent: Timestamp,
-}
-
-/// The replicated state machine: applies logged writes to the tablet.
-pub struct TabletStateMachine {
-    tablet: Arc<Tablet>,
-    inflight: Inflight,
-    clock: Arc<HybridClock>,
-    /// The replica's directory (its `peers.json`) and how to tell its server where new members
-    /// listen; for replicated tablets.
-    dir: PathBuf,
-    learn: Option<Arc<dyn Fn(u64, String) + Send + Sync>>,
-    /// Told of every applied write (the tablet server's maintenance).
-    maintenance: Option<Arc<MaintenanceSignal>>,
-}
-
-impl TabletStateMachine {
-    /// Stages the clone `target` of this tablet, as log entry `index`, beside the replica's
-    /// directory (see [`clone_staging_dir`]), for the server to open as a replica of its own.
-    /// An entry replayed after the clone became a replica does nothing.
-    fn stage_clone(
-        &self,
-        index: u64,
-        target: &str,
-        as_of: Option<Timestamp>,
-    ) -> Result<(), StorageError> {
-        let tablets = self.dir.parent().ok_or_else(|| {
-            StorageError::Corruption(format!("{} has no parent directory", self.dir.display()))
-        })?;
-        if tablets.join(target).exists() {
-            return Ok(());
-        }
-        let staging = clone_staging_dir(tablets, target);
-        if staging.exists() {
-            std::fs::remove_dir_all(&staging)?;
-        }
-        let cloned = self.tablet.make_clone(&staging.join("data"), index, as_of);
-        if cloned.is_err() {
-            let _ = std::fs::remove_dir_all(&staging);
-        }
-        cloned
-    }
-
-    /// Applies `op`, logged as entry `index` at `ts`, to the tablet.
-    fn apply_op(
-        &self,
-        index: u64,
-        ts: Timestamp,
-        op: &TabletOp,
-    ) -> Result<WriteOutcome, StorageError> {
-        let tablet = &self.tablet;
-        let committed_at = |at: Timestamp| {
-            move |rows| WriteOutcome {
-                rows,
-                conflicts: Vec::new(),
-                visible_at: Some(at),
-            }
-        };
-        match op {
-            TabletOp::Write(batch) => tablet.apply_write(index, ts, batch),
-            TabletOp::AlterSchema(schema) => {
-                (tablet.alter_schema(index, schema)).map(|()| WriteOutcome::default())
-            }
-            TabletOp::TxnWrite {
-                txn,
-                batch,
-                prepare,
-            } => {
-                let written = tablet.apply_txn_write(index, ts, *txn, batch);
-                // (A write that left nothing here, all its rows in conflict, prepares nothing:
-                // its statement aborts.)
-                match written {
-                    Ok(outcome) if *prepare && tablet.txn_state(*txn).is_some() => {
-                        (tablet.prepare_txn(index, ts, *txn)).map(|_| outcome)
-                    }
-                    written => written,
-                }
-            }
-            TabletOp::TxnPrepare { txn } => {
-                (tablet.prepare_txn(index, ts, *txn)).map(|_| WriteOutcome::default())
-            }
-            TabletOp::TxnUnprepare { txn } => {
-                (tablet.unprepare_txn(index, *txn)).map(|()| WriteOutcome::default())
-            }
-            TabletOp::TxnCommit { txn, commit_ts } => {
-                // A commit without prepare (one participant) commits at its own timestamp.
-                let at = match commit_ts.0 {
-                    0 => ts,
-                    _ => *commit_ts,
-                };
-                self.clock.observe(at);
-                tablet.commit_txn(index, at, *txn).map(committed_at(at))
-            }
-            TabletOp::TxnAbort { txn } => {
-                (tablet.abort_txn(index, *txn)).map(|()| WriteOutcome::default())
-            }
-            TabletOp::Clone { target, as_of } => self
-                .stage_clone(index, target, *as_of)
-                .map(|()| WriteOutcome::default()),
-        }
-    }
-}
-
-/// Where a replica in `tablets` stages clone `target` of its tablet: a directory that a
-/// server's start removes (an unclaimed clone holds nothing acknowledged).
-pub fn clone_staging_dir(tablets: &Path, target: &str) -> PathBuf {
-    beside(&tablets.join(target), "clone")
-}
-
-/// The directory named `.{kind}-{name}` next to `dir` (named `name`): where a replica's
-/// directory is built before it appears, or goes before it is deleted. Names starting with a
-/// dot are no replica's; a tablet server's start removes them (see [`remove_staging`]).
-pub fn beside(dir: &Path, kind: &str) -> PathBuf {
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy())
-        .unwrap_or_default();
-    dir.with_file_name(format!(".{kind}-{name}"))
-}
-
-/// Makes the replica directory `dir` appear whole: `build` fills a staging directory beside
-/// it, which is then renamed to `dir` (and the rename made durable). A crash leaves either no
-/// `dir` or a complete one, never half a replica that the next start cannot open.
-fn build_in_place(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let staging = beside(dir, "new");
-    if staging.exists() {
-        std::fs::remove_dir_all(&staging)?;
-    }
-    std::fs::create_dir_all(&staging)?;
-    let built = build(&staging).and_then(|()| place(&staging, dir));
-    if built.is_err() {
-        let _ = std::fs::remove_dir_all(&staging);
-    }
-    built
-}
-
-/// Renames the complete replica directory `staging` to `dir`, durably: its own entries (the
-/// data directory, the log, the peers) first, then the rename.
-fn place(staging: &Path, dir: &Path) -> Result<()> {
-    std::fs::File::open(staging)?.sync_all()?;
-    std::fs::rename(staging, dir)?;
-    sync_parent(dir)
-}
-
-fn sync_parent(dir: &Path) -> Result<()> {
-    if let Some(parent) = dir.parent() {
-        std::fs::File::open(parent)?.sync_all()?;
-    }
-    Ok(())
-}
-
-/// Deletes the replica directory `dir`, if there is one, in a way a crash cannot leave half
-/// done: it is first renamed away (a name the next start removes), then removed.
-pub fn discard(dir: &Path) -> Result<()> {
-    let trash = beside(dir, "deleted");
-    if trash.exists() {
-        std::fs::remove_dir_all(&trash)?;
-    }
-    match std::fs::rename(dir, &trash) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e.into()),
-    }
-    sync_parent(dir)?;
-    std::fs::remove_dir_all(&trash)?;
-    Ok(())
-}
-
-/// Removes what a crash left in `tablets` next to the replicas' directories: replicas half
-/// built (a creation, a tablet copy, a clone no replica was made of) or half deleted. Nothing
-/// in them was acknowledged as a replica of this server.
-pub fn remove_staging(tablets: &Path) -> Result<()> {
-    for entry in std::fs::read_dir(tablets)? {
-        let entry = entry?;
-        if entry.file_name().to_string_lossy().starts_with('.') && entry.file_type()?.is_dir() {
-            tracing::info!(dir = %entry.path().display(), "removing a replica directory a crash left half made");
-            std::fs::remove_dir_all(entry.path())?;
-        }
-    }
-    Ok(())
-}
-
-impl StateMachine for TabletStateMachine {
-    type Output = Result<WriteOutcome, StorageError>;
-
-    fn durable_index(&self) -> u64 {
-        self.tablet.durable_index()
-    }
-
-    fn apply(&mut self, index: u64, command: &[u8]) -> Self::Output {
-        let logged = LoggedOp::decode(command)?;
-        // A replayed entry may carry a timestamp ahead of this process's clock.
-        self.clock.observe(logged.ts);
-        let tablet = &self.tablet;
-        // A request applied before (sent again after its answer was lost) is answered with
-        // what it did then.
-        let result = match logged.request {
-            Some(id) => match tablet.applied_request(id) {
-                Some(known) => known,
-                None => {
-                    tablet.begin_request(id, index, logged.ts);
-                    let result = self.apply_op(index, logged.ts, &logged.op);
-                    tablet.end_request(id, result.as_ref().ok());
-                    result
-                }
-            },
-            None => self.apply_op(index, logged.ts, &logged.op),
-        };
-        let holds = tablet.take_holds();
-        self.inflight.change_holds(&holds);
-        // Rows waiting for their turn (a queue's) are not visible yet: then only the turns
-        // this entry applied count.
-        let visible = (result.as_ref().ok())
-            .and_then(|outcome| outcome.visible_at.filter(|_| outcome.rows > 0))
-            .filter(|_| !tablet.turns_waiting());
-        if let Some(at) = visible.max(holds.visible) {
-            // Wakes the readers waiting for new rows (queue tails).
-            self.inflight.written.send_if_modified(|newest| {
-                let newer = at.0 > *newest;
-                *newest = (*newest).max(at.0);
-                newer
-            });
-        }
-        if let Ok(outcome) = &result {
-            // Rows count when they become visible (a transaction's at its commit), bytes when
-            // they arrive.
-            let metrics = crate::metrics::engine();
-            if !matches!(logged.op, TabletOp::TxnWrite { .. }) {
-                metrics.rows_written.inc_by(outcome.rows as u64);
-            }
-            if let TabletOp::Write(batch) | TabletOp::TxnWrite { batch, .. } = &logged.op {
-                let bytes = nyala_storage::rows_bytes(&batch.rows) as u64;
-                metrics.bytes_written.inc_by(bytes);
-            }
-        }
-        self.inflight.remove(logged.ts.0);
-        if let Some(maintenance) = &self.maintenance {
-            maintenance.wrote();
-        }
-        result
-    }
-
-    /// A membership change carries `<server id>=<address>` of the member it adds.
-    fn membership_changed(&mut self, voters: &[u64], learners: &[u64], context: &[u8]) {
-        let mut peers = Peers::read(&self.dir).ok().flatten().unwrap_or_default();
-        if let Some((id, address)) = std::str::from_utf8(context)
-            .ok()
-            .and_then(|c| c.split_once('='))
-            .and_then(|(id, a)| Some((id.parse::<u64>().ok()?, a.to_string())))
-        {
-            if let Some(learn) = &self.learn {
-                learn(id, address.clone());
-            }
-            peers.addresses.insert(id, address);
-        }
-        peers.voters = voters.iter().chain(learners).copied().collect();
-        if let Err(e) = peers.write(&self.dir) {
-            tracing::error!(dir = %self.dir.display(), error = %e, "cannot record the tablet's members");
-        }
-    }
 }
 
 /// Where a copied tablet's files stand in its group's log: the entry they are durable up to,
@@ -700,7 +282,7 @@ impl TabletReplica {
                     .unwrap_or_else(|poisoned| poisoned.into_inner());
                 let first = (*next).max(self.tablet.next_auto_id());
                 *next = first + n;
-                let rows = with_auto_ids(&batch.rows, first, n)?;
+                let rows = auto_ids::with_auto_ids(&batch.rows, first, n)?;
                 Ok(WriteBatch::new(batch.kind, rows))
             }
             _ => Ok(batch.clone()),
@@ -1139,9 +721,9 @@ impl TabletReplica {
 
 #[cfg(test)]
 mod tests {
-    use arrow::array::AsArray;
+    use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
     use arrow::datatypes::Int64Type;
-    use nyala_storage::{ColumnSchema, ColumnType};
+    use nyala_storage::{ColumnSchema, ColumnType, StorageError};
 
     use super::*;
 

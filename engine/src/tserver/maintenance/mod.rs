@@ -26,126 +26,26 @@
 //! [`RECENT_OPS`] done ([`MaintenanceLog`]), each with its score and duration, and counted in
 //! the engine's metrics.
 
+pub(crate) mod signal;
+
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use nyala_storage::MaintenanceKind;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 use crate::tserver::replica::TabletReplica;
 use crate::tserver::TabletServer;
+pub use signal::{MaintenanceSignal, IDLE_FLUSH_AFTER, IDLE_INTERVAL, ROUND_INTERVAL};
 
-/// The shortest time between two rounds that writes ask for.
-pub const ROUND_INTERVAL: Duration = Duration::from_millis(200);
-/// The longest time between two rounds.
-pub const IDLE_INTERVAL: Duration = Duration::from_secs(60);
-/// A replica holding unflushed data that took no write for this long is flushed: its log can
-/// then go, and a bulk load settles into its compact, compressed files soon after it ends.
-pub const IDLE_FLUSH_AFTER: Duration = Duration::from_secs(30);
 /// A replica whose log takes more than this on disk is flushed, so the log can be truncated.
 const LOG_RETENTION_BYTES: u64 = 256 << 20;
 /// The most flushes and compactions one round runs (besides memory-pressure flushes).
 const OPS_PER_ROUND: usize = 4;
 /// Finished operations the [`MaintenanceLog`] keeps.
 pub const RECENT_OPS: usize = 100;
-
-/// What wakes the maintenance thread. Replicas report the writes they apply; writers that wait
-/// for memory ask for a round and wait for flushes.
-#[derive(Default)]
-pub struct MaintenanceSignal {
-    /// A write was applied since the last round began (read without the lock: writes are many).
-    wrote: AtomicBool,
-    wake: Mutex<Wake>,
-    condvar: Condvar,
-    /// Notified after every flush and round, for writers waiting for memory.
-    flushed: tokio::sync::Notify,
-    /// Per replica: its unflushed bytes when last looked at, and since when they are so (they
-    /// grow with every write, so unchanged bytes mean no writes).
-    unchanged: Mutex<std::collections::HashMap<String, (usize, Instant)>>,
-}
-
-#[derive(Default)]
-struct Wake {
-    memory_wanted: bool,
-    stopping: bool,
-}
-
-impl MaintenanceSignal {
-    /// A replica applied a write. Cheap when the server is marked written already.
-    pub fn wrote(&self) {
-        if self.wrote.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        // Taking the lock orders the flag before the thread's check-then-wait.
-        let _wake = self.wake.lock();
-        self.condvar.notify_one();
-    }
-
-    /// A writer waits for memory: run a round now.
-    pub fn memory_wanted(&self) {
-        self.wake.lock().memory_wanted = true;
-        self.condvar.notify_one();
-    }
-
-    /// Resolves after the next flush or round. Enable it (see [`tokio::sync::Notified::enable`])
-    /// before checking memory, so a flush in between is not missed.
-    pub fn flushed(&self) -> tokio::sync::futures::Notified<'_> {
-        self.flushed.notified()
-    }
-
-    fn stopping(&self) -> bool {
-        self.wake.lock().stopping
-    }
-
-    /// How long `replica` has held the unflushed bytes it holds now without a write (zero the
-    /// first time they are seen).
-    fn idle_for(&self, replica: &TabletReplica, bytes: usize) -> Duration {
-        let now = Instant::now();
-        let mut unchanged = self.unchanged.lock();
-        match unchanged.get(replica.id()) {
-            Some(&(seen, since)) if seen == bytes => now.saturating_duration_since(since),
-            _ => {
-                unchanged.insert(replica.id().to_string(), (bytes, now));
-                Duration::ZERO
-            }
-        }
-    }
-
-    /// Waits until a round is due, after a round began at `last` that `did_work` or not (and
-    /// left unflushed data in some replica: `pending`); false once the manager stops.
-    fn wait_for_round(&self, last: Instant, did_work: bool, pending: bool) -> bool {
-        let mut wake = self.wake.lock();
-        loop {
-            if wake.stopping {
-                return false;
-            }
-            let wanted = did_work || self.wrote.load(Ordering::Acquire);
-            // A writer waiting for memory is served at once, unless the last round found
-            // nothing to flush: then it waits for the pace like everything else.
-            if wake.memory_wanted && did_work {
-                break;
-            }
-            let due = match (wanted || wake.memory_wanted, pending) {
-                (true, _) => last + ROUND_INTERVAL,
-                // Soon enough to flush what the last writes left once they have stopped.
-                // (The round that saw the data last began a little before it looked.)
-                (false, true) => last + IDLE_FLUSH_AFTER + ROUND_INTERVAL,
-                (false, false) => last + IDLE_INTERVAL,
-            };
-            if Instant::now() >= due {
-                break;
-            }
-            self.condvar.wait_until(&mut wake, due);
-        }
-        wake.memory_wanted = false;
-        // Writes from here on ask for the next round.
-        self.wrote.store(false, Ordering::Release);
-        true
-    }
-}
 
 /// The maintenance thread of a tablet server; stops when dropped.
 pub struct MaintenanceManager {
@@ -250,7 +150,7 @@ pub fn candidates(
             };
             let idle = match memory {
                 0 => 0.0,
-                _ => match signal.idle_for(r, memory) >= IDLE_FLUSH_AFTER {
+                _ => match signal.idle_for(r.id(), memory) >= IDLE_FLUSH_AFTER {
                     true => 1.0,
                     false => 0.0,
                 },
@@ -298,11 +198,8 @@ impl MaintenanceManager {
                     did_work = run_round(&replicas, server.memory_limit(), &signal, &log);
                     pending = replicas.iter().any(|r| r.tablet().memory_bytes() > 0);
                     let ids: Vec<&str> = replicas.iter().map(|r| r.id()).collect();
-                    signal
-                        .unchanged
-                        .lock()
-                        .retain(|id, _| ids.contains(&id.as_str()));
-                    signal.flushed.notify_waiters();
+                    signal.forget_all_but(&ids);
+                    signal.notify_flushed();
                 }
             })?;
         *self.thread.lock() = Some(thread);
@@ -321,8 +218,7 @@ impl MaintenanceManager {
 
     /// Stops the thread once the operation it may be running has finished.
     pub fn stop(&self) {
-        self.signal.wake.lock().stopping = true;
-        self.signal.condvar.notify_one();
+        self.signal.stop();
         if let Some(thread) = self.thread.lock().take() {
             // The thread holds the server during a round, so it may be the one dropping it.
             if thread.thread().id() != std::thread::current().id() {
@@ -378,7 +274,7 @@ fn run_round(
             Err(_) if replica.is_deleted() => {}
             Err(e) => tracing::error!(tablet = replica.id(), error = %e, "flush failed"),
         }
-        signal.flushed.notify_waiters();
+        signal.notify_flushed();
         total -= bytes;
     }
     for _ in 0..OPS_PER_ROUND {
@@ -400,7 +296,7 @@ fn run_round(
         let done = log.record(&replica, kind.as_ref(), (score, false), || match &kind {
             None => {
                 let flushed = replica.flush();
-                signal.flushed.notify_waiters();
+                signal.notify_flushed();
                 flushed
             }
             Some(kind) => replica.compact(kind),
@@ -535,16 +431,10 @@ mod tests {
         // Its bytes seen unchanged since longer than the idle time: due for a flush.
         let bytes = replica.tablet().memory_bytes();
         let long_ago = Instant::now() - super::IDLE_FLUSH_AFTER - Duration::from_secs(1);
-        signal
-            .unchanged
-            .lock()
-            .insert("t".into(), (bytes, long_ago));
+        signal.seen_unchanged_since("t", bytes, long_ago);
         assert!(flush_score(&signal) >= 1.0);
         // A write since then: not idle.
-        signal
-            .unchanged
-            .lock()
-            .insert("t".into(), (bytes, long_ago));
+        signal.seen_unchanged_since("t", bytes, long_ago);
         replica.write(&rows(&schema(), 10, 1)).await.unwrap();
         assert!(flush_score(&signal) < 1.0);
         server.shutdown().unwrap();
