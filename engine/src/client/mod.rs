@@ -523,3 +523,195 @@ fn chunks(rows: &RecordBatch) -> Vec<RecordBatch> {
         .map(|start| rows.slice(start, per_chunk.min(n - start)))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{ArrayRef, AsArray, Int64Array};
+    use arrow::datatypes::Int64Type;
+    use nyala_storage::{ColumnSchema, ColumnType, Schema, TabletOptions};
+
+    use super::*;
+    use crate::embedded::EmbeddedNode;
+    use crate::partition::{HashLevel, PartitionSchema};
+
+    fn schema() -> Schema {
+        let columns = vec![
+            ColumnSchema::new("k", ColumnType::Int64, false),
+            ColumnSchema::new("v", ColumnType::Int64, false),
+        ];
+        Schema::new(columns, vec![0]).unwrap()
+    }
+
+    fn create(name: &str, buckets: u32) -> DdlOp {
+        let hash = vec![HashLevel {
+            columns: vec![0],
+            buckets,
+        }];
+        DdlOp::CreateTable {
+            name: name.into(),
+            schema: schema(),
+            partition: PartitionSchema::new(&schema(), hash, vec![], vec![]).unwrap(),
+            if_not_exists: false,
+            replicas: 0,
+            owner: None,
+        }
+    }
+
+    /// Rows (`k`, `k * 10`) for every `k` in `keys`.
+    fn rows(keys: impl IntoIterator<Item = i64>) -> RecordBatch {
+        let keys: Vec<i64> = keys.into_iter().collect();
+        let values: Vec<i64> = keys.iter().map(|k| k * 10).collect();
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(keys)),
+            Arc::new(Int64Array::from(values)),
+        ];
+        RecordBatch::try_new(schema().arrow_schema(), columns).unwrap()
+    }
+
+    fn spec() -> ScanSpec {
+        ScanSpec {
+            projection: None,
+            predicates: Vec::new(),
+            snapshot: Timestamp(0),
+            limit: None,
+            batch_size: 1024,
+            string_views: false,
+        }
+    }
+
+    /// The keys of each tablet of `table`, read at `snapshot` (None: each tablet's own).
+    fn keys_by_tablet(
+        client: &Client,
+        table: &TableInfo,
+        snapshot: Option<Timestamp>,
+    ) -> Vec<Vec<i64>> {
+        (0..table.tablets.len())
+            .map(|tablet| {
+                let scan = client.scan_tablet(table, tablet, spec(), snapshot).unwrap();
+                let batches = scan.map(Result::unwrap);
+                let keys = batches.flat_map(|b| {
+                    let keys = b.column(0).as_primitive::<Int64Type>().clone();
+                    keys.values().to_vec()
+                });
+                keys.collect()
+            })
+            .collect()
+    }
+
+    fn node(dir: &std::path::Path) -> EmbeddedNode {
+        crate::embedded::open(dir, TabletOptions::default(), 64 << 20).unwrap()
+    }
+
+    /// Tables named with the system prefix cannot be created, and those the database made
+    /// for itself are not shown to users.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn system_tables_are_out_of_users_reach() {
+        let dir = tempfile::tempdir().unwrap();
+        let client = node(dir.path()).client;
+        let hidden = format!("{SYSTEM_PREFIX}hidden");
+        assert!(matches!(
+            client.ddl(create(&hidden, 1)).await,
+            Err(EngineError::InvalidTable(_))
+        ));
+        // The database's own, through the catalog itself.
+        client.catalog.ddl(create(&hidden, 1)).await.unwrap();
+        client.ddl(create("mine", 1)).await.unwrap();
+        assert!(client.catalog.table(&hidden).is_some());
+        assert!(matches!(
+            client.table(&hidden),
+            Err(EngineError::TableNotFound(_))
+        ));
+        let names: Vec<String> = client.tables().iter().map(|t| t.name.clone()).collect();
+        assert_eq!(names, ["mine"]);
+        client.shutdown().unwrap();
+    }
+
+    /// A write is split by partition key: each row lands in the one tablet its key hashes to,
+    /// and reading every tablet at the client's snapshot gives back every row once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rows_go_to_the_tablets_of_their_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let client = node(dir.path()).client;
+        client.ddl(create("t", 4)).await.unwrap();
+        let table = client.table("t").unwrap();
+        assert_eq!(
+            client.safe_snapshot_of(&table, &[]).await.unwrap(),
+            Timestamp(0)
+        );
+        assert!(client.is_single_write(&table, &rows([5])).unwrap());
+        let batch = rows(0..100);
+        assert!(!client.is_single_write(&table, &batch).unwrap());
+        let written = client.write(&table, WriteKind::Insert, &batch).await;
+        assert_eq!(written.unwrap(), 100);
+
+        // The newest write this client saw acknowledged.
+        assert!(client.safe_snapshot_of(&table, &[]).await.unwrap() > Timestamp(0));
+        let snapshot = client.safe_snapshot(&table).await.unwrap();
+        let by_tablet = keys_by_tablet(&client, &table, Some(snapshot));
+        let routed = table.partition.tablets(&table.schema, &batch).unwrap();
+        for (tablet, keys) in by_tablet.iter().enumerate() {
+            assert!(!keys.is_empty(), "tablet {tablet} got no rows");
+            for k in keys {
+                assert_eq!(routed[*k as usize], tablet, "key {k}");
+            }
+        }
+        let mut all: Vec<i64> = by_tablet.concat();
+        all.sort();
+        assert_eq!(all, (0..100).collect::<Vec<_>>());
+        client.shutdown().unwrap();
+    }
+
+    /// A write is atomic per tablet only: when one tablet refuses its part (a duplicate key),
+    /// the others' parts stay, and the error says how many rows were applied.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_write_says_what_other_tablets_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let client = node(dir.path()).client;
+        client.ddl(create("t", 4)).await.unwrap();
+        let table = client.table("t").unwrap();
+        client
+            .write(&table, WriteKind::Insert, &rows([0]))
+            .await
+            .unwrap();
+        // Key 0 again, with new keys in every tablet.
+        let batch = rows((0..1).chain(100..200));
+        let routed = table.partition.tablets(&table.schema, &batch).unwrap();
+        let refused_tablet = routed[0];
+        let others = routed.iter().filter(|t| **t != refused_tablet).count();
+        assert!(others > 0 && others < 100);
+        let failed = client.write(&table, WriteKind::Insert, &batch).await;
+        let Err(WriteError { applied, error }) = failed else {
+            panic!("a duplicate key was written");
+        };
+        assert!(matches!(
+            error,
+            EngineError::Storage(nyala_storage::StorageError::DuplicateKey { .. })
+        ));
+        assert_eq!(applied, others);
+        let snapshot = client.safe_snapshot(&table).await.unwrap();
+        let by_tablet = keys_by_tablet(&client, &table, Some(snapshot));
+        assert_eq!(by_tablet.concat().len(), 1 + others);
+        assert_eq!(by_tablet[refused_tablet], [0]);
+        client.shutdown().unwrap();
+    }
+
+    /// A batch over the size of one log entry is cut into slices of at most that size, in
+    /// order, none lost; a smaller one goes whole.
+    #[test]
+    fn large_batches_are_cut_into_log_entry_sized_chunks() {
+        assert_eq!(chunks(&rows(0..10)).len(), 1);
+        // Two BIGINT columns: 16 bytes a row, so 1 M rows are 16 MiB.
+        let n = 1 << 20;
+        let batch = rows(0..n);
+        let cut = chunks(&batch);
+        assert!(cut.len() >= 2);
+        let mut next = 0;
+        for chunk in &cut {
+            assert!(nyala_storage::rows_bytes(chunk) <= MAX_WRITE_BYTES);
+            let keys = chunk.column(0).as_primitive::<Int64Type>();
+            assert_eq!(keys.value(0), next);
+            next += chunk.num_rows() as i64;
+        }
+        assert_eq!(next, n);
+    }
+}

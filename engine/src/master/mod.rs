@@ -866,3 +866,225 @@ impl RaftGroups for Master {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use parking_lot::Mutex;
+
+    use super::*;
+    use crate::partition::HashLevel;
+
+    /// Placement that keeps no tablets, only what it was asked: tablets "created" on server 7,
+    /// deleted, and the tables reconciled at a start. With `fail_at`, that creation fails.
+    #[derive(Default)]
+    struct RecordedPlacement {
+        created: Mutex<Vec<String>>,
+        deleted: Mutex<Vec<(String, Vec<u64>)>>,
+        reconciled: Mutex<Vec<String>>,
+        fail_at: Option<usize>,
+    }
+
+    #[async_trait::async_trait]
+    impl TabletPlacement for RecordedPlacement {
+        async fn create_tablet(&self, id: &str, _: &Schema, _: usize) -> Result<Vec<u64>> {
+            let mut created = self.created.lock();
+            if self.fail_at == Some(created.len()) {
+                return Err(EngineError::Unavailable("no tablet server answers".into()));
+            }
+            created.push(id.to_string());
+            Ok(vec![7])
+        }
+
+        async fn delete_tablet(&self, id: &str, servers: &[u64]) -> Result<()> {
+            self.deleted.lock().push((id.to_string(), servers.to_vec()));
+            Ok(())
+        }
+
+        async fn alter_schema(&self, _: &str, _: &Schema) -> Result<()> {
+            Ok(())
+        }
+
+        async fn clone_tablet(&self, _: &str, _: &str, _: Option<Timestamp>) -> Result<Vec<u64>> {
+            Err(EngineError::Unsupported("no clones here".into()))
+        }
+
+        fn reconcile(&self, tables: &[Arc<TableInfo>]) -> Result<()> {
+            let mut reconciled = self.reconciled.lock();
+            reconciled.extend(tables.iter().map(|t| t.name.clone()));
+            Ok(())
+        }
+    }
+
+    fn open(dir: &Path, placement: &Arc<RecordedPlacement>) -> Master {
+        let clock = Arc::new(HybridClock::new());
+        Master::open(dir, clock, placement.clone(), None).unwrap()
+    }
+
+    fn schema() -> Schema {
+        let columns = vec![
+            ColumnSchema::new("k", ColumnType::Int64, false),
+            ColumnSchema::new("v", ColumnType::String, true),
+        ];
+        Schema::new(columns, vec![0]).unwrap()
+    }
+
+    /// `schema()` hashed on `k` into `buckets` tablets.
+    fn hashed(buckets: u32) -> PartitionSchema {
+        let hash = vec![HashLevel {
+            columns: vec![0],
+            buckets,
+        }];
+        PartitionSchema::new(&schema(), hash, vec![], vec![]).unwrap()
+    }
+
+    async fn create(master: &Master, name: &str, if_not_exists: bool) -> Result<bool> {
+        (master.create_table(name, schema(), hashed(3), if_not_exists, 0, None)).await
+    }
+
+    /// A created table's tablets are placed, and the table, with where they went, is read
+    /// back from the catalog tablet when the master starts again; dropping it deletes its
+    /// tablets where they are.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_created_table_is_in_the_catalog_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let placement = Arc::new(RecordedPlacement::default());
+        let master = open(dir.path(), &placement);
+        assert!(create(&master, "t", false).await.unwrap());
+        assert!(!create(&master, "t", true).await.unwrap());
+        assert!(matches!(
+            create(&master, "t", false).await,
+            Err(EngineError::TableExists(_))
+        ));
+        let table = master.table("t").unwrap();
+        assert_eq!(table.tablets, *placement.created.lock());
+        assert_eq!(table.tablets.len(), 3);
+        master.shutdown().unwrap();
+        drop(master);
+
+        let placement = Arc::new(RecordedPlacement::default());
+        let master = open(dir.path(), &placement);
+        let reopened = master.table("t").expect("table read back");
+        assert_eq!(reopened.id, table.id);
+        assert_eq!(reopened.tablets, table.tablets);
+        assert_eq!(reopened.schema, schema());
+        assert!(reopened
+            .tablets
+            .iter()
+            .all(|t| reopened.placement[t] == [7]));
+        assert_eq!(*placement.reconciled.lock(), ["t"]);
+
+        assert!(master.drop_table("t", false).await.unwrap());
+        assert!(!master.drop_table("t", true).await.unwrap());
+        let deleted = placement.deleted.lock().clone();
+        let expected: Vec<(String, Vec<u64>)> =
+            table.tablets.iter().map(|t| (t.clone(), vec![7])).collect();
+        assert_eq!(deleted, expected);
+        assert!(master.tables().is_empty());
+        master.shutdown().unwrap();
+    }
+
+    /// A table whose tablets cannot all be made is not created: the catalog never holds it,
+    /// and the tablets made are deleted again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_table_whose_tablets_cannot_all_be_made_is_not_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let placement = Arc::new(RecordedPlacement {
+            fail_at: Some(2),
+            ..Default::default()
+        });
+        let master = open(dir.path(), &placement);
+        assert!(matches!(
+            create(&master, "t", false).await,
+            Err(EngineError::Unavailable(_))
+        ));
+        assert!(master.table("t").is_none());
+        let created = placement.created.lock().clone();
+        assert_eq!(created.len(), 2);
+        let deleted: Vec<String> = (placement.deleted.lock().iter())
+            .map(|(t, _)| t.clone())
+            .collect();
+        assert!(created.iter().all(|t| deleted.contains(t)));
+        master.shutdown().unwrap();
+        drop(master);
+        let master = open(dir.path(), &Arc::default());
+        assert!(master.tables().is_empty());
+        master.shutdown().unwrap();
+    }
+
+    /// Tables and views share one namespace: neither can be created, or a table renamed, to
+    /// a name the other has.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tables_and_views_share_one_namespace() {
+        let dir = tempfile::tempdir().unwrap();
+        let master = open(dir.path(), &Arc::default());
+        let view = |name: &str| DdlOp::CreateView {
+            view: ViewInfo {
+                name: name.into(),
+                sql: "SELECT 1".into(),
+                access: Access::default(),
+            },
+            or_replace: false,
+        };
+        assert!(master.ddl(view("v")).await.unwrap());
+        assert!(create(&master, "t", false).await.unwrap());
+        assert!(matches!(
+            create(&master, "v", false).await,
+            Err(EngineError::TableExists(_))
+        ));
+        assert!(matches!(
+            master.ddl(view("t")).await,
+            Err(EngineError::TableExists(_))
+        ));
+        assert!(matches!(
+            master.rename_table("t", "v").await,
+            Err(EngineError::TableExists(_))
+        ));
+        let drop_view = DdlOp::DropView {
+            name: "v".into(),
+            if_exists: false,
+        };
+        assert!(master.ddl(drop_view).await.unwrap());
+        master.rename_table("t", "v").await.unwrap();
+        assert!(master.table("t").is_none() && master.table("v").is_some());
+        assert!(master.views().is_empty());
+        master.shutdown().unwrap();
+    }
+
+    /// A user who owns a table cannot be dropped (the table would have no owner); once the
+    /// table is gone, it can.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_user_owning_a_table_is_not_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let master = open(dir.path(), &Arc::default());
+        let user = UserInfo {
+            name: "ann".into(),
+            password_hash: "not checked here".into(),
+            admin: false,
+            scram: None,
+        };
+        let create_user = DdlOp::CreateUser {
+            user,
+            if_not_exists: false,
+        };
+        assert!(master.ddl(create_user).await.unwrap());
+        let owner = Some("ann".to_string());
+        (master.create_table("t", schema(), hashed(1), false, 0, owner))
+            .await
+            .unwrap();
+        let drop_user = || DdlOp::DropUser {
+            name: "ann".into(),
+            if_exists: false,
+        };
+        assert!(matches!(
+            master.ddl(drop_user()).await,
+            Err(EngineError::Unsupported(_))
+        ));
+        assert_eq!(master.users().len(), 1);
+        master.drop_table("t", false).await.unwrap();
+        assert!(master.ddl(drop_user()).await.unwrap());
+        assert!(master.users().is_empty());
+        master.shutdown().unwrap();
+    }
+}

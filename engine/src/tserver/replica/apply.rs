@@ -201,3 +201,138 @@ impl StateMachine for TabletStateMachine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use arrow::array::{ArrayRef, Int64Array, RecordBatch};
+    use nyala_storage::{
+        ColumnSchema, ColumnType, RequestId, Schema, TabletOptions, WriteBatch, WriteKind,
+    };
+    use parking_lot::Mutex;
+
+    use super::*;
+
+    type Learned = Arc<Mutex<Vec<(u64, String)>>>;
+
+    /// A state machine over a new tablet (`k`, `v`: BIGINT) in `dir`, and what it learns of
+    /// new members' addresses.
+    fn state_machine(dir: &Path) -> (TabletStateMachine, Learned) {
+        let schema = Schema::new(
+            vec![
+                ColumnSchema::new("k", ColumnType::Int64, false),
+                ColumnSchema::new("v", ColumnType::Int64, false),
+            ],
+            vec![0],
+        )
+        .unwrap();
+        let tablet = Tablet::create(&dir.join("data"), schema, TabletOptions::default());
+        let learned = Learned::default();
+        let learner = learned.clone();
+        let sm = TabletStateMachine {
+            tablet: Arc::new(tablet.unwrap()),
+            inflight: Inflight::default(),
+            clock: Arc::new(HybridClock::new()),
+            dir: dir.to_path_buf(),
+            learn: Some(Arc::new(move |id, address| {
+                learner.lock().push((id, address))
+            })),
+            maintenance: Some(Arc::default()),
+        };
+        (sm, learned)
+    }
+
+    /// The stamped log entry of inserting (`k`, `v`), for `request` if given, proposed at `ts`
+    /// (marked in flight, as the leader does).
+    fn insert(
+        sm: &TabletStateMachine,
+        k: i64,
+        request: Option<RequestId>,
+        ts: Timestamp,
+    ) -> Vec<u8> {
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(vec![k])),
+            Arc::new(Int64Array::from(vec![k * 10])),
+        ];
+        let rows = RecordBatch::try_new(sm.tablet.schema().arrow_schema(), columns).unwrap();
+        let op = TabletOp::Write(WriteBatch::new(WriteKind::Insert, rows));
+        let mut entry = LoggedOp::frame(&op, request);
+        LoggedOp::stamp(&mut entry, ts);
+        sm.inflight.lock().writes.insert(ts.0);
+        entry
+    }
+
+    /// A request applied again (its answer lost, the client sent it again) is answered with
+    /// what it did the first time instead of failing as a duplicate key; the same insert
+    /// without a request fails. Either way the entry's write is no longer in flight.
+    #[test]
+    fn a_request_applied_again_is_answered_as_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut sm, _) = state_machine(dir.path());
+        let request = RequestId { client: 1, seq: 1 };
+        let ts = sm.clock.now();
+        let entry = insert(&sm, 1, Some(request), ts);
+        let first = sm.apply(1, &entry).unwrap();
+        assert_eq!((first.rows, first.visible_at), (1, Some(ts)));
+        assert!(sm.inflight.applied(ts));
+        assert_eq!(*sm.inflight.written.borrow(), ts.0);
+
+        let again = insert(&sm, 1, Some(request), sm.clock.now());
+        assert_eq!(sm.apply(2, &again).unwrap(), first);
+
+        let later = sm.clock.now();
+        let duplicate = insert(&sm, 1, None, later);
+        assert!(matches!(
+            sm.apply(3, &duplicate),
+            Err(StorageError::DuplicateKey { .. })
+        ));
+        assert!(sm.inflight.applied(later));
+    }
+
+    /// An entry stamped ahead of this process's clock (replayed, or from a leader whose clock
+    /// runs ahead) moves the clock past it, so later writes here are stamped above it.
+    #[test]
+    fn an_entry_ahead_of_the_clock_moves_the_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut sm, _) = state_machine(dir.path());
+        let ahead = Timestamp::from_micros(sm.clock.now().micros() + 10_000_000);
+        let entry = insert(&sm, 1, None, ahead);
+        sm.apply(1, &entry).unwrap();
+        assert!(sm.clock.now() > ahead);
+    }
+
+    #[test]
+    fn a_damaged_entry_applies_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut sm, _) = state_machine(dir.path());
+        let ts = sm.clock.now();
+        let mut entry = insert(&sm, 1, None, ts);
+        entry.truncate(8);
+        assert!(matches!(
+            sm.apply(1, &entry),
+            Err(StorageError::Corruption(_))
+        ));
+        assert_eq!(sm.tablet.estimated_rows(), 0);
+    }
+
+    /// A membership change records the group's members (voters and learners) in `peers.json`
+    /// and where an added member listens, and tells the server; a later change keeps the
+    /// addresses known.
+    #[test]
+    fn a_membership_change_records_the_members() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut sm, learned) = state_machine(dir.path());
+        sm.membership_changed(&[1, 2], &[3], b"3=c:7051");
+        let peers = Peers::read(dir.path()).unwrap().unwrap();
+        assert_eq!(peers.voters, [1, 2, 3]);
+        assert_eq!(peers.addresses.get(&3).map(String::as_str), Some("c:7051"));
+        assert_eq!(*learned.lock(), [(3, "c:7051".to_string())]);
+
+        sm.membership_changed(&[1, 3], &[], b"");
+        let peers = Peers::read(dir.path()).unwrap().unwrap();
+        assert_eq!(peers.voters, [1, 3]);
+        assert_eq!(peers.addresses.len(), 1);
+        assert_eq!(learned.lock().len(), 1);
+    }
+}

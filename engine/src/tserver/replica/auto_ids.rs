@@ -33,3 +33,45 @@ pub(super) fn with_auto_ids(rows: &RecordBatch, first: i64, n: i64) -> Result<Re
         columns,
     )?)
 }
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{AsArray, StringArray};
+    use arrow::datatypes::Int64Type;
+
+    use super::*;
+
+    fn rows(ids: Option<Vec<Option<i64>>>) -> RecordBatch {
+        let mut fields = vec![Field::new("name", DataType::Utf8, false)];
+        let mut columns: Vec<ArrayRef> = vec![Arc::new(StringArray::from(vec!["a", "b", "c"]))];
+        if let Some(ids) = ids {
+            fields.insert(0, Field::new(AUTO_INCREMENT_COLUMN, DataType::Int64, true));
+            columns.insert(0, Arc::new(Int64Array::from(ids)));
+        }
+        RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns).unwrap()
+    }
+
+    /// Rows get consecutive ids from `first` in the last column, whether the client left the
+    /// column out or sent it NULL.
+    #[test]
+    fn inserted_rows_get_consecutive_ids() {
+        for given in [None, Some(vec![None, None, None])] {
+            let with_ids = with_auto_ids(&rows(given), 40, 3).unwrap();
+            let schema = with_ids.schema();
+            let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            assert_eq!(names, ["name", AUTO_INCREMENT_COLUMN]);
+            let ids = with_ids.column(1).as_primitive::<Int64Type>();
+            assert_eq!(ids.values().as_ref(), [40, 41, 42]);
+            assert_eq!(with_ids.column(0).as_string::<i32>().value(2), "c");
+        }
+    }
+
+    #[test]
+    fn an_id_given_by_the_client_is_refused() {
+        let given = rows(Some(vec![None, Some(7), None]));
+        assert!(matches!(
+            with_auto_ids(&given, 0, 3),
+            Err(EngineError::Unsupported(_))
+        ));
+    }
+}

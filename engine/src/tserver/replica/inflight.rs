@@ -20,7 +20,7 @@ pub(super) struct InflightWrites {
     pending: parking_lot::Mutex<Pending>,
     left: parking_lot::Condvar,
     /// The newest timestamp rows became visible at, for readers waiting for new rows (see
-    /// [`TabletReplica::wait_for_write`]).
+    /// [`super::TabletReplica::wait_for_write`]).
     pub(super) written: tokio::sync::watch::Sender<u64>,
 }
 
@@ -66,13 +66,13 @@ impl InflightWrites {
         self.left.notify_all();
     }
 
-    /// Waits until no write or prepared transaction at or below `snapshot` is pending; false
-    /// after `timeout`.
-    /// Whether every write and transaction below `snapshot` is applied.
+    /// Whether every write and transaction at or below `snapshot` is applied.
     pub(super) fn applied(&self, snapshot: Timestamp) -> bool {
         !self.pending.lock().below(snapshot)
     }
 
+    /// Waits until no write or prepared transaction at or below `snapshot` is pending; false
+    /// after `timeout`.
     pub(super) fn wait_until_applied(&self, snapshot: Timestamp, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut pending = self.pending.lock();
@@ -82,5 +82,57 @@ impl InflightWrites {
             }
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nyala_storage::Holds;
+
+    use super::*;
+
+    /// A snapshot is applied once no write at or below it is in flight; a waiter is woken
+    /// when the write is applied, and gives up after its timeout otherwise.
+    #[test]
+    fn a_snapshot_waits_for_the_writes_at_or_below_it() {
+        let inflight = Inflight::default();
+        inflight.lock().writes.insert(10);
+        assert!(inflight.applied(Timestamp(9)));
+        assert!(!inflight.applied(Timestamp(10)));
+        assert!(!inflight.wait_until_applied(Timestamp(10), Duration::from_millis(10)));
+
+        let applier = inflight.clone();
+        let apply = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            applier.remove(10);
+        });
+        assert!(inflight.wait_until_applied(Timestamp(u64::MAX), Duration::from_secs(60)));
+        apply.join().unwrap();
+        assert!(inflight.applied(Timestamp(10)));
+    }
+
+    /// A held timestamp (a prepared transaction) holds back the snapshots at and above it
+    /// until it is released; empty holds change nothing.
+    #[test]
+    fn held_timestamps_hold_snapshots_until_released() {
+        let inflight = Inflight::default();
+        let hold = Holds {
+            hold: vec![Timestamp(5), Timestamp(8)],
+            ..Holds::default()
+        };
+        inflight.change_holds(&hold);
+        inflight.change_holds(&Holds::default());
+        assert!(inflight.applied(Timestamp(4)));
+        assert!(!inflight.applied(Timestamp(5)));
+        let release = Holds {
+            release: vec![Timestamp(5)],
+            ..Holds::default()
+        };
+        inflight.change_holds(&release);
+        assert!(inflight.applied(Timestamp(7)));
+        assert!(!inflight.applied(Timestamp(8)));
+        // Removing a write does not release a hold at the same timestamp.
+        inflight.remove(8);
+        assert!(!inflight.applied(Timestamp(8)));
     }
 }

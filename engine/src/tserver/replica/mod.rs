@@ -876,4 +876,51 @@ mod tests {
         assert!(refused.is_err());
         assert_eq!(rows(&replica), [(1, 50), (2, 40)]);
     }
+
+    /// A write in flight holds the safe snapshot just below it: a scan at or above it waits
+    /// (or, asked not to wait, does not start) until the write is applied, then sees it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_safe_snapshot_stays_below_a_write_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(HybridClock::new());
+        let replica = TabletReplica::create(
+            &dir.path().join("t"),
+            "t",
+            schema(),
+            TabletOptions::default(),
+            clock.clone(),
+            None,
+            None,
+        )
+        .unwrap();
+        replica
+            .write(&batch(WriteKind::Insert, 1, 10))
+            .await
+            .unwrap();
+        // No write in flight: the snapshot is now, and sees what was written.
+        let before = replica.safe_snapshot();
+        assert!(before < clock.now());
+        assert_eq!(rows(&replica), [(1, 10)]);
+
+        // A proposal's timestamp taken, its entry not applied yet.
+        let in_flight = clock.now();
+        replica.inflight.lock().writes.insert(in_flight.0);
+        assert_eq!(replica.safe_snapshot(), Timestamp(in_flight.0 - 1));
+        let spec = || ScanSpec {
+            projection: None,
+            predicates: Vec::new(),
+            snapshot: Timestamp(0),
+            limit: None,
+            batch_size: 1024,
+            string_views: false,
+        };
+        assert!(replica.scan_if_ready(spec(), in_flight).is_none());
+        assert!(replica
+            .scan_if_ready(spec(), Timestamp(in_flight.0 - 1))
+            .is_some());
+        replica.inflight.remove(in_flight.0);
+        assert!(replica.scan_if_ready(spec(), in_flight).is_some());
+        assert!(replica.safe_snapshot() > in_flight);
+        replica.shutdown().unwrap();
+    }
 }

@@ -53,3 +53,34 @@ pub struct Replication {
     /// at once, not at the next append or heartbeat (see `RaftConfig::lazy_commit_broadcast`).
     pub followers_serve_reads: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_round_trip_through_their_file() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(Peers::read(dir.path()).unwrap().is_none());
+        let peers = Peers {
+            voters: vec![3, 1, 2],
+            addresses: [(1, "a:1".to_string()), (2, "b:2".to_string())].into(),
+        };
+        peers.write(dir.path()).unwrap();
+        let read = Peers::read(dir.path()).unwrap().unwrap();
+        assert_eq!(read.voters, peers.voters);
+        assert_eq!(read.addresses, peers.addresses);
+        // Written whole: no temporary file stays.
+        assert!(!dir.path().join("peers.json.tmp").exists());
+    }
+
+    #[test]
+    fn a_damaged_peers_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(PEERS_FILE), b"{\"voters\": [1,").unwrap();
+        assert!(matches!(
+            Peers::read(dir.path()),
+            Err(EngineError::CatalogCorrupted(_))
+        ));
+    }
+}

@@ -86,3 +86,77 @@ pub fn remove_staging(tablets: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_directories_are_dot_names_beside_the_replica() {
+        let tablets = Path::new("/data/tablets");
+        assert_eq!(
+            beside(&tablets.join("t1"), "new"),
+            Path::new("/data/tablets/.new-t1")
+        );
+        assert_eq!(
+            clone_staging_dir(tablets, "t2"),
+            Path::new("/data/tablets/.clone-t2")
+        );
+    }
+
+    /// A replica directory built in place appears with what was built; a build that fails
+    /// leaves neither the directory nor its staging; what a crash left staged is replaced.
+    #[test]
+    fn a_replica_directory_appears_whole_or_not_at_all() {
+        let tablets = tempfile::tempdir().unwrap();
+        let dir = tablets.path().join("t");
+        std::fs::create_dir_all(beside(&dir, "new").join("stale")).unwrap();
+        build_in_place(&dir, |staging| {
+            Ok(std::fs::write(staging.join("peers.json"), "{}")?)
+        })
+        .unwrap();
+        assert!(dir.join("peers.json").exists());
+        assert!(!dir.join("stale").exists());
+        assert!(!beside(&dir, "new").exists());
+
+        let failed = tablets.path().join("u");
+        let built = build_in_place(&failed, |staging| {
+            std::fs::write(staging.join("half"), "x")?;
+            Err(crate::EngineError::Unsupported("disk full".into()))
+        });
+        assert!(built.is_err());
+        assert!(!failed.exists());
+        assert!(!beside(&failed, "new").exists());
+    }
+
+    #[test]
+    fn discard_deletes_a_replica_directory_and_ignores_a_missing_one() {
+        let tablets = tempfile::tempdir().unwrap();
+        let dir = tablets.path().join("t");
+        discard(&dir).unwrap();
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        discard(&dir).unwrap();
+        assert!(!dir.exists());
+        assert!(!beside(&dir, "deleted").exists());
+    }
+
+    /// A start removes the directories a crash left half made or half deleted, and nothing
+    /// else: not replicas, not files.
+    #[test]
+    fn remove_staging_removes_only_staging_directories() {
+        let tablets = tempfile::tempdir().unwrap();
+        let replica = tablets.path().join("t1");
+        std::fs::create_dir_all(&replica).unwrap();
+        for kind in ["new", "copy", "clone", "deleted"] {
+            std::fs::create_dir_all(beside(&tablets.path().join("t2"), kind).join("data")).unwrap();
+        }
+        std::fs::write(tablets.path().join(".not-a-directory"), "x").unwrap();
+        remove_staging(tablets.path()).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(tablets.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, [".not-a-directory", "t1"]);
+    }
+}
