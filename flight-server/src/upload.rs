@@ -13,6 +13,7 @@
 //! InvalidArgument "malformed Arrow data" error instead of resetting the client's stream.
 //!
 //! ```ignore
+//! # // Not compiled: a doctest cannot reach this crate-private type.
 //! let mut upload = Upload::new(request.into_inner());
 //! while let Some(batch) = upload.try_next().await? { /* a valid batch of upload.schema() */ }
 //! ```

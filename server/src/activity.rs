@@ -8,9 +8,13 @@
 //! as batches pass (one atomic add per batch), and it is recorded as finished when dropped —
 //! when the stream ends, fails, or the client goes away.
 //!
-//! ```ignore
-//! let statement = activity.start(sql, &user, "query");
-//! let rows = statement.cancellable(stream);   // counts rows, stops when cancelled
+//! ```no_run
+//! # use std::sync::Arc;
+//! # use nyala_server::{activity::Activity, run::BatchStream};
+//! # fn sketch(activity: &Arc<Activity>, sql: &str, user: &str, stream: BatchStream) -> BatchStream {
+//! let statement = activity.start(sql, user, "query"); // running from now on
+//! let rows = statement.follow(stream); // counts rows, stops when cancelled, finishes at the end
+//! # rows }
 //! ```
 
 use std::collections::{BTreeMap, VecDeque};

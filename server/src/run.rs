@@ -2,9 +2,17 @@
 //! every statement is shown to operators while it runs ([`Activity`]), can be cancelled, and
 //! stops the same way whichever protocol sent it.
 //!
-//! ```ignore
+//! ```no_run
+//! # use std::sync::Arc;
+//! # use datafusion::common::ScalarValue;
+//! # use nyala_server::{activity::Activity, ClientSession, Result};
+//! # async fn sketch(session: &ClientSession, activity: &Arc<Activity>, params: Vec<ScalarValue>)
+//! #     -> Result<()> {
 //! let statement = session.statement("UPDATE t SET v = $1 WHERE k = $2").await?;
-//! let changed = session.run_update(&activity, &statement, &[params]).await?;
+//! let changed = session.run_update(activity, &statement, &[params]).await?; // rows changed
+//! let query = session.statement("SELECT v FROM t").await?;
+//! let (schema, rows) = session.run_query(activity, &query, &[]).await?; // a BatchStream
+//! # Ok(()) }
 //! ```
 
 use std::pin::Pin;

@@ -65,6 +65,7 @@ const DICTIONARY_BYTES: usize = 64 * 1024;
 /// tablet's [`RowsetDeltas`](crate::delta::RowsetDeltas) for it.
 ///
 /// ```ignore
+/// # // Not compiled: a doctest cannot reach this crate-private type.
 /// let rowset = DiskRowSet::write(dir, id, &schema, &batches, keys, &cache)?; // or ::open
 /// if let Some(ordinal) = rowset.find(&key, hash_bytes(&key), &cache)? {
 ///     let row = rowset.read_rows(&columns, &[ordinal])?; // a few rows by ordinal
