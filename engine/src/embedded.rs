@@ -28,9 +28,19 @@ pub struct EmbeddedNode {
 /// Opens an embedded single node in `data_dir`, holding at most about `memory_limit` bytes of
 /// unflushed data over all its tablets. Blocking: it opens every tablet.
 ///
-/// ```ignore
-/// let node = nyala_engine::embedded::open(dir, TabletOptions::default(), 2 << 30)?;
-/// node.client.ddl(DdlOp::CreateTable { .. }).await?;
+/// ```
+/// # use nyala_engine::{DdlOp, PartitionSchema};
+/// # use nyala_engine::storage::{ColumnSchema, ColumnType, Schema, TabletOptions};
+/// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// let node = nyala_engine::embedded::open(dir.path(), TabletOptions::default(), 2 << 30)?;
+/// let schema = Schema::new(vec![ColumnSchema::new("id", ColumnType::Int64, false)], vec![0])?;
+/// let partition = PartitionSchema::single();
+/// node.client.ddl(DdlOp::CreateTable { name: "events".into(), schema, partition,
+///     if_not_exists: false, replicas: 0, owner: None }).await?;
+/// assert_eq!(node.client.table("events")?.tablets.len(), 1);
+/// # node.client.shutdown()?;
+/// # Ok(()) }
 /// ```
 pub fn open(data_dir: &Path, options: TabletOptions, memory_limit: usize) -> Result<EmbeddedNode> {
     let clock = Arc::new(HybridClock::new());

@@ -13,8 +13,9 @@
 //! - [`client`]: [`Client`] is what the SQL layer talks to: DDL through the catalog, writes
 //!   routed to tablets by partition key, scans per tablet, through the [`client::Tablets`]
 //!   seam; [`client::MetaCache`] knows where a cluster's tablets and leaders are.
-//! - [`metrics`]: the engine's Prometheus metrics (events counted where they happen, tablet
-//!   and Raft state read at scrape time) and the RPC metrics layer.
+//! - [`metrics`]: the engine's Prometheus metrics (events counted where they happen) and the
+//!   RPC metrics layer; tablet, Raft and master state are read at scrape time by collectors in
+//!   [`tserver::metrics`] and [`master::metrics`].
 //! - [`rpc`]: the typed gRPC services generated from `engine/proto/`, and how errors cross them.
 //! - [`embedded`]: the single node of `nyala serve`, master and tablet server in one process
 //!   on the same seams.

@@ -18,10 +18,14 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// A client of the masters listening at the given internal RPC addresses.
 ///
-/// ```ignore
+/// ```no_run
+/// # use nyala_engine::client::AdminClient;
+/// # async fn sketch() -> nyala_engine::Result<()> {
 /// let admin = AdminClient::new(vec!["127.0.0.1:7051".into()]);
-/// let tablets = admin.list_tablets("events").await?;
+/// let events = admin.list_tablets("events").await?;
+/// println!("{} table(s)", events.tables.len());
 /// while let Some(moved) = admin.rebalance_once().await? { println!("{moved:?}"); }
+/// # Ok(()) }
 /// ```
 pub struct AdminClient {
     masters: Vec<String>,

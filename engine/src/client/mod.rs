@@ -94,11 +94,17 @@ fn is_system_table(name: &str) -> bool {
 
 /// The client the SQL layer uses.
 ///
-/// ```ignore
+/// ```no_run
+/// # use nyala_engine::Client;
+/// # use nyala_engine::storage::{ScanSpec, Timestamp, WriteKind};
+/// # async fn sketch(rows: arrow::array::RecordBatch) -> Result<(), Box<dyn std::error::Error>> {
 /// let client = Client::connect_cluster(vec!["master:7051".into()]).await?;
 /// let table = client.table("events")?;
 /// client.write(&table, WriteKind::Insert, &rows).await?;
-/// let batches = client.scan_tablet(&table, 0, ScanSpec::default(), None)?;
+/// let spec = ScanSpec { projection: None, predicates: vec![], snapshot: Timestamp(0),
+///     limit: None, batch_size: 1024, string_views: false };
+/// for batch in client.scan_tablet(&table, 0, spec, None)? { let _rows = batch?; }
+/// # Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct Client {

@@ -3,10 +3,14 @@
 //! on its membership (with each other and with the catalog's placement). A tablet short of some
 //! replicas but with a majority is healthy, with a warning.
 //!
-//! ```ignore
+//! ```no_run
+//! # use nyala_engine::client::AdminClient;
+//! # use nyala_engine::master::ksck;
+//! # async fn sketch(admin: AdminClient) -> nyala_engine::Result<()> {
 //! let report = ksck::check(&admin.list_servers().await?, &admin.list_tablets("").await?);
 //! print!("{report}");
 //! std::process::exit(if report.healthy() { 0 } else { 1 });
+//! # }
 //! ```
 
 use std::collections::{BTreeSet, HashMap};

@@ -41,10 +41,19 @@ pub use registry::{ServerSummary, TServerRegistry};
 
 /// The master of a database: the catalog, and the lifecycle of every table's tablets.
 ///
-/// ```ignore
-/// let master = Master::open(&dir, clock, placement, None)?;
-/// master.ddl(DdlOp::CreateTable { name, schema, partition, if_not_exists: false, replicas: 0 }).await?;
+/// ```no_run
+/// # use std::sync::Arc;
+/// # use nyala_engine::{DdlOp, PartitionSchema};
+/// # use nyala_engine::clock::HybridClock;
+/// # use nyala_engine::master::{Master, TabletPlacement};
+/// # use nyala_engine::storage::Schema;
+/// # async fn sketch(dir: &std::path::Path, placement: Arc<dyn TabletPlacement>, schema: Schema)
+/// # -> nyala_engine::Result<()> {
+/// let master = Master::open(dir, Arc::new(HybridClock::new()), placement, None)?;
+/// master.ddl(DdlOp::CreateTable { name: "events".into(), schema, partition: PartitionSchema::single(),
+///     if_not_exists: false, replicas: 0, owner: None }).await?;
 /// let table = master.table("events");
+/// # Ok(()) }
 /// ```
 pub struct Master {
     catalog: Arc<TabletReplica>,

@@ -42,10 +42,23 @@ pub const DEFAULT_MEMORY_LIMIT: usize = 2 << 30;
 
 /// A tablet server: the replicas in one data directory, and their maintenance.
 ///
-/// ```ignore
-/// let server = TabletServer::open(dir, TabletOptions::default(), DEFAULT_MEMORY_LIMIT, clock, None)?;
+/// ```
+/// # use std::sync::Arc;
+/// # use arrow::array::{Int64Array, RecordBatch};
+/// # use nyala_engine::clock::HybridClock;
+/// # use nyala_engine::storage::{ColumnSchema, ColumnType, Schema, TabletOptions, WriteBatch, WriteKind};
+/// # use nyala_engine::tserver::{TabletServer, DEFAULT_MEMORY_LIMIT};
+/// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let (dir, clock) = (tempfile::tempdir()?, Arc::new(HybridClock::new()));
+/// # let schema = Schema::new(vec![ColumnSchema::new("id", ColumnType::Int64, false)], vec![0])?;
+/// # let rows = RecordBatch::try_new(schema.arrow_schema(), vec![Arc::new(Int64Array::from(vec![1, 2]))])?;
+/// # let batch = WriteBatch::new(WriteKind::Insert, rows);
+/// let server = TabletServer::open(dir.path(), TabletOptions::default(), DEFAULT_MEMORY_LIMIT, clock, None)?;
 /// server.create_tablet("t1", &schema)?;
-/// let rows = server.replica("t1")?.write(&batch).await?;
+/// let written = server.replica("t1")?.write(&batch).await?;
+/// assert_eq!(written.rows, 2);
+/// # server.shutdown()?;
+/// # Ok(()) }
 /// ```
 pub struct TabletServer {
     /// This server's id, which is also its Raft node id in replicated tablets.
