@@ -34,6 +34,7 @@ BENCHMARKS = [
     ("queue", "Queue tables, one node", "python3 bench/queue_bench.py"),
     ("queue_cluster", "Queue tables, three replicas", "python3 bench/queue_bench.py --cluster"),
     ("clone", "Table clones", "python3 bench/clone.py"),
+    ("changes", "Change streams", "python3 bench/changes_bench.py"),
     ("bytes_per_row", "Bytes per row",
      "python3 bench/bytes_per_row.py $CARGO_TARGET_DIR/release/nyala"),
     ("storage", "Storage",

@@ -10,7 +10,7 @@ mod runtime_filters;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::RecordBatch;
+use arrow::array::{Array, RecordBatch};
 use arrow::util::pretty::pretty_format_batches;
 use datafusion::physical_plan::common::collect;
 use nyala_sql::{Database, DatabaseOptions, Session};
@@ -2757,4 +2757,276 @@ async fn rows_updated_after_a_flush_or_clone_can_be_updated_and_deleted_again() 
             "{table}: {rows}"
         );
     }
+}
+
+/// The current time in microseconds since the epoch.
+fn now_micros() -> i64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.unwrap().as_micros() as i64
+}
+
+/// One change a `changes()` consumer received: id, region, amount, change, commit time.
+type Change = (i64, Option<String>, Option<i64>, String, i64);
+
+/// `SELECT id, region, amount, _change, _commit_time FROM changes('orders', from, to...)`.
+async fn changes_of(session: &Session, from: i64, rest: &str) -> Vec<Change> {
+    let sql = format!(
+        "SELECT id, region, amount, _change, _commit_time FROM \
+         changes('orders', to_timestamp_micros({from}), {rest})"
+    );
+    let mut out = Vec::new();
+    for batch in run(session, &sql).await {
+        let column = |i: usize, to: &arrow::datatypes::DataType| {
+            arrow::compute::cast(batch.column(i), to).unwrap()
+        };
+        use arrow::array::AsArray;
+        use arrow::datatypes::{DataType, Int64Type};
+        let (id, region, amount) = (
+            column(0, &DataType::Int64),
+            column(1, &DataType::Utf8),
+            column(2, &DataType::Int64),
+        );
+        let (change, time) = (column(3, &DataType::Utf8), column(4, &DataType::Int64));
+        let (id, amount) = (
+            id.as_primitive::<Int64Type>(),
+            amount.as_primitive::<Int64Type>(),
+        );
+        let (region, change) = (region.as_string::<i32>(), change.as_string::<i32>());
+        let time = time.as_primitive::<Int64Type>();
+        for i in 0..batch.num_rows() {
+            out.push((
+                id.value(i),
+                region.is_valid(i).then(|| region.value(i).to_string()),
+                amount.is_valid(i).then(|| amount.value(i)),
+                change.value(i).to_string(),
+                time.value(i),
+            ));
+        }
+    }
+    out
+}
+
+/// The table's rows as a consumer of its changes holds them.
+type Replica = std::collections::BTreeMap<i64, (Option<String>, Option<i64>)>;
+
+/// Applies `changes` to `replica`; returns the largest commit time (or `from` if none).
+fn replay(replica: &mut Replica, changes: &[Change], from: i64) -> i64 {
+    let times: Vec<i64> = changes.iter().map(|c| c.4).collect();
+    assert!(times.is_sorted(), "changes in commit order: {times:?}");
+    for (id, region, amount, change, _) in changes {
+        match change.as_str() {
+            "delete" => replica.remove(id),
+            "insert" | "update" => replica.insert(*id, (region.clone(), *amount)),
+            other => panic!("change '{other}'"),
+        };
+    }
+    times.last().copied().unwrap_or(from)
+}
+
+async fn orders(session: &Session) -> Replica {
+    let mut rows = Replica::new();
+    for batch in run(session, "SELECT id, region, amount FROM orders").await {
+        use arrow::array::AsArray;
+        use arrow::datatypes::Int64Type;
+        let id = batch.column(0).as_primitive::<Int64Type>();
+        let region = arrow::compute::cast(batch.column(1), &arrow::datatypes::DataType::Utf8);
+        let region = region.unwrap();
+        let region = region.as_string::<i32>();
+        let amount = batch.column(2).as_primitive::<Int64Type>();
+        for i in 0..batch.num_rows() {
+            rows.insert(
+                id.value(i),
+                (
+                    region.is_valid(i).then(|| region.value(i).to_string()),
+                    amount.is_valid(i).then(|| amount.value(i)),
+                ),
+            );
+        }
+    }
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_stream_a_tables_rows_to_a_consumer_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut db, mut s) = open(dir.path()).await;
+    run(
+        &s,
+        "CREATE TABLE orders (id BIGINT PRIMARY KEY, region STRING, amount BIGINT) \
+         DISTRIBUTE BY HASH (id) INTO 3 BUCKETS",
+    )
+    .await;
+    let start = now_micros();
+    let mut replica = Replica::new();
+    let mut from = start;
+    let rounds: &[&[&str]] = &[
+        &["INSERT INTO orders VALUES (1, 'eu', 10), (2, 'us', 20), (3, 'eu', 30)"],
+        &[
+            "UPDATE orders SET amount = 11 WHERE id = 1",
+            "DELETE FROM orders WHERE id = 2",
+            "INSERT INTO orders VALUES (4, 'eu', 40)",
+            "DELETE FROM orders WHERE id = 4",
+        ],
+        // A transaction across tablets: its rows share one commit time.
+        &[
+            "BEGIN",
+            "INSERT INTO orders VALUES (5, 'us', 50), (6, 'eu', 60), (7, 'us', 70)",
+            "UPDATE orders SET region = 'us' WHERE id = 3",
+            "COMMIT",
+        ],
+        &[
+            "UPSERT INTO orders VALUES (2, 'eu', 21)",
+            "DELETE FROM orders WHERE id = 5",
+        ],
+    ];
+    let mut seen = Vec::new();
+    for (round, statements) in rounds.iter().enumerate() {
+        for sql in *statements {
+            run(&s, sql).await;
+        }
+        if round == 3 {
+            // Rows moved to files (shutting down flushes them) change nothing of what a
+            // consumer reads.
+            db.shutdown().await.unwrap();
+            drop((db, s));
+            (db, s) = open(dir.path()).await;
+        }
+        let received = changes_of(&s, from, "NULL").await;
+        from = replay(&mut replica, &received, from);
+        assert_eq!(
+            replica,
+            orders(&s).await,
+            "after round {round}: {received:?}"
+        );
+        seen.push(received);
+    }
+    // Key 4, inserted and deleted in one window, is a deletion of a row never seen.
+    let four: Vec<&Change> = seen[1].iter().filter(|c| c.0 == 4).collect();
+    assert_eq!(four.len(), 1, "{:?}", seen[1]);
+    assert_eq!((four[0].3.as_str(), &four[0].1), ("delete", &None));
+    // A deletion carries the row as the consumer last saw it.
+    let two = seen[1].iter().find(|c| c.0 == 2).unwrap();
+    assert_eq!(
+        (two.1.as_deref(), two.2, two.3.as_str()),
+        (Some("us"), Some(20), "delete")
+    );
+    // The transaction's rows arrive together, at one commit time.
+    let txn: Vec<i64> = seen[2].iter().map(|c| c.4).collect();
+    assert!(
+        txn.len() == 4 && txn.iter().all(|&t| t == txn[0]),
+        "{:?}",
+        seen[2]
+    );
+    // From the start, the whole window at once: each key once, as it is now.
+    let all = changes_of(&s, start, "NULL").await;
+    let mut keys: Vec<i64> = all.iter().map(|c| c.0).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, (1..=7).collect::<Vec<_>>(), "{all:?}");
+    let mut fresh = Replica::new();
+    replay(&mut fresh, &all, start);
+    assert_eq!(fresh, orders(&s).await);
+    // WHERE on the table's columns is pushed into storage; on the change, applied after.
+    let eu = changes_of(
+        &s,
+        start,
+        "NULL) WHERE region = 'eu' AND _change <> 'delete' AND (1 = 1",
+    )
+    .await;
+    let mut eu_keys: Vec<i64> = eu.iter().map(|c| c.0).collect();
+    eu_keys.sort_unstable();
+    assert_eq!(eu_keys, vec![1, 2, 6], "{eu:?}");
+    // A window that ends in the past.
+    let first = seen[0][0].4;
+    let early = changes_of(&s, start, &format!("to_timestamp_micros({first})")).await;
+    assert_eq!(early.len(), 3, "{early:?}");
+    assert!(early.iter().all(|c| c.3 == "insert"), "{early:?}");
+
+    // A long poll returns as soon as a change commits.
+    let writer = db.session();
+    let insert = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        run(&writer, "INSERT INTO orders VALUES (8, 'eu', 80)").await;
+    });
+    let started = std::time::Instant::now();
+    let woken = changes_of(&s, from, "NULL, 60000").await;
+    insert.await.unwrap();
+    assert_eq!(woken.len(), 1, "{woken:?}");
+    assert_eq!((woken[0].0, woken[0].3.as_str()), (8, "insert"));
+    // A liveness bound, not a timing measurement: the wait was woken, not timed out.
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let from = replay(&mut replica, &woken, from);
+    assert!(changes_of(&s, from, "NULL, 50").await.is_empty());
+
+    // Errors.
+    let e = error(
+        &s,
+        "SELECT * FROM changes('orders', TIMESTAMP '2001-01-01 00:00:00', NULL)",
+    )
+    .await;
+    assert!(
+        e.contains("history retention") && e.contains("history_max_age_secs"),
+        "{e}"
+    );
+    let e = error(&s, "SELECT * FROM changes('nope', now(), NULL)").await;
+    assert!(e.contains("nope"), "{e}");
+    let e = error(&s, "SELECT * FROM changes('orders', now(), now(), 10)").await;
+    assert!(e.contains("wait_ms needs to = NULL"), "{e}");
+    let e = error(&s, "SELECT * FROM changes('orders', NULL, NULL)").await;
+    assert!(e.contains("from must be a time"), "{e}");
+    let e = error(&s, "SELECT * FROM changes('orders')").await;
+    assert!(e.contains("takes three or four arguments"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_keeps_its_history_as_long_as_it_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut db, mut s) = open(dir.path()).await;
+    run(
+        &s,
+        "CREATE TABLE kept (k BIGINT PRIMARY KEY, v STRING) WITH (history_max_age_secs = 86400)",
+    )
+    .await;
+    run(&s, "CREATE TABLE usual (k BIGINT PRIMARY KEY, v STRING)").await;
+    run(&s, "INSERT INTO kept VALUES (1, 'a')").await;
+    let two_hours_ago = now_micros() - 2 * 3600 * 1_000_000;
+    let read = |table: &str| {
+        format!("SELECT k FROM changes('{table}', to_timestamp_micros({two_hours_ago}), NULL)")
+    };
+    assert_eq!(first_i64s(&run(&s, &read("kept")).await), vec![1]);
+    let e = error(&s, &read("usual")).await;
+    assert!(e.contains("900 s, history_max_age_secs"), "{e}");
+    let e = error(&s, "SELECT * FROM usual AS OF now() - INTERVAL '2 hours'").await;
+    assert!(e.contains("900 s"), "{e}");
+    assert!(text(&s, "SHOW CREATE TABLE kept")
+        .await
+        .contains("WITH (history_max_age_secs = 86400)"));
+    run(&s, "ALTER TABLE usual SET (history_max_age_secs = 36000)").await;
+    run(&s, "INSERT INTO usual VALUES (2, 'b')").await;
+    assert_eq!(first_i64s(&run(&s, &read("usual")).await), vec![2]);
+    // Kept across a restart, in the tablets' metadata and the catalog.
+    db.shutdown().await.unwrap();
+    drop((db, s));
+    (db, s) = open(dir.path()).await;
+    assert_eq!(first_i64s(&run(&s, &read("usual")).await), vec![2]);
+    assert!(text(&s, "SHOW CREATE TABLE usual")
+        .await
+        .contains("history_max_age_secs = 36000"));
+    for (sql, message) in [
+        (
+            "ALTER TABLE usual SET (history_max_age_secs = 0)",
+            "whole number from 1",
+        ),
+        (
+            "ALTER TABLE usual SET (replicas = 3)",
+            "supported: history_max_age_secs",
+        ),
+        (
+            "CREATE TABLE t2 (k INT PRIMARY KEY) WITH (history_max_age_secs = 'x')",
+            "whole number",
+        ),
+    ] {
+        let e = error(&s, sql).await;
+        assert!(e.contains(message), "{sql}: {e}");
+    }
+    drop(db);
 }

@@ -181,6 +181,7 @@ fn scan_tablet(tablet: &Tablet, column: usize, snapshot: Timestamp) -> (u64, Dur
         limit: None,
         batch_size: 64 * 1024,
         string_views: false,
+        changes_since: None,
     };
     let mut sum = 0u64;
     for batch in tablet.scan(&spec).expect("scan") {
@@ -382,6 +383,7 @@ fn main() {
         limit: None,
         batch_size: 64 * 1024,
         string_views: false,
+        changes_since: None,
     };
     let mut times = Vec::new();
     for run in 0..args.runs.max(1) {
@@ -419,6 +421,7 @@ fn main() {
                 limit: None,
                 batch_size: 1024,
                 string_views: false,
+                changes_since: None,
             };
             let found: usize = tablet
                 .scan(&spec)

@@ -25,8 +25,12 @@ pub enum StorageError {
     InvalidSchema(String),
     #[error("invalid predicate: {0}")]
     InvalidPredicate(String),
-    #[error("snapshot {snapshot} is older than the history retention allows (history before {oldest} is not kept)")]
-    SnapshotTooOld { snapshot: String, oldest: String },
+    #[error("snapshot {snapshot} is older than the history retention allows: history before {oldest} is not kept (the table keeps {retention})")]
+    SnapshotTooOld {
+        snapshot: String,
+        oldest: String,
+        retention: String,
+    },
     #[error("row with primary key {key} is being changed by a transaction in progress; try again")]
     Locked { key: String },
     #[error("{0}")]

@@ -37,7 +37,7 @@ pub use schema::{
     ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema, AUTO_INCREMENT_COLUMN,
 };
 pub use tablet::{
-    FailPoint, Holds, MaintenanceKind, MaintenanceOp, RequestId, Tablet, TabletOptions, TxnState,
-    REQUEST_RETENTION,
+    change_fields, FailPoint, Holds, MaintenanceKind, MaintenanceOp, RequestId, Tablet,
+    TabletOptions, TxnState, CHANGE_COLUMN, COMMIT_TIME_COLUMN, REQUEST_RETENTION,
 };
 pub use write::{rows_bytes, TabletOp, Timestamp, WriteBatch, WriteKind, WriteOutcome};

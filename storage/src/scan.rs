@@ -63,7 +63,7 @@ pub struct ColumnPredicate {
 /// let spec = ScanSpec {
 ///     projection: Some(vec![0, 2]), // table columns, in output order
 ///     predicates: vec![ColumnPredicate { column: 0, op: PredicateOp::Eq(key) }],
-///     snapshot, limit: None, batch_size: 1024, string_views: false,
+///     snapshot, limit: None, batch_size: 1024, string_views: false, changes_since: None,
 /// };
 /// for batch in tablet.scan(&spec)? { let _columns_0_and_2 = batch?; }
 /// # Ok(()) }
@@ -80,6 +80,14 @@ pub struct ScanSpec {
     /// decode into without copying values) instead of `Utf8`. Not sent to other servers: a
     /// remote scan returns `Utf8`.
     pub string_views: bool,
+    /// Makes the scan a diff scan (Kudu's): instead of the rows visible at `snapshot`, the rows
+    /// whose keys changed after this time and up to the snapshot, each as it is at the
+    /// snapshot (a deleted one as it was at this time), followed by two columns, the change
+    /// and its time ([`CHANGE_COLUMN`](crate::CHANGE_COLUMN),
+    /// [`COMMIT_TIME_COLUMN`](crate::COMMIT_TIME_COLUMN)). The snapshot is taken to the end
+    /// of its microsecond, so that a consumer who goes on from the last commit time it
+    /// received (microseconds) misses nothing and sees nothing twice.
+    pub changes_since: Option<Timestamp>,
 }
 
 pub type ScanIterator = Box<dyn Iterator<Item = Result<RecordBatch, StorageError>> + Send>;

@@ -257,6 +257,10 @@ pub struct Schema {
     /// column whose values each tablet assigns from its log (see [`Schema::position_column`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     position: Option<u32>,
+    /// How long the table keeps its history (Kudu's per-table `history_max_age_sec`); None:
+    /// the server's retention ([`crate::TabletOptions::history_max_age`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    history_max_age_secs: Option<u64>,
     #[serde(skip)]
     arrow: OnceLock<SchemaRef>,
     #[serde(skip)]
@@ -279,6 +283,8 @@ struct StoredSchema {
     auto_increment: bool,
     #[serde(default)]
     position: Option<u32>,
+    #[serde(default)]
+    history_max_age_secs: Option<u64>,
 }
 
 impl TryFrom<StoredSchema> for Schema {
@@ -300,6 +306,7 @@ impl TryFrom<StoredSchema> for Schema {
                 "the last key column of a NON UNIQUE PRIMARY KEY must be {AUTO_INCREMENT_COLUMN}"
             )));
         }
+        schema.history_max_age_secs = stored.history_max_age_secs;
         schema.column_ids = stored.column_ids;
         schema.next_column_id = stored.next_column_id;
         schema.auto_increment = stored.auto_increment;
@@ -321,6 +328,7 @@ impl PartialEq for Schema {
             && self.ids() == other.ids()
             && self.auto_increment == other.auto_increment
             && self.position == other.position
+            && self.history_max_age_secs == other.history_max_age_secs
     }
 }
 
@@ -378,6 +386,7 @@ impl Schema {
             next_column_id: n,
             auto_increment: false,
             position: None,
+            history_max_age_secs: None,
             arrow: OnceLock::new(),
             views: OnceLock::new(),
         })
@@ -417,6 +426,25 @@ impl Schema {
             ));
         }
         Ok(())
+    }
+
+    /// How long the table keeps its history, if it says (else the server's retention).
+    pub fn history_max_age_secs(&self) -> Option<u64> {
+        self.history_max_age_secs
+    }
+
+    /// This schema with the table's history retention `secs` (None: the server's).
+    pub fn with_history_max_age_secs(mut self, secs: Option<u64>) -> Schema {
+        self.history_max_age_secs = secs;
+        self
+    }
+
+    /// Whether `other` has the same columns and key (it may differ in table options).
+    pub fn same_columns(&self, other: &Schema) -> bool {
+        Schema {
+            history_max_age_secs: other.history_max_age_secs,
+            ..self.clone()
+        } == *other
     }
 
     /// The column `GENERATED ALWAYS AS POSITION`, in a queue table.

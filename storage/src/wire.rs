@@ -24,6 +24,9 @@ struct WireSpec {
     snapshot: u64,
     limit: Option<usize>,
     batch_size: usize,
+    /// [`ScanSpec::changes_since`] (absent from older servers' requests).
+    #[serde(default)]
+    changes_since: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -97,6 +100,7 @@ impl ScanSpec {
             snapshot: self.snapshot.0,
             limit: self.limit,
             batch_size: self.batch_size,
+            changes_since: self.changes_since.map(|t| t.0),
         };
         serde_json::to_vec(&wire).map_err(|e| StorageError::InvalidPredicate(e.to_string()))
     }
@@ -144,6 +148,7 @@ impl ScanSpec {
             limit: wire.limit,
             batch_size: wire.batch_size.max(1),
             string_views: false,
+            changes_since: wire.changes_since.map(Timestamp),
         })
     }
 }
@@ -179,6 +184,7 @@ mod tests {
             limit: Some(10),
             batch_size: 100,
             string_views: false,
+            changes_since: Some(Timestamp(7)),
         };
         let back = ScanSpec::decode(&spec.encode().unwrap()).unwrap();
         assert_eq!(format!("{back:?}"), format!("{spec:?}"));

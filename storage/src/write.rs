@@ -25,6 +25,11 @@ impl Timestamp {
         self.0 >> Self::LOGICAL_BITS
     }
 
+    /// The last timestamp of the microsecond this one is in.
+    pub fn end_of_microsecond(self) -> Timestamp {
+        Timestamp(self.0 | ((1 << Self::LOGICAL_BITS) - 1))
+    }
+
     /// The wall time of the timestamp, for messages.
     pub fn display(self) -> String {
         arrow::temporal_conversions::timestamp_us_to_datetime(self.micros() as i64)

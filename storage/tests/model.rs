@@ -8,7 +8,7 @@ mod fuzz;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
+use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::Int64Type;
 use nyala_storage::{
     ColumnPredicate, ColumnSchema, ColumnType, FailPoint, MaintenanceKind, PredicateOp, Scalar,
@@ -87,6 +87,7 @@ fn lookup_keys(tablet: &Tablet, snapshot: Timestamp, keys: &[i64]) -> Vec<i64> {
         limit: None,
         batch_size: 7,
         string_views: false,
+        changes_since: None,
     };
     let mut found: Vec<i64> = (tablet.scan(&spec).unwrap())
         .flat_map(|b| {
@@ -129,6 +130,7 @@ fn scan_columns(
         limit: None,
         batch_size: 7,
         string_views: false,
+        changes_since: None,
     };
     let rows = scan_spec(tablet, &spec);
     let views = ScanSpec {
@@ -209,6 +211,8 @@ fn run_model(iterations: usize, seed: u64) {
     let mut ts = now().0;
     // (snapshot, the log index of its write, the rows then)
     let mut snapshots: Vec<(Timestamp, u64, Model)> = Vec::new();
+    // Every change of each key: (ts, log index), for diff scans.
+    let mut changes: Vec<(i64, u64, u64)> = Vec::new();
     let mut compactions = 0;
     // The most column files (major delta compactions of some columns) seen at once.
     let mut column_files = 0;
@@ -216,7 +220,7 @@ fn run_model(iterations: usize, seed: u64) {
         index += 1;
         ts += 1;
         let n = rng.random_range(1..6);
-        let keys: Vec<i64> = (0..n).map(|_| rng.random_range(-40..40)).collect();
+        let mut keys: Vec<i64> = (0..n).map(|_| rng.random_range(-40..40)).collect();
         let entries: Vec<(i64, Option<String>, i64)> = keys
             .iter()
             .map(|&k| {
@@ -300,6 +304,7 @@ fn run_model(iterations: usize, seed: u64) {
                     compactions += 1;
                     column_files = column_files.max(tablet.column_file_count());
                 }
+                keys.clear(); // nothing written
                 (WriteKind::Upsert, rows(&schema, &[]), true)
             }
             _ => {
@@ -310,6 +315,7 @@ fn run_model(iterations: usize, seed: u64) {
                 model = scan(&tablet, Timestamp(u64::MAX), None);
                 let durable = tablet.durable_index();
                 snapshots.retain(|(_, i, _)| *i <= durable);
+                changes.retain(|(_, _, i)| *i <= durable);
                 continue;
             }
         };
@@ -320,6 +326,13 @@ fn run_model(iterations: usize, seed: u64) {
         }
         if !expect_ok {
             assert_eq!(model, before);
+        }
+        if result.is_ok() {
+            // Keys an INSERT IGNORE skipped did not change; every other key written did.
+            let changed = keys
+                .iter()
+                .filter(|k| kind != WriteKind::InsertIgnore || !before.contains_key(k));
+            changes.extend(changed.map(|&k| (k, ts, index)));
         }
         assert_eq!(scan(&tablet, Timestamp(u64::MAX), None), model);
         assert_eq!(
@@ -407,10 +420,88 @@ fn run_model(iterations: usize, seed: u64) {
                 expected.keys().copied().collect::<Vec<_>>(),
                 "key-only lookup of {wanted:?} at {old_ts:?}"
             );
+            // The changes from that snapshot to another one after it (or to now).
+            let later = snapshots.iter().filter(|s| s.0 >= *old_ts);
+            let later: Vec<_> = later.collect();
+            let (to_ts, _, to_model) = later[rng.random_range(0..later.len())];
+            assert_eq!(
+                diff(&tablet, *old_ts, *to_ts),
+                expected_diff(&changes, (*old_ts, old_model), (*to_ts, to_model)),
+                "changes after {old_ts:?} up to {to_ts:?}"
+            );
         }
     }
     assert!(iterations < 100 || compactions > 0, "no compaction ran");
     eprintln!("seed {seed}: {compactions} compactions, at most {column_files} column files");
+}
+
+/// One row of a diff scan: key, change, commit time (micros), s, v.
+type DiffRow = (i64, String, i64, Option<String>, Option<i64>);
+
+/// What a diff scan of `(since, to]` returns, sorted by key.
+fn diff(tablet: &Tablet, since: Timestamp, to: Timestamp) -> Vec<DiffRow> {
+    let spec = ScanSpec {
+        projection: None,
+        predicates: vec![],
+        snapshot: to,
+        limit: None,
+        batch_size: 5,
+        string_views: false,
+        changes_since: Some(since),
+    };
+    let mut out = Vec::new();
+    for batch in tablet.scan(&spec).unwrap() {
+        let batch = batch.unwrap();
+        let s = batch.column(0).as_string::<i32>();
+        let k = batch.column(1).as_primitive::<Int64Type>();
+        let v = batch.column(2).as_primitive::<Int64Type>();
+        let change = batch.column(3).as_string::<i32>();
+        let time = (batch.column(4)).as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+        for i in 0..batch.num_rows() {
+            out.push((
+                k.value(i),
+                change.value(i).to_string(),
+                time.value(i),
+                s.is_valid(i).then(|| s.value(i).to_string()),
+                v.is_valid(i).then(|| v.value(i)),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// What a diff scan of `(since, to]` must return, from the changes made and the rows at both
+/// ends.
+fn expected_diff(
+    changes: &[(i64, u64, u64)],
+    (since, before): (Timestamp, &Model),
+    (to, after): (Timestamp, &Model),
+) -> Vec<DiffRow> {
+    let mut last: BTreeMap<i64, u64> = BTreeMap::new();
+    for &(k, ts, _) in changes {
+        if ts > since.0 && ts <= to.0 {
+            let newest = last.entry(k).or_insert(ts);
+            *newest = (*newest).max(ts);
+        }
+    }
+    let row = |k: i64, change: &str, ts: u64, image: Option<&(Option<String>, i64)>| {
+        let micros = Timestamp(ts).micros() as i64;
+        match image {
+            Some((s, v)) => (k, change.to_string(), micros, s.clone(), Some(*v)),
+            None => (k, change.to_string(), micros, None, None),
+        }
+    };
+    let mut out: Vec<DiffRow> = (last.into_iter())
+        .map(|(k, ts)| match (before.get(&k), after.get(&k)) {
+            (None, Some(now)) => row(k, "insert", ts, Some(now)),
+            (Some(_), Some(now)) => row(k, "update", ts, Some(now)),
+            (Some(then), None) => row(k, "delete", ts, Some(then)),
+            (None, None) => row(k, "delete", ts, None),
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 fn now() -> Timestamp {
@@ -628,6 +719,7 @@ fn history_beyond_the_retention_is_refused_and_dropped() {
         limit: None,
         batch_size: 100,
         string_views: false,
+        changes_since: None,
     });
     let message = too_old
         .err()
@@ -1711,6 +1803,7 @@ fn count(tablet: &Tablet, snapshot: Timestamp) -> usize {
         limit: None,
         batch_size: 8192,
         string_views: false,
+        changes_since: None,
     };
     let batches = tablet.scan(&spec).unwrap();
     batches.map(|b| b.unwrap().num_rows()).sum()
@@ -1894,6 +1987,7 @@ fn queue_scan(tablet: &Tablet, snapshot: Timestamp) -> BTreeMap<String, i64> {
         limit: None,
         batch_size: 64,
         string_views: false,
+        changes_since: None,
     };
     let mut rows = BTreeMap::new();
     for batch in tablet.scan(&spec).unwrap() {
@@ -2078,6 +2172,7 @@ fn a_scan_of_one_queue_returns_its_rows_after_a_position() {
             limit: None,
             batch_size: 64,
             string_views: false,
+            changes_since: None,
         };
         let mut rows = vec![];
         for batch in tablet.scan(&spec).unwrap() {

@@ -2546,6 +2546,25 @@ mod cluster {
         assert_eq!(column_i64(&here, 1), vec![700]);
         let there = sql(&format!("http://{flight}"), query).await.unwrap();
         assert_eq!(column_i64(&there, 1), vec![700]);
+        // The table's history retention reaches every replica; changes() reads the tablets
+        // where they are, through diff scans.
+        let an_hour_ago = "now() - INTERVAL '1 hour'";
+        let changes = format!(
+            "SELECT count(*), sum(w) FROM changes('c', {an_hour_ago}, NULL) WHERE _change = 'insert'"
+        );
+        let e = sql(&via_tserver, &changes).await.unwrap_err();
+        assert!(e.contains("history retention"), "{e}");
+        sql(
+            &via_tserver,
+            "ALTER TABLE c SET (history_max_age_secs = 7200)",
+        )
+        .await
+        .unwrap();
+        for url in [&via_tserver, &format!("http://{flight}")] {
+            let read = sql(url, &changes).await.unwrap();
+            assert_eq!(column_i64(&read, 0), vec![100]);
+            assert_eq!(column_i64(&read, 1), vec![700]);
+        }
         let e = sql(&via_tserver, "CREATE TABLE c (k BIGINT PRIMARY KEY)")
             .await
             .unwrap_err();
@@ -2992,6 +3011,7 @@ mod cluster {
             limit: None,
             batch_size: 1000,
             string_views: false,
+            changes_since: None,
         };
         let mut answer = client
             .scan_open(ScanOpenRequest {

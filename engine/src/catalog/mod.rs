@@ -81,6 +81,11 @@ pub enum DdlOp {
         name: String,
         changes: Vec<ColumnChange>,
     },
+    /// `ALTER TABLE name SET (history_max_age_secs = secs)`.
+    SetHistoryMaxAge {
+        name: String,
+        secs: u64,
+    },
     AddRangePartition {
         name: String,
         range: RangeSpec,
@@ -154,6 +159,7 @@ impl DdlOp {
             DdlOp::CreateTable { name, .. }
             | DdlOp::DropTable { name, .. }
             | DdlOp::AlterColumns { name, .. }
+            | DdlOp::SetHistoryMaxAge { name, .. }
             | DdlOp::AddRangePartition { name, .. }
             | DdlOp::DropRangePartition { name, .. }
             | DdlOp::DropView { name, .. }

@@ -102,7 +102,7 @@ fn is_system_table(name: &str) -> bool {
 /// let table = client.table("events")?;
 /// client.write(&table, WriteKind::Insert, &rows).await?;
 /// let spec = ScanSpec { projection: None, predicates: vec![], snapshot: Timestamp(0),
-///     limit: None, batch_size: 1024, string_views: false };
+///     limit: None, batch_size: 1024, string_views: false, changes_since: None };
 /// for batch in client.scan_tablet(&table, 0, spec, None)? { let _rows = batch?; }
 /// # Ok(()) }
 /// ```
@@ -582,6 +582,7 @@ mod tests {
             limit: None,
             batch_size: 1024,
             string_views: false,
+            changes_since: None,
         }
     }
 

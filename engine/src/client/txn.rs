@@ -149,6 +149,7 @@ impl Client {
             limit: None,
             batch_size: 16,
             string_views: false,
+            changes_since: None,
         };
         let (client, table) = (self.clone(), table.clone());
         crate::rpc::blocking(move || {
@@ -498,6 +499,7 @@ mod tests {
                     limit: None,
                     batch_size: 1024,
                     string_views: false,
+                    changes_since: None,
                 };
                 for batch in client.scan_tablet(&table, tablet, spec, None)? {
                     n += batch?.num_rows();
@@ -559,6 +561,7 @@ mod tests {
                 limit: None,
                 batch_size: 1024,
                 string_views: false,
+                changes_since: None,
             };
             let scan = node.client.scan_tablet(&table, tablet, spec, None);
             for batch in scan.unwrap() {

@@ -168,6 +168,7 @@ impl Master {
             limit: None,
             batch_size: 1024,
             string_views: false,
+            changes_since: None,
         };
         let strings = |batch: &RecordBatch, c: usize| {
             let column = batch.column(c).as_any().downcast_ref::<StringArray>();
@@ -628,6 +629,9 @@ impl Master {
             DdlOp::AlterColumns { name, changes } => {
                 self.alter_columns(&name, &changes).await.map(|()| true)
             }
+            DdlOp::SetHistoryMaxAge { name, secs } => {
+                self.set_history_max_age(&name, secs).await.map(|()| true)
+            }
             DdlOp::AddRangePartition { name, range } => {
                 self.add_range_partition(&name, &range).await.map(|()| true)
             }
@@ -722,6 +726,12 @@ impl Master {
             partition,
             ..(*info).clone()
         };
+        self.commit_schema(name, altered).await
+    }
+
+    /// Commits a table's new schema to the catalog, then has every tablet take it through its
+    /// log (a crash in between is finished on the next start: see `reconcile_tablets`).
+    async fn commit_schema(&self, name: &str, altered: TableInfo) -> Result<()> {
         self.write_catalog(WriteKind::Upsert, &altered).await?;
         self.tables
             .write()
@@ -730,6 +740,19 @@ impl Master {
             self.placement.alter_schema(tablet, &altered.schema).await?;
         }
         Ok(())
+    }
+
+    /// Sets how long a table keeps its history: the catalog commits the new schema (which
+    /// holds it, as Kudu's table extra config does), then every tablet takes it through its
+    /// log, which changes its metadata only.
+    pub async fn set_history_max_age(&self, name: &str, secs: u64) -> Result<()> {
+        let _ddl = self.ddl.lock().await;
+        let info = self.existing(name)?;
+        let altered = TableInfo {
+            schema: info.schema.clone().with_history_max_age_secs(Some(secs)),
+            ..(*info).clone()
+        };
+        self.commit_schema(name, altered).await
     }
 
     /// Adds a range partition to a range-partitioned table: its tablets (one per hash bucket

@@ -103,6 +103,7 @@ impl NyalaTable {
             limit,
             batch_size: SCAN_BATCH_ROWS,
             string_views: true,
+            changes_since: None,
         };
         let scan = NyalaScanExec::try_new(self.client.clone(), self.table.clone(), spec, pushed)?;
         Ok(match self.as_of {

@@ -117,6 +117,13 @@ impl Ddl {
                 }
                 DdlOp::AlterColumns { name, changes }
             }
+            Ddl::SetTableOptions {
+                name,
+                history_max_age_secs,
+            } => DdlOp::SetHistoryMaxAge {
+                name,
+                secs: history_max_age_secs,
+            },
             Ddl::AlterRangePartition {
                 name,
                 add: true,
@@ -162,6 +169,9 @@ impl Session {
         )?;
         spec.if_not_exists = ctas.if_not_exists;
         spec.replicas = ctas.replicas;
+        spec.schema = spec
+            .schema
+            .with_history_max_age_secs(ctas.history_max_age_secs);
         Ok(Action::CreateTableAs {
             insert: format!("INSERT INTO \"{}\" {text}", ctas.name.replace('"', "\"\"")),
             spec,

@@ -209,6 +209,9 @@ impl Session {
             sql.push(' ');
             sql.push_str(&clause);
         }
+        if let Some(secs) = schema.history_max_age_secs() {
+            sql.push_str(&format!(" WITH (history_max_age_secs = {secs})"));
+        }
         string_batch(vec![
             ("table_name", vec![table.name.clone()]),
             ("create_statement", vec![sql]),

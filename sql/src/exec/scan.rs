@@ -9,7 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow::array::ArrayRef;
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, Field, SchemaRef};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
@@ -170,6 +170,22 @@ fn full_schema(table: &TableHandle, spec: &ScanSpec) -> SchemaRef {
     }
 }
 
+/// `schema` (a table's, or the columns a scan of it returns) with the columns a diff scan adds
+/// (see [`ScanSpec::changes_since`]): every table column nullable (a deleted key's other
+/// columns may be NULL), then the change (a `Utf8View` with `string_views`) and its time.
+pub fn with_change_columns(schema: &SchemaRef, string_views: bool) -> SchemaRef {
+    let strings = match string_views {
+        true => DataType::Utf8View,
+        false => DataType::Utf8,
+    };
+    let [change, time] = nyala_storage::change_fields();
+    let fields: Vec<Field> = (schema.fields().iter())
+        .map(|f| f.as_ref().clone().with_nullable(true))
+        .chain([change.with_data_type(strings), time])
+        .collect();
+    Arc::new(arrow::datatypes::Schema::new(fields))
+}
+
 impl NyalaScanExec {
     /// The id of the table scanned.
     pub fn table_id(&self) -> &str {
@@ -240,6 +256,27 @@ impl NyalaScanExec {
         }
     }
 
+    /// The scan as a diff scan: the rows whose keys changed after `since` and up to its
+    /// snapshot, with their change and its time after the columns (see
+    /// [`ScanSpec::changes_since`]). Planners know nothing of their number.
+    pub fn changes_since(self, since: Timestamp) -> Result<Self> {
+        let mut spec = self.spec;
+        spec.changes_since = Some(since);
+        let scan = Self::try_new(self.client, self.table, spec, self.pushed)?;
+        let schema = with_change_columns(&scan.schema, scan.spec.string_views);
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            scan.properties.partitioning.clone(),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            schema,
+            properties,
+            ..scan
+        })
+    }
+
     /// The scan reading at `snapshot` whatever the statement's snapshot is.
     pub fn pinned_at(self, snapshot: Timestamp) -> Self {
         Self {
@@ -280,6 +317,13 @@ impl NyalaScanExec {
     /// files record (all inexact: rows in memory and updates are not in the ranges; the scan's
     /// predicates are not applied). A single-column primary key has as many values as rows.
     fn compute_statistics(&self) -> ScanStatistics {
+        if self.spec.changes_since.is_some() {
+            let unknown = Arc::new(Statistics::new_unknown(&self.schema));
+            return ScanStatistics {
+                partitions: vec![unknown.clone(); self.tablets.len()],
+                total: unknown,
+            };
+        }
         let full = full_schema(&self.table, &self.spec);
         let unique_key = match self.table.schema.key_columns() {
             [key] => Some(*key),
@@ -549,7 +593,8 @@ impl ExecutionPlan for NyalaScanExec {
             self.table_columns(),
         );
         // In a transaction that wrote the table, its rows replace the stored ones.
-        let overlay = match self.as_of {
+        // (Not in a diff scan, which reads committed changes.)
+        let overlay = match self.as_of || self.spec.changes_since.is_some() {
             true => None,
             false => TxnSlot::of(&context).and_then(|txn| txn.overlay(&self.table.id)),
         };

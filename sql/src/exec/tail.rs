@@ -1,6 +1,8 @@
-//! [`TailExec`]: the operator of a `tail(table, after_position, wait_ms)` (see
-//! [`crate::functions::tail`]): it reads a queue's rows after a position, sorted by position,
-//! and when there are none waits for a commit in the tablets it reads, then reads again.
+//! [`TailExec`]: the operator of the long polls, `tail(table, after_position, wait_ms)` (see
+//! [`crate::functions::tail`]) and `changes(table, from, NULL, wait_ms)` (see
+//! [`crate::functions::changes`]): it reads a queue's rows after a position, or a table's
+//! changes after a time, sorted by position or commit time, and when there are none waits for
+//! a commit in the tablets it reads, then reads again.
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,17 +24,19 @@ use nyala_engine::{Client, TableHandle};
 
 use crate::exec::scan::{self, NyalaScanExec};
 
-/// Reads a queue's new rows, waiting for the first to arrive. Each execution waits and reads
-/// anew: a plan can run again.
+/// Reads a queue's new rows (or a table's changes), waiting for the first to arrive. Each
+/// execution waits and reads anew: a plan can run again.
 #[derive(Debug, Clone)]
 pub(crate) struct TailExec {
     client: Client,
     table: TableHandle,
     scan: Arc<NyalaScanExec>,
-    /// The column of the scan's output to sort by (the position).
+    /// The column of the scan's output to sort by (the position, or the commit time).
     sort_by: usize,
-    /// How many of the scan's first columns are the result's.
-    output: usize,
+    /// The columns of the scan's output that are the result's.
+    output: Vec<usize>,
+    /// The table function it runs (for EXPLAIN).
+    function: &'static str,
     limit: Option<usize>,
     wait: Duration,
     schema: SchemaRef,
@@ -40,25 +44,28 @@ pub(crate) struct TailExec {
 }
 
 impl TailExec {
-    /// The tail of the rows `scan` reads (the position column `sort_by` among them): at most
-    /// `limit` of them, in position order, with the first `output` columns, waiting up to `wait`
-    /// for the first.
+    /// The tail of the rows `scan` reads (the column `sort_by` among them): at most `limit`
+    /// of them, in the order of that column, with the columns `output`, waiting up to `wait`
+    /// for the first; for the table function `function`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn try_new(
         client: Client,
         table: TableHandle,
         scan: NyalaScanExec,
         sort_by: usize,
-        output: usize,
+        output: Vec<usize>,
         limit: Option<usize>,
         wait: Duration,
+        function: &'static str,
     ) -> Result<Self> {
-        let schema = Arc::new(scan.schema().project(&(0..output).collect::<Vec<_>>())?);
+        let schema = Arc::new(scan.schema().project(&output)?);
         Ok(TailExec {
             client,
             table,
             scan: Arc::new(scan),
             sort_by,
             output,
+            function,
             limit,
             wait,
             properties: Arc::new(PlanProperties::new(
@@ -114,12 +121,16 @@ impl TailExec {
         }
     }
 
-    /// `rows` in position order, at most `limit` of them, with the columns asked for.
+    /// `rows` in order, at most `limit` of them, with the columns asked for.
     fn sorted(&self, rows: RecordBatch) -> Result<RecordBatch> {
         let order = sort_to_indices(rows.column(self.sort_by), None, self.limit)?;
         let rows = take_record_batch(&rows, &order)?;
         let options = RecordBatchOptions::new().with_row_count(Some(rows.num_rows()));
-        let columns = rows.columns()[..self.output].to_vec();
+        let columns = self
+            .output
+            .iter()
+            .map(|&c| rows.column(c).clone())
+            .collect();
         Ok(RecordBatch::try_new_with_options(
             self.schema.clone(),
             columns,
@@ -132,7 +143,8 @@ impl DisplayAs for TailExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
             f,
-            "TailExec: {} waiting up to {} ms",
+            "TailExec: {}('{}') waiting up to {} ms",
+            self.function,
             self.table.name,
             self.wait.as_millis()
         )

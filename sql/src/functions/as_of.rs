@@ -114,7 +114,7 @@ impl TableFunctionImpl for AsOfFunction {
                 "{FUNCTION}: the first argument is a table name"
             )));
         };
-        let snapshot = snapshot_at(evaluate(session, time)?)?;
+        let snapshot = snapshot_at(evaluate(session, time)?, "AS OF")?;
         let reference = datafusion::common::TableReference::parse_str(&name);
         let table = self
             .client
@@ -127,7 +127,7 @@ impl TableFunctionImpl for AsOfFunction {
 }
 
 /// The value of the constant expression `expr` (`now() - INTERVAL '5 minutes'`).
-fn evaluate(session: &dyn Session, expr: &Expr) -> DfResult<ScalarValue> {
+pub(crate) fn evaluate(session: &dyn Session, expr: &Expr) -> DfResult<ScalarValue> {
     let physical = session.create_physical_expr(expr.clone(), &DFSchema::empty())?;
     let one_row = RecordBatch::try_new_with_options(
         Arc::new(arrow::datatypes::Schema::empty()),
@@ -140,13 +140,14 @@ fn evaluate(session: &dyn Session, expr: &Expr) -> DfResult<ScalarValue> {
     }
 }
 
-/// The snapshot that reads what was committed at `time` (a time in the past, in UTC).
-fn snapshot_at(time: ScalarValue) -> DfResult<Timestamp> {
+/// The snapshot that reads what was committed at `time` (a time in the past, in UTC); `what`
+/// names the time in errors ("AS OF").
+pub(crate) fn snapshot_at(time: ScalarValue, what: &str) -> DfResult<Timestamp> {
     let micros = match time.cast_to(&DataType::Timestamp(TimeUnit::Microsecond, None)) {
         Ok(ScalarValue::TimestampMicrosecond(Some(micros), _)) => micros,
         _ => {
             return Err(DataFusionError::Plan(format!(
-                "AS OF needs a time, got {time}"
+                "{what} needs a time, got {time}"
             )))
         }
     };
@@ -154,15 +155,15 @@ fn snapshot_at(time: ScalarValue) -> DfResult<Timestamp> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
     let micros = u64::try_from(micros)
-        .map_err(|_| DataFusionError::Plan(format!("AS OF {time} is before 1970")))?;
+        .map_err(|_| DataFusionError::Plan(format!("{what} {time} is before 1970")))?;
     if micros > now {
         return Err(DataFusionError::Plan(format!(
-            "AS OF {} is in the future",
+            "{what} {} is in the future",
             Timestamp::from_micros(micros).display()
         )));
     }
     // Every version written within that microsecond is included.
-    Ok(Timestamp(Timestamp::from_micros(micros + 1).0 - 1))
+    Ok(Timestamp::from_micros(micros).end_of_microsecond())
 }
 
 /// The snapshot of `AS OF <time>` outside a query (`CREATE TABLE ... CLONE t AS OF`), `time`
@@ -172,5 +173,5 @@ pub(crate) async fn time_of(state: &SessionState, time: &SqlExpr) -> Result<Time
     // now() is a constant of the statement, replaced before evaluation.
     let context = SimplifyContext::builder().with_current_time().build();
     let expr = ExprSimplifier::new(context).simplify(expr)?;
-    Ok(snapshot_at(evaluate(state, &expr)?)?)
+    Ok(snapshot_at(evaluate(state, &expr)?, "AS OF")?)
 }

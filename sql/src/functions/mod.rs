@@ -1,7 +1,9 @@
 //! Functions Nyala registers in every session: the table functions `nyala_as_of` ([`as_of`],
-//! what `AS OF` becomes) and `tail` ([`tail`], a queue's long poll), and DataFusion's scalar
-//! functions whose result size the arguments choose, bounded ([`bounded`]).
+//! what `AS OF` becomes), `tail` ([`tail`], a queue's long poll) and `changes` ([`changes`], a
+//! table's change stream), and DataFusion's scalar functions whose result size the arguments
+//! choose, bounded ([`bounded`]).
 
 pub(crate) mod as_of;
 pub(crate) mod bounded;
+pub(crate) mod changes;
 pub(crate) mod tail;

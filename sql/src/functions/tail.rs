@@ -45,8 +45,8 @@ use crate::exec::tail::TailExec;
 
 pub const FUNCTION: &str = "tail";
 
-/// Longest a tail waits (`wait_ms` above it is an error).
-const MAX_WAIT: Duration = Duration::from_secs(600);
+/// Longest a tail (or a wait for changes) waits (`wait_ms` above it is an error).
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(600);
 
 /// Lets a prepared consumer pass its position as a parameter: in a SELECT that reads nothing
 /// but `tail('t', $n, wait_ms)` (no joins; the table named by a string), the call becomes
@@ -292,9 +292,10 @@ impl TailTable {
             self.table.clone(),
             scan,
             sort_by,
-            asked.len(),
+            (0..asked.len()).collect(),
             limit,
             self.wait,
+            FUNCTION,
         )
     }
 }

@@ -69,6 +69,11 @@ pub enum Ddl {
         name: String,
         changes: Vec<ColumnAlteration>,
     },
+    /// `ALTER TABLE t SET (history_max_age_secs = n)`.
+    SetTableOptions {
+        name: String,
+        history_max_age_secs: u64,
+    },
     /// `ALTER TABLE t ADD|DROP RANGE PARTITION ...`.
     AlterRangePartition {
         name: String,
@@ -152,6 +157,8 @@ pub struct CreateTableAsSpec {
     pub if_not_exists: bool,
     /// `WITH (replicas = n)`; 0: the default.
     pub replicas: usize,
+    /// `WITH (history_max_age_secs = n)`; None: the server's retention.
+    pub history_max_age_secs: Option<u64>,
     pub key: Vec<String>,
     pub partition: PartitionSpec,
     pub query: Box<Query>,
@@ -165,6 +172,16 @@ pub struct CreateTableSpec {
     pub replicas: usize,
     pub schema: Schema,
     pub partition: PartitionSchema,
+}
+
+/// The options of `CREATE TABLE ... WITH (...)` and `ALTER TABLE ... SET (...)`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TableOptions {
+    /// `replicas = n`; 0: the default (CREATE TABLE only).
+    pub replicas: usize,
+    /// `history_max_age_secs = n`: how long the table keeps its history; None: as the server
+    /// does (`--history-max-age-secs`).
+    pub history_max_age_secs: Option<u64>,
 }
 
 /// How [`CreateTableSpec::from_arrow`] sets the NULL-ability of non-key columns.

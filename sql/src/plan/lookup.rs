@@ -207,6 +207,7 @@ impl KeyLookup {
                 limit: None,
                 batch_size: 1024,
                 string_views: false,
+                changes_since: None,
             },
             tablet,
             schema: self.schema.clone(),

@@ -45,6 +45,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use nyala_engine::TableHandle;
 
 use crate::catalog::table::NyalaTable;
+use crate::functions::changes::ChangesTable;
 use crate::functions::tail::TailTable;
 use crate::plan::dml::{self, MutationNode};
 use crate::plan::lookup::{KeyLookup, KeyMutation};
@@ -358,6 +359,10 @@ fn tables_of(plan: &LogicalPlan) -> Option<Vec<TableHandle>> {
         let table = provider.as_ref().and_then(|p| {
             (p.downcast_ref::<NyalaTable>().map(NyalaTable::handle))
                 .or_else(|| p.downcast_ref::<TailTable>().map(|t| (t.handle(), false)))
+                .or_else(|| {
+                    p.downcast_ref::<ChangesTable>()
+                        .map(|t| (t.handle(), false))
+                })
         });
         match table {
             Some((handle, false)) => tables.push(handle),

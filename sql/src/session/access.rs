@@ -20,6 +20,7 @@ use nyala_engine::{Client, Privilege};
 use parking_lot::RwLock;
 
 use crate::functions::as_of;
+use crate::functions::changes;
 use crate::functions::tail;
 use crate::parse::statement::{object_name, Ddl, NyalaStatement, Show};
 use crate::Result;
@@ -127,6 +128,7 @@ impl Requirements {
             Ddl::DropTable { name, .. }
             | Ddl::RenameTable { name, .. }
             | Ddl::AlterColumns { name, .. }
+            | Ddl::SetTableOptions { name, .. }
             | Ddl::AlterRangePartition { name, .. }
             | Ddl::DropView { name, .. }
             | Ddl::Privileges { object: name, .. } => self.0.push(Requirement::Owner(name.clone())),
@@ -214,12 +216,13 @@ impl Requirements {
         for table in tables {
             let public = table.schema().is_none_or(|s| s == crate::SCHEMA_NAME);
             let name = table.table();
-            let reads_by_name = name == as_of::FUNCTION || name == tail::FUNCTION;
+            let reads_by_name =
+                name == as_of::FUNCTION || name == tail::FUNCTION || name == changes::FUNCTION;
             if public && !reads_by_name && Some(name) != target {
                 self.push(name, Privilege::Select);
             }
         }
-        // `nyala_as_of('t', time)` written out, and `tail('t', ...)`, read t.
+        // `nyala_as_of('t', time)` written out, `tail('t', ...)` and `changes('t', ...)` read t.
         let mut direct = AsOfCalls::default();
         let _ = statement.visit(&mut direct);
         for name in direct.tables {
@@ -264,7 +267,8 @@ impl Visitor for AsOfCalls {
         } = factor
         {
             let function = object_name(name).ok();
-            let function = function.filter(|n| n == as_of::FUNCTION || n == tail::FUNCTION);
+            let function = function
+                .filter(|n| n == as_of::FUNCTION || n == tail::FUNCTION || n == changes::FUNCTION);
             if let Some(function) = function {
                 let table = match args.args.first() {
                     Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Value(value)))) => {

@@ -16,6 +16,7 @@ use crate::database::Database;
 use crate::exec::runtime_filter::rule::RuntimeFilterRule;
 use crate::functions::as_of::{self, AsOfFunction};
 use crate::functions::bounded::bound_growing_functions;
+use crate::functions::changes::{self, ChangesFunction};
 use crate::functions::tail::{self, TailFunction};
 use crate::plan::dml::NyalaQueryPlanner;
 use crate::plan::yielding_leaves::YieldingLeaves;
@@ -70,6 +71,12 @@ impl Database {
         ctx.register_udtf(
             tail::FUNCTION,
             Arc::new(TailFunction {
+                client: self.client.clone(),
+            }),
+        );
+        ctx.register_udtf(
+            changes::FUNCTION,
+            Arc::new(ChangesFunction {
                 client: self.client.clone(),
             }),
         );

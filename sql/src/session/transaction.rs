@@ -566,6 +566,7 @@ async fn read_rows(
                 limit: None,
                 batch_size: 1024,
                 string_views: false,
+                changes_since: None,
             };
             let scan = client.scan_tablet(&table, tablet, spec, Some(snapshot));
             for batch in scan.map_err(engine_error)? {

@@ -35,3 +35,4 @@ mod view;
 
 pub use file::{DeltaFile, DeltaMeta, Layout, Record};
 pub use tracker::{Image, RowsetDeltas};
+pub use view::View;

@@ -29,6 +29,16 @@ struct Composed {
     cells: std::ops::Range<usize>,
 }
 
+/// What a scan at a snapshot sees differently from a rowset's base rows
+/// ([`RowsetDeltas::view_rows`]).
+pub struct View {
+    /// The ordinals whose base rows the snapshot does not see, sorted: those of `images`, and
+    /// the rows that do not exist at the snapshot.
+    pub hidden: Vec<u32>,
+    /// The images that replace base rows, each batch with the ordinal of each of its rows.
+    pub images: Vec<(RecordBatch, Vec<u32>)>,
+}
+
 impl RowsetDeltas {
     /// What a scan at `snapshot` changes in the base rows of `rowset` (or only in the row at
     /// `only`): the ordinals it must skip (sorted) and the images that replace them, with the
@@ -42,6 +52,20 @@ impl RowsetDeltas {
         arena: &RowArena,
         only: Option<u32>,
     ) -> Result<(Vec<u32>, Vec<RecordBatch>), StorageError> {
+        let view = self.view_rows(rowset, snapshot, table, columns, arena, only)?;
+        Ok((view.hidden, view.images.into_iter().map(|i| i.0).collect()))
+    }
+
+    /// [`RowsetDeltas::view`], saying which row each image is of.
+    pub fn view_rows(
+        &self,
+        rowset: &DiskRowSet,
+        snapshot: Timestamp,
+        table: &SchemaRef,
+        columns: &[usize],
+        arena: &RowArena,
+        only: Option<u32>,
+    ) -> Result<View, StorageError> {
         let undo = self.undo_picks(snapshot, only)?;
         let mut picks: Vec<(u32, Image)> = undo.iter().map(|(o, p)| (*o, undo_image(p))).collect();
         // An ordinal's REDO records are newer than its UNDO records: none of them is visible
@@ -93,20 +117,23 @@ impl RowsetDeltas {
         let with_rows = |n: usize| arrow::array::RecordBatchOptions::new().with_row_count(Some(n));
         if !composed.is_empty() {
             let images = self.materialize(rowset, columns, arena, &composed, &cells)?;
-            batches.push(RecordBatch::try_new_with_options(
-                projected.clone(),
-                images,
-                &with_rows(composed.len()),
-            )?);
+            batches.push((
+                RecordBatch::try_new_with_options(
+                    projected.clone(),
+                    images,
+                    &with_rows(composed.len()),
+                )?,
+                composed.iter().map(|c| c.ordinal).collect(),
+            ));
         }
         for (file, source) in self.redo.iter().enumerate() {
-            let rows: Vec<u32> = picks
+            let (ordinals, rows): (Vec<u32>, Vec<u32>) = picks
                 .iter()
-                .filter_map(|(_, p)| match p {
-                    Image::File { file: f, row } if *f == file => Some(*row),
+                .filter_map(|(o, p)| match p {
+                    Image::File { file: f, row } if *f == file => Some((*o, *row)),
                     _ => None,
                 })
-                .collect();
+                .unzip();
             if rows.is_empty() {
                 continue;
             }
@@ -116,23 +143,28 @@ impl RowsetDeltas {
             let taken = (records.images.columns().iter())
                 .map(|c| arrow::compute::take(c, &rows, None))
                 .collect::<Result<Vec<_>, _>>()?;
-            batches.push(RecordBatch::try_new_with_options(
-                projected.clone(),
-                taken,
-                &with_rows(rows.len()),
-            )?);
+            batches.push((
+                RecordBatch::try_new_with_options(
+                    projected.clone(),
+                    taken,
+                    &with_rows(rows.len()),
+                )?,
+                ordinals,
+            ));
         }
         let composed: Vec<&(u32, Vec<UndoPick>)> =
             undo.iter().filter(|(_, p)| !p[0].absent).collect();
         if !composed.is_empty() {
             let images = self.compose_undo(rowset, table, columns, &composed)?;
-            batches.push(RecordBatch::try_new_with_options(
-                projected,
-                images,
-                &with_rows(composed.len()),
-            )?);
+            batches.push((
+                RecordBatch::try_new_with_options(projected, images, &with_rows(composed.len()))?,
+                composed.iter().map(|(o, _)| *o).collect(),
+            ));
         }
-        Ok((hidden, batches))
+        Ok(View {
+            hidden,
+            images: batches,
+        })
     }
 
     /// The images (columns `columns`) that UNDO records give the rows of `picks`: each column

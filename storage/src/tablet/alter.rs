@@ -10,6 +10,7 @@
 use arrow::array::{new_null_array, Array, ArrayRef, RecordBatch, StringArray, UInt32Array};
 use arrow::compute::{cast, take};
 
+use super::metadata::Metadata;
 use super::rewrite::{Carry, Output, Snapshot};
 use super::Tablet;
 use crate::history;
@@ -23,13 +24,16 @@ impl Tablet {
     /// (Writes wait meanwhile: they come in log order after this entry.)
     pub fn alter_schema(&self, index: u64, schema: &Schema) -> Result<(), StorageError> {
         let _rewriting = self.rewriting.lock();
+        let old = self.schema();
+        if schema.same_columns(&old) {
+            return self.alter_options(index, schema);
+        }
         if self.state.read().has_pending() {
             return Err(StorageError::TxnState(
                 "the table has transactions in progress; change its schema again when they end"
                     .into(),
             ));
         }
-        let old = self.schema();
         let sources = schema.sources_in(&old);
         let key_ids = |s: &Schema| -> Vec<u32> {
             let ids = s.ids();
@@ -88,7 +92,34 @@ impl Tablet {
                 }
                 Ok(out)
             },
-        )
+        )?;
+        self.keep_history_of(schema);
+        Ok(())
+    }
+
+    /// A schema change of the table's options alone (its history retention): the metadata
+    /// takes the new schema, no file changes. Entries after the metadata's durable index are
+    /// replayed under it after a crash, the same columns as before.
+    fn alter_options(&self, index: u64, schema: &Schema) -> Result<(), StorageError> {
+        let mut state = self.state.write();
+        self.write_metadata(&Metadata {
+            position_base: state.position_base,
+            requests: state.requests.persisted(state.durable_index),
+            ..Metadata::of(
+                schema,
+                &state.rowsets,
+                &state.deltas,
+                state.next_rowset_id,
+                state.durable_index,
+                state.next_auto_id,
+                state.txns_file,
+            )
+        })?;
+        state.schema = std::sync::Arc::new(schema.clone());
+        state.last_applied = state.last_applied.max(index);
+        drop(state);
+        self.keep_history_of(schema);
+        Ok(())
     }
 }
 

@@ -43,13 +43,7 @@ impl Tablet {
     ) -> Result<(), StorageError> {
         let _rewriting = self.rewriting.lock();
         if let Some(t) = as_of {
-            let ancient = self.ancient_history_mark();
-            if t < ancient {
-                return Err(StorageError::SnapshotTooOld {
-                    snapshot: t.display(),
-                    oldest: ancient.display(),
-                });
-            }
+            self.check_history(t)?;
         }
         if self.has_prepared_txns() {
             // Their commit timestamps may lie before this entry's: which side of the clone

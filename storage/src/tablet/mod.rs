@@ -27,6 +27,7 @@
 //! (the clients' requests applied lately, so that none is applied twice).
 
 mod alter;
+mod changes;
 mod clone;
 mod compaction;
 mod maintenance;
@@ -39,6 +40,7 @@ mod write;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,6 +53,7 @@ use crate::rowset_tree::RowSetTree;
 use crate::PageCache;
 use crate::{Schema, StorageError, Timestamp};
 
+pub use changes::{change_fields, CHANGE_COLUMN, COMMIT_TIME_COLUMN};
 pub use maintenance::{MaintenanceKind, MaintenanceOp};
 use metadata::{read_metadata, write_metadata, Metadata, METADATA};
 pub use requests::{RequestId, REQUEST_RETENTION};
@@ -130,6 +133,10 @@ pub struct Tablet {
     compactions: std::sync::atomic::AtomicU64,
     /// [`Tablet::column_ranges`] of the rowsets named (by address), kept until they change.
     ranges: Mutex<Option<(Vec<usize>, Vec<ColumnRange>)>>,
+    /// How long history is kept, in seconds: the table's own retention, or
+    /// [`TabletOptions::history_max_age`] (read without the state lock, which callers may
+    /// hold).
+    history_max_age: std::sync::atomic::AtomicU64,
 }
 
 struct State {
@@ -256,7 +263,9 @@ impl Tablet {
         };
         // A queue table's new rows come in runs of neighbouring keys.
         let queue = meta.schema.position_column().is_some();
+        let history_max_age = retention(&meta.schema, &options).into();
         Tablet {
+            history_max_age,
             dir: dir.to_path_buf(),
             options,
             compactions: Default::default(),
@@ -291,7 +300,30 @@ impl Tablet {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        Timestamp::from_micros(now.saturating_sub(self.options.history_max_age).as_micros() as u64)
+        let kept = Duration::from_secs(self.history_max_age.load(Ordering::Relaxed));
+        Timestamp::from_micros(now.saturating_sub(kept).as_micros() as u64)
+    }
+
+    /// Takes the history retention of `schema` (the table's, or the server's), once it is
+    /// the tablet's schema.
+    fn keep_history_of(&self, schema: &Schema) {
+        (self.history_max_age).store(retention(schema, &self.options), Ordering::Relaxed);
+    }
+
+    /// Refuses a read at `snapshot` if the history it needs is no longer kept.
+    pub(crate) fn check_history(&self, snapshot: Timestamp) -> Result<(), StorageError> {
+        let ancient = self.ancient_history_mark();
+        match snapshot < ancient {
+            true => Err(StorageError::SnapshotTooOld {
+                snapshot: snapshot.display(),
+                oldest: ancient.display(),
+                retention: format!(
+                    "{} s, history_max_age_secs",
+                    self.history_max_age.load(Ordering::Relaxed)
+                ),
+            }),
+            false => Ok(()),
+        }
     }
 
     pub fn schema(&self) -> Arc<Schema> {
@@ -413,4 +445,9 @@ fn key_ranges(rowsets: &[Arc<DiskRowSet>]) -> RowSetTree {
         None => (vec![u8::MAX], Vec::new()), // covers nothing
         Some((first, last)) => (first.to_vec(), last.to_vec()),
     }))
+}
+
+/// How long a tablet of `schema` keeps its history, in seconds.
+fn retention(schema: &Schema, options: &TabletOptions) -> u64 {
+    (schema.history_max_age_secs()).unwrap_or(options.history_max_age.as_secs())
 }

@@ -30,12 +30,10 @@ const IN_MEMROWSET: usize = usize::MAX;
 
 impl Tablet {
     pub fn scan(&self, spec: &ScanSpec) -> Result<ScanIterator, StorageError> {
-        let ancient = self.ancient_history_mark();
-        if spec.snapshot < ancient {
-            return Err(StorageError::SnapshotTooOld {
-                snapshot: spec.snapshot.display(),
-                oldest: ancient.display(),
-            });
+        self.check_history(spec.snapshot)?;
+        if let Some(since) = spec.changes_since {
+            self.check_history(since)?;
+            return self.scan_changes(spec, since);
         }
         let state = self.state.read();
         let schema = &state.schema;
@@ -297,7 +295,7 @@ impl Scan {
 }
 
 /// `batch` with its `Utf8` columns as `Utf8View` (rows decoded from rowsets already are).
-fn string_views(batch: RecordBatch) -> Result<RecordBatch, StorageError> {
+pub(super) fn string_views(batch: RecordBatch) -> Result<RecordBatch, StorageError> {
     let schema = batch.schema();
     if !schema
         .fields()

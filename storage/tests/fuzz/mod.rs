@@ -344,6 +344,7 @@ fn read_all(tablet: &Tablet) {
                 limit: None,
                 batch_size: 100,
                 string_views: false,
+                changes_since: None,
             };
             if let Ok(batches) = tablet.scan(&spec) {
                 batches.for_each(drop);

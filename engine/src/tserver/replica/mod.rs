@@ -511,12 +511,11 @@ impl TabletReplica {
     pub fn scan(&self, spec: ScanSpec, snapshot: Option<Timestamp>) -> Result<ScanIterator> {
         let s = match snapshot {
             None => self.safe_snapshot(),
-            Some(s) => {
-                self.clock.observe(s);
-                // Writes proposed from now on get timestamps above `s`.
-                s
-            }
+            Some(s) => s,
         };
+        let s = read_snapshot(&spec, s);
+        // Writes proposed from now on get timestamps above `s`.
+        self.clock.observe(s);
         if !self.inflight.wait_until_applied(s, Duration::from_secs(10)) {
             return Err(EngineError::Busy(format!(
                 "tablet {}: writes or transactions below snapshot {} are still being applied",
@@ -533,6 +532,7 @@ impl TabletReplica {
         spec: ScanSpec,
         snapshot: Timestamp,
     ) -> Option<Result<ScanIterator>> {
+        let snapshot = read_snapshot(&spec, snapshot);
         self.clock.observe(snapshot);
         self.inflight
             .applied(snapshot)
@@ -576,6 +576,7 @@ impl TabletReplica {
         }
     }
 
+    /// Scans at `snapshot`, every write below which is applied.
     fn scan_at(&self, mut spec: ScanSpec, snapshot: Timestamp) -> Result<ScanIterator> {
         spec.snapshot = snapshot;
         Ok(Box::new(crate::metrics::CountedScan(
@@ -719,6 +720,16 @@ impl TabletReplica {
     }
 }
 
+/// The snapshot a scan by `spec` reads at when asked for `snapshot`: a diff scan reads to the
+/// end of the microsecond (its commit times are microseconds: a consumer that goes on from the
+/// last one it received must have had every change of that microsecond).
+fn read_snapshot(spec: &ScanSpec, snapshot: Timestamp) -> Timestamp {
+    match spec.changes_since {
+        Some(_) => snapshot.end_of_microsecond(),
+        None => snapshot,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
@@ -756,6 +767,7 @@ mod tests {
             limit: None,
             batch_size: 1024,
             string_views: false,
+            changes_since: None,
         };
         for batch in replica.scan(spec, None).unwrap() {
             let batch = batch.unwrap();
@@ -913,6 +925,7 @@ mod tests {
             limit: None,
             batch_size: 1024,
             string_views: false,
+            changes_since: None,
         };
         assert!(replica.scan_if_ready(spec(), in_flight).is_none());
         assert!(replica

@@ -7,6 +7,7 @@ use datafusion::sql::sqlparser::ast::{
 };
 
 use crate::parse::columns;
+use crate::parse::table_options::table_options;
 
 use crate::parse::statement::{normalize_ident, object_name, Ddl, NyalaStatement, Show};
 use crate::{Result, SqlError};
@@ -72,6 +73,15 @@ pub(crate) fn classify(statement: Statement) -> Result<NyalaStatement> {
                 name: object_name(&alter.name)?,
                 new_name: object_name(new)?,
             }),
+            [AlterTableOperation::SetOptionsParens { options }] => {
+                let history_max_age_secs = table_options(options, true)?
+                    .history_max_age_secs
+                    .ok_or_else(|| SqlError::Parse("ALTER TABLE ... SET () sets nothing".into()))?;
+                NyalaStatement::Ddl(Ddl::SetTableOptions {
+                    name: object_name(&alter.name)?,
+                    history_max_age_secs,
+                })
+            }
             operations => NyalaStatement::Ddl(Ddl::AlterColumns {
                 name: object_name(&alter.name)?,
                 changes: columns::alter_columns(operations)?,

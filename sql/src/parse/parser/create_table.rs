@@ -1,20 +1,19 @@
 //! `CREATE TABLE`: columns with Nyala's and Kudu's options, the key, the partitioning and the
 //! table options, and its `AS <query>` and `CLONE source [AS OF <time>]` forms.
 
-use datafusion::sql::sqlparser::ast::{
-    ColumnDef, Expr, Query, SetExpr, SqlOption, TableConstraint, Value, ValueWithSpan,
-};
+use datafusion::sql::sqlparser::ast::{ColumnDef, Query, SetExpr, TableConstraint};
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::Parser;
 use datafusion::sql::sqlparser::tokenizer::Token;
 use nyala_engine::PartitionSchema;
 
 use crate::parse::columns;
+use crate::parse::table_options;
 
 use crate::parse::parser::NyalaParser;
 use crate::parse::partitioning::PartitionSpec;
 use crate::parse::statement::{
-    object_name, CreateTableAsSpec, CreateTableSpec, Ddl, NyalaStatement,
+    object_name, CreateTableAsSpec, CreateTableSpec, Ddl, NyalaStatement, TableOptions,
 };
 use crate::{Result, SqlError};
 
@@ -59,7 +58,7 @@ impl NyalaParser<'_> {
             _ => self.parse_table_constraint(&mut elements)?,
         };
         let mut partition = None;
-        let mut replicas = None;
+        let mut options = None;
         loop {
             if self
                 .parser
@@ -73,15 +72,18 @@ impl NyalaParser<'_> {
                 }
                 partition = Some(self.parse_partitioning()?);
             } else if self.peek_keyword_and(Keyword::WITH, &Token::LParen) {
-                if replicas.is_some() {
+                if options.is_some() {
                     return Err(SqlError::Parse("WITH (...) is given twice".into()));
                 }
-                replicas = Some(self.parse_table_options()?);
+                options = Some(self.parse_table_options()?);
             } else {
                 break;
             }
         }
-        let replicas = replicas.unwrap_or(0);
+        let TableOptions {
+            replicas,
+            history_max_age_secs,
+        } = options.unwrap_or_default();
         if self.parser.parse_keyword(Keyword::AS) {
             let query = self.sql_query()?;
             // sqlparser reads a DML statement as a query body too.
@@ -98,6 +100,7 @@ impl NyalaParser<'_> {
             return Ok(NyalaStatement::CreateTableAs(CreateTableAsSpec {
                 if_not_exists,
                 replicas,
+                history_max_age_secs,
                 ..spec
             }));
         }
@@ -120,7 +123,7 @@ impl NyalaParser<'_> {
             name,
             if_not_exists,
             replicas,
-            schema,
+            schema: schema.with_history_max_age_secs(history_max_age_secs),
             partition,
         })))
     }
@@ -167,42 +170,15 @@ impl NyalaParser<'_> {
         }
     }
 
-    /// `WITH (replicas = n)`: n (Whether the deployment can place n replicas is the engine's
-    /// to say.)
-    fn parse_table_options(&mut self) -> Result<usize> {
+    /// `WITH (option = value, ...)`: see [`table_options`].
+    fn parse_table_options(&mut self) -> Result<TableOptions> {
         self.parser.expect_keyword_is(Keyword::WITH)?;
         self.parser.expect_token(&Token::LParen)?;
         let options = self
             .parser
             .parse_comma_separated(Parser::parse_sql_option)?;
         self.parser.expect_token(&Token::RParen)?;
-        let mut replicas = 0;
-        for option in options {
-            match &option {
-                SqlOption::KeyValue { key, value }
-                    if key.quote_style.is_none() && key.value.eq_ignore_ascii_case("replicas") =>
-                {
-                    replicas = match value {
-                        Expr::Value(ValueWithSpan {
-                            value: Value::Number(n, _),
-                            ..
-                        }) => n.parse::<usize>().ok().filter(|&n| n >= 1),
-                        _ => None,
-                    }
-                    .ok_or_else(|| {
-                        SqlError::Invalid(format!(
-                            "replicas must be a whole number from 1, got {value}"
-                        ))
-                    })?;
-                }
-                other => {
-                    return Err(SqlError::NotSupported(format!(
-                        "table option '{other}' (supported: replicas = n)"
-                    )))
-                }
-            }
-        }
-        Ok(replicas)
+        table_options::table_options(&options, false)
     }
 }
 
@@ -248,6 +224,7 @@ fn create_table_as(
         name,
         if_not_exists: false,
         replicas: 0,
+        history_max_age_secs: None,
         key,
         partition,
         query,
