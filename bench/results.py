@@ -23,6 +23,7 @@ Usage in a script:
     report.write(args.json)     # --json PATH, added by add_json_argument(parser, "clone")
 """
 import datetime
+import decimal
 import json
 import math
 import os
@@ -103,7 +104,10 @@ def utc_now():
 
 
 def clean(value):
-    """`value` as JSON holds it: tuples as lists, NaN and infinities as null."""
+    """`value` as JSON holds it: tuples as lists, decimals as floats, NaN and infinities as
+    null."""
+    if isinstance(value, decimal.Decimal):
+        value = float(value)
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, (list, tuple)):

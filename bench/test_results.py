@@ -4,6 +4,7 @@ document (built from made-up figures) is valid, and bench/render.py renders and 
     python3 -m unittest discover -s bench -p 'test_*.py'
 """
 import importlib.util
+import decimal
 import json
 import os
 import subprocess
@@ -95,19 +96,24 @@ class ResultsTest(unittest.TestCase):
     def test_report_write_and_command(self):
         report = results.Report("example", "An example", command="python3 bench/example.py")
         report.table("t", ["a", "b"]).append([1, 2.5])
+        report.table("figures from a database", ["n"]).append([decimal.Decimal("1.25")])
         report.note("a note")
         with tempfile.TemporaryDirectory() as tmp:
             path = report.write(os.path.join(tmp, "sub", "example.json"))
             with open(path) as f:
                 doc = json.load(f)
-        self.assertEqual(doc["tables"], [{"title": "t", "columns": ["a", "b"], "rows": [[1, 2.5]]}])
+        self.assertEqual(doc["tables"], [
+            {"title": "t", "columns": ["a", "b"], "rows": [[1, 2.5]]},
+            {"title": "figures from a database", "columns": ["n"], "rows": [[1.25]]},
+        ])
         self.assertEqual(list(doc), list(results.KEYS))
         self.assertIsNone(report.write(""))
         self.assertEqual(results.command_line([os.path.join(HERE, "tpch.py"), "--scale", "0.1"]),
                          "python3 bench/tpch.py --scale 0.1")
 
     def test_scripts_take_a_json_option(self):
-        for name in ("tpch", "queue_bench", "clone", "adbc_lookups", "bytes_per_row"):
+        for name in ("tpch", "queue_bench", "clone", "adbc_lookups", "bytes_per_row",
+                     "changes_bench"):
             with self.subTest(name):
                 done = subprocess.run([sys.executable, os.path.join(HERE, f"{name}.py"), "--help"],
                                       capture_output=True, text=True, timeout=60)

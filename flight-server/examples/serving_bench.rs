@@ -1452,6 +1452,9 @@ async fn run(args: Args) -> Result<()> {
     println!("summary: {}", summary.join("; "));
     if let Some(path) = &args.json {
         let report = json_report(&args, systems, &tables, &summary);
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
         println!("results written to {}", path.display());

@@ -98,6 +98,9 @@ impl Results {
             ],
         });
         let text = serde_json::to_string_pretty(&report).expect("json") + "\n";
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).expect("creating the JSON file's directory");
+        }
         std::fs::write(path, text).expect("writing the JSON file");
         println!("results written to {}", path.display());
     }

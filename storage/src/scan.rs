@@ -84,9 +84,9 @@ pub struct ScanSpec {
     /// whose keys changed after this time and up to the snapshot, each as it is at the
     /// snapshot (a deleted one as it was at this time), followed by two columns, the change
     /// and its time ([`CHANGE_COLUMN`](crate::CHANGE_COLUMN),
-    /// [`COMMIT_TIME_COLUMN`](crate::COMMIT_TIME_COLUMN)). The snapshot is taken to the end
-    /// of its microsecond, so that a consumer who goes on from the last commit time it
-    /// received (microseconds) misses nothing and sees nothing twice.
+    /// [`COMMIT_TIME_COLUMN`](crate::COMMIT_TIME_COLUMN), microseconds). A tablet server
+    /// reads a diff scan to the end of its snapshot's microsecond, so that a consumer who goes
+    /// on from the last commit time it received misses nothing and sees nothing twice.
     pub changes_since: Option<Timestamp>,
 }
 
