@@ -41,9 +41,10 @@ class Consumer:
         self.received = 0
 
     def poll(self, conn, wait_ms):
+        # `from` as a parameter: psycopg binds it server-side (Parse/Bind/Execute).
         found = conn.execute(
             f"SELECT k, v, _change, _commit_time FROM "
-            f"changes('{self.table}', {literal(self.last)}, NULL, {wait_ms})").fetchall()
+            f"changes('{self.table}', %s, NULL, {wait_ms})", (self.last,)).fetchall()
         times = [row[3] for row in found]
         assert times == sorted(times), times
         for k, v, change, _ in found:

@@ -28,8 +28,9 @@ use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::ScalarValue;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result};
-use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, FunctionArg, Ident, Value, VisitMut};
 use nyala_engine::{Client, TableHandle};
 use nyala_storage::{Timestamp, CHANGE_COLUMN, COMMIT_TIME_COLUMN};
 
@@ -37,6 +38,7 @@ use crate::catalog::table::NyalaTable;
 use crate::exec::scan::with_change_columns;
 use crate::exec::tail::TailExec;
 use crate::functions::as_of::{evaluate, snapshot_at};
+use crate::functions::parameters;
 use crate::functions::tail::MAX_WAIT;
 
 pub const FUNCTION: &str = "changes";
@@ -68,13 +70,11 @@ impl TableFunctionImpl for ChangesFunction {
                 "{FUNCTION}: the first argument is a table name"
             )));
         };
-        let from = value(from)?;
-        if from.is_null() {
-            return Err(DataFusionError::Plan(format!(
-                "{FUNCTION}: from must be a time (the largest _commit_time received, to go on)"
-            )));
-        }
-        let since = snapshot_at(from, &format!("{FUNCTION}: from"))?;
+        // NULL: `WHERE _commit_time > time` says (see `lower_parameters`).
+        let since = match value(from)? {
+            from if from.is_null() => None,
+            from => Some(snapshot_at(from, &format!("{FUNCTION}: from"))?),
+        };
         let to = match value(to)? {
             to if to.is_null() => None,
             to => Some(snapshot_at(to, &format!("{FUNCTION}: to"))?),
@@ -130,6 +130,33 @@ impl TableFunctionImpl for ChangesFunction {
     }
 }
 
+/// The time of a filter `_commit_time > time` (a literal, once parameters are bound; a
+/// parameter while the statement is prepared).
+fn after_time(filter: &Expr) -> Option<&Expr> {
+    let Expr::BinaryExpr(BinaryExpr { left, op, right }) = filter else {
+        return None;
+    };
+    match (left.as_ref(), op, right.as_ref()) {
+        (Expr::Column(c), Operator::Gt, time @ (Expr::Literal(..) | Expr::Placeholder(_)))
+            if c.name == COMMIT_TIME_COLUMN =>
+        {
+            Some(time)
+        }
+        _ => None,
+    }
+}
+
+/// Lets a prepared consumer pass `from` as a parameter: in a SELECT that reads nothing but
+/// `changes('t', $n, ...)` (no joins), the call becomes `changes('t', NULL, ...)` and
+/// `_commit_time > $n` joins its WHERE, which the function takes as the window's start once
+/// the parameter is bound. (The time is chosen when a statement is planned; a parameter's
+/// value is known only when it runs.)
+pub(crate) fn lower_parameters<V: VisitMut>(node: &mut V) {
+    let lower =
+        |_: &[FunctionArg]| Some((Ident::new(COMMIT_TIME_COLUMN), SqlExpr::value(Value::Null)));
+    parameters::lower_parameter(node, FUNCTION, 1, &lower);
+}
+
 /// Parameters cannot be arguments: the window is chosen when the statement is planned.
 fn refuse_parameters(expr: &Expr) -> Result<()> {
     let mut parameter = None;
@@ -144,7 +171,8 @@ fn refuse_parameters(expr: &Expr) -> Result<()> {
     })?;
     match parameter {
         Some(id) => Err(DataFusionError::Plan(format!(
-            "{FUNCTION}: parameter {id} cannot be an argument; write the time as a literal"
+            "{FUNCTION}: parameter {id} cannot be an argument here: only from can be a \
+             parameter, when {FUNCTION}(...) is all its SELECT reads (no joins)"
         ))),
         None => Ok(()),
     }
@@ -158,7 +186,8 @@ pub(crate) struct ChangesTable {
     table: TableHandle,
     /// The table's columns (all nullable), then `_change` and `_commit_time`.
     schema: SchemaRef,
-    since: Timestamp,
+    /// `from`; None: given by a filter `_commit_time > time` instead.
+    since: Option<Timestamp>,
     /// None: the statement's snapshot.
     to: Option<Timestamp>,
     wait: Duration,
@@ -186,7 +215,8 @@ impl TableProvider for ChangesTable {
         filters: &[&Expr],
     ) -> Result<Vec<TableProviderFilterPushDown>> {
         // Storage filters the rows it returns by the table's columns; DataFusion filters by
-        // the change and its time.
+        // the change and its time, and a `_commit_time > time` reaches the scan too (it may be
+        // the window's start).
         let added = |f: &Expr| {
             f.column_refs()
                 .iter()
@@ -194,7 +224,12 @@ impl TableProvider for ChangesTable {
         };
         let own: Vec<usize> = (0..filters.len()).filter(|&i| !added(filters[i])).collect();
         let passed: Vec<&Expr> = own.iter().map(|&i| filters[i]).collect();
-        let mut answers = vec![TableProviderFilterPushDown::Unsupported; filters.len()];
+        let mut answers: Vec<_> = (filters.iter())
+            .map(|f| match after_time(f).is_some() {
+                true => TableProviderFilterPushDown::Inexact,
+                false => TableProviderFilterPushDown::Unsupported,
+            })
+            .collect();
         for (i, answer) in own
             .into_iter()
             .zip(self.inner.supports_filters_pushdown(&passed)?)
@@ -224,9 +259,35 @@ impl TableProvider for ChangesTable {
                 None => read.iter().position(|&r| r == c).unwrap_or(0),
             })
             .collect();
+        // The window starts at `from`, or where `_commit_time > time` says (the later of
+        // the two).
+        let mut since = self.since;
+        for time in filters.iter().filter_map(after_time) {
+            let Expr::Literal(time, _) = time else {
+                return Err(DataFusionError::Plan(format!(
+                    "{FUNCTION}: _commit_time > {time}: the parameter has no value"
+                )));
+            };
+            let after = snapshot_at(time.clone(), &format!("{FUNCTION}: _commit_time >"))?;
+            since = Some(since.map_or(after, |s| s.max(after)));
+        }
+        let since = since.ok_or_else(|| {
+            DataFusionError::Plan(format!(
+                "{FUNCTION}: from must be a time (the largest _commit_time received, to go \
+                 on), or NULL with WHERE _commit_time > time"
+            ))
+        })?;
+        let own: Vec<Expr> = (filters.iter())
+            .filter(|f| {
+                !f.column_refs()
+                    .iter()
+                    .any(|c| c.name == CHANGE_COLUMN || c.name == COMMIT_TIME_COLUMN)
+            })
+            .cloned()
+            .collect();
         // The limit is the tail's (after sorting by commit time), not the storage scan's.
-        let scan = self.inner.scan_exec(Some(read.clone()), filters, None)?;
-        let scan = scan.changes_since(self.since)?;
+        let scan = self.inner.scan_exec(Some(read.clone()), &own, None)?;
+        let scan = scan.changes_since(since)?;
         let scan = match self.to {
             Some(to) => scan.pinned_at(to),
             None => scan,

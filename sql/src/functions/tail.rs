@@ -20,7 +20,6 @@
 //! [`TailExec`](crate::exec::tail::TailExec), and a prepared consumer's poll binds its position
 //! into a plan made once ([`PreparedTail`](crate::plan::prepared_tail::PreparedTail)).
 
-use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,13 +34,13 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{col, lit, ColumnarValue, Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::sql::sqlparser::ast::{
-    BinaryOperator, Expr as SqlExpr, FunctionArg, FunctionArgExpr, Ident, ObjectName, Select,
-    TableFactor, TableWithJoins, Value, ValueWithSpan, VisitMut, VisitorMut,
+    Expr as SqlExpr, FunctionArg, FunctionArgExpr, Ident, Value, ValueWithSpan, VisitMut,
 };
 use nyala_engine::{Client, TableHandle};
 
 use crate::catalog::table::NyalaTable;
 use crate::exec::tail::TailExec;
+use crate::functions::parameters;
 
 pub const FUNCTION: &str = "tail";
 
@@ -55,84 +54,22 @@ pub(crate) const MAX_WAIT: Duration = Duration::from_secs(600);
 /// A parameter in any other argument, or in another shape of query, is refused when the
 /// function is called.
 pub(crate) fn lower_parameters<V: VisitMut>(node: &mut V, client: &Client) {
-    struct Lower<'a>(&'a Client);
-    impl VisitorMut for Lower<'_> {
-        type Break = ();
-        fn pre_visit_select(&mut self, select: &mut Select) -> ControlFlow<()> {
-            if let Some(condition) = parameter_condition(&mut select.from, self.0) {
-                select.selection = Some(match select.selection.take() {
-                    Some(other) => SqlExpr::BinaryOp {
-                        left: Box::new(SqlExpr::Nested(Box::new(other))),
-                        op: BinaryOperator::And,
-                        right: Box::new(condition),
-                    },
-                    None => condition,
-                });
-            }
-            ControlFlow::Continue(())
-        }
-    }
-    let _ = node.visit(&mut Lower(client));
-}
-
-/// For `FROM tail('t', $n, wait_ms) [AS alias]` alone: replaces `$n` by the lowest position
-/// and returns `<position column> > $n`.
-fn parameter_condition(from: &mut [TableWithJoins], client: &Client) -> Option<SqlExpr> {
-    let [TableWithJoins { relation, joins }] = from else {
-        return None;
-    };
-    let TableFactor::Table {
-        name,
-        alias,
-        args: Some(args),
-        ..
-    } = relation
-    else {
-        return None;
-    };
-    let is_tail = |name: &ObjectName| match name.0.as_slice() {
-        [part] => part
-            .as_ident()
-            .is_some_and(|i| crate::parse::statement::normalize_ident(i) == FUNCTION),
-        _ => false,
-    };
-    if !joins.is_empty() || !is_tail(name) || alias.as_ref().is_some_and(|a| !a.columns.is_empty())
-    {
-        return None;
-    }
-    let [FunctionArg::Unnamed(FunctionArgExpr::Expr(table)), FunctionArg::Unnamed(FunctionArgExpr::Expr(after)), _] =
-        args.args.as_mut_slice()
-    else {
-        return None;
-    };
-    let (
-        SqlExpr::Value(ValueWithSpan {
+    let lower = |args: &[FunctionArg]| {
+        let [FunctionArg::Unnamed(FunctionArgExpr::Expr(SqlExpr::Value(ValueWithSpan {
             value: Value::SingleQuotedString(table),
             ..
-        }),
-        SqlExpr::Value(ValueWithSpan {
-            value: Value::Placeholder(_),
-            ..
-        }),
-    ) = (&*table, &*after)
-    else {
-        return None;
+        }))), _, _] = args
+        else {
+            return None;
+        };
+        let table = client
+            .table(datafusion::common::TableReference::parse_str(table).table())
+            .ok()?;
+        let position = &table.schema.columns()[table.schema.position_column()?].name;
+        let lowest = SqlExpr::value(Value::Number(i64::MIN.to_string(), false));
+        Some((Ident::with_quote('"', position), lowest))
     };
-    let table = client
-        .table(datafusion::common::TableReference::parse_str(table).table())
-        .ok()?;
-    let position = &table.schema.columns()[table.schema.position_column()?].name;
-    let column = Ident::with_quote('"', position);
-    let column = match alias {
-        Some(alias) => SqlExpr::CompoundIdentifier(vec![alias.name.clone(), column]),
-        None => SqlExpr::Identifier(column),
-    };
-    let lowest = SqlExpr::value(Value::Number(i64::MIN.to_string(), false));
-    Some(SqlExpr::BinaryOp {
-        left: Box::new(column),
-        op: BinaryOperator::Gt,
-        right: Box::new(std::mem::replace(after, lowest)),
-    })
+    parameters::lower_parameter(node, FUNCTION, 1, &lower);
 }
 
 /// The `tail` table function.

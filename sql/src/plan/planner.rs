@@ -218,6 +218,7 @@ impl Session {
     ) -> Result<LogicalPlan> {
         as_of::lower(&mut statement)?;
         crate::functions::tail::lower_parameters(&mut statement, &self.db.client);
+        crate::functions::changes::lower_parameters(&mut statement);
         self.refuse_assigned_columns(&statement)?;
         self.name_assigned_columns(&mut statement);
         let plan = self
