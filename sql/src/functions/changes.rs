@@ -130,6 +130,11 @@ impl TableFunctionImpl for ChangesFunction {
     }
 }
 
+/// Whether `filter` reads `_change` or `_commit_time` (which storage does not filter by).
+fn on_added_columns(filter: &Expr) -> bool {
+    (filter.column_refs().iter()).any(|c| c.name == CHANGE_COLUMN || c.name == COMMIT_TIME_COLUMN)
+}
+
 /// The time of a filter `_commit_time > time` (a literal, once parameters are bound; a
 /// parameter while the statement is prepared).
 fn after_time(filter: &Expr) -> Option<&Expr> {
@@ -217,12 +222,9 @@ impl TableProvider for ChangesTable {
         // Storage filters the rows it returns by the table's columns; DataFusion filters by
         // the change and its time, and a `_commit_time > time` reaches the scan too (it may be
         // the window's start).
-        let added = |f: &Expr| {
-            f.column_refs()
-                .iter()
-                .any(|c| c.name == CHANGE_COLUMN || c.name == COMMIT_TIME_COLUMN)
-        };
-        let own: Vec<usize> = (0..filters.len()).filter(|&i| !added(filters[i])).collect();
+        let own: Vec<usize> = (0..filters.len())
+            .filter(|&i| !on_added_columns(filters[i]))
+            .collect();
         let passed: Vec<&Expr> = own.iter().map(|&i| filters[i]).collect();
         let mut answers: Vec<_> = (filters.iter())
             .map(|f| match after_time(f).is_some() {
@@ -278,11 +280,7 @@ impl TableProvider for ChangesTable {
             ))
         })?;
         let own: Vec<Expr> = (filters.iter())
-            .filter(|f| {
-                !f.column_refs()
-                    .iter()
-                    .any(|c| c.name == CHANGE_COLUMN || c.name == COMMIT_TIME_COLUMN)
-            })
+            .filter(|f| !on_added_columns(f))
             .cloned()
             .collect();
         // The limit is the tail's (after sorting by commit time), not the storage scan's.

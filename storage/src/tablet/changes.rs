@@ -101,6 +101,9 @@ impl Tablet {
             since,
             to: spec.snapshot,
         };
+        if window.since >= window.to {
+            return Ok(Box::new(std::iter::empty()));
+        }
         let state = self.state.read();
         let schema = state.schema.clone();
         let (read, output_len) = read_columns(&schema, spec)?;
@@ -108,18 +111,16 @@ impl Tablet {
         let projected = nullable(&Arc::new(table.project(&read)?));
         let mut sources = Vec::new();
         let mut found = mem_changes(&state, &table, &read, window, &mut sources)?;
-        if window.since < window.to {
-            for (rowset, deltas) in state.rowsets.iter().zip(&state.deltas) {
-                let place = Place {
-                    rowset,
-                    deltas,
-                    arena: &state.arena,
-                    table: &table,
-                    read: &read,
-                    projected: &projected,
-                };
-                place.changes(window, &mut sources, &mut found)?;
-            }
+        for (rowset, deltas) in state.rowsets.iter().zip(&state.deltas) {
+            let place = Place {
+                rowset,
+                deltas,
+                arena: &state.arena,
+                table: &table,
+                read: &read,
+                projected: &projected,
+            };
+            place.changes(window, &mut sources, &mut found)?;
         }
         drop(state);
         // One entry per key.
@@ -131,14 +132,14 @@ impl Tablet {
                 _ => keys.push(changed),
             }
         }
+        if keys.is_empty() {
+            return Ok(Box::new(std::iter::empty()));
+        }
         let mut fields: Vec<Field> = (projected.fields().iter())
             .map(|f| f.as_ref().clone())
             .collect();
         fields.extend(change_fields());
         let out_schema = Arc::new(ArrowSchema::new(fields));
-        if keys.is_empty() {
-            return Ok(Box::new(std::iter::empty()));
-        }
         let n = keys.len();
         let mut images = Vec::with_capacity(n);
         let mut changes = Vec::with_capacity(n);
