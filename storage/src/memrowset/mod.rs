@@ -197,6 +197,9 @@ pub type Versions = SmallVec<[Version; 1]>;
 pub struct MemRowSet {
     pub index: KeyIndex<Versions>,
     key_bytes: usize,
+    /// The newest timestamp of a version pushed (a diff scan of a window after it has nothing
+    /// to look for here).
+    newest: Timestamp,
 }
 
 impl MemRowSet {
@@ -205,6 +208,7 @@ impl MemRowSet {
         MemRowSet {
             index: KeyIndex::new(runs),
             key_bytes: 0,
+            newest: Timestamp(0),
         }
     }
 
@@ -213,6 +217,7 @@ impl MemRowSet {
         let empty = MemRowSet {
             index: self.index.emptied(),
             key_bytes: 0,
+            newest: Timestamp(0),
         };
         std::mem::replace(self, empty)
     }
@@ -229,6 +234,12 @@ impl MemRowSet {
         }
         versions.push(version);
         self.key_bytes += std::mem::size_of::<Version>();
+        self.newest = self.newest.max(version.ts);
+    }
+
+    /// The newest timestamp of a version it holds or held (an upper bound).
+    pub fn newest(&self) -> Timestamp {
+        self.newest
     }
 
     /// Rows in `range` visible at `snapshot`, in key order.

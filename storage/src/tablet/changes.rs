@@ -33,7 +33,7 @@ use super::{State, Tablet};
 use crate::delta::{RowsetDeltas, View};
 use crate::diskrowset::DiskRowSet;
 use crate::history::nullable;
-use crate::memrowset::{visible, RowArena, RowRef, Version};
+use crate::memrowset::{visible, MemRowSet, RowArena, RowRef, Version};
 use crate::scan::{predicate_mask, ScanIterator, ScanSpec};
 use crate::{StorageError, Timestamp};
 
@@ -233,6 +233,14 @@ fn mem_changes(
         });
     };
     let frozen = state.frozen.as_deref();
+    // Nothing newer than the window's start: no key to walk (a long poll's usual first look).
+    let newest = state
+        .mrs
+        .newest()
+        .max(frozen.map_or(Timestamp(0), MemRowSet::newest));
+    if newest <= window.since {
+        return Ok(found);
+    }
     for (key, versions) in state.mrs.index.iter() {
         match frozen.and_then(|f| f.index.get(key)) {
             Some(older) => add(&key[..], &[older.as_slice(), versions.as_slice()].concat()),
