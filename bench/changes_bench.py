@@ -12,10 +12,10 @@ $CARGO_TARGET_DIR/release/nyala) on a fresh data directory and measures, over AD
    `SELECT * FROM orders` (the same rows, a plain scan) in the same run: rows per second of
    each, while the rows are in memory and again after the server flushed the idle table
    (waiting up to --settle seconds).
-2. Long-poll wake-up: a consumer follows `changes('orders', last, NULL, 10000)` while a writer
-   inserts one row every 20 ms (--polls rows); the time from the INSERT's acknowledgement to
-   the consumer's answer (p50, p99), against `tail()` on a queue table followed the same way,
-   same run.
+2. Long-poll wake-up, in both states: a consumer follows `changes('orders', last, NULL,
+   10000)` while a writer inserts one row every 20 ms (--polls rows); the time from the
+   INSERT's acknowledgement to the consumer's answer (p50, p99), against `tail()` on a queue
+   table followed the same way, same run.
 
 Targets (for reference, never asserted): a window read at >= 1 M rows/s; wake-up p99 <= 10 ms.
 Writes bench/results/changes.json (--json) for docs/benchmarks.md. Needs pyarrow and
@@ -134,8 +134,10 @@ def main():
                                 mode="append")
             log(f"loaded {args.rows:,} rows")
             window = f"SELECT * FROM changes('orders', {literal(t0)}, NULL)"
-            reads = []
-            for state in ("in memory", "flushed"):
+            cur.execute("CREATE TABLE q (k STRING, pos BIGINT GENERATED ALWAYS AS POSITION, "
+                        "v BIGINT, PRIMARY KEY (k, pos))")
+            reads, wakes = [], {}
+            for round_, state in enumerate(("in memory", "flushed")):
                 if state == "flushed":
                     deadline = time.monotonic() + args.settle
                     while unflushed_bytes(cur, "orders") and time.monotonic() < deadline:
@@ -143,34 +145,36 @@ def main():
                     if unflushed_bytes(cur, "orders"):
                         log("the table was not flushed in time; skipping the flushed reads")
                         break
-                changes, changes_s = rows_per_second(cur, window, args.rows)
-                scan, scan_s = rows_per_second(cur, "SELECT * FROM orders", args.rows)
-                log(f"{state}: changes() {changes:,.0f} rows/s ({changes_s:.3f} s), "
-                    f"scan {scan:,.0f} rows/s ({scan_s:.3f} s)")
-                reads.append((state, changes, changes_s, scan, scan_s))
+                unflushed = unflushed_bytes(cur, "orders")
+                # (The rows the earlier round's long poll inserted are changes of the window.)
+                rows = args.rows + round_ * args.polls
+                changes, changes_s = rows_per_second(cur, window, rows)
+                scan, scan_s = rows_per_second(cur, "SELECT * FROM orders", rows)
+                log(f"{state} ({unflushed / 1e6:.0f} MB unflushed): changes() {changes:,.0f} "
+                    f"rows/s ({changes_s:.3f} s), scan {scan:,.0f} rows/s ({scan_s:.3f} s)")
+                reads.append((state, unflushed, changes, changes_s, scan, scan_s))
+                # The long poll, while the table's rows are where they are now (the polled
+                # inserts keep the table from being idle, so an unflushed table stays so).
+                start = server_now(cur)
+                base = args.rows + 10 + round_ * (args.polls + 10)
 
-            cur.execute("CREATE TABLE q (k STRING, pos BIGINT GENERATED ALWAYS AS POSITION, "
-                        "v BIGINT, PRIMARY KEY (k, pos))")
-            start = server_now(cur)
-            base = args.rows + 10
+                def changes_poll(last, start=start, base=base):
+                    since = literal(last or start)
+                    return (f"SELECT o_id - {base}, _commit_time FROM changes('orders', "
+                            f"{since}, NULL, 10000) WHERE o_id >= {base}")
 
-            def changes_poll(last):
-                since = literal(last or start)
-                return (f"SELECT o_id - {base}, _commit_time FROM changes('orders', {since}, "
-                        f"NULL, 10000) WHERE o_id >= {base}")
+                wakes[f"changes(), rows {state}"] = wake_ups(
+                    connect, changes_poll,
+                    lambda i, base=base: (f"INSERT INTO orders (o_id, customer) "
+                                          f"VALUES ({base + i}, 'x')"),
+                    args.polls)
 
             def tail_poll(last):
                 return f"SELECT v, pos FROM tail('q', {last or 0}, 10000) WHERE k = 'k'"
 
-            wakes = {
-                "changes()": wake_ups(
-                    connect, changes_poll,
-                    lambda i: f"INSERT INTO orders (o_id, customer) VALUES ({base + i}, 'x')",
-                    args.polls),
-                "tail() (baseline)": wake_ups(
-                    connect, tail_poll, lambda i: f"INSERT INTO q (k, v) VALUES ('k', {i})",
-                    args.polls),
-            }
+            wakes["tail() (baseline)"] = wake_ups(
+                connect, tail_poll, lambda i: f"INSERT INTO q (k, v) VALUES ('k', {i})",
+                args.polls)
             for name, values in wakes.items():
                 log(f"wake-up {name}: p50 {pct(values, 50):.2f} ms, p99 {pct(values, 99):.2f} ms "
                     f"({len(values)} of {args.polls} received)")
@@ -185,11 +189,12 @@ def main():
                     baseline="SELECT * FROM orders (the same rows, a plain scan) and tail() on a "
                              "queue table, same run",
                     load_at_start=load_at_start)
-    table = report.table("Reading a window", ["the rows are", "changes() rows/s", "changes() s",
-                                              "scan rows/s", "scan s", "changes() / scan time"])
-    for state, changes, changes_s, scan, scan_s in reads:
-        table.append([state, round(changes), round(changes_s, 3), round(scan), round(scan_s, 3),
-                      round(changes_s / scan_s, 2)])
+    table = report.table("Reading a window", ["the rows are", "unflushed MB", "changes() rows/s",
+                                              "changes() s", "scan rows/s", "scan s",
+                                              "changes() / scan time"])
+    for state, unflushed, changes, changes_s, scan, scan_s in reads:
+        table.append([state, round(unflushed / 1e6), round(changes), round(changes_s, 3),
+                      round(scan), round(scan_s, 3), round(changes_s / scan_s, 2)])
     table = report.table("Long-poll wake-up after a commit", ["poll", "p50 ms", "p99 ms",
                                                               "received"])
     for name, values in wakes.items():
