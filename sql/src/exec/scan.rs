@@ -259,22 +259,16 @@ impl NyalaScanExec {
     /// The scan as a diff scan: the rows whose keys changed after `since` and up to its
     /// snapshot, with their change and its time after the columns (see
     /// [`ScanSpec::changes_since`]). Planners know nothing of their number.
-    pub fn changes_since(self, since: Timestamp) -> Result<Self> {
-        let mut spec = self.spec;
-        spec.changes_since = Some(since);
-        let scan = Self::try_new(self.client, self.table, spec, self.pushed)?;
-        let schema = with_change_columns(&scan.schema, scan.spec.string_views);
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(schema.clone()),
-            scan.properties.partitioning.clone(),
+    pub fn changes_since(mut self, since: Timestamp) -> Self {
+        self.spec.changes_since = Some(since);
+        self.schema = with_change_columns(&self.schema, self.spec.string_views);
+        self.properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(self.schema.clone()),
+            self.properties.partitioning.clone(),
             EmissionType::Incremental,
             Boundedness::Bounded,
         ));
-        Ok(Self {
-            schema,
-            properties,
-            ..scan
-        })
+        self
     }
 
     /// The scan reading at `snapshot` whatever the statement's snapshot is.

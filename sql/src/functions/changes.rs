@@ -285,7 +285,7 @@ impl TableProvider for ChangesTable {
             .collect();
         // The limit is the tail's (after sorting by commit time), not the storage scan's.
         let scan = self.inner.scan_exec(Some(read.clone()), &own, None)?;
-        let scan = scan.changes_since(since)?;
+        let scan = scan.changes_since(since);
         let scan = match self.to {
             Some(to) => scan.pinned_at(to),
             None => scan,
