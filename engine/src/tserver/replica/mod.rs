@@ -749,6 +749,20 @@ mod tests {
         .unwrap()
     }
 
+    /// A new single-voter replica of tablet "t" of `schema()` in `path`.
+    fn new_replica(path: &std::path::Path, clock: &Arc<HybridClock>) -> TabletReplica {
+        TabletReplica::create(
+            path,
+            "t",
+            schema(),
+            TabletOptions::default(),
+            clock.clone(),
+            None,
+            None,
+        )
+        .unwrap()
+    }
+
     fn batch(kind: WriteKind, k: i64, v: i64) -> WriteBatch {
         let columns: Vec<ArrayRef> = vec![
             Arc::new(Int64Array::from(vec![k])),
@@ -816,16 +830,7 @@ mod tests {
             )
             .unwrap()
         };
-        let replica = TabletReplica::create(
-            &path,
-            "t",
-            schema(),
-            TabletOptions::default(),
-            clock.clone(),
-            None,
-            None,
-        )
-        .unwrap();
+        let replica = new_replica(&path, &clock);
         let insert = batch(WriteKind::Insert, 1, 10);
         let first = request(&clock, 1);
         let done = replica.write_request(&insert, Some(first)).await.unwrap();
@@ -895,16 +900,7 @@ mod tests {
     async fn the_safe_snapshot_stays_below_a_write_in_flight() {
         let dir = tempfile::tempdir().unwrap();
         let clock = Arc::new(HybridClock::new());
-        let replica = TabletReplica::create(
-            &dir.path().join("t"),
-            "t",
-            schema(),
-            TabletOptions::default(),
-            clock.clone(),
-            None,
-            None,
-        )
-        .unwrap();
+        let replica = new_replica(&dir.path().join("t"), &clock);
         replica
             .write(&batch(WriteKind::Insert, 1, 10))
             .await
