@@ -12,6 +12,7 @@
 //! column (rows affected), DDL and SET no columns and no rows; a statement's
 //! [`PlannedStatement::schema`] is always the schema of its stream.
 
+mod backup;
 mod catalog;
 mod database;
 mod ddl;

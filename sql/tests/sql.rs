@@ -1,9 +1,10 @@
 //! The SQL layer end to end in one process: statements through a `Session` over a real database
 //! directory, results checked as a user sees them, errors leave tables unchanged, data survives
-//! reopening. Module `fuzz`: random and mutated statements parsed, planned and run. Module
+//! reopening. Module `backup`: BACKUP and RESTORE round trips. Module `fuzz`: random and mutated statements parsed, planned and run. Module
 //! `runtime_filters`: joins over pseudo-random tables give the same rows with runtime filters
 //! on as off.
 
+mod backup;
 mod fuzz;
 mod runtime_filters;
 

@@ -43,6 +43,31 @@ pub enum NyalaStatement {
         update: Box<Update>,
         explain: Option<(bool, bool)>,
     },
+    /// `BACKUP DATABASE | TABLE a, b TO 'dir' [INCREMENTAL FROM 'parent']`.
+    Backup(BackupSpec),
+    /// `RESTORE DATABASE FROM 'dir'` or `RESTORE TABLE t FROM 'dir' [AS new]`.
+    Restore(RestoreSpec),
+}
+
+/// What a BACKUP statement asks for ([`crate::backup`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupSpec {
+    /// The tables; None: every table and view (`BACKUP DATABASE`).
+    pub tables: Option<Vec<String>>,
+    /// The directory the backup goes to, on the server that runs the statement.
+    pub path: String,
+    /// `INCREMENTAL FROM 'parent'`: the backup whose snapshot this one's changes start at.
+    pub parent: Option<String>,
+}
+
+/// What a RESTORE statement asks for ([`crate::backup`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreSpec {
+    /// The table and the name to restore it as; None: every table and view of the backup
+    /// (`RESTORE DATABASE`).
+    pub table: Option<(String, String)>,
+    /// The backup's directory, on the server that runs the statement.
+    pub path: String,
 }
 
 /// The statements that change the catalog.

@@ -18,10 +18,11 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use futures::TryStreamExt;
 
+use crate::backup::{backup_schema, restore_schema};
 use crate::exec::scan;
 use crate::limits::interrupt::{detached, Interrupt, Stop};
 use crate::limits::timeout::limited;
-use crate::parse::statement::{CreateTableSpec, Ddl};
+use crate::parse::statement::{BackupSpec, CreateTableSpec, Ddl, RestoreSpec};
 use crate::plan::lookup::{BoundLookup, BoundMutation};
 use crate::results::{
     client_schema, client_stream, count_batch, count_schema, empty_schema, no_rows, one_stream,
@@ -77,6 +78,10 @@ pub(crate) enum Action {
     /// A prepared UPDATE or DELETE of one row by its whole primary key ([`crate::plan::lookup`]).
     KeyMutation(BoundMutation),
     Plan(Arc<dyn ExecutionPlan>),
+    /// `BACKUP ...` ([`crate::backup`]): its steps are its rows.
+    Backup(BackupSpec),
+    /// `RESTORE ...` ([`crate::backup`]): its steps are its rows.
+    Restore(RestoreSpec),
 }
 
 impl PlannedStatement {
@@ -92,6 +97,8 @@ impl PlannedStatement {
             Action::Rows(batch) => batch.schema(),
             Action::Lookup(lookup) => lookup.schema(),
             Action::Plan(plan) => client_schema(&plan.schema()),
+            Action::Backup(_) => backup_schema(),
+            Action::Restore(_) => restore_schema(),
         }
     }
 
@@ -169,6 +176,15 @@ impl PlannedStatement {
                 let rows = lookup.run(&self.session.db.client, txn.as_deref()).await?;
                 stream_of(lookup.schema(), rows)
             }
+            // Within the statement's timeout, but not waiting for a turn among queries.
+            (Action::Backup(spec), _) => {
+                let deadline = deadline(&self.session);
+                Ok(limited(self.session.backup(spec.clone()), deadline, None))
+            }
+            (Action::Restore(spec), _) => {
+                let deadline = deadline(&self.session);
+                Ok(limited(self.session.restore(spec.clone()), deadline, None))
+            }
             _ => Err(SqlError::Invalid(
                 "this statement is not a query: run it as an update".into(),
             )),
@@ -238,7 +254,9 @@ impl PlannedStatement {
                 self.session.create_table_as(spec, &insert, interrupt).await
             }
             Action::Rows(batch) => one_stream(vec![batch]),
-            Action::Lookup(_) => self.execute_query().await,
+            Action::Lookup(_) | Action::Backup(_) | Action::Restore(_) => {
+                self.execute_query().await
+            }
             Action::KeyMutation(mutation) => {
                 let rows = mutation.run(&self.session.db.client).await?;
                 one_stream(vec![count_batch(rows)])
@@ -263,7 +281,7 @@ async fn run(
     partition: Option<usize>,
 ) -> Result<SendableRecordBatchStream> {
     let limits = &session.db.limits;
-    let deadline = timeout(session).map(|t| (tokio::time::Instant::now() + t, t));
+    let deadline = deadline(session);
     let permit = limits.admit(deadline.map(|(at, _)| at)).await?;
     let task = limits.task_context(session.task_ctx(), None)?;
     let stream = client_stream(match partition {
@@ -294,6 +312,11 @@ async fn run_to_end(
             Ok(work.await?)
         }
     }
+}
+
+/// When a statement starting now times out, and its timeout.
+fn deadline(session: &Session) -> Option<(tokio::time::Instant, std::time::Duration)> {
+    timeout(session).map(|t| (tokio::time::Instant::now() + t, t))
 }
 
 /// The session's statement timeout (or the server's default).

@@ -150,6 +150,13 @@ impl Session {
                 let kind = statement_kind(&plan)?;
                 Ok(Draft::Logical { kind, plan })
             }
+            NyalaStatement::Backup(_) | NyalaStatement::Restore(_) if self.in_transaction() => {
+                Err(SqlError::NotSupported(
+                    "BACKUP and RESTORE inside a transaction (COMMIT or ROLLBACK first)".into(),
+                ))
+            }
+            NyalaStatement::Backup(spec) => planned(StatementKind::Query, Action::Backup(spec)),
+            NyalaStatement::Restore(spec) => planned(StatementKind::Query, Action::Restore(spec)),
             NyalaStatement::InsertIgnore(statement) => {
                 let plan = self.logical_plan(statement).await?;
                 let kind = statement_kind(&plan)?;

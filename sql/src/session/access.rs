@@ -70,8 +70,8 @@ pub(crate) enum Requirement {
     Owner(String),
     /// Any privilege on it (DESCRIBE, SHOW CREATE TABLE, SHOW PARTITIONS).
     Visible(String),
-    /// Being the administrator (user management).
-    Admin,
+    /// Being the administrator (user management, backups): what only it does, for the error.
+    Admin(&'static str),
     /// Being the administrator or the user named (ALTER USER of one's own password).
     AdminOrSelf(String),
 }
@@ -115,6 +115,8 @@ impl Requirements {
                 let statement = Statement::Update(update.as_ref().clone());
                 needs.statement(&statement)?
             }
+            NyalaStatement::Backup(_) => needs.0.push(Requirement::Admin("takes backups")),
+            NyalaStatement::Restore(_) => needs.0.push(Requirement::Admin("restores backups")),
         }
         Ok(needs)
     }
@@ -137,7 +139,9 @@ impl Requirements {
                 self.0.push(Requirement::Owner(name.clone()));
                 self.query_reads(sql)?;
             }
-            Ddl::CreateUser { .. } | Ddl::DropUser { .. } => self.0.push(Requirement::Admin),
+            Ddl::CreateUser { .. } | Ddl::DropUser { .. } => {
+                self.0.push(Requirement::Admin("manages users"))
+            }
             Ddl::AlterUser { name, .. } => self.0.push(Requirement::AdminOrSelf(name.clone())),
         }
         Ok(())
@@ -334,8 +338,8 @@ impl Authorizer<'_> {
 
     fn check_one(&self, user: &str, need: &Requirement) -> Result<()> {
         match need {
-            Requirement::Admin => Err(denied(format!(
-                "only the administrator manages users, and {user} is not it"
+            Requirement::Admin(what) => Err(denied(format!(
+                "only the administrator {what}, and {user} is not it"
             ))),
             Requirement::AdminOrSelf(name) if name == user => Ok(()),
             Requirement::AdminOrSelf(name) => Err(denied(format!(

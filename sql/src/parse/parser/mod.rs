@@ -15,7 +15,9 @@
 //!   `DISTRIBUTE BY HASH (a) INTO n BUCKETS, ..., RANGE (b) (PARTITION lower <= VALUES < upper,
 //!   ...)`, `PARTITION BY HASH (a) PARTITIONS n, RANGE (b) SPLIT ROWS ((v), ...)`;
 //! - `ALTER TABLE t ADD|DROP RANGE PARTITION <range>`;
-//! - `SHOW TABLES` and `SHOW PARTITIONS t`.
+//! - `SHOW TABLES` and `SHOW PARTITIONS t`;
+//! - `BACKUP DATABASE | TABLE a, ... TO 'dir' [INCREMENTAL FROM 'parent']`, `RESTORE DATABASE
+//!   FROM 'dir'`, `RESTORE TABLE t FROM 'dir' [AS new]`.
 //!
 //! Syntax nested inside sqlparser's statements (UPSERT, column ENCODING/COMPRESSION, AS OF) is
 //! parsed by the hooks of Nyala's dialect ([`crate::parse::dialect`]). Statements sqlparser parses are then
@@ -32,10 +34,12 @@
 //!
 //! The grammar is split by what it parses: `create_table.rs` (CREATE TABLE and its AS and
 //! CLONE forms), `partitioning.rs` (DISTRIBUTE BY / PARTITION BY, ALTER TABLE's range
-//! partitions), `users.rs` (users and privileges); `classify.rs` sorts sqlparser's statements
+//! partitions), `users.rs` (users and privileges), `backup.rs` (BACKUP and RESTORE);
+//! `classify.rs` sorts sqlparser's statements
 //! into Nyala's, `depth.rs` refuses statements nested too deep and `placeholders.rs` numbers
 //! `?` placeholders.
 
+mod backup;
 mod classify;
 mod create_table;
 mod depth;
@@ -157,6 +161,12 @@ impl<'a> NyalaParser<'a> {
             || self.peek_words(&["DROP", "USER"])
         {
             return self.parse_user_statement().map(NyalaStatement::Ddl);
+        }
+        if self.peek_words(&["BACKUP"]) {
+            return self.parse_backup();
+        }
+        if self.peek_words(&["RESTORE"]) {
+            return self.parse_restore();
         }
         if self.peek_words(&["GRANT"]) || self.peek_words(&["REVOKE"]) {
             return self.parse_privileges().map(NyalaStatement::Ddl);
