@@ -90,23 +90,38 @@ impl FlightSqlConnection {
     }
 }
 
-#[async_trait::async_trait]
-impl Connection for FlightSqlConnection {
-    async fn execute(&self, sql: &str) -> anyhow::Result<(SchemaRef, Vec<RecordBatch>)> {
+impl FlightSqlConnection {
+    /// Runs one statement, handing each batch of its result to `each` as it arrives (a
+    /// long statement's progress); returns the result's schema.
+    pub async fn execute_each(
+        &self,
+        sql: &str,
+        each: &mut (dyn FnMut(RecordBatch) + Send),
+    ) -> anyhow::Result<SchemaRef> {
         let mut client = self.client.lock().await;
         let info = client
             .execute(sql.to_string(), None)
             .await
             .map_err(flight_error)?;
         let schema = std::sync::Arc::new(info.clone().try_decode_schema()?);
-        let mut batches = Vec::new();
         for endpoint in info.endpoint {
             let Some(ticket) = endpoint.ticket else {
                 continue;
             };
-            let stream = client.do_get(ticket).await.map_err(flight_error)?;
-            batches.extend(stream.try_collect::<Vec<_>>().await.map_err(flight_error)?);
+            let mut stream = client.do_get(ticket).await.map_err(flight_error)?;
+            while let Some(batch) = stream.try_next().await.map_err(flight_error)? {
+                each(batch);
+            }
         }
+        Ok(schema)
+    }
+}
+
+#[async_trait::async_trait]
+impl Connection for FlightSqlConnection {
+    async fn execute(&self, sql: &str) -> anyhow::Result<(SchemaRef, Vec<RecordBatch>)> {
+        let mut batches = Vec::new();
+        let schema = self.execute_each(sql, &mut |b| batches.push(b)).await?;
         Ok((schema, batches))
     }
 

@@ -51,10 +51,7 @@ impl Session {
         };
         for (table, _) in &tables {
             for (dir, manifest) in &chain {
-                if !manifest
-                    .table(&table.name)
-                    .is_some_and(|t| t.id == table.id)
-                {
+                if manifest.table(&table.name).is_none_or(|t| t.id != table.id) {
                     return Err(SqlError::Invalid(format!(
                         "the backup in {} does not hold table '{}' that {} continues",
                         dir.display(),
