@@ -35,6 +35,7 @@ BENCHMARKS = [
     ("queue_cluster", "Queue tables, three replicas", "python3 bench/queue_bench.py --cluster"),
     ("clone", "Table clones", "python3 bench/clone.py"),
     ("changes", "Change streams", "python3 bench/changes_bench.py"),
+    ("backup", "Backup and restore", "python3 bench/backup_bench.py"),
     ("bytes_per_row", "Bytes per row",
      "python3 bench/bytes_per_row.py $CARGO_TARGET_DIR/release/nyala"),
     ("storage", "Storage",

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use arrow::array::RecordBatch;
 use datafusion::logical_expr::JoinType;
 use datafusion::prelude::{
     ident, lit, DataFrame, ParquetReadOptions, SessionConfig, SessionContext,
@@ -223,10 +224,16 @@ impl Session {
             .into_iter()
             .map(|stream| {
                 let schema = stream.schema();
-                let batches = stream.map_err(SqlError::from).and_then(|batch| async move {
-                    match progress.is_closed() {
-                        true => Err(stopped()),
-                        false => Ok(batch),
+                let declared = schema.clone();
+                let batches = stream.map_err(SqlError::from).and_then(move |batch| {
+                    // A union's batches keep their own input's NULL-ability; the load checks
+                    // them against the stream's.
+                    let batch = RecordBatch::try_new(declared.clone(), batch.columns().to_vec());
+                    async move {
+                        match progress.is_closed() {
+                            true => Err(stopped()),
+                            false => Ok(batch?),
+                        }
                     }
                 });
                 self.ingest(&target, schema, batches)

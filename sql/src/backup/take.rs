@@ -208,8 +208,15 @@ fn write_file(
     since: Option<Timestamp>,
     progress: &Sender<Result<RecordBatch>>,
 ) -> Result<BackupFile> {
-    let mut fields: Vec<_> = job.table.schema.arrow_schema().fields().to_vec();
+    let table = &job.table.schema;
+    let mut fields: Vec<_> = table.arrow_schema().fields().to_vec();
     if since.is_some() {
+        // A key inserted and deleted in the window has only its key columns set.
+        for (i, field) in fields.iter_mut().enumerate() {
+            if !table.key_columns().contains(&i) {
+                *field = Arc::new(field.as_ref().clone().with_nullable(true));
+            }
+        }
         fields.extend(change_fields().map(Arc::new));
     }
     let schema: SchemaRef = Arc::new(ArrowSchema::new(fields));
