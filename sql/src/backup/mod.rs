@@ -41,7 +41,7 @@ pub(crate) fn backup_schema() -> SchemaRef {
         Field::new("table_name", DataType::Utf8, true),
         Field::new("rows", DataType::UInt64, false),
         Field::new("bytes", DataType::UInt64, false),
-        Field::new("file", DataType::Utf8, false),
+        Field::new("file", DataType::Utf8, true),
     ]))
 }
 
@@ -120,7 +120,8 @@ impl Progress {
         self.sender.is_closed()
     }
 
-    /// A backup's step: a file written (`table` None: the manifest).
+    /// A backup's step: a tablet's file written (`path` None: an incremental backup's tablet
+    /// where nothing changed), or the manifest (`table` None).
     async fn file(
         &self,
         step: u64,
@@ -128,7 +129,7 @@ impl Progress {
         table: Option<&str>,
         rows: u64,
         bytes: u64,
-        path: &Path,
+        path: Option<&Path>,
     ) -> Result<()> {
         self.send(vec![
             Arc::new(UInt64Array::from(vec![step])),
@@ -136,7 +137,9 @@ impl Progress {
             Arc::new(StringArray::from(vec![table])),
             Arc::new(UInt64Array::from(vec![rows])),
             Arc::new(UInt64Array::from(vec![bytes])),
-            Arc::new(StringArray::from(vec![path.display().to_string()])),
+            Arc::new(StringArray::from(vec![
+                path.map(|p| p.display().to_string())
+            ])),
         ])
         .await
     }

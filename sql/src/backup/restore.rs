@@ -163,6 +163,9 @@ impl Session {
         let mut newer: Option<DataFrame> = None;
         for (level, (dir, manifest)) in chain.iter().enumerate().rev() {
             let files = &manifest.table(&table.name).expect("checked").files;
+            if files.is_empty() {
+                continue; // an incremental backup of a table where nothing changed
+            }
             let paths: Vec<String> = files
                 .iter()
                 .map(|f| path_text(&dir.join(&f.path)))

@@ -118,12 +118,22 @@ pub(crate) async fn take(client: Client, spec: BackupSpec, progress: Progress) -
     let (mut rows, mut bytes) = (0, 0);
     while let Some((table, file)) = written.try_next().await? {
         step += 1;
+        let Some(file) = file else {
+            progress.file(step, steps, Some(&table), 0, 0, None).await?;
+            continue;
+        };
         rows += file.rows;
         bytes += file.bytes;
         let path = dir.join(&file.path);
-        progress
-            .file(step, steps, Some(&table), file.rows, file.bytes, &path)
-            .await?;
+        (progress.file(
+            step,
+            steps,
+            Some(&table),
+            file.rows,
+            file.bytes,
+            Some(&path),
+        ))
+        .await?;
         let entry = manifest.tables.iter_mut().find(|t| t.name == table);
         entry.expect("a table of the backup").files.push(file);
     }
@@ -139,7 +149,7 @@ pub(crate) async fn take(client: Client, spec: BackupSpec, progress: Progress) -
     }
     sync_dir(&dir)?;
     let path = manifest.write(&dir)?;
-    progress.file(steps, steps, None, rows, bytes, &path).await
+    progress.file(steps, steps, None, rows, bytes, Some(&path)).await
 }
 
 /// An incremental backup's parent: its snapshot, after checking that it holds each of
@@ -199,7 +209,8 @@ fn folder_name(name: &str, i: usize) -> String {
 }
 
 /// Writes one tablet's rows (or changes since `since`) at `snapshot` into its Parquet file,
-/// durably; stops when `progress` has no receiver any more.
+/// durably (None: changes were asked for and there were none); stops when `progress` has no
+/// receiver any more.
 fn write_file(
     client: &Client,
     job: &FileJob,
@@ -207,7 +218,7 @@ fn write_file(
     snapshot: Timestamp,
     since: Option<Timestamp>,
     progress: &Sender<Result<RecordBatch>>,
-) -> Result<BackupFile> {
+) -> Result<Option<BackupFile>> {
     let table = &job.table.schema;
     let mut fields: Vec<_> = table.arrow_schema().fields().to_vec();
     if since.is_some() {
@@ -230,39 +241,55 @@ fn write_file(
         changes_since: since,
     };
     let path = dir.join(&job.path);
-    let file = File::create(&path).map_err(|e| io_error(&path, "create", e))?;
-    let mut out = Checksummed {
-        inner: BufWriter::with_capacity(1 << 20, file),
-        bytes: 0,
-        crc: crc32fast::Hasher::new(),
-    };
-    let properties = WriterProperties::builder()
-        .set_compression(Compression::LZ4_RAW)
-        .build();
     let parquet = |e: datafusion::parquet::errors::ParquetError| {
         SqlError::Invalid(format!("cannot write {}: {e}", path.display()))
     };
-    let mut writer =
-        ArrowWriter::try_new(&mut out, schema.clone(), Some(properties)).map_err(parquet)?;
+    // The file is made once there is a row for it; a full backup's empty tablet gets one too.
+    let create = || {
+        let file = File::create(&path).map_err(|e| io_error(&path, "create", e))?;
+        let out = Checksummed {
+            inner: BufWriter::with_capacity(1 << 20, file),
+            bytes: 0,
+            crc: crc32fast::Hasher::new(),
+        };
+        let properties = WriterProperties::builder()
+            .set_compression(Compression::LZ4_RAW)
+            .build();
+        ArrowWriter::try_new(out, schema.clone(), Some(properties)).map_err(parquet)
+    };
+    let mut writer = None;
     let mut rows = 0;
     for batch in client.scan_tablet(&job.table, job.tablet, spec, Some(snapshot))? {
         if progress.is_closed() {
             return Err(stopped());
         }
         let batch = batch.map_err(nyala_engine::EngineError::from)?;
+        if batch.num_rows() == 0 {
+            continue;
+        }
         let batch = RecordBatch::try_new(schema.clone(), batch.columns().to_vec())?;
         rows += batch.num_rows() as u64;
+        let writer = match &mut writer {
+            Some(writer) => writer,
+            None => writer.insert(create()?),
+        };
         writer.write(&batch).map_err(parquet)?;
     }
-    writer.close().map_err(parquet)?;
+    let writer = match writer {
+        Some(writer) => writer,
+        // An incremental backup has no file for a tablet where nothing changed.
+        None if since.is_some() => return Ok(None),
+        None => create()?,
+    };
+    let mut out = writer.into_inner().map_err(parquet)?;
     out.inner
         .flush()
         .and_then(|()| out.inner.get_ref().sync_all())
         .map_err(|e| io_error(&path, "write", e))?;
-    Ok(BackupFile {
+    Ok(Some(BackupFile {
         path: job.path.clone(),
         rows,
         bytes: out.bytes,
         crc32: out.crc.finalize(),
-    })
+    }))
 }

@@ -276,7 +276,10 @@ async fn keys_inserted_and_deleted_between_backups_restore_into_not_null_columns
     );
     let out = backup(&s, &sql).await;
     // Keys 1, 2 and 3 changed (3 came and went): three rows over the two files.
-    assert!(out.contains("| 3    | 3     |            | 3    |"), "{out}");
+    assert!(
+        out.contains("| 3    | 3     |            | 3    |"),
+        "{out}"
+    );
     let sql = format!("RESTORE TABLE strict FROM {} AS back", quoted(&incremental));
     run(&s, &sql).await;
     assert_eq!(
