@@ -10,10 +10,12 @@ $CARGO_TARGET_DIR/release/nyala) through ADBC bulk ingest, waits for the idle fl
 
 1. `BACKUP DATABASE` (full), against DuckDB's `EXPORT DATABASE ... (FORMAT parquet)` of the
    same tables from a DuckDB database file holding them, same run;
-2. `UPDATE lineitem` of 1 % of its rows (l_orderkey % 100 = 0), then `BACKUP DATABASE ...
-   INCREMENTAL FROM` the full backup: its time and bytes against the full backup's;
+2. `UPDATE lineitem` of 1 % of its rows spread over the table (l_orderkey % 100 = 0), then
+   `BACKUP DATABASE ... INCREMENTAL FROM` the full backup; then of 1 % next to each other
+   (l_orderkey <= 60000) and another incremental backup from the first: their times and bytes
+   against the full backup's;
 3. `RESTORE DATABASE` of the full backup into a second fresh server, against DuckDB's `IMPORT
-   DATABASE` into a new database file, and of the incremental chain into a third; every
+   DATABASE` into a new database file, and of the chain (full and two incrementals) into a third; every
    restored table's row count and a checksum compared with the source.
 
 Targets (for reference, never asserted): full backup <= 1.5x DuckDB's export, restore <= 1.5x
@@ -31,6 +33,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from clone import query, start_server, stop_server  # noqa: E402
 from results import Report, add_json_argument, load_average  # noqa: E402
 from tpch import TABLES, generate_data, load, settle  # noqa: E402
+
+# The two updates of 1 % of lineitem before each incremental backup: rows spread over the whole
+# table (a row in every 4 096-row page: every page is read again) and rows next to each other.
+UPDATES = [("rows spread over the table", "l_orderkey % 100 = 0"),
+           ("rows next to each other", "l_orderkey <= 60000")]
 
 # A checksum of each table a restore must give back: its row count and a sum over its key.
 CHECKS = {
@@ -117,26 +124,32 @@ def main():
         cur = conn.cursor()
         source = checksums(cur)
 
-        full, incremental = os.path.join(work, "full"), os.path.join(work, "incremental")
+        full = os.path.join(work, "full")
         full_secs, _ = timed(cur, f"BACKUP DATABASE TO '{full}'")
         full_bytes = dir_bytes(full)
         log(f"BACKUP DATABASE: {full_secs:.2f} s, {full_bytes / 1e6:.1f} MB")
 
-        started = time.perf_counter()
-        cur.execute("UPDATE lineitem SET l_comment = 'changed' WHERE l_orderkey % 100 = 0")
-        updated = cur.fetchall()[0][0]
-        log(f"UPDATE of {updated:,} lineitem rows in {time.perf_counter() - started:.1f} s")
+        incrementals = []
+        parent = full
+        for shape, where in UPDATES:
+            started = time.perf_counter()
+            cur.execute(f"UPDATE lineitem SET l_comment = 'changed' WHERE {where}")
+            updated = cur.fetchall()[0][0]
+            log(f"UPDATE of {updated:,} lineitem rows ({shape}) in "
+                f"{time.perf_counter() - started:.1f} s")
+            path = os.path.join(work, f"incremental-{len(incrementals) + 1}")
+            secs, _ = timed(cur, f"BACKUP DATABASE TO '{path}' INCREMENTAL FROM '{parent}'")
+            incrementals.append((shape, updated, secs, dir_bytes(path)))
+            log(f"incremental BACKUP: {secs:.2f} s, {dir_bytes(path) / 1e6:.1f} MB")
+            parent = path
         changed = checksums(cur)
-        incr_secs, _ = timed(cur, f"BACKUP DATABASE TO '{incremental}' INCREMENTAL FROM '{full}'")
-        incr_bytes = dir_bytes(incremental)
-        log(f"incremental BACKUP: {incr_secs:.2f} s, {incr_bytes / 1e6:.1f} MB")
         cur.close()
         conn.close()
         stop_server(proc, source_dir)
         servers.clear()
 
         restores = {}
-        for name, backup, expected in (("full", full, source), ("chain", incremental, changed)):
+        for name, backup, expected in (("full", full, source), ("chain", parent, changed)):
             proc, conn, path = nyala(args.bin, work, f"restore-{name}")
             servers.append((proc, path))
             cur = conn.cursor()
@@ -175,13 +188,15 @@ def main():
                   round(export_bytes / 1e6, 1)])
     table.append(["restore (DuckDB: IMPORT DATABASE)", round(restores["full"], 2),
                   round(import_secs, 2), round(restores["full"] / import_secs, 2), None, None])
-    table = report.table(f"Incremental backup after updating {updated:,} lineitem rows (1 %)",
-                         ["backup", "seconds", "MB", "% of the full backup's time",
-                          "% of its bytes"])
-    table.append(["full", round(full_secs, 2), round(full_bytes / 1e6, 1), 100.0, 100.0])
-    table.append(["incremental", round(incr_secs, 2), round(incr_bytes / 1e6, 1),
-                  round(100 * incr_secs / full_secs, 1), round(100 * incr_bytes / full_bytes, 1)])
-    table.append(["restore of the chain (full + incremental)", round(restores["chain"], 2), None,
+    table = report.table("Incremental backups after updating 1 % of lineitem",
+                         ["backup", "rows updated", "seconds", "MB",
+                          "% of the full backup's time", "% of its bytes"])
+    table.append(["full", None, round(full_secs, 2), round(full_bytes / 1e6, 1), 100.0, 100.0])
+    for shape, updated, secs, size in incrementals:
+        table.append([f"incremental: {shape}", updated, round(secs, 2), round(size / 1e6, 1),
+                      round(100 * secs / full_secs, 1), round(100 * size / full_bytes, 1)])
+    table.append([f"restore of the chain (full + {len(incrementals)} incremental)", None,
+                  round(restores["chain"], 2), None,
                   round(100 * restores["chain"] / restores["full"], 1), None])
     report.note("Targets: backup <= 1.5x DuckDB's export, restore <= 1.5x its import; an "
                 "incremental backup after 1 % of lineitem changed <= 10 % of the full backup's "
