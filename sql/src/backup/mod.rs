@@ -169,6 +169,15 @@ impl Progress {
     }
 }
 
+/// `work` (file work, a tablet's scan) on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| SqlError::Invalid(format!("a backup's or restore's file work failed: {e}")))?
+}
+
 /// The error of a backup or restore whose statement stopped being read.
 fn stopped() -> SqlError {
     SqlError::Cancelled("the statement was stopped before it was complete".into())

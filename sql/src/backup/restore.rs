@@ -12,7 +12,7 @@ use futures::TryStreamExt;
 use nyala_storage::CHANGE_COLUMN;
 
 use crate::backup::manifest::{Manifest, TableBackup};
-use crate::backup::{stopped, Progress};
+use crate::backup::{blocking, stopped, Progress};
 use crate::ingest::{IngestMode, IngestTarget};
 use crate::parse::statement::{CreateTableSpec, Ddl, RestoreSpec};
 use crate::session::Session;
@@ -251,13 +251,4 @@ impl Session {
 /// A path as DataFusion's file listing takes it.
 fn path_text(path: &Path) -> String {
     path.to_string_lossy().into_owned()
-}
-
-/// `work` (file reads) on the blocking pool.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| SqlError::Invalid(format!("reading the backup failed: {e}")))?
 }

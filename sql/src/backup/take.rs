@@ -20,7 +20,7 @@ use crate::backup::manifest::{
     io_error, sync_dir, BackupFile, Checksummed, Manifest, Parent, TableBackup, ViewBackup,
     MANIFEST,
 };
-use crate::backup::{stopped, Progress};
+use crate::backup::{blocking, stopped, Progress};
 use crate::parse::statement::BackupSpec;
 use crate::{Result, SqlError};
 
@@ -30,6 +30,8 @@ const SCAN_BATCH_ROWS: usize = 8192;
 /// One file to write: tablet `tablet` of `table`.
 struct FileJob {
     table: TableHandle,
+    /// The table's place in the backup.
+    index: usize,
     tablet: usize,
     /// Relative to the backup's directory.
     path: String,
@@ -40,13 +42,21 @@ struct FileJob {
 /// went away or cancelled it).
 pub(crate) async fn take(client: Client, spec: BackupSpec, progress: Progress) -> Result<()> {
     let dir = PathBuf::from(&spec.path);
-    let tables = match &spec.tables {
+    let tables: Vec<TableHandle> = match &spec.tables {
         None => client.tables(),
         Some(names) => names
             .iter()
             .map(|name| client.table(name).map_err(SqlError::from))
             .collect::<Result<_>>()?,
     };
+    for (i, table) in tables.iter().enumerate() {
+        if tables[..i].iter().any(|t| t.name == table.name) {
+            return Err(SqlError::Invalid(format!(
+                "table '{}' is named twice",
+                table.name
+            )));
+        }
+    }
     let views = match spec.tables {
         None => (client.views().iter())
             .map(|v| ViewBackup {
@@ -56,11 +66,17 @@ pub(crate) async fn take(client: Client, spec: BackupSpec, progress: Progress) -
             .collect(),
         Some(_) => Vec::new(),
     };
-    let parent = match &spec.parent {
-        Some(parent) => Some(parent_of(Path::new(parent), &tables)?),
-        None => None,
-    };
-    prepare_dir(&dir)?;
+    let parent = spec.parent.clone();
+    let (prepared, dir_) = (tables.clone(), dir.clone());
+    let parent = blocking(move || {
+        let parent = match parent {
+            Some(parent) => Some(parent_of(Path::new(&parent), &prepared)?),
+            None => None,
+        };
+        prepare_dir(&dir_)?;
+        Ok(parent)
+    })
+    .await?;
     // One snapshot for every table: the newest of theirs, at which each reads every write
     // acknowledged before the statement.
     let mut snapshot = Timestamp(0);
@@ -70,18 +86,14 @@ pub(crate) async fn take(client: Client, spec: BackupSpec, progress: Progress) -
     if let Some(parent) = &parent {
         // A diff scan reads to the end of its snapshot's microsecond; the next incremental
         // backup starts there.
-        snapshot = snapshot.end_of_microsecond();
-        if snapshot <= parent.snapshot {
-            snapshot = parent.snapshot;
-        }
+        snapshot = snapshot.end_of_microsecond().max(parent.snapshot);
     }
     let mut manifest = Manifest::new(snapshot, parent);
     manifest.views = views;
     let mut jobs = Vec::new();
+    let mut folders = Vec::new();
     for (i, table) in tables.iter().enumerate() {
         let folder = folder_name(&table.name, i);
-        std::fs::create_dir_all(dir.join(&folder))
-            .map_err(|e| io_error(&dir.join(&folder), "create", e))?;
         manifest.tables.push(TableBackup {
             name: table.name.clone(),
             id: table.id.clone(),
@@ -93,63 +105,62 @@ pub(crate) async fn take(client: Client, spec: BackupSpec, progress: Progress) -
         for tablet in 0..table.tablets.len() {
             jobs.push(FileJob {
                 table: table.clone(),
+                index: i,
                 tablet,
                 path: format!("{folder}/{tablet:05}.parquet"),
             });
         }
+        folders.push(dir.join(folder));
     }
+    let created = folders.clone();
+    blocking(move || {
+        created
+            .iter()
+            .try_for_each(|f| std::fs::create_dir_all(f).map_err(|e| io_error(f, "create", e)))
+    })
+    .await?;
     let steps = jobs.len() as u64 + 1;
     let since = manifest.parent.as_ref().map(|p| p.snapshot);
     let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut written = futures::stream::iter(jobs.into_iter().map(|job| {
         let (client, dir, sender) = (client.clone(), dir.clone(), progress.sender());
-        async move {
-            let table = job.table.name.clone();
-            let file = tokio::task::spawn_blocking(move || {
-                write_file(&client, &job, &dir, snapshot, since, &sender)
-            })
-            .await
-            .map_err(|e| SqlError::Invalid(format!("a backup file's writer failed: {e}")))??;
-            Ok::<_, SqlError>((table, file))
-        }
+        blocking(move || {
+            let file = write_file(&client, &job, &dir, snapshot, since, &sender)?;
+            Ok((job, file))
+        })
     }))
     .buffer_unordered(parallel);
     let mut step = 0;
     let (mut rows, mut bytes) = (0, 0);
-    while let Some((table, file)) = written.try_next().await? {
+    while let Some((job, file)) = written.try_next().await? {
         step += 1;
+        let table = Some(job.table.name.as_str());
         let Some(file) = file else {
-            progress.file(step, steps, Some(&table), 0, 0, None).await?;
+            progress.file(step, steps, table, 0, 0, None).await?;
             continue;
         };
         rows += file.rows;
         bytes += file.bytes;
         let path = dir.join(&file.path);
-        (progress.file(
-            step,
-            steps,
-            Some(&table),
-            file.rows,
-            file.bytes,
-            Some(&path),
-        ))
-        .await?;
-        let entry = manifest.tables.iter_mut().find(|t| t.name == table);
-        entry.expect("a table of the backup").files.push(file);
+        let (file_rows, file_bytes) = (file.rows, file.bytes);
+        progress
+            .file(step, steps, table, file_rows, file_bytes, Some(&path))
+            .await?;
+        manifest.tables[job.index].files.push(file);
     }
     for table in &mut manifest.tables {
         table.files.sort_by(|a, b| a.path.cmp(&b.path));
-        let folder = table
-            .files
-            .first()
-            .map(|f| f.path.split('/').next().unwrap_or(""));
-        if let Some(folder) = folder {
-            sync_dir(&dir.join(folder))?;
-        }
     }
-    sync_dir(&dir)?;
-    let path = manifest.write(&dir)?;
-    progress.file(steps, steps, None, rows, bytes, Some(&path)).await
+    drop(written);
+    let path = blocking(move || {
+        folders.iter().try_for_each(|folder| sync_dir(folder))?;
+        sync_dir(&dir)?;
+        manifest.write(&dir)
+    })
+    .await?;
+    progress
+        .file(steps, steps, None, rows, bytes, Some(&path))
+        .await
 }
 
 /// An incremental backup's parent: its snapshot, after checking that it holds each of

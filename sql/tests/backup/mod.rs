@@ -206,6 +206,8 @@ async fn bad_backups_and_restores_are_refused_and_change_nothing() {
     .await;
     assert!(e.contains("table 'u' is not in the parent backup"), "{e}");
     assert!(!missing.join("manifest.json").exists());
+    let e = error(&s, &format!("BACKUP TABLE t, t TO {}", quoted(&missing))).await;
+    assert!(e.contains("table 't' is named twice"), "{e}");
     let e = error(&s, "BACKUP DATABASE").await;
     assert!(e.contains("Expected: TO"), "{e}");
     run(&s, "BEGIN").await;
