@@ -1,10 +1,9 @@
 -- TPC-H Q15, top supplier (validation parameter: DATE = 1996-01-01). Three statements:
--- the benchmark runs them in order and keeps the result of the SELECT. The view names its
--- columns with aliases rather than a column list (Nyala's CREATE VIEW takes no column list).
-create view revenue0 as
+-- the benchmark runs them in order and keeps the result of the SELECT.
+create view revenue0 (supplier_no, total_revenue) as
     select
-        l_suppkey as supplier_no,
-        sum(l_extendedprice * (1 - l_discount)) as total_revenue
+        l_suppkey,
+        sum(l_extendedprice * (1 - l_discount))
     from
         lineitem
     where

@@ -2059,6 +2059,21 @@ async fn views_are_named_queries_kept_in_the_catalog() {
     .await;
     assert!(e.contains("cannot read itself"), "{e}");
     assert!(text(&s, "SELECT count(*) FROM cpu").await.contains("| 5 "));
+    // A column list names the view's columns (TPC-H's Q15); it must name them all.
+    run(
+        &s,
+        "CREATE VIEW peaks (machine, highest) AS SELECT host, max(value) FROM cpu GROUP BY host",
+    )
+    .await;
+    let peaks = text(
+        &s,
+        "SELECT machine, highest FROM peaks ORDER BY highest DESC LIMIT 1",
+    )
+    .await;
+    assert!(peaks.contains("| machine |"), "{peaks}");
+    let e = error(&s, "CREATE VIEW bad (a) AS SELECT host, value FROM cpu").await;
+    assert!(e.contains("contains 2 columns but only 1 names given"), "{e}");
+    run(&s, "DROP VIEW peaks").await;
     // Replaced, then survives a restart; dropped.
     run(
         &s,

@@ -3,7 +3,7 @@
 //! DataFusion as they are.
 
 use datafusion::sql::sqlparser::ast::{
-    AlterTableOperation, ObjectType, RenameTableNameKind, ShowCreateObject, Statement,
+    AlterTableOperation, Ident, ObjectType, RenameTableNameKind, ShowCreateObject, Statement,
 };
 
 use crate::parse::columns;
@@ -50,14 +50,28 @@ pub(crate) fn classify(statement: Statement) -> Result<NyalaStatement> {
             return Err(SqlError::NotSupported(format!("DROP {object_type}")))
         }
         Statement::CreateView(view) => {
-            if view.materialized || !view.columns.is_empty() || view.if_not_exists {
+            if view.materialized || view.if_not_exists {
                 return Err(SqlError::NotSupported(
-                    "materialized views, column lists and IF NOT EXISTS in CREATE VIEW".into(),
+                    "materialized views and IF NOT EXISTS in CREATE VIEW".into(),
                 ));
             }
+            let name = object_name(&view.name)?;
+            // `CREATE VIEW v (a, b) AS q` is the view of `q` with its columns renamed.
+            let sql = match view.columns.as_slice() {
+                [] => view.query.to_string(),
+                columns => {
+                    let names: Vec<String> = columns.iter().map(|c| c.name.to_string()).collect();
+                    let alias = Ident::with_quote('"', &name);
+                    format!(
+                        "SELECT * FROM ({}) AS {alias} ({})",
+                        view.query,
+                        names.join(", ")
+                    )
+                }
+            };
             NyalaStatement::Ddl(Ddl::CreateView {
-                name: object_name(&view.name)?,
-                sql: view.query.to_string(),
+                name,
+                sql,
                 or_replace: view.or_replace,
             })
         }
