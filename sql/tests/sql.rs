@@ -2072,7 +2072,10 @@ async fn views_are_named_queries_kept_in_the_catalog() {
     .await;
     assert!(peaks.contains("| machine |"), "{peaks}");
     let e = error(&s, "CREATE VIEW bad (a) AS SELECT host, value FROM cpu").await;
-    assert!(e.contains("contains 2 columns but only 1 names given"), "{e}");
+    assert!(
+        e.contains("contains 2 columns but only 1 names given"),
+        "{e}"
+    );
     run(&s, "DROP VIEW peaks").await;
     // Replaced, then survives a restart; dropped.
     run(
@@ -3070,4 +3073,116 @@ async fn a_table_keeps_its_history_as_long_as_it_says() {
         assert!(e.contains(message), "{sql}: {e}");
     }
     drop(db);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insert_on_conflict_does_nothing_or_updates_existing_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s) = open(dir.path()).await;
+    run(
+        &s,
+        "CREATE TABLE stock (sku STRING PRIMARY KEY, qty BIGINT, note STRING) \
+         DISTRIBUTE BY HASH (sku) INTO 3 BUCKETS",
+    )
+    .await;
+    run(&s, "INSERT INTO stock VALUES ('a', 1, 'x'), ('b', 2, 'y')").await;
+    let rows = || text(&s, "SELECT * FROM stock ORDER BY sku");
+    // DO NOTHING: existing keys keep their rows.
+    let sql =
+        "INSERT INTO stock VALUES ('a', 10, 'new'), ('c', 3, 'z') ON CONFLICT (sku) DO NOTHING";
+    assert_eq!(affected(&run(&s, sql).await), 1);
+    // DO UPDATE: an existing row changes by the listed expressions only, from its own values
+    // and the proposed ones (EXCLUDED); new keys are inserted (unlisted columns NULL).
+    let sql = "INSERT INTO stock (sku, qty) VALUES ('a', 5), ('d', 4) \
+               ON CONFLICT (sku) DO UPDATE SET qty = stock.qty + EXCLUDED.qty";
+    assert_eq!(affected(&run(&s, sql).await), 2);
+    // With a condition: rows it is false for stay as they are.
+    let sql = "INSERT INTO stock VALUES ('a', 0, 'big'), ('b', 0, 'small') \
+               ON CONFLICT DO UPDATE SET note = EXCLUDED.note WHERE stock.qty > 5";
+    assert_eq!(affected(&run(&s, sql).await), 1);
+    let expected = "+-----+-----+------+\n\
+                    | sku | qty | note |\n\
+                    +-----+-----+------+\n\
+                    | a   | 6   | big  |\n\
+                    | b   | 2   | y    |\n\
+                    | c   | 3   | z    |\n\
+                    | d   | 4   |      |\n\
+                    +-----+-----+------+";
+    assert_eq!(rows().await, expected);
+    // From a query, and prepared with parameters (an ORM's upsert).
+    let sql = "INSERT INTO stock SELECT sku, 100, 'restock' FROM stock WHERE qty < 4 \
+               ON CONFLICT (sku) DO UPDATE SET qty = EXCLUDED.qty, note = EXCLUDED.note";
+    assert_eq!(affected(&run(&s, sql).await), 2);
+    let sql =
+        "INSERT INTO stock VALUES ($1, $2, 'p') ON CONFLICT (sku) DO UPDATE SET qty = EXCLUDED.qty";
+    let prepared = s.prepare_statement(sql).await.unwrap();
+    for (sku, qty) in [("a", 7), ("e", 8)] {
+        use datafusion::common::ScalarValue;
+        let params = [ScalarValue::from(sku), ScalarValue::Int64(Some(qty))];
+        let planned = s.plan_prepared(&prepared, &params).await.unwrap();
+        assert_eq!(
+            affected(&collect(planned.execute().await.unwrap()).await.unwrap()),
+            1
+        );
+    }
+    let qty = text(
+        &s,
+        "SELECT sku, qty FROM stock WHERE sku IN ('a', 'b', 'e') ORDER BY sku",
+    )
+    .await;
+    assert!(
+        qty.contains("| a   | 7   |") && qty.contains("| b   | 100 |"),
+        "{qty}"
+    );
+    assert!(qty.contains("| e   | 8   |"), "{qty}");
+    // In a transaction: it rolls back with it.
+    let before = rows().await;
+    run(&s, "BEGIN").await;
+    run(
+        &s,
+        "INSERT INTO stock VALUES ('a', 0, 'gone') ON CONFLICT (sku) DO UPDATE SET qty = 0",
+    )
+    .await;
+    assert!(text(&s, "SELECT qty FROM stock WHERE sku = 'a'")
+        .await
+        .contains("| 0   |"));
+    run(&s, "ROLLBACK").await;
+    assert_eq!(rows().await, before);
+    run(&s, "BEGIN").await;
+    let sql = "INSERT INTO stock VALUES ('a', 0, 'no'), ('f', 9, 'yes') ON CONFLICT DO NOTHING";
+    assert_eq!(affected(&run(&s, sql).await), 1);
+    run(&s, "COMMIT").await;
+    let kept = text(&s, "SELECT sku, note FROM stock WHERE sku IN ('a', 'f') ORDER BY sku").await;
+    assert!(kept.contains("| a   | big  |") && kept.contains("| f   | yes  |"), "{kept}");
+    let before = rows().await;
+    // Errors, changing nothing.
+    let e = error(
+        &s,
+        "INSERT INTO stock VALUES ('a', 1, 'x') ON CONFLICT (qty) DO NOTHING",
+    )
+    .await;
+    assert!(
+        e.contains("must name the primary key of 'stock', (sku)"),
+        "{e}"
+    );
+    let e = error(
+        &s,
+        "INSERT INTO stock (qty) VALUES (1) ON CONFLICT DO UPDATE SET qty = 2",
+    )
+    .await;
+    assert!(e.contains("needs the primary key column 'sku'"), "{e}");
+    let e = error(
+        &s,
+        "INSERT INTO stock VALUES ('a', 1, 'x') ON CONFLICT DO UPDATE SET nope = 1",
+    )
+    .await;
+    assert!(e.contains("nope"), "{e}");
+    let e = error(
+        &s,
+        "INSERT INTO stock VALUES ('a', 1, 'x') ON DUPLICATE KEY UPDATE qty = 2",
+    )
+    .await;
+    assert!(e.contains("ON CONFLICT"), "{e}");
+    assert_eq!(rows().await, before);
+    db.shutdown().await.unwrap();
 }

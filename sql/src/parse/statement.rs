@@ -7,7 +7,7 @@
 //! storage schema and partitioning), so what is wrong with them is found before anything runs.
 
 use datafusion::sql::sqlparser::ast::{
-    Expr, Ident, ObjectName, ObjectNamePart, Query, Statement, Update,
+    DoUpdate, Expr, Ident, Insert, ObjectName, ObjectNamePart, Query, Statement, Update,
 };
 use nyala_engine::{ColumnChange, PartitionSchema, RangeSpec};
 use nyala_storage::{ColumnSchema, ColumnType, Schema};
@@ -43,10 +43,23 @@ pub enum NyalaStatement {
         update: Box<Update>,
         explain: Option<(bool, bool)>,
     },
+    /// `INSERT ... ON CONFLICT [(key)] DO NOTHING | DO UPDATE SET ... [WHERE ...]`.
+    InsertOnConflict(OnConflictSpec),
     /// `BACKUP DATABASE | TABLE a, b TO 'dir' [INCREMENTAL FROM 'parent']`.
     Backup(BackupSpec),
     /// `RESTORE DATABASE FROM 'dir'` or `RESTORE TABLE t FROM 'dir' [AS new]`.
     Restore(RestoreSpec),
+}
+
+/// An `INSERT ... ON CONFLICT` ([`crate::plan::on_conflict`]).
+#[derive(Debug)]
+pub struct OnConflictSpec {
+    /// The INSERT, without its ON CONFLICT clause.
+    pub insert: Box<Insert>,
+    /// The conflict target's columns, if given (they must be the primary key).
+    pub target: Option<Vec<String>>,
+    /// `DO UPDATE SET ... [WHERE ...]`; None: `DO NOTHING`.
+    pub update: Option<DoUpdate>,
 }
 
 /// What a BACKUP statement asks for ([`crate::backup`]).

@@ -3,6 +3,7 @@
 
 pub(crate) mod dml;
 pub(crate) mod lookup;
+pub(crate) mod on_conflict;
 pub(crate) mod params;
 pub(crate) mod planned;
 pub(crate) mod planner;

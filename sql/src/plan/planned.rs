@@ -20,6 +20,7 @@ use futures::TryStreamExt;
 
 use crate::backup::{backup_schema, restore_schema};
 use crate::exec::scan;
+use crate::ingest::count_of;
 use crate::limits::interrupt::{detached, Interrupt, Stop};
 use crate::limits::timeout::limited;
 use crate::parse::statement::{BackupSpec, CreateTableSpec, Ddl, RestoreSpec};
@@ -78,6 +79,8 @@ pub(crate) enum Action {
     /// A prepared UPDATE or DELETE of one row by its whole primary key ([`crate::plan::lookup`]).
     KeyMutation(BoundMutation),
     Plan(Arc<dyn ExecutionPlan>),
+    /// Plans that change rows, run in order in one transaction ([`crate::plan::on_conflict`]).
+    Steps(Vec<Arc<dyn ExecutionPlan>>),
     /// `BACKUP ...` ([`crate::backup`]): its steps are its rows.
     Backup(BackupSpec),
     /// `RESTORE ...` ([`crate::backup`]): its steps are its rows.
@@ -93,7 +96,9 @@ impl PlannedStatement {
     pub fn schema(&self) -> SchemaRef {
         match &self.action {
             Action::Ddl(_) | Action::Setting(_) | Action::Transaction(_) => empty_schema(),
-            Action::CreateTableAs { .. } | Action::KeyMutation(_) => count_schema(),
+            Action::CreateTableAs { .. } | Action::KeyMutation(_) | Action::Steps(_) => {
+                count_schema()
+            }
             Action::Rows(batch) => batch.schema(),
             Action::Lookup(lookup) => lookup.schema(),
             Action::Plan(plan) => client_schema(&plan.schema()),
@@ -268,6 +273,30 @@ impl PlannedStatement {
             Action::Plan(plan) => {
                 let plan = self.session.pin(plan).await?;
                 one_stream(run_to_end(&self.session, plan, &interrupt).await?)
+            }
+            Action::Steps(plans) => {
+                let session = &self.session;
+                let own = session.transaction().is_none();
+                if own {
+                    session.begin(false)?;
+                }
+                let steps = async {
+                    let mut count = 0;
+                    for plan in plans {
+                        let plan = session.pin(plan).await?;
+                        count += count_of(&run_to_end(session, plan, &interrupt).await?);
+                    }
+                    Ok::<_, SqlError>(count)
+                };
+                let count = match (steps.await, own) {
+                    (Ok(count), true) => session.commit().await.map(|()| count),
+                    (Err(e), true) => {
+                        session.rollback().await;
+                        Err(e)
+                    }
+                    (result, false) => result,
+                }?;
+                one_stream(vec![count_batch(count)])
             }
         }
     }

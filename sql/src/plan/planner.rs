@@ -37,6 +37,9 @@ pub(crate) enum Draft {
         plan: LogicalPlan,
     },
     Planned(PlannedStatement),
+    /// Statements that change rows, run in order in one transaction (an INSERT ... ON
+    /// CONFLICT DO UPDATE's UPDATE and INSERT IGNORE).
+    Steps(Vec<LogicalPlan>),
 }
 
 impl Session {
@@ -150,6 +153,7 @@ impl Session {
                 let kind = statement_kind(&plan)?;
                 Ok(Draft::Logical { kind, plan })
             }
+            NyalaStatement::InsertOnConflict(spec) => self.draft_on_conflict(spec).await,
             NyalaStatement::Backup(_) | NyalaStatement::Restore(_) if self.in_transaction() => {
                 Err(SqlError::NotSupported(
                     "BACKUP and RESTORE inside a transaction (COMMIT or ROLLBACK first)".into(),
@@ -322,6 +326,21 @@ impl Session {
                 params.len()
             ))),
             Draft::Planned(planned) => Ok(planned),
+            Draft::Steps(plans) => {
+                let mut steps = Vec::with_capacity(plans.len());
+                for plan in plans {
+                    let planned = self.plan_logical(StatementKind::Dml, plan, params).await?;
+                    let Action::Plan(plan) = planned.action else {
+                        return Err(SqlError::Invalid("a step that changes no rows".into()));
+                    };
+                    steps.push(plan);
+                }
+                Ok(PlannedStatement {
+                    kind: StatementKind::Dml,
+                    session: self.clone(),
+                    action: Action::Steps(steps),
+                })
+            }
         }
     }
 }

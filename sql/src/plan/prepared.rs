@@ -54,7 +54,7 @@ use crate::plan::planned::{Action, PlannedStatement, StatementInfo, StatementKin
 use crate::plan::planner::Draft;
 use crate::plan::prepared_tail::PreparedTail;
 use crate::plan::reusable::reusable;
-use crate::results::{client_schema, client_type, empty_schema};
+use crate::results::{client_schema, client_type, count_schema, empty_schema};
 use crate::session::access::Requirements;
 use crate::session::Session;
 use crate::Result;
@@ -185,6 +185,25 @@ impl Session {
                     _ => Template::Text,
                 };
                 (info, template)
+            }
+            Draft::Steps(plans) => {
+                // Every step reads the same rows, hence the same parameters.
+                let parameters = match plans.last() {
+                    Some(plan) => parameter_types(plan)?,
+                    None => Vec::new(),
+                };
+                let fields = (parameters.iter().enumerate())
+                    .map(|(i, t)| {
+                        let t = t.as_ref().map_or(DataType::Utf8, client_type);
+                        Field::new(format!("${}", i + 1), t, true)
+                    })
+                    .collect::<Vec<_>>();
+                let info = StatementInfo {
+                    kind: StatementKind::Dml,
+                    schema: count_schema(),
+                    parameters: Arc::new(ArrowSchema::new(fields)),
+                };
+                (info, Template::Text)
             }
             Draft::Planned(planned) => {
                 let info = StatementInfo {

@@ -115,6 +115,22 @@ impl Requirements {
                 let statement = Statement::Update(update.as_ref().clone());
                 needs.statement(&statement)?
             }
+            // DO UPDATE also changes rows that exist, as PostgreSQL's needs UPDATE for.
+            NyalaStatement::InsertOnConflict(spec) => {
+                needs.statement(&Statement::Insert(spec.insert.as_ref().clone()))?;
+                if let (Some(update), TableObject::TableName(name)) =
+                    (&spec.update, &spec.insert.table)
+                {
+                    needs.push(&object_name(name)?, Privilege::Update);
+                    // What its expressions read (subqueries).
+                    let values = update.assignments.iter().map(|a| a.value.to_string());
+                    let mut sql = format!("SELECT {}", values.collect::<Vec<_>>().join(", "));
+                    if let Some(selection) = &update.selection {
+                        sql.push_str(&format!(" WHERE {selection}"));
+                    }
+                    needs.query_reads(&sql)?;
+                }
+            }
             NyalaStatement::Backup(_) => needs.0.push(Requirement::Admin("takes backups")),
             NyalaStatement::Restore(_) => needs.0.push(Requirement::Admin("restores backups")),
         }

@@ -3,13 +3,16 @@
 //! DataFusion as they are.
 
 use datafusion::sql::sqlparser::ast::{
-    AlterTableOperation, Ident, ObjectType, RenameTableNameKind, ShowCreateObject, Statement,
+    AlterTableOperation, ConflictTarget, Ident, ObjectType, OnConflictAction, OnInsert,
+    RenameTableNameKind, ShowCreateObject, Statement,
 };
 
 use crate::parse::columns;
 use crate::parse::table_options::table_options;
 
-use crate::parse::statement::{normalize_ident, object_name, Ddl, NyalaStatement, Show};
+use crate::parse::statement::{
+    normalize_ident, object_name, Ddl, NyalaStatement, OnConflictSpec, Show,
+};
 use crate::{Result, SqlError};
 
 /// The statements sqlparser parsed that Nyala answers itself, classified; the others are
@@ -136,6 +139,42 @@ pub(crate) fn classify(statement: Statement) -> Result<NyalaStatement> {
                 update: Box::new(update),
                 explain: Some((verbose, analyze)),
             }
+        }
+        Statement::Insert(mut insert) if insert.on.is_some() => {
+            let conflict =
+                match insert.on.take() {
+                    Some(OnInsert::OnConflict(conflict)) => conflict,
+                    _ => return Err(SqlError::NotSupported(
+                        "ON DUPLICATE KEY UPDATE (write INSERT ... ON CONFLICT (key) DO UPDATE \
+                         SET ...)"
+                            .into(),
+                    )),
+                };
+            if insert.ignore || insert.replace_into {
+                return Err(SqlError::Invalid(
+                    "ON CONFLICT goes with a plain INSERT, not INSERT IGNORE or UPSERT".into(),
+                ));
+            }
+            let target = match conflict.conflict_target {
+                None => None,
+                Some(ConflictTarget::Columns(columns)) => {
+                    Some(columns.iter().map(normalize_ident).collect())
+                }
+                Some(ConflictTarget::OnConstraint(name)) => {
+                    return Err(SqlError::NotSupported(format!(
+                        "ON CONFLICT ON CONSTRAINT {name}: name the primary key's columns"
+                    )))
+                }
+            };
+            let update = match conflict.action {
+                OnConflictAction::DoNothing => None,
+                OnConflictAction::DoUpdate(update) => Some(update),
+            };
+            NyalaStatement::InsertOnConflict(OnConflictSpec {
+                insert: Box::new(insert),
+                target,
+                update,
+            })
         }
         // INSERT IGNORE, possibly under EXPLAIN: planned as the INSERT, skipping duplicates.
         mut statement => {

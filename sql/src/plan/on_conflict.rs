@@ -1,0 +1,127 @@
+//! `INSERT ... ON CONFLICT [(key)] DO NOTHING | DO UPDATE SET ... [WHERE ...]`, PostgreSQL's
+//! upsert, in the terms Nyala already has: DO NOTHING is INSERT IGNORE; DO UPDATE is an
+//! `UPDATE t SET ... FROM (<the INSERT's rows>) AS excluded (<its columns>) WHERE <the keys
+//! match> [AND <condition>]` of the rows whose key exists, then the INSERT of the rows whose key
+//! does not (`WHERE NOT EXISTS`), both in one transaction (the session's, or one of the
+//! statement's own), so the statement is atomic and an existing row is changed from the listed
+//! expressions only, as UPDATE changes it. In a transaction DO NOTHING is that INSERT too
+//! (INSERT IGNORE runs outside transactions only).
+
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::sql::sqlparser::ast::{Ident, Statement, TableObject};
+
+use crate::parse::parser::NyalaParser;
+use crate::parse::statement::{normalize_ident, object_name, NyalaStatement, OnConflictSpec};
+use crate::plan::dml;
+use crate::plan::planned::StatementKind;
+use crate::plan::planner::Draft;
+use crate::session::Session;
+use crate::{Result, SqlError};
+
+impl Session {
+    /// The plans of an INSERT ... ON CONFLICT, in the order they run.
+    pub(crate) async fn draft_on_conflict(&self, spec: OnConflictSpec) -> Result<Draft> {
+        let OnConflictSpec {
+            insert,
+            target,
+            update,
+        } = spec;
+        let TableObject::TableName(table_name) = &insert.table else {
+            return Err(SqlError::NotSupported(
+                "ON CONFLICT into a table function".into(),
+            ));
+        };
+        let name = object_name(table_name)?;
+        let table = self.db.client.table(&name)?;
+        let schema = &table.schema;
+        if schema.auto_increment_column().is_some() || schema.position_column().is_some() {
+            return Err(SqlError::NotSupported(format!(
+                "ON CONFLICT into '{name}', whose key the database assigns: no inserted row can \
+                 conflict"
+            )));
+        }
+        let column = |i: &usize| schema.columns()[*i].name.clone();
+        let key: Vec<String> = schema.key_columns().iter().map(column).collect();
+        if let Some(target) = &target {
+            let mut sorted = target.clone();
+            sorted.sort();
+            let mut expected = key.clone();
+            expected.sort();
+            if sorted != expected {
+                return Err(SqlError::Invalid(format!(
+                    "ON CONFLICT ({}) must name the primary key of '{name}', ({}): it is the \
+                     table's one unique constraint",
+                    target.join(", "),
+                    key.join(", ")
+                )));
+            }
+        }
+        let columns: Vec<String> = match insert.columns.is_empty() {
+            true => (0..schema.columns().len()).map(|i| column(&i)).collect(),
+            false => (insert.columns.iter())
+                .map(|c| c.0.last().and_then(|p| p.as_ident()).map(normalize_ident))
+                .map(Option::unwrap_or_default)
+                .collect(),
+        };
+        if let Some(missing) = key.iter().find(|k| !columns.contains(k)) {
+            return Err(SqlError::Invalid(format!(
+                "INSERT ... ON CONFLICT needs the primary key column '{missing}' among the \
+                 inserted columns"
+            )));
+        }
+        let Some(source) = &insert.source else {
+            return Err(SqlError::Invalid(
+                "INSERT ... ON CONFLICT needs rows".into(),
+            ));
+        };
+        if update.is_none() && !self.in_transaction() {
+            let statement = Box::new(Statement::Insert(insert.as_ref().clone()));
+            return Ok(Draft::Logical {
+                kind: StatementKind::Dml,
+                plan: dml::plan_insert_ignore(self.logical_plan(statement).await?)?,
+            });
+        }
+        let quoted = |c: &String| Ident::with_quote('"', c).to_string();
+        let t = quoted(&name);
+        // `<table>.k1 = excluded.k1 AND ...`
+        let same_key = |table: &str| {
+            (key.iter())
+                .map(|k| format!("{table}.{k} = excluded.{k}", k = quoted(k)))
+                .collect::<Vec<_>>()
+                .join(" AND ")
+        };
+        // The rows whose key is not there yet (in a transaction: as it sees the table).
+        let excluded: Vec<String> = columns.iter().map(quoted).collect();
+        let excluded = format!("({source}) AS excluded ({})", excluded.join(", "));
+        let insert_new = format!(
+            "INSERT INTO {t} ({}) SELECT * FROM {excluded} WHERE NOT EXISTS \
+             (SELECT 1 FROM {t} AS existing WHERE {})",
+            columns.iter().map(quoted).collect::<Vec<_>>().join(", "),
+            same_key("existing")
+        );
+        let NyalaStatement::DataFusion(insert_new) = NyalaParser::parse_sql(&insert_new)? else {
+            return Err(SqlError::Invalid(format!("cannot plan {insert_new}")));
+        };
+        let insert_new = self.logical_plan(insert_new).await?;
+        let Some(update) = update else {
+            return Ok(Draft::Logical {
+                kind: StatementKind::Dml,
+                plan: insert_new,
+            });
+        };
+        let mut filter = same_key(&t);
+        if let Some(condition) = &update.selection {
+            filter = format!("{filter} AND ({condition})");
+        }
+        let assignments: Vec<String> = update.assignments.iter().map(|a| a.to_string()).collect();
+        let sql = format!(
+            "UPDATE {t} SET {} FROM {excluded} WHERE {filter}",
+            assignments.join(", ")
+        );
+        let NyalaStatement::UpdateFrom { update, .. } = NyalaParser::parse_sql(&sql)? else {
+            return Err(SqlError::Invalid(format!("cannot plan {sql}")));
+        };
+        let update: LogicalPlan = self.plan_update_from(*update).await?;
+        Ok(Draft::Steps(vec![update, insert_new]))
+    }
+}
