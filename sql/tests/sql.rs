@@ -3152,8 +3152,15 @@ async fn insert_on_conflict_does_nothing_or_updates_existing_rows() {
     let sql = "INSERT INTO stock VALUES ('a', 0, 'no'), ('f', 9, 'yes') ON CONFLICT DO NOTHING";
     assert_eq!(affected(&run(&s, sql).await), 1);
     run(&s, "COMMIT").await;
-    let kept = text(&s, "SELECT sku, note FROM stock WHERE sku IN ('a', 'f') ORDER BY sku").await;
-    assert!(kept.contains("| a   | big  |") && kept.contains("| f   | yes  |"), "{kept}");
+    let kept = text(
+        &s,
+        "SELECT sku, note FROM stock WHERE sku IN ('a', 'f') ORDER BY sku",
+    )
+    .await;
+    assert!(
+        kept.contains("| a   | big  |") && kept.contains("| f   | yes  |"),
+        "{kept}"
+    );
     let before = rows().await;
     // Errors, changing nothing.
     let e = error(

@@ -8,7 +8,11 @@
 //! (INSERT IGNORE runs outside transactions only).
 
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::sql::sqlparser::ast::{Ident, Statement, TableObject};
+use std::ops::ControlFlow;
+
+use datafusion::sql::sqlparser::ast::{
+    Expr, Ident, Query, Statement, TableObject, VisitMut, VisitorMut,
+};
 
 use crate::parse::parser::NyalaParser;
 use crate::parse::statement::{normalize_ident, object_name, NyalaStatement, OnConflictSpec};
@@ -109,6 +113,14 @@ impl Session {
                 plan: insert_new,
             });
         };
+        // A column named alone is the existing row's, as in PostgreSQL (`qty + EXCLUDED.qty`).
+        let mut update = update;
+        let mut existing = ExistingRow {
+            table: Ident::with_quote('"', &name),
+            columns: (0..schema.columns().len()).map(|i| column(&i)).collect(),
+            depth: 0,
+        };
+        let _ = VisitMut::visit(&mut update, &mut existing);
         let mut filter = same_key(&t);
         if let Some(condition) = &update.selection {
             filter = format!("{filter} AND ({condition})");
@@ -123,5 +135,37 @@ impl Session {
         };
         let update: LogicalPlan = self.plan_update_from(*update).await?;
         Ok(Draft::Steps(vec![update, insert_new]))
+    }
+}
+
+/// Qualifies the table's columns named alone in DO UPDATE's expressions (outside subqueries)
+/// with the table's name: they are the existing row's.
+struct ExistingRow {
+    table: Ident,
+    columns: Vec<String>,
+    /// Subqueries entered.
+    depth: usize,
+}
+
+impl VisitorMut for ExistingRow {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, _: &mut Query) -> ControlFlow<()> {
+        self.depth += 1;
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_query(&mut self, _: &mut Query) -> ControlFlow<()> {
+        self.depth -= 1;
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        if let Expr::Identifier(ident) = expr {
+            if self.depth == 0 && self.columns.contains(&normalize_ident(ident)) {
+                *expr = Expr::CompoundIdentifier(vec![self.table.clone(), ident.clone()]);
+            }
+        }
+        ControlFlow::Continue(())
     }
 }
