@@ -3161,6 +3161,16 @@ async fn insert_on_conflict_does_nothing_or_updates_existing_rows() {
         kept.contains("| a   | big  |") && kept.contains("| f   | yes  |"),
         "{kept}"
     );
+    // UPSERT naming some columns updates those of an existing row (a partial column update);
+    // naming them all, it replaces the row.
+    let sql = "UPSERT INTO stock (sku, note) VALUES ('a', 'partial'), ('z', 'new')";
+    assert_eq!(affected(&run(&s, sql).await), 2);
+    let partial = text(&s, "SELECT * FROM stock WHERE sku IN ('a', 'z') ORDER BY sku").await;
+    assert!(partial.contains("| a   | 7   | partial |"), "{partial}");
+    assert!(partial.contains("| z   |     | new     |"), "{partial}");
+    run(&s, "UPSERT INTO stock (note, qty, sku) VALUES ('whole', 1, 'a')").await;
+    let whole = text(&s, "SELECT * FROM stock WHERE sku = 'a'").await;
+    assert!(whole.contains("| a   | 1   | whole |"), "{whole}");
     let before = rows().await;
     // Errors, changing nothing.
     let e = error(

@@ -5,13 +5,15 @@
 //! does not (`WHERE NOT EXISTS`), both in one transaction (the session's, or one of the
 //! statement's own), so the statement is atomic and an existing row is changed from the listed
 //! expressions only, as UPDATE changes it. In a transaction DO NOTHING is that INSERT too
-//! (INSERT IGNORE runs outside transactions only).
+//! (INSERT IGNORE runs outside transactions only). `UPSERT INTO t (k, a) ...` naming only
+//! some columns is `ON CONFLICT (k) DO UPDATE SET a = EXCLUDED.a`.
 
 use datafusion::logical_expr::LogicalPlan;
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
-    Expr, Ident, Query, Statement, TableObject, VisitMut, VisitorMut,
+    Assignment, AssignmentTarget, DoUpdate, Expr, Ident, ObjectName, Query, Statement, TableObject,
+    VisitMut, VisitorMut,
 };
 
 use crate::parse::parser::NyalaParser;
@@ -23,6 +25,59 @@ use crate::session::Session;
 use crate::{Result, SqlError};
 
 impl Session {
+    /// `UPSERT INTO t (k, a, ...) ...` naming only some of the table's columns: an `INSERT ...
+    /// ON CONFLICT (key) DO UPDATE` of the columns it names (Doris' partial column update), so
+    /// an existing row keeps the others. None for every other statement (an UPSERT of whole
+    /// rows replaces them).
+    pub(crate) fn partial_upsert(&self, statement: &Statement) -> Option<OnConflictSpec> {
+        let Statement::Insert(insert) = statement else {
+            return None;
+        };
+        let TableObject::TableName(name) = &insert.table else {
+            return None;
+        };
+        if !insert.replace_into || insert.columns.is_empty() {
+            return None;
+        }
+        let table = self.db.client.table(&object_name(name).ok()?).ok()?;
+        let schema = &table.schema;
+        if schema.auto_increment_column().is_some() || schema.position_column().is_some() {
+            return None; // refused as UPSERT, with its own error
+        }
+        let listed: Vec<String> = (insert.columns.iter())
+            .filter_map(|c| c.0.last().and_then(|p| p.as_ident()).map(normalize_ident))
+            .collect();
+        if schema.columns().iter().all(|c| listed.contains(&c.name)) {
+            return None;
+        }
+        let assignments: Vec<Assignment> = (listed.iter())
+            .filter(|c| {
+                schema
+                    .column_index(c)
+                    .is_some_and(|i| !schema.is_key_column(i))
+            })
+            .map(|c| Assignment {
+                target: AssignmentTarget::ColumnName(ObjectName::from(vec![Ident::with_quote(
+                    '"', c,
+                )])),
+                value: Expr::CompoundIdentifier(vec![
+                    Ident::new("excluded"),
+                    Ident::with_quote('"', c),
+                ]),
+            })
+            .collect();
+        let mut insert = insert.clone();
+        insert.replace_into = false;
+        Some(OnConflictSpec {
+            insert: Box::new(insert),
+            target: None,
+            update: (!assignments.is_empty()).then_some(DoUpdate {
+                assignments,
+                selection: None,
+            }),
+        })
+    }
+
     /// The plans of an INSERT ... ON CONFLICT, in the order they run.
     pub(crate) async fn draft_on_conflict(&self, spec: OnConflictSpec) -> Result<Draft> {
         let OnConflictSpec {

@@ -149,6 +149,9 @@ impl Session {
                 Ok(Draft::Logical { kind, plan })
             }
             NyalaStatement::DataFusion(statement) => {
+                if let Some(spec) = self.partial_upsert(&statement) {
+                    return self.draft_on_conflict(spec).await;
+                }
                 let plan = self.logical_plan(statement).await?;
                 let kind = statement_kind(&plan)?;
                 Ok(Draft::Logical { kind, plan })
