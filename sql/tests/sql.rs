@@ -3165,10 +3165,18 @@ async fn insert_on_conflict_does_nothing_or_updates_existing_rows() {
     // naming them all, it replaces the row.
     let sql = "UPSERT INTO stock (sku, note) VALUES ('a', 'partial'), ('z', 'new')";
     assert_eq!(affected(&run(&s, sql).await), 2);
-    let partial = text(&s, "SELECT * FROM stock WHERE sku IN ('a', 'z') ORDER BY sku").await;
+    let partial = text(
+        &s,
+        "SELECT * FROM stock WHERE sku IN ('a', 'z') ORDER BY sku",
+    )
+    .await;
     assert!(partial.contains("| a   | 7   | partial |"), "{partial}");
     assert!(partial.contains("| z   |     | new     |"), "{partial}");
-    run(&s, "UPSERT INTO stock (note, qty, sku) VALUES ('whole', 1, 'a')").await;
+    run(
+        &s,
+        "UPSERT INTO stock (note, qty, sku) VALUES ('whole', 1, 'a')",
+    )
+    .await;
     let whole = text(&s, "SELECT * FROM stock WHERE sku = 'a'").await;
     assert!(whole.contains("| a   | 1   | whole |"), "{whole}");
     let before = rows().await;
@@ -3194,6 +3202,12 @@ async fn insert_on_conflict_does_nothing_or_updates_existing_rows() {
     )
     .await;
     assert!(e.contains("nope"), "{e}");
+    let e = error(
+        &s,
+        "EXPLAIN ANALYZE UPSERT INTO stock (sku, qty) VALUES ('a', 0)",
+    )
+    .await;
+    assert!(e.contains("EXPLAIN of an UPSERT that names some"), "{e}");
     let e = error(
         &s,
         "INSERT INTO stock VALUES ('a', 1, 'x') ON DUPLICATE KEY UPDATE qty = 2",

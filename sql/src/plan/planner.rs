@@ -38,7 +38,7 @@ pub(crate) enum Draft {
     },
     Planned(PlannedStatement),
     /// Statements that change rows, run in order in one transaction (an INSERT ... ON
-    /// CONFLICT DO UPDATE's UPDATE and INSERT IGNORE).
+    /// CONFLICT DO UPDATE's UPDATE of existing keys and INSERT of new ones).
     Steps(Vec<LogicalPlan>),
 }
 
@@ -151,6 +151,13 @@ impl Session {
             NyalaStatement::DataFusion(statement) => {
                 if let Some(spec) = self.partial_upsert(&statement) {
                     return self.draft_on_conflict(spec).await;
+                }
+                if let SqlStatement::Explain { statement, .. } = statement.as_ref() {
+                    if self.partial_upsert(statement).is_some() {
+                        return Err(SqlError::NotSupported(
+                            "EXPLAIN of an UPSERT that names some of the table's columns".into(),
+                        ));
+                    }
                 }
                 let plan = self.logical_plan(statement).await?;
                 let kind = statement_kind(&plan)?;

@@ -35,7 +35,7 @@
 
 use std::sync::Arc;
 
-use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
+use arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef};
 use datafusion::common::tree_node::TreeNode;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::ScalarValue;
@@ -136,19 +136,10 @@ impl Session {
                     _ => client_schema(&Arc::new(plan.schema().as_arrow().clone())),
                 };
                 let typed = parameters.iter().all(|p| p.is_some());
-                let fields = parameters
-                    .iter()
-                    .cloned()
-                    .enumerate()
-                    .map(|(i, t)| {
-                        let t = t.as_ref().map_or(DataType::Utf8, client_type);
-                        Field::new(format!("${}", i + 1), t, true)
-                    })
-                    .collect::<Vec<_>>();
                 let info = StatementInfo {
                     kind,
                     schema,
-                    parameters: Arc::new(ArrowSchema::new(fields)),
+                    parameters: parameter_schema(&parameters),
                 };
                 let template = match tables_of(&plan) {
                     // A plan that reads the clock is optimized when it runs: the optimizer
@@ -192,16 +183,10 @@ impl Session {
                     Some(plan) => parameter_types(plan)?,
                     None => Vec::new(),
                 };
-                let fields = (parameters.iter().enumerate())
-                    .map(|(i, t)| {
-                        let t = t.as_ref().map_or(DataType::Utf8, client_type);
-                        Field::new(format!("${}", i + 1), t, true)
-                    })
-                    .collect::<Vec<_>>();
                 let info = StatementInfo {
                     kind: StatementKind::Dml,
                     schema: count_schema(),
-                    parameters: Arc::new(ArrowSchema::new(fields)),
+                    parameters: parameter_schema(&parameters),
                 };
                 (info, Template::Text)
             }
@@ -402,4 +387,16 @@ fn tables_of(plan: &LogicalPlan) -> Option<Vec<TableHandle>> {
         Ok(TreeNodeRecursion::Continue)
     });
     (walked.is_ok() && reusable).then_some(tables)
+}
+
+/// The parameters `$1, $2, ...` with the types a plan gives them (text where it gives none),
+/// as clients see them.
+fn parameter_schema(parameters: &[Option<DataType>]) -> SchemaRef {
+    let fields = (parameters.iter().enumerate())
+        .map(|(i, t)| {
+            let t = t.as_ref().map_or(DataType::Utf8, client_type);
+            Field::new(format!("${}", i + 1), t, true)
+        })
+        .collect::<Vec<_>>();
+    Arc::new(ArrowSchema::new(fields))
 }
