@@ -58,3 +58,39 @@ def test_on_conflict_agrees_with_duckdb(table_name):
             assert got.fetchall() == [(1, 1001, "orm"), (100, 1100, "orm")]
             with pytest.raises(psycopg.Error, match="must name the primary key"):
                 conn.execute(f"INSERT INTO {t} VALUES (1, 1, 'x') ON CONFLICT (qty) DO NOTHING")
+
+
+def test_concurrent_upserts_lose_no_increment(table_name):
+    """Writers bump one counter with ON CONFLICT DO UPDATE at once; a statement that meets
+    another's write fails (to be run again) instead of overwriting it: no increment is lost."""
+    import threading
+    t = table_name
+    with nyala_serve(postgres=True) as (_, _, pg):
+        host, port = pg
+
+        def connect():
+            return psycopg.connect(host=host, port=port, user="nyala", dbname="nyala",
+                                   autocommit=True)
+
+        with connect() as conn:
+            conn.execute(f"CREATE TABLE {t} (k BIGINT PRIMARY KEY, n BIGINT)")
+        bump = f"INSERT INTO {t} VALUES (1, 1) ON CONFLICT (k) DO UPDATE SET n = n + 1"
+        retried = []
+
+        def writer():
+            with connect() as conn:
+                done = 0
+                while done < 25:
+                    try:
+                        conn.execute(bump)
+                        done += 1
+                    except (psycopg.errors.SerializationFailure, psycopg.errors.UniqueViolation):
+                        retried.append(1)
+
+        threads = [threading.Thread(target=writer) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        with connect() as conn:
+            assert conn.execute(f"SELECT n FROM {t} WHERE k = 1").fetchone() == (100,)
