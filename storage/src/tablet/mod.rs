@@ -38,7 +38,7 @@ mod scan;
 mod txn;
 mod write;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -48,6 +48,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::delta::{DeltaFile, DeltaMeta, RowsetDeltas};
 use crate::diskrowset::{ColumnFile, ColumnRange, DiskRowSet};
+use crate::key::KeyMap;
 use crate::memrowset::{MemRowSet, RowArena};
 use crate::rowset_tree::RowSetTree;
 use crate::PageCache;
@@ -161,7 +162,7 @@ struct State {
     /// Transactions with writes here not yet committed or aborted, and the keys they locked
     /// (see `txn.rs`).
     txns: BTreeMap<u64, txn::PendingTxn>,
-    locks: HashMap<Vec<u8>, u64>,
+    locks: KeyMap<u64>,
     /// Committed rows of a queue table waiting for their turn (see `txn.rs`).
     turns: txn::Turns,
     /// See [`Tablet::take_holds`].

@@ -18,6 +18,7 @@ use super::{key_ranges, txn, State, Tablet};
 use crate::delta::{Image, RowsetDeltas};
 use crate::diskrowset::DiskRowSet;
 use crate::history::{self, NewFiles};
+use crate::key::KeyMap;
 use crate::memrowset::{MemRowSet, RowArena, Versions};
 use crate::{Schema, StorageError};
 
@@ -358,7 +359,7 @@ pub(super) enum Carry {
 #[derive(Default)]
 struct Moves {
     rows: HashMap<(usize, u32), Option<(usize, u32)>>,
-    keys: HashMap<Vec<u8>, Option<(usize, u32)>>,
+    keys: KeyMap<Option<(usize, u32)>>,
 }
 
 /// Rows to find for [`Moves`]: ordinals by replaced rowset, and keys.

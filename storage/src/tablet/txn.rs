@@ -23,12 +23,13 @@
 //! (`txns-<id>`), read back on open. Every step is deterministic, so replicas and replays
 //! agree.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 
 use super::write::{queue_write, waiting_queue_rows, with_positions, QueueWrite};
 use super::{State, Tablet};
+use crate::key::KeyMap;
 use crate::key::{encode_keys, format_key};
 use crate::{StorageError, Timestamp, WriteBatch, WriteKind, WriteOutcome};
 
@@ -38,7 +39,7 @@ pub(super) struct PendingTxn {
     /// The writes, checked and in order, as the commit applies them.
     writes: Vec<WriteBatch>,
     /// Whether each key the transaction wrote exists after its writes.
-    present: HashMap<Vec<u8>, bool>,
+    present: KeyMap<bool>,
     /// The prepare timestamp, once prepared.
     pub(super) prepared: Option<Timestamp>,
     /// The timestamp of its latest write here.
@@ -49,7 +50,7 @@ impl PendingTxn {
     fn new(ts: Timestamp) -> Self {
         PendingTxn {
             writes: Vec::new(),
-            present: HashMap::new(),
+            present: KeyMap::default(),
             prepared: None,
             last_write: ts,
         }
@@ -77,7 +78,7 @@ pub(super) struct Turn {
 pub(super) type Turns = BTreeMap<(Timestamp, u64), Turn>;
 
 /// Pending transactions, the keys they locked, and the turns waiting.
-pub(super) type Pending = (BTreeMap<u64, PendingTxn>, HashMap<Vec<u8>, u64>, Turns);
+pub(super) type Pending = (BTreeMap<u64, PendingTxn>, KeyMap<u64>, Turns);
 
 /// Timestamps at which the applied log entries made the replica start or stop holding back
 /// snapshots (a scan at or above a held timestamp waits), and the newest timestamp rows became
@@ -557,14 +558,14 @@ pub(super) fn read_file(path: &Path, schema: &crate::Schema) -> Result<Pending, 
             Ok((writes, keys))
         };
     let mut txns = BTreeMap::new();
-    let mut locks = HashMap::new();
+    let mut locks = KeyMap::default();
     for _ in 0..reader.u64().ok_or_else(truncated)? {
         let mut field = || reader.u64().ok_or_else(truncated);
         let (txn, last_write, prepared) = (field()?, field()?, field()?);
         let (batches, keys) = writes(&mut reader)?;
         let mut pending = PendingTxn {
             writes: batches,
-            present: HashMap::new(),
+            present: KeyMap::default(),
             prepared: Some(Timestamp(prepared)).filter(|t| t.0 != 0),
             last_write: Timestamp(last_write),
         };
