@@ -2594,6 +2594,14 @@ mod cluster {
                         WHERE table_name = 'c2'";
         let replicas = sql(&via_tserver, replicas).await.unwrap();
         assert_eq!(column_i64(&replicas, 0), vec![3]);
+        let shown = sql(&via_tserver, "SHOW CREATE TABLE c2").await.unwrap();
+        let shown = arrow::util::pretty::pretty_format_batches(&shown)
+            .unwrap()
+            .to_string();
+        assert!(
+            shown.contains("WITH (replicas = 3, history_max_age_secs = 7200)"),
+            "{shown}"
+        );
         let e = sql(&via_tserver, "CREATE TABLE c (k BIGINT PRIMARY KEY)")
             .await
             .unwrap_err();

@@ -209,8 +209,15 @@ impl Session {
             sql.push(' ');
             sql.push_str(&clause);
         }
+        let mut options = Vec::new();
+        if table.replicas > 0 {
+            options.push(format!("replicas = {}", table.replicas));
+        }
         if let Some(secs) = schema.history_max_age_secs() {
-            sql.push_str(&format!(" WITH (history_max_age_secs = {secs})"));
+            options.push(format!("history_max_age_secs = {secs}"));
+        }
+        if !options.is_empty() {
+            sql.push_str(&format!(" WITH ({})", options.join(", ")));
         }
         string_batch(vec![
             ("table_name", vec![table.name.clone()]),
