@@ -139,32 +139,24 @@ impl Manifest {
     /// The backups a restore of the one in `dir` applies, oldest (the full one) first.
     pub(crate) fn chain(dir: &Path) -> Result<Vec<(PathBuf, Manifest)>> {
         let mut chain = vec![(dir.to_path_buf(), Manifest::read(dir)?)];
-        while let Some(parent) = chain.last().and_then(|(_, m)| m.parent.clone()) {
+        while let Some((child, parent)) = (chain.last())
+            .and_then(|(path, m)| m.parent.clone().map(|p| (path.display().to_string(), p)))
+        {
             if chain.len() > MAX_CHAIN {
                 return Err(SqlError::Invalid(format!(
                     "{} is more than {MAX_CHAIN} incremental backups away from a full one",
                     dir.display()
                 )));
             }
-            let manifest = Manifest::read(&parent.path).map_err(|e| {
-                SqlError::Invalid(format!(
-                    "the parent of {} is missing: {e}",
-                    chain
-                        .last()
-                        .map(|(p, _)| p.display().to_string())
-                        .unwrap_or_default()
-                ))
-            })?;
+            let manifest = Manifest::read(&parent.path)
+                .map_err(|e| SqlError::Invalid(format!("the parent of {child} is missing: {e}")))?;
             if manifest.snapshot != parent.snapshot {
                 return Err(SqlError::Invalid(format!(
-                    "{} holds a backup taken at {}, not the parent taken at {} that {} continues",
+                    "{} holds a backup taken at {}, not the parent taken at {} that {child} \
+                     continues",
                     parent.path.display(),
                     manifest.snapshot_time,
                     parent.snapshot.display(),
-                    chain
-                        .last()
-                        .map(|(p, _)| p.display().to_string())
-                        .unwrap_or_default()
                 )));
             }
             chain.push((parent.path, manifest));

@@ -44,9 +44,7 @@ impl Session {
         if schema.auto_increment_column().is_some() || schema.position_column().is_some() {
             return None; // refused as UPSERT, with its own error
         }
-        let listed: Vec<String> = (insert.columns.iter())
-            .filter_map(|c| c.0.last().and_then(|p| p.as_ident()).map(normalize_ident))
-            .collect();
+        let listed = column_names(&insert.columns);
         if schema.columns().iter().all(|c| listed.contains(&c.name)) {
             return None;
         }
@@ -117,10 +115,7 @@ impl Session {
         }
         let columns: Vec<String> = match insert.columns.is_empty() {
             true => (0..schema.columns().len()).map(|i| column(&i)).collect(),
-            false => (insert.columns.iter())
-                .map(|c| c.0.last().and_then(|p| p.as_ident()).map(normalize_ident))
-                .map(Option::unwrap_or_default)
-                .collect(),
+            false => column_names(&insert.columns),
         };
         if let Some(missing) = key.iter().find(|k| !columns.contains(k)) {
             return Err(SqlError::Invalid(format!(
@@ -191,6 +186,14 @@ impl Session {
         let update: LogicalPlan = self.plan_update_from(*update).await?;
         Ok(Draft::Steps(vec![update, insert_new]))
     }
+}
+
+/// The column names of an INSERT's column list.
+fn column_names(columns: &[ObjectName]) -> Vec<String> {
+    (columns.iter())
+        .map(|c| c.0.last().and_then(|p| p.as_ident()).map(normalize_ident))
+        .map(Option::unwrap_or_default)
+        .collect()
 }
 
 /// Qualifies the table's columns named alone in DO UPDATE's expressions (outside subqueries)
