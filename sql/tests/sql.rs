@@ -3217,3 +3217,133 @@ async fn insert_on_conflict_does_nothing_or_updates_existing_rows() {
     assert_eq!(rows().await, before);
     db.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_applies_the_first_matching_clause_to_each_row_atomically() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s) = open(dir.path()).await;
+    run(
+        &s,
+        "CREATE TABLE acct (region STRING, id INT, bal BIGINT, note STRING, \
+         PRIMARY KEY (region, id)) DISTRIBUTE BY HASH (id) INTO 3 BUCKETS",
+    )
+    .await;
+    run(
+        &s,
+        "INSERT INTO acct VALUES ('eu', 1, 10, 'a'), ('eu', 2, 20, 'b'), ('us', 1, 30, 'c'), \
+         ('us', 2, 40, 'd')",
+    )
+    .await;
+    run(
+        &s,
+        "CREATE TABLE moves (region STRING, id INT, amount BIGINT, PRIMARY KEY (region, id))",
+    )
+    .await;
+    run(
+        &s,
+        "INSERT INTO moves VALUES ('eu', 1, 5), ('eu', 2, -20), ('us', 1, 100), ('ap', 7, 70), \
+         ('ap', 8, -1)",
+    )
+    .await;
+    let rows = || text(&s, "SELECT * FROM acct ORDER BY region, id");
+    // Each source row takes the first clause that applies: emptied accounts go, the others
+    // change; new positive ones come in. A row an UPDATE raises above 50 is not deleted by the
+    // later clause: every clause sees the target as it was.
+    let sql = "MERGE INTO acct AS a USING moves AS m ON a.region = m.region AND a.id = m.id \
+               WHEN MATCHED AND a.bal + m.amount <= 0 THEN DELETE \
+               WHEN MATCHED AND a.bal < 50 THEN UPDATE SET bal = a.bal + m.amount, note = 'moved' \
+               WHEN MATCHED THEN DELETE \
+               WHEN NOT MATCHED AND m.amount > 0 THEN INSERT (region, id, bal) \
+                 VALUES (m.region, m.id, m.amount)";
+    assert_eq!(affected(&run(&s, sql).await), 4);
+    let expected = "+--------+----+-----+-------+\n\
+                    | region | id | bal | note  |\n\
+                    +--------+----+-----+-------+\n\
+                    | ap     | 7  | 70  |       |\n\
+                    | eu     | 1  | 15  | moved |\n\
+                    | us     | 1  | 130 | moved |\n\
+                    | us     | 2  | 40  | d     |\n\
+                    +--------+----+-----+-------+";
+    assert_eq!(rows().await, expected);
+    // Target rows no source row matches (BY SOURCE), a subquery as the source, parameters.
+    let sql = "MERGE INTO acct USING (SELECT region, id FROM moves WHERE amount > $1) AS m \
+               ON acct.region = m.region AND acct.id = m.id \
+               WHEN NOT MATCHED BY SOURCE AND acct.bal > $2 THEN UPDATE SET note = 'idle' \
+               WHEN MATCHED THEN UPDATE SET bal = 0";
+    let prepared = s.prepare_statement(sql).await.unwrap();
+    {
+        use datafusion::common::ScalarValue;
+        let params = [ScalarValue::Int64(Some(50)), ScalarValue::Int64(Some(20))];
+        let planned = s.plan_prepared(&prepared, &params).await.unwrap();
+        let changed = collect(planned.execute().await.unwrap()).await.unwrap();
+        assert_eq!(affected(&changed), 3);
+    }
+    let expected = "+--------+----+-----+-------+\n\
+                    | region | id | bal | note  |\n\
+                    +--------+----+-----+-------+\n\
+                    | ap     | 7  | 0   |       |\n\
+                    | eu     | 1  | 15  | moved |\n\
+                    | us     | 1  | 0   | moved |\n\
+                    | us     | 2  | 40  | idle  |\n\
+                    +--------+----+-----+-------+";
+    assert_eq!(rows().await, expected);
+    // In a transaction it rolls back with it; it sees the transaction's own rows.
+    let before = rows().await;
+    run(&s, "BEGIN").await;
+    run(&s, "INSERT INTO moves VALUES ('us', 2, 1)").await;
+    let sql = "MERGE INTO acct USING moves ON acct.region = moves.region AND acct.id = moves.id \
+               WHEN MATCHED THEN DELETE";
+    assert_eq!(affected(&run(&s, sql).await), 4);
+    assert!(text(&s, "SELECT count(*) AS n FROM acct")
+        .await
+        .contains("| 0 |"));
+    run(&s, "ROLLBACK").await;
+    assert_eq!(rows().await, before);
+    // Errors, changing nothing: two source rows for one target row, a key changed, a
+    // duplicate key inserted, what MERGE does not take.
+    let e = error(
+        &s,
+        "MERGE INTO acct USING (VALUES ('eu', 1, 1), ('eu', 1, 2)) AS m (region, id, v) \
+         ON acct.region = m.region AND acct.id = m.id WHEN MATCHED THEN UPDATE SET bal = m.v",
+    )
+    .await;
+    assert!(
+        e.contains(
+            "more than one source row matches the row of 'acct' whose key (region, id) is (eu, 1)"
+        ),
+        "{e}"
+    );
+    let e = error(
+        &s,
+        "MERGE INTO acct USING moves AS m ON acct.id = m.id WHEN MATCHED THEN UPDATE SET id = 9",
+    )
+    .await;
+    assert!(e.contains("primary key"), "{e}");
+    let e = error(
+        &s,
+        "MERGE INTO acct USING moves AS m ON FALSE WHEN NOT MATCHED THEN \
+         INSERT VALUES (m.region, m.id, m.amount, 'dup')",
+    )
+    .await;
+    assert!(e.contains("duplicate primary key"), "{e}");
+    let e = error(
+        &s,
+        "MERGE INTO acct USING (SELECT 1 AS id) ON acct.id = 1 WHEN MATCHED THEN DELETE",
+    )
+    .await;
+    assert!(e.contains("needs an alias"), "{e}");
+    let e = error(
+        &s,
+        "EXPLAIN MERGE INTO acct USING moves ON acct.id = moves.id WHEN MATCHED THEN DELETE",
+    )
+    .await;
+    assert!(e.contains("EXPLAIN of MERGE"), "{e}");
+    let e = error(
+        &s,
+        "MERGE INTO nowhere USING moves ON nowhere.id = moves.id WHEN MATCHED THEN DELETE",
+    )
+    .await;
+    assert!(e.contains("nowhere"), "{e}");
+    assert_eq!(rows().await, before);
+    db.shutdown().await.unwrap();
+}

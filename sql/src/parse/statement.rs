@@ -7,7 +7,7 @@
 //! storage schema and partitioning), so what is wrong with them is found before anything runs.
 
 use datafusion::sql::sqlparser::ast::{
-    DoUpdate, Expr, Ident, Insert, ObjectName, ObjectNamePart, Query, Statement, Update,
+    DoUpdate, Expr, Ident, Insert, Merge, ObjectName, ObjectNamePart, Query, Statement, Update,
 };
 use nyala_engine::{ColumnChange, PartitionSchema, RangeSpec};
 use nyala_storage::{ColumnSchema, ColumnType, Schema};
@@ -45,6 +45,8 @@ pub enum NyalaStatement {
     },
     /// `INSERT ... ON CONFLICT [(key)] DO NOTHING | DO UPDATE SET ... [WHERE ...]`.
     InsertOnConflict(OnConflictSpec),
+    /// `MERGE INTO t USING source ON ... WHEN [NOT] MATCHED ... THEN ...`.
+    Merge(Box<Merge>),
     /// `BACKUP DATABASE | TABLE a, b TO 'dir' [INCREMENTAL FROM 'parent']`.
     Backup(BackupSpec),
     /// `RESTORE DATABASE FROM 'dir'` or `RESTORE TABLE t FROM 'dir' [AS new]`.

@@ -3,6 +3,7 @@
 
 pub(crate) mod dml;
 pub(crate) mod lookup;
+pub(crate) mod merge;
 pub(crate) mod on_conflict;
 pub(crate) mod params;
 pub(crate) mod planned;
@@ -10,6 +11,7 @@ pub(crate) mod planner;
 pub(crate) mod prepared;
 pub(crate) mod prepared_tail;
 pub(crate) mod reusable;
+pub(crate) mod steps;
 pub(crate) mod update_from;
 pub(crate) mod values_insert;
 pub(crate) mod yielding_leaves;

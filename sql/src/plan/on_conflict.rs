@@ -21,6 +21,7 @@ use crate::parse::statement::{normalize_ident, object_name, NyalaStatement, OnCo
 use crate::plan::dml;
 use crate::plan::planned::StatementKind;
 use crate::plan::planner::Draft;
+use crate::plan::steps::Step;
 use crate::session::Session;
 use crate::{Result, SqlError};
 
@@ -184,7 +185,10 @@ impl Session {
             return Err(SqlError::Invalid(format!("cannot plan {sql}")));
         };
         let update: LogicalPlan = self.plan_update_from(*update).await?;
-        Ok(Draft::Steps(vec![update, insert_new]))
+        Ok(Draft::Steps(vec![
+            Step::Change(update),
+            Step::Change(insert_new),
+        ]))
     }
 }
 

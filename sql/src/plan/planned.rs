@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
+use arrow::util::display::array_value_to_string;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::logical_expr::{LogicalPlan, Statement};
 use datafusion::physical_plan::coop::CooperativeExec;
@@ -25,6 +26,7 @@ use crate::limits::interrupt::{detached, Interrupt, Stop};
 use crate::limits::timeout::limited;
 use crate::parse::statement::{BackupSpec, CreateTableSpec, Ddl, RestoreSpec};
 use crate::plan::lookup::{BoundLookup, BoundMutation};
+use crate::plan::steps::Step;
 use crate::results::{
     client_schema, client_stream, count_batch, count_schema, empty_schema, no_rows, one_stream,
     stream_of,
@@ -79,8 +81,9 @@ pub(crate) enum Action {
     /// A prepared UPDATE or DELETE of one row by its whole primary key ([`crate::plan::lookup`]).
     KeyMutation(BoundMutation),
     Plan(Arc<dyn ExecutionPlan>),
-    /// Plans that change rows, run in order in one transaction ([`crate::plan::on_conflict`]).
-    Steps(Vec<Arc<dyn ExecutionPlan>>),
+    /// Plans run in order in one transaction ([`crate::plan::on_conflict`],
+    /// [`crate::plan::merge`]).
+    Steps(Vec<Step<Arc<dyn ExecutionPlan>>>),
     /// `BACKUP ...` ([`crate::backup`]): its steps are its rows.
     Backup(BackupSpec),
     /// `RESTORE ...` ([`crate::backup`]): its steps are its rows.
@@ -282,9 +285,18 @@ impl PlannedStatement {
                 }
                 let steps = async {
                     let mut count = 0;
-                    for plan in plans {
-                        let plan = session.pin(plan).await?;
-                        count += count_of(&run_to_end(session, plan, &interrupt).await?);
+                    for step in plans {
+                        let plan = session.pin(step.plan().clone()).await?;
+                        let rows = run_to_end(session, plan, &interrupt).await?;
+                        match step {
+                            Step::Change(_) => count += count_of(&rows),
+                            Step::Stage(_, staged) => staged.set(rows)?,
+                            Step::Refuse(_, error) => {
+                                if let Some(row) = first_row(&rows)? {
+                                    return Err(SqlError::Invalid(error.replace("{row}", &row)));
+                                }
+                            }
+                        }
                     }
                     Ok::<_, SqlError>(count)
                 };
@@ -300,6 +312,17 @@ impl PlannedStatement {
             }
         }
     }
+}
+
+/// The first row of `batches`, its values written out as `(v1, v2, ...)`.
+fn first_row(batches: &[RecordBatch]) -> Result<Option<String>> {
+    let Some(batch) = batches.iter().find(|b| b.num_rows() > 0) else {
+        return Ok(None);
+    };
+    let values = (batch.columns().iter())
+        .map(|column| array_value_to_string(column, 0))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(Some(format!("({})", values.join(", "))))
 }
 
 /// Runs partition `partition` of query `plan` (None: all of it) within the statement's limits:

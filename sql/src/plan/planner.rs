@@ -20,8 +20,9 @@ use crate::functions::as_of;
 use crate::parse::parser::NyalaParser;
 use crate::parse::statement::{object_name, Ddl, NyalaStatement};
 use crate::plan::dml;
-use crate::plan::params::bind;
+use crate::plan::params::{bind, cast_params, parameter_types};
 use crate::plan::planned::{statement_kind, Action, PlannedStatement, StatementKind};
+use crate::plan::steps::{steps_parameter_types, Step};
 use crate::plan::values_insert;
 use crate::session::access::Requirements;
 use crate::session::settings;
@@ -39,7 +40,7 @@ pub(crate) enum Draft {
     Planned(PlannedStatement),
     /// Statements that change rows, run in order in one transaction (an INSERT ... ON
     /// CONFLICT DO UPDATE's UPDATE of existing keys and INSERT of new ones).
-    Steps(Vec<LogicalPlan>),
+    Steps(Vec<Step<LogicalPlan>>),
 }
 
 impl Session {
@@ -164,6 +165,7 @@ impl Session {
                 Ok(Draft::Logical { kind, plan })
             }
             NyalaStatement::InsertOnConflict(spec) => self.draft_on_conflict(spec).await,
+            NyalaStatement::Merge(merge) => self.draft_merge(*merge).await,
             NyalaStatement::Backup(_) | NyalaStatement::Restore(_) if self.in_transaction() => {
                 Err(SqlError::NotSupported(
                     "BACKUP and RESTORE inside a transaction (COMMIT or ROLLBACK first)".into(),
@@ -337,13 +339,21 @@ impl Session {
             ))),
             Draft::Planned(planned) => Ok(planned),
             Draft::Steps(plans) => {
+                // Each step binds the parameters it reads; together they read all of them.
+                let types = steps_parameter_types(&plans)?;
+                cast_params(&types, params)?;
                 let mut steps = Vec::with_capacity(plans.len());
-                for plan in plans {
-                    let planned = self.plan_logical(StatementKind::Dml, plan, params).await?;
-                    let Action::Plan(plan) = planned.action else {
-                        return Err(SqlError::Invalid("a step that changes no rows".into()));
-                    };
-                    steps.push(plan);
+                for step in plans {
+                    let planned = step.try_map(|plan| async {
+                        let used = parameter_types(&plan)?.len();
+                        let planned =
+                            (self.plan_logical(StatementKind::Dml, plan, &params[..used])).await?;
+                        match planned.action {
+                            Action::Plan(plan) => Ok(plan),
+                            _ => Err(SqlError::Invalid("a step that runs no plan".into())),
+                        }
+                    });
+                    steps.push(planned.await?);
                 }
                 Ok(PlannedStatement {
                     kind: StatementKind::Dml,

@@ -54,6 +54,7 @@ use crate::plan::planned::{Action, PlannedStatement, StatementInfo, StatementKin
 use crate::plan::planner::Draft;
 use crate::plan::prepared_tail::PreparedTail;
 use crate::plan::reusable::reusable;
+use crate::plan::steps::steps_parameter_types;
 use crate::results::{client_schema, client_type, count_schema, empty_schema};
 use crate::session::access::Requirements;
 use crate::session::Session;
@@ -178,11 +179,7 @@ impl Session {
                 (info, template)
             }
             Draft::Steps(plans) => {
-                // Every step reads the same rows, hence the same parameters.
-                let parameters = match plans.last() {
-                    Some(plan) => parameter_types(plan)?,
-                    None => Vec::new(),
-                };
+                let parameters = steps_parameter_types(&plans)?;
                 let info = StatementInfo {
                     kind: StatementKind::Dml,
                     schema: count_schema(),

@@ -93,15 +93,26 @@ impl Session {
         if let Some(selection) = &update.selection {
             sql.push_str(&format!(" WHERE {selection}"));
         }
-        let NyalaStatement::DataFusion(query) = NyalaParser::parse_sql(&sql)? else {
-            return Err(SqlError::Invalid(format!("cannot plan {update}")));
+        self.plan_dml_of(&name, WriteOp::Update, &sql).await
+    }
+
+    /// The DML `op` on table `name` of the rows the query `sql` yields: whole rows of the
+    /// table, as DataFusion's plan of an UPDATE or DELETE reads them.
+    pub(crate) async fn plan_dml_of(
+        &self,
+        name: &str,
+        op: WriteOp,
+        sql: &str,
+    ) -> Result<LogicalPlan> {
+        let NyalaStatement::DataFusion(query) = NyalaParser::parse_sql(sql)? else {
+            return Err(SqlError::Invalid(format!("cannot plan {sql}")));
         };
         let input = self.logical_plan(query).await?;
-        let target = provider_as_source(self.ctx.table_provider(name.as_str()).await?);
+        let target = provider_as_source(self.ctx.table_provider(name).await?);
         Ok(LogicalPlan::Dml(DmlStatement::new(
             TableReference::bare(name),
             target,
-            WriteOp::Update,
+            op,
             Arc::new(input),
         )))
     }

@@ -13,8 +13,8 @@
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::resolve::resolve_table_references;
 use datafusion::sql::sqlparser::ast::{
-    visit_relations, Expr, FromTable, FunctionArg, FunctionArgExpr, Statement, TableFactor,
-    TableObject, Value, Visit, Visitor,
+    visit_relations, Expr, FromTable, FunctionArg, FunctionArgExpr, MergeAction, MergeInsertKind,
+    Statement, TableFactor, TableObject, Value, Visit, Visitor,
 };
 use nyala_engine::{Client, Privilege};
 use parking_lot::RwLock;
@@ -130,6 +130,43 @@ impl Requirements {
                     }
                     needs.query_reads(&sql)?;
                 }
+            }
+            // MERGE reads its target's rows (its ON condition), changes them as its clauses
+            // say, and reads its source and what its expressions read (subqueries).
+            NyalaStatement::Merge(merge) => {
+                if let Some(target) = table_factor_name(&merge.table)? {
+                    needs.push(&target, Privilege::Select);
+                    for clause in &merge.clauses {
+                        let privilege = match clause.action {
+                            MergeAction::Insert(_) => Privilege::Insert,
+                            MergeAction::Update(_) => Privilege::Update,
+                            MergeAction::Delete { .. } => Privilege::Delete,
+                        };
+                        needs.push(&target, privilege);
+                    }
+                }
+                let mut read = vec![merge.on.to_string()];
+                for clause in &merge.clauses {
+                    read.extend(clause.predicate.iter().map(ToString::to_string));
+                    match &clause.action {
+                        MergeAction::Insert(insert) => {
+                            if let MergeInsertKind::Values(values) = &insert.kind {
+                                read.extend(
+                                    values
+                                        .rows
+                                        .iter()
+                                        .flat_map(|r| r.content.iter())
+                                        .map(ToString::to_string),
+                                );
+                            }
+                        }
+                        MergeAction::Update(update) => {
+                            read.extend(update.assignments.iter().map(|a| a.value.to_string()))
+                        }
+                        MergeAction::Delete { .. } => {}
+                    }
+                }
+                needs.query_reads(&format!("SELECT {} FROM {}", read.join(", "), merge.source))?;
             }
             NyalaStatement::Backup(_) => needs.0.push(Requirement::Admin("takes backups")),
             NyalaStatement::Restore(_) => needs.0.push(Requirement::Admin("restores backups")),

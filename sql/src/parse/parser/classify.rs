@@ -140,6 +140,10 @@ pub(crate) fn classify(statement: Statement) -> Result<NyalaStatement> {
                 explain: Some((verbose, analyze)),
             }
         }
+        Statement::Merge(merge) => NyalaStatement::Merge(Box::new(merge)),
+        Statement::Explain { statement, .. } if matches!(*statement, Statement::Merge(_)) => {
+            return Err(SqlError::NotSupported("EXPLAIN of MERGE".into()))
+        }
         Statement::Insert(mut insert) if insert.on.is_some() => {
             let conflict =
                 match insert.on.take() {
