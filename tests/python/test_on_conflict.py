@@ -56,6 +56,11 @@ def test_on_conflict_agrees_with_duckdb(table_name):
                 assert cur.rowcount == 1
             got = conn.execute(f"SELECT k, qty, note FROM {t} WHERE k IN (1, 100) ORDER BY k")
             assert got.fetchall() == [(1, 1001, "orm"), (100, 1100, "orm")]
+            # A parameter only DO UPDATE reads.
+            bump = (f"INSERT INTO {t} (k, qty) VALUES (%s, 0) "
+                    f"ON CONFLICT (k) DO UPDATE SET qty = {t}.qty + %s")
+            conn.execute(bump, (1, 5), prepare=True)
+            assert conn.execute(f"SELECT qty FROM {t} WHERE k = 1").fetchone() == (1006,)
             with pytest.raises(psycopg.Error, match="must name the primary key"):
                 conn.execute(f"INSERT INTO {t} VALUES (1, 1, 'x') ON CONFLICT (qty) DO NOTHING")
 
