@@ -205,7 +205,7 @@ enum Source {
 }
 
 /// The data's columns matched to a table's, by name.
-struct ColumnMapping {
+pub(crate) struct ColumnMapping {
     table_name: String,
     table: SchemaRef,
     sources: Vec<Source>,
@@ -215,7 +215,7 @@ impl ColumnMapping {
     /// Matches the columns of `data` to those of table `name`, or an error naming every column
     /// the table does not have, every column left out that needs a value, and every column whose
     /// type cannot be loaded into the table's.
-    fn new(name: &str, data: &Schema, table: &TableSchema) -> Result<Self> {
+    pub(crate) fn new(name: &str, data: &Schema, table: &TableSchema) -> Result<Self> {
         let arrow = table.arrow_schema();
         let mut problems = Vec::new();
         let mut seen = HashSet::new();
@@ -284,9 +284,28 @@ impl ColumnMapping {
         })
     }
 
+    /// The first row of `batch` (of the load's schema) without a value for a NOT NULL column
+    /// of the table, and that column.
+    pub(crate) fn first_missing(&self, batch: &RecordBatch) -> Option<(usize, &str)> {
+        let table = self.table.fields().iter().zip(&self.sources);
+        (table.filter(|(field, _)| !field.is_nullable()))
+            .filter_map(|(field, source)| match source {
+                Source::Data(i) => {
+                    let nulls = batch.column(*i).logical_nulls()?;
+                    if nulls.null_count() == 0 {
+                        return None;
+                    }
+                    let row = (0..nulls.len()).find(|&r| nulls.is_null(r))?;
+                    Some((row, field.name().as_str()))
+                }
+                _ => None,
+            })
+            .min_by_key(|(row, _)| *row)
+    }
+
     /// `batch` (of the load's schema `data`) as a batch of the table: its columns in the
     /// table's order, cast without loss, left-out ones filled.
-    fn apply(&self, batch: &RecordBatch, data: &Schema) -> Result<RecordBatch> {
+    pub(crate) fn apply(&self, batch: &RecordBatch, data: &Schema) -> Result<RecordBatch> {
         if batch.schema_ref().fields() != data.fields() {
             return Err(SqlError::Invalid(format!(
                 "a batch's columns differ from those the load declared: {} instead of {}",

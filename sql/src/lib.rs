@@ -14,6 +14,7 @@
 
 mod backup;
 mod catalog;
+mod copy;
 mod database;
 mod ddl;
 mod error;

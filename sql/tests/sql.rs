@@ -3219,6 +3219,142 @@ async fn insert_on_conflict_does_nothing_or_updates_existing_rows() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_loads_files_atomically_and_writes_query_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s) = open(&dir.path().join("db")).await;
+    let files = dir.path().join("files");
+    std::fs::create_dir(&files).unwrap();
+    let file = |name: &str| files.join(name).display().to_string();
+    run(
+        &s,
+        "CREATE TABLE m (k INT PRIMARY KEY, v BIGINT DEFAULT 7, s STRING NOT NULL) \
+         DISTRIBUTE BY HASH (k) INTO 3 BUCKETS",
+    )
+    .await;
+    let rows = || text(&s, "SELECT * FROM m ORDER BY k");
+    // CSV with a header, another delimiter, a quoted field, a missing value (NULL); columns
+    // left out take their DEFAULT.
+    std::fs::write(file("a.csv"), "k;v;s\n1;10;a\n2;;\"b;c\"\n").unwrap();
+    let sql = format!(
+        "COPY m FROM '{}' (FORMAT csv, HEADER, DELIMITER ';')",
+        file("a.csv")
+    );
+    assert_eq!(affected(&run(&s, &sql).await), 2);
+    std::fs::write(file("b.csv"), "3,x\n").unwrap();
+    assert_eq!(
+        affected(&run(&s, &format!("COPY m (k, s) FROM '{}'", file("b.csv"))).await),
+        1
+    );
+    // JSON, one object per line.
+    std::fs::write(
+        file("c.json"),
+        "{\"k\": 4, \"s\": \"j\", \"v\": 40}\n{\"k\": 5, \"s\": \"q\"}\n",
+    )
+    .unwrap();
+    assert_eq!(
+        affected(&run(&s, &format!("COPY m FROM '{}'", file("c.json"))).await),
+        2
+    );
+    let expected = "+---+----+-----+\n\
+                    | k | v  | s   |\n\
+                    +---+----+-----+\n\
+                    | 1 | 10 | a   |\n\
+                    | 2 |    | b;c |\n\
+                    | 3 | 7  | x   |\n\
+                    | 4 | 40 | j   |\n\
+                    | 5 |    | q   |\n\
+                    +---+----+-----+";
+    assert_eq!(rows().await, expected);
+    // COPY TO, then back: Parquet and CSV keep the rows.
+    let sql = format!("COPY m TO '{}'", file("m.parquet"));
+    assert_eq!(affected(&run(&s, &sql).await), 5);
+    let sql = format!(
+        "COPY (SELECT k + 10 AS k, v, s FROM m WHERE k > 2) TO '{}' (FORMAT csv, HEADER)",
+        file("m.csv")
+    );
+    assert_eq!(affected(&run(&s, &sql).await), 3);
+    run(
+        &s,
+        "CREATE TABLE m2 (k INT PRIMARY KEY, v BIGINT, s STRING NOT NULL)",
+    )
+    .await;
+    run(&s, &format!("COPY m2 FROM '{}'", file("m.parquet"))).await;
+    run(
+        &s,
+        &format!("COPY m2 FROM '{}' (FORMAT csv, HEADER)", file("m.csv")),
+    )
+    .await;
+    let copied = text(&s, "SELECT count(*) AS n, sum(k) AS k, sum(v) AS v FROM m2").await;
+    assert!(copied.contains("| 8 | 57 | 104 |"), "{copied}");
+    // Several files by a pattern, as one statement: a bad row in the second file (after a
+    // first file of more rows than one batch) loads nothing, and names its file and line.
+    let many: String = (100..100_100).map(|k| format!("{k},{k},r\n")).collect();
+    std::fs::write(file("part-1.csv"), many).unwrap();
+    std::fs::write(file("part-2.csv"), "200000,1,ok\n200001,oops,bad\n").unwrap();
+    let before = rows().await;
+    let e = error(&s, &format!("COPY m FROM '{}'", file("part-*.csv"))).await;
+    assert!(e.contains("part-2.csv") && e.contains("at line 2"), "{e}");
+    assert!(e.contains("the COPY changed nothing"), "{e}");
+    std::fs::write(file("part-2.csv"), "200000,1,ok\n200001,2,\n").unwrap();
+    let e = error(&s, &format!("COPY m FROM '{}'", file("part-*.csv"))).await;
+    assert!(
+        e.contains("part-2.csv: line 2: column 's' is NOT NULL"),
+        "{e}"
+    );
+    assert_eq!(rows().await, before);
+    std::fs::write(file("part-2.csv"), "200000,1,ok\n").unwrap();
+    let sql = format!("COPY m FROM '{}'", file("part-*.csv"));
+    assert_eq!(affected(&run(&s, &sql).await), 100_001);
+    // In a transaction it rolls back with it.
+    run(&s, "BEGIN").await;
+    std::fs::write(file("t.csv"), "50,1,t\n51,2,t\n").unwrap();
+    run(&s, &format!("COPY m2 FROM '{}'", file("t.csv"))).await;
+    assert!(text(&s, "SELECT count(*) AS n FROM m2")
+        .await
+        .contains("| 10 |"));
+    run(&s, "ROLLBACK").await;
+    assert!(text(&s, "SELECT count(*) AS n FROM m2")
+        .await
+        .contains("| 8 |"));
+    // Errors that change nothing.
+    for (sql, expected) in [
+        (format!("COPY m FROM '{}'", file("none.csv")), "cannot read"),
+        (
+            format!("COPY m FROM '{}'", file("nothing-*.csv")),
+            "no file matches",
+        ),
+        (format!("COPY m FROM '{}'", file("a.txt")), "say the format"),
+        (
+            format!("COPY m FROM '{}' (FORMAT xml)", file("a.csv")),
+            "FORMAT xml",
+        ),
+        (
+            format!("COPY m FROM '{}' (FORMAT parquet)", file("a.csv")),
+            "not a Parquet file",
+        ),
+        (format!("COPY nope FROM '{}'", file("a.csv")), "nope"),
+        (
+            format!("COPY m (nope) FROM '{}'", file("a.csv")),
+            "no column 'nope'",
+        ),
+        (
+            format!("COPY m FROM '{}' (FORMAT json, HEADER)", file("c.json")),
+            "go with FORMAT csv",
+        ),
+        (
+            format!("COPY (SELECT nope FROM m) TO '{}'", file("x.csv")),
+            "nope",
+        ),
+        ("COPY m TO PROGRAM 'ls'".to_string(), "PROGRAM"),
+    ] {
+        let e = error(&s, &sql).await;
+        assert!(e.contains(expected), "{sql}: {e}");
+    }
+    assert!(!files.join("x.csv").exists());
+    db.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn merge_applies_the_first_matching_clause_to_each_row_atomically() {
     let dir = tempfile::tempdir().unwrap();
     let (db, s) = open(dir.path()).await;

@@ -1,5 +1,6 @@
 //! `COPY t [(columns)] FROM STDIN` and `COPY t | (query) TO STDOUT`, in text, CSV and binary
-//! format (PostgreSQL's `COPY`, psql's `\copy`, psycopg's `cursor.copy()`).
+//! format (PostgreSQL's `COPY`, psql's `\copy`, psycopg's `cursor.copy()`). COPY to or from a file
+//! on the server is a statement of the session layer's (`nyala_sql`'s `copy`).
 //!
 //! Rows copied in are loaded through the bulk ingest path, as a Flight SQL ingest is: all of
 //! them or, on an error, none. The client's data is kept until it says it is done (at most
@@ -83,6 +84,9 @@ pub(crate) fn recognise(sql: &str) -> Result<Option<CopySpec>, ServerError> {
     else {
         return Ok(None);
     };
+    if let CopyTarget::File { .. } = target {
+        return Ok(None); // a file on the server: the session layer's statement
+    }
     let direction = match (to, &target, source) {
         (
             false,
@@ -105,19 +109,9 @@ pub(crate) fn recognise(sql: &str) -> Result<Option<CopySpec>, ServerError> {
                 table_name,
                 columns,
             },
-        ) => {
-            let columns = match columns.is_empty() {
-                true => "*".to_string(),
-                false => columns
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            };
-            Direction::Out {
-                query: format!("SELECT {columns} FROM {table_name}"),
-            }
-        }
+        ) => Direction::Out {
+            query: nyala_sql::statement::copy_table_query(&table_name, &columns),
+        },
         (true, CopyTarget::Stdout, CopySource::Query(query)) => Direction::Out {
             query: query.to_string(),
         },
@@ -126,9 +120,7 @@ pub(crate) fn recognise(sql: &str) -> Result<Option<CopySpec>, ServerError> {
         }
         _ => {
             return Err(SqlError::NotSupported(
-                "COPY to or from a file or program on the server: use STDIN or STDOUT (psql's \
-                 \\copy reads and writes the client's files)"
-                    .into(),
+                "COPY to or from a program on the server: use STDIN or STDOUT, or a file".into(),
             )
             .into())
         }

@@ -36,6 +36,8 @@ pub struct NyalaSink {
     kind: WriteKind,
     /// Schema of the rows this sink receives.
     schema: SchemaRef,
+    /// The statement it writes for, as errors name it (None: the one its kind says).
+    statement: Option<&'static str>,
 }
 
 impl NyalaSink {
@@ -45,10 +47,22 @@ impl NyalaSink {
             table,
             kind,
             schema,
+            statement: None,
+        }
+    }
+
+    /// The same sink, its errors naming the statement `statement` (`COPY`).
+    pub(crate) fn for_statement(self, statement: &'static str) -> Self {
+        Self {
+            statement: Some(statement),
+            ..self
         }
     }
 
     pub(crate) fn verb(&self) -> &'static str {
+        if let Some(statement) = self.statement {
+            return statement;
+        }
         match self.kind {
             WriteKind::Insert => "INSERT",
             WriteKind::InsertIgnore => "INSERT IGNORE",

@@ -47,6 +47,8 @@ pub enum NyalaStatement {
     InsertOnConflict(OnConflictSpec),
     /// `MERGE INTO t USING source ON ... WHEN [NOT] MATCHED ... THEN ...`.
     Merge(Box<Merge>),
+    /// `COPY ... FROM 'path'` or `COPY ... TO 'path'`: a file on the server.
+    CopyFile(CopyFileSpec),
     /// `BACKUP DATABASE | TABLE a, b TO 'dir' [INCREMENTAL FROM 'parent']`.
     Backup(BackupSpec),
     /// `RESTORE DATABASE FROM 'dir'` or `RESTORE TABLE t FROM 'dir' [AS new]`.
@@ -62,6 +64,59 @@ pub struct OnConflictSpec {
     pub target: Option<Vec<String>>,
     /// `DO UPDATE SET ... [WHERE ...]`; None: `DO NOTHING`.
     pub update: Option<DoUpdate>,
+}
+
+/// A COPY between a table and files on the server ([`crate::copy`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyFileSpec {
+    pub direction: CopyDirection,
+    /// The file (for COPY FROM, a glob pattern may name several).
+    pub path: String,
+    pub format: FileFormat,
+    /// CSV: whether the first line names the columns.
+    pub header: bool,
+    /// CSV: the field delimiter.
+    pub delimiter: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopyDirection {
+    /// Into `table`, its `columns` (all when empty).
+    From { table: String, columns: Vec<String> },
+    /// The rows of `query` out.
+    To { query: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileFormat {
+    Parquet,
+    Csv,
+    /// Newline-delimited JSON: one object per line.
+    Json,
+}
+
+/// The query `COPY table [(columns)] TO ...` copies.
+pub fn copy_table_query(table: &ObjectName, columns: &[Ident]) -> String {
+    let columns = match columns.is_empty() {
+        true => "*".to_string(),
+        false => (columns.iter().map(ToString::to_string))
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    format!("SELECT {columns} FROM {table}")
+}
+
+impl FileFormat {
+    /// The format a file's extension says.
+    pub fn of_path(path: &str) -> Option<Self> {
+        let extension = path.rsplit_once('.')?.1.to_ascii_lowercase();
+        match extension.as_str() {
+            "parquet" => Some(FileFormat::Parquet),
+            "csv" => Some(FileFormat::Csv),
+            "json" | "jsonl" | "ndjson" => Some(FileFormat::Json),
+            _ => None,
+        }
+    }
 }
 
 /// What a BACKUP statement asks for ([`crate::backup`]).

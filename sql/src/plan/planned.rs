@@ -24,7 +24,7 @@ use crate::exec::scan;
 use crate::ingest::count_of;
 use crate::limits::interrupt::{detached, Interrupt, Stop};
 use crate::limits::timeout::limited;
-use crate::parse::statement::{BackupSpec, CreateTableSpec, Ddl, RestoreSpec};
+use crate::parse::statement::{BackupSpec, CopyFileSpec, CreateTableSpec, Ddl, RestoreSpec};
 use crate::plan::lookup::{BoundLookup, BoundMutation};
 use crate::plan::steps::Step;
 use crate::results::{
@@ -84,6 +84,17 @@ pub(crate) enum Action {
     /// Plans run in order in one transaction ([`crate::plan::on_conflict`],
     /// [`crate::plan::merge`]).
     Steps(Vec<Step<Arc<dyn ExecutionPlan>>>),
+    /// `COPY table FROM 'file'` ([`crate::copy`]).
+    CopyFrom {
+        spec: CopyFileSpec,
+        table: String,
+        columns: Vec<String>,
+    },
+    /// `COPY table | (query) TO 'file'` ([`crate::copy`]): the query's plan.
+    CopyTo {
+        spec: CopyFileSpec,
+        plan: Arc<dyn ExecutionPlan>,
+    },
     /// `BACKUP ...` ([`crate::backup`]): its steps are its rows.
     Backup(BackupSpec),
     /// `RESTORE ...` ([`crate::backup`]): its steps are its rows.
@@ -99,9 +110,11 @@ impl PlannedStatement {
     pub fn schema(&self) -> SchemaRef {
         match &self.action {
             Action::Ddl(_) | Action::Setting(_) | Action::Transaction(_) => empty_schema(),
-            Action::CreateTableAs { .. } | Action::KeyMutation(_) | Action::Steps(_) => {
-                count_schema()
-            }
+            Action::CreateTableAs { .. }
+            | Action::KeyMutation(_)
+            | Action::Steps(_)
+            | Action::CopyFrom { .. }
+            | Action::CopyTo { .. } => count_schema(),
             Action::Rows(batch) => batch.schema(),
             Action::Lookup(lookup) => lookup.schema(),
             Action::Plan(plan) => client_schema(&plan.schema()),
@@ -268,6 +281,19 @@ impl PlannedStatement {
             Action::KeyMutation(mutation) => {
                 let rows = mutation.run(&self.session.db.client).await?;
                 one_stream(vec![count_batch(rows)])
+            }
+            Action::CopyFrom {
+                spec,
+                table,
+                columns,
+            } => {
+                let rows = self.session.copy_from(&spec, &table, &columns).await?;
+                one_stream(vec![count_batch(rows)])
+            }
+            Action::CopyTo { spec, plan } => {
+                let plan = self.session.pin(plan).await?;
+                let rows = run(&self.session, plan, None).await?;
+                one_stream(vec![count_batch(crate::copy::copy_to(rows, &spec).await?)])
             }
             Action::Setting(plan) => {
                 self.session.ctx.execute_logical_plan(plan).await?;

@@ -18,7 +18,7 @@ use datafusion::sql::sqlparser::ast::{Ident, ObjectName, Statement as SqlStateme
 use crate::catalog::schema as catalog;
 use crate::functions::as_of;
 use crate::parse::parser::NyalaParser;
-use crate::parse::statement::{object_name, Ddl, NyalaStatement};
+use crate::parse::statement::{object_name, CopyDirection, Ddl, NyalaStatement};
 use crate::plan::dml;
 use crate::plan::params::{bind, cast_params, parameter_types};
 use crate::plan::planned::{statement_kind, Action, PlannedStatement, StatementKind};
@@ -166,6 +166,32 @@ impl Session {
             }
             NyalaStatement::InsertOnConflict(spec) => self.draft_on_conflict(spec).await,
             NyalaStatement::Merge(merge) => self.draft_merge(*merge).await,
+            NyalaStatement::CopyFile(spec) => match &spec.direction {
+                CopyDirection::From { table, columns } => {
+                    self.db.client.table(table)?;
+                    let (table, columns) = (table.clone(), columns.clone());
+                    let action = Action::CopyFrom {
+                        spec,
+                        table,
+                        columns,
+                    };
+                    planned(StatementKind::Dml, action)
+                }
+                CopyDirection::To { query } => {
+                    let NyalaStatement::DataFusion(query) = NyalaParser::parse_sql(query)? else {
+                        return Err(SqlError::Invalid("COPY (...) TO takes a query".into()));
+                    };
+                    let plan = self.logical_plan(query).await?;
+                    if statement_kind(&plan)? != StatementKind::Query {
+                        return Err(SqlError::Invalid("COPY (...) TO takes a query".into()));
+                    }
+                    let planned_query = self.plan_logical(StatementKind::Query, plan, &[]).await?;
+                    let Action::Plan(plan) = planned_query.action else {
+                        return Err(SqlError::Invalid("COPY (...) TO takes a query".into()));
+                    };
+                    planned(StatementKind::Dml, Action::CopyTo { spec, plan })
+                }
+            },
             NyalaStatement::Backup(_) | NyalaStatement::Restore(_) if self.in_transaction() => {
                 Err(SqlError::NotSupported(
                     "BACKUP and RESTORE inside a transaction (COMMIT or ROLLBACK first)".into(),

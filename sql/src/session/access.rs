@@ -168,6 +168,9 @@ impl Requirements {
                 }
                 needs.query_reads(&format!("SELECT {} FROM {}", read.join(", "), merge.source))?;
             }
+            NyalaStatement::CopyFile(_) => {
+                (needs.0).push(Requirement::Admin("copies to and from files on the server"))
+            }
             NyalaStatement::Backup(_) => needs.0.push(Requirement::Admin("takes backups")),
             NyalaStatement::Restore(_) => needs.0.push(Requirement::Admin("restores backups")),
         }

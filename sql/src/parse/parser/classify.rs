@@ -3,11 +3,12 @@
 //! DataFusion as they are.
 
 use datafusion::sql::sqlparser::ast::{
-    AlterTableOperation, ConflictTarget, Ident, ObjectType, OnConflictAction, OnInsert,
+    AlterTableOperation, ConflictTarget, CopyTarget, Ident, ObjectType, OnConflictAction, OnInsert,
     RenameTableNameKind, ShowCreateObject, Statement,
 };
 
 use crate::parse::columns;
+use crate::parse::parser::copy;
 use crate::parse::table_options::table_options;
 
 use crate::parse::statement::{
@@ -141,6 +142,20 @@ pub(crate) fn classify(statement: Statement) -> Result<NyalaStatement> {
             }
         }
         Statement::Merge(merge) => NyalaStatement::Merge(Box::new(merge)),
+        Statement::Copy {
+            source,
+            to,
+            target: target @ (CopyTarget::File { .. } | CopyTarget::Program { .. }),
+            options,
+            legacy_options,
+            ..
+        } => NyalaStatement::CopyFile(copy::copy_file(
+            source,
+            to,
+            target,
+            options,
+            legacy_options,
+        )?),
         Statement::Explain { statement, .. } if matches!(*statement, Statement::Merge(_)) => {
             return Err(SqlError::NotSupported("EXPLAIN of MERGE".into()))
         }

@@ -41,6 +41,7 @@
 
 mod backup;
 mod classify;
+mod copy;
 mod create_table;
 mod depth;
 mod partitioning;
