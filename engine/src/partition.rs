@@ -6,15 +6,21 @@
 //! keys, and a row outside all of them is rejected. Every range partition holds one tablet per
 //! combination of hash buckets, so tablet `r * B + c` is range `r` and bucket combination `c`
 //! (mixed radix, first level most significant), with `B` the product of the bucket counts.
+//!
+//! A table without a declared key is keyed by its hidden auto_incrementing_id alone, which the
+//! tablet's leader assigns after the row's tablet is chosen: its one hash level places id `i` in
+//! bucket `i % buckets`, a new row goes to any bucket (a batch's rows spread over them), and the
+//! leader gives it an id of its bucket ([`PartitionSchema::auto_ids`]).
 
 use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use arrow::array::{Array, ArrayRef, RecordBatch, StringArray, UInt32Array};
 use arrow::compute::{cast_with_options, take_record_batch, CastOptions};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use nyala_storage::{
-    encode_key_columns, equality_combinations, ColumnPredicate, ColumnType, PredicateOp, Scalar,
-    Schema,
+    encode_key_columns, equality_combinations, AutoIds, ColumnPredicate, ColumnType, PredicateOp,
+    Scalar, Schema,
 };
 use serde::{Deserialize, Serialize};
 
@@ -88,6 +94,17 @@ impl PartitionSchema {
         range_columns: Vec<usize>,
         ranges: Vec<RangeSpec>,
     ) -> Result<Self> {
+        if schema.is_keyless() {
+            let auto = schema.key_columns();
+            if hash.len() > 1 || hash.iter().any(|l| l.columns != auto) || !range_columns.is_empty()
+            {
+                return Err(EngineError::InvalidTable(
+                    "a table without a primary key is distributed by its hidden \
+                     auto_incrementing_id alone: DISTRIBUTE BY HASH INTO n BUCKETS"
+                        .into(),
+                ));
+            }
+        }
         let mut hashed = Vec::new();
         for level in &hash {
             if level.buckets == 0 || level.buckets > MAX_BUCKETS {
@@ -368,6 +385,18 @@ impl PartitionSchema {
         (hash, range)
     }
 
+    /// For a table without a declared key, the auto_incrementing_ids tablet `tablet` gives
+    /// the rows inserted into it: those of its bucket (None: any, or another kind of table).
+    pub fn auto_ids(&self, schema: &Schema, tablet: usize) -> Option<AutoIds> {
+        match self.hash.as_slice() {
+            [level] if schema.is_keyless() && level.buckets > 1 => Some(AutoIds {
+                residue: (tablet % level.buckets as usize) as u32,
+                modulus: level.buckets,
+            }),
+            _ => None,
+        }
+    }
+
     /// The tablet of every row of `batch` (a batch with at least the partition columns, found
     /// by name); an error naming the first row outside every range partition.
     pub fn tablets(&self, schema: &Schema, batch: &RecordBatch) -> Result<Vec<usize>> {
@@ -571,7 +600,10 @@ fn check_key_columns(schema: &Schema, columns: &[usize], what: &str) -> Result<(
                 column.name
             )));
         }
-        if schema.auto_increment_column() == Some(c) || schema.position_column() == Some(c) {
+        let keyless_hash = what == "hash" && schema.is_keyless();
+        let assigned =
+            schema.auto_increment_column() == Some(c) || schema.position_column() == Some(c);
+        if assigned && !keyless_hash {
             return Err(EngineError::InvalidTable(format!(
                 "{what} column '{}' is assigned after a row's tablet is chosen, so it cannot \
                  partition the table",
@@ -615,6 +647,9 @@ fn level_buckets(
     if level.buckets == 1 {
         return Ok(vec![0; batch.num_rows()]);
     }
+    if schema.is_keyless() {
+        return Ok(auto_id_buckets(schema, level.buckets, batch));
+    }
     let columns = columns_by_name(schema, &level.columns, batch)?;
     let mut key = Vec::with_capacity(32);
     Ok((0..batch.num_rows())
@@ -624,6 +659,27 @@ fn level_buckets(
             (xxhash_rust::xxh64::xxh64(&key, l as u64) % level.buckets as u64) as u32
         })
         .collect())
+}
+
+/// Where the rows of a batch go in the hash level of a table keyed by its auto_incrementing_id
+/// alone: a row with an id to the bucket `id % buckets`; new rows (no id yet) spread over the
+/// buckets, from a bucket that moves on with each batch.
+fn auto_id_buckets(schema: &Schema, buckets: u32, batch: &RecordBatch) -> Vec<u32> {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ids = (schema.auto_increment_column())
+        .and_then(|c| batch.column_by_name(&schema.columns()[c].name))
+        .and_then(|ids| {
+            ids.as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .cloned()
+        });
+    let start = NEXT.fetch_add(1, Ordering::Relaxed);
+    (0..batch.num_rows())
+        .map(|row| match &ids {
+            Some(ids) if ids.is_valid(row) => ids.value(row).rem_euclid(i64::from(buckets)) as u32,
+            _ => (start.wrapping_add(row as u32)) % buckets,
+        })
+        .collect()
 }
 
 /// [`equality_combinations`] of `columns` as a batch with those columns.
@@ -888,5 +944,61 @@ mod tests {
         // A value of another type does not prune.
         let wrong = Arc::new(arrow::array::Int32Array::from(vec![12])) as ArrayRef;
         assert_eq!(p.prune(&s, &[eq(1, wrong)]).len(), 12);
+    }
+
+    #[test]
+    fn a_table_without_a_key_places_ids_by_their_residue() {
+        let s = Schema::without_declared_key(vec![ColumnSchema::new("a", ColumnType::Int64, true)])
+            .unwrap();
+        let id = s.auto_increment_column().unwrap();
+        let level = HashLevel {
+            columns: vec![id],
+            buckets: 4,
+        };
+        let p = PartitionSchema::new(&s, vec![level], vec![], vec![]).unwrap();
+        // Each tablet gives out the ids of its bucket.
+        for tablet in 0..4 {
+            let ids = p.auto_ids(&s, tablet).unwrap();
+            assert_eq!((ids.residue, ids.modulus), (tablet as u32, 4));
+            assert_eq!(ids.first_at_or_after(10) % 4, tablet as i64);
+            assert!((10..14).contains(&ids.first_at_or_after(10)));
+        }
+        // Rows with ids go to `id % 4`, and a lookup by id prunes to that tablet.
+        let field = |name: &str| {
+            arrow::datatypes::Field::new(name, arrow::datatypes::DataType::Int64, true)
+        };
+        let batch = RecordBatch::try_new(
+            Arc::new(arrow::datatypes::Schema::new(vec![
+                field("a"),
+                field("auto_incrementing_id"),
+            ])),
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2, 3])),
+                Arc::new(Int64Array::from(vec![8, 13, 6])),
+            ],
+        )
+        .unwrap();
+        assert_eq!(p.tablets(&s, &batch).unwrap(), [0, 1, 2]);
+        let eq = ColumnPredicate {
+            column: id,
+            op: PredicateOp::Eq(Scalar(Arc::new(Int64Array::from(vec![13])) as ArrayRef)),
+        };
+        assert_eq!(p.prune(&s, &[eq]), [1]);
+        // New rows (no id yet) spread over the tablets.
+        let new = RecordBatch::try_new(
+            Arc::new(arrow::datatypes::Schema::new(vec![field("a")])),
+            vec![Arc::new(Int64Array::from(vec![1, 2, 3, 4]))],
+        )
+        .unwrap();
+        let mut tablets = p.tablets(&s, &new).unwrap();
+        tablets.sort();
+        assert_eq!(tablets, [0, 1, 2, 3]);
+        // Only the id can distribute it, in one hash level.
+        let a = HashLevel {
+            columns: vec![0],
+            buckets: 2,
+        };
+        assert!(PartitionSchema::new(&s, vec![a], vec![], vec![]).is_err());
+        assert!(PartitionSchema::new(&s, vec![], vec![id], vec![]).is_err());
     }
 }

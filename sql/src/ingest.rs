@@ -204,6 +204,25 @@ enum Source {
     Null,
 }
 
+/// The columns a load gives a table: all but the auto_incrementing_id of a table with a non-unique
+/// key or none, which the tablet assigns.
+pub(crate) fn loaded_schema(table: &TableSchema) -> SchemaRef {
+    let arrow = table.arrow_schema();
+    match table.auto_increment_column() {
+        None => arrow,
+        Some(assigned) => {
+            let kept: Vec<usize> = (0..arrow.fields().len())
+                .filter(|&i| i != assigned)
+                .collect();
+            Arc::new(
+                arrow
+                    .project(&kept)
+                    .unwrap_or_else(|_| arrow.as_ref().clone()),
+            )
+        }
+    }
+}
+
 /// The data's columns matched to a table's, by name.
 pub(crate) struct ColumnMapping {
     table_name: String,
@@ -216,7 +235,7 @@ impl ColumnMapping {
     /// the table does not have, every column left out that needs a value, and every column whose
     /// type cannot be loaded into the table's.
     pub(crate) fn new(name: &str, data: &Schema, table: &TableSchema) -> Result<Self> {
-        let arrow = table.arrow_schema();
+        let arrow = loaded_schema(table);
         let mut problems = Vec::new();
         let mut seen = HashSet::new();
         for field in data.fields() {
@@ -234,7 +253,11 @@ impl ColumnMapping {
             }
         }
         let mut sources = Vec::with_capacity(arrow.fields().len());
-        for (column, field) in table.columns().iter().zip(arrow.fields()) {
+        let assigned = table.auto_increment_column();
+        let columns = (table.columns().iter().enumerate())
+            .filter(|(i, _)| Some(*i) != assigned)
+            .map(|(_, c)| c);
+        for (column, field) in columns.zip(arrow.fields()) {
             let source = match data.index_of(field.name()) {
                 Ok(i) => {
                     let from = data.field(i).data_type();

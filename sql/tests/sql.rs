@@ -3219,6 +3219,133 @@ async fn insert_on_conflict_does_nothing_or_updates_existing_rows() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_without_a_key_take_duplicates_and_hide_their_row_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s) = open(dir.path()).await;
+    run(&s, "CREATE TABLE ev (a INT, b STRING)").await;
+    let show = text(&s, "SHOW CREATE TABLE ev").await;
+    assert!(
+        show.contains("a INT32 NULL,") && show.contains(") DISTRIBUTE BY HASH INTO 4 BUCKETS"),
+        "{show}"
+    );
+    assert!(!show.contains("PRIMARY KEY"), "{show}");
+    // Duplicates and NULLs are rows like any other; SELECT * shows the declared columns only.
+    let insert = "INSERT INTO ev VALUES (1, 'x'), (1, 'x'), (2, NULL), (NULL, 'z')";
+    assert_eq!(affected(&run(&s, insert).await), 4);
+    for i in 0..20 {
+        run(&s, &format!("INSERT INTO ev VALUES ({i}, 'r')")).await;
+    }
+    let all = run(&s, "SELECT * FROM ev").await;
+    let names: Vec<String> = (all[0].schema().fields().iter())
+        .map(|f| f.name().clone())
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+    // Each row has its own id, and is where its id says: a lookup by id, pruned to one
+    // tablet, finds it.
+    let ids = first_i64s(&run(&s, "SELECT auto_incrementing_id FROM ev").await);
+    assert_eq!(ids.len(), 24);
+    assert_eq!(
+        ids.iter().collect::<std::collections::HashSet<_>>().len(),
+        24
+    );
+    for id in &ids {
+        let found = run(
+            &s,
+            &format!("SELECT a FROM ev WHERE auto_incrementing_id = {id}"),
+        )
+        .await;
+        assert_eq!(
+            found.iter().map(|b| b.num_rows()).sum::<usize>(),
+            1,
+            "id {id}"
+        );
+    }
+    // UPDATE and DELETE by WHERE; a transaction; a restart, after which new ids are new.
+    assert_eq!(
+        affected(&run(&s, "UPDATE ev SET b = 'one' WHERE a = 1").await),
+        3
+    );
+    assert_eq!(
+        affected(&run(&s, "DELETE FROM ev WHERE a IS NULL OR a > 10").await),
+        10
+    );
+    run(&s, "BEGIN").await;
+    run(&s, "INSERT INTO ev VALUES (100, 'txn'), (100, 'txn')").await;
+    run(&s, "COMMIT").await;
+    let (db, s) = crash_and_reopen(dir.path(), db, s).await;
+    run(&s, "INSERT INTO ev SELECT a, b FROM ev").await;
+    let counts = text(
+        &s,
+        "SELECT count(*) AS n, count(DISTINCT auto_incrementing_id) AS ids, \
+         count(*) FILTER (WHERE b = 'one') AS ones FROM ev",
+    )
+    .await;
+    assert!(counts.contains("| 32 | 32  | 6    |"), "{counts}");
+    // CREATE TABLE AS without a key, a view and a join of such tables: no hidden ids in `*`.
+    run(&s, "CREATE TABLE ev2 AS SELECT * FROM ev WHERE a = 2").await;
+    run(&s, "CREATE VIEW evv AS SELECT * FROM ev").await;
+    for (sql, columns) in [
+        ("SELECT * FROM ev2", vec!["a", "b"]),
+        ("SELECT * FROM evv", vec!["a", "b"]),
+        (
+            "SELECT * FROM ev JOIN ev2 ON ev.a = ev2.a",
+            vec!["a", "b", "a", "b"],
+        ),
+        ("SELECT e.*, 1 AS one FROM ev AS e", vec!["a", "b", "one"]),
+        ("SELECT * EXCLUDE (b) FROM ev", vec!["a"]),
+    ] {
+        let batches = run(&s, sql).await;
+        let schema = batches[0].schema();
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, columns, "{sql}");
+    }
+    let show = text(&s, "SHOW CREATE TABLE ev2").await;
+    assert!(
+        !show.contains("PRIMARY KEY") && show.contains("HASH INTO 4 BUCKETS"),
+        "{show}"
+    );
+    run(
+        &s,
+        "CREATE TABLE one (a INT) DISTRIBUTE BY HASH INTO 1 BUCKETS",
+    )
+    .await;
+    run(&s, "INSERT INTO one VALUES (1), (1)").await;
+    assert!(text(&s, "SHOW CREATE TABLE one")
+        .await
+        .contains("HASH INTO 1 BUCKETS"));
+    // Errors that change nothing.
+    for (sql, expected) in [
+        (
+            "CREATE TABLE bad (a INT) DISTRIBUTE BY HASH (a) INTO 2 BUCKETS",
+            "auto_incrementing_id alone",
+        ),
+        (
+            "CREATE TABLE bad (a INT) DISTRIBUTE BY RANGE (a)",
+            "auto_incrementing_id alone",
+        ),
+        (
+            "CREATE TABLE bad (a INT, auto_incrementing_id BIGINT)",
+            "name of the column",
+        ),
+        (
+            "INSERT INTO ev (auto_incrementing_id, a) VALUES (5, 1)",
+            "assigned by the database",
+        ),
+        (
+            "INSERT INTO ev VALUES (1, 'x') ON CONFLICT DO NOTHING",
+            "whose key the database assigns",
+        ),
+    ] {
+        let e = error(&s, sql).await;
+        assert!(e.contains(expected), "{sql}: {e}");
+    }
+    assert!(text(&s, "SELECT count(*) AS n FROM ev")
+        .await
+        .contains("| 32 |"));
+    db.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copy_loads_files_atomically_and_writes_query_results() {
     let dir = tempfile::tempdir().unwrap();
     let (db, s) = open(&dir.path().join("db")).await;

@@ -40,4 +40,4 @@ pub use tablet::{
     change_fields, FailPoint, Holds, MaintenanceKind, MaintenanceOp, RequestId, Tablet,
     TabletOptions, TxnState, CHANGE_COLUMN, COMMIT_TIME_COLUMN, REQUEST_RETENTION,
 };
-pub use write::{rows_bytes, TabletOp, Timestamp, WriteBatch, WriteKind, WriteOutcome};
+pub use write::{rows_bytes, AutoIds, TabletOp, Timestamp, WriteBatch, WriteKind, WriteOutcome};

@@ -474,6 +474,34 @@ impl Schema {
         Ok(schema)
     }
 
+    /// The schema of a table declared without a primary key: `columns`, keyed by an
+    /// [`AUTO_INCREMENT_COLUMN`] added after them alone (Kudu's non-unique primary key with no
+    /// columns of the user's).
+    pub fn without_declared_key(columns: Vec<ColumnSchema>) -> Result<Schema, StorageError> {
+        if columns.iter().any(|c| c.name == AUTO_INCREMENT_COLUMN) {
+            return Err(StorageError::InvalidSchema(format!(
+                "'{AUTO_INCREMENT_COLUMN}' is the name of the column a table without a primary \
+                 key is keyed by"
+            )));
+        }
+        let mut columns = columns;
+        columns.push(ColumnSchema {
+            comment: Some("assigned by the database".into()),
+            encoding: ColumnEncoding::Delta,
+            ..ColumnSchema::new(AUTO_INCREMENT_COLUMN, ColumnType::Int64, false)
+        });
+        let key = columns.len() - 1;
+        let mut schema = Schema::new(columns, vec![key])?;
+        schema.auto_increment = true;
+        Ok(schema)
+    }
+
+    /// Whether the table was declared without a primary key: keyed by its
+    /// [`AUTO_INCREMENT_COLUMN`] alone.
+    pub fn is_keyless(&self) -> bool {
+        self.auto_increment && self.key_columns.len() == 1
+    }
+
     /// The position of [`AUTO_INCREMENT_COLUMN`] in a table with a NON UNIQUE PRIMARY KEY.
     pub fn auto_increment_column(&self) -> Option<usize> {
         match self.auto_increment {

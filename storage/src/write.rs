@@ -198,6 +198,26 @@ impl TabletOp {
 
 /// Write-kind byte flag: an 8-byte `unchanged_since` timestamp follows the kind byte.
 const CONDITIONAL: u8 = 0x40;
+/// Write-kind byte flag: the 8 bytes of [`AutoIds`] follow (after the timestamp, if any).
+const AUTO_IDS: u8 = 0x20;
+
+/// Which auto_incrementing_ids the rows a batch inserts take, in a table keyed by that column
+/// alone (a table without a declared key), whose hash level places an id in bucket `id %
+/// modulus`: those of the batch's tablet, `id % modulus == residue`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AutoIds {
+    pub residue: u32,
+    pub modulus: u32,
+}
+
+impl AutoIds {
+    /// The first id at or after `next` this batch may take.
+    pub fn first_at_or_after(&self, next: i64) -> i64 {
+        let modulus = i64::from(self.modulus.max(1));
+        let offset = (i64::from(self.residue) - next).rem_euclid(modulus);
+        next + offset
+    }
+}
 
 /// Rows a tablet applies atomically, with what they mean ([`WriteKind`]).
 #[derive(Clone, Debug)]
@@ -209,6 +229,8 @@ pub struct WriteBatch {
     /// conflict, so the statement can read its rows again: no update is lost to a concurrent
     /// one.
     pub unchanged_since: Option<crate::Timestamp>,
+    /// For inserts into a table without a declared key: the ids its tablet gives out.
+    pub auto_ids: Option<AutoIds>,
 }
 
 /// What applying a [`WriteBatch`] did.
@@ -229,6 +251,7 @@ impl WriteBatch {
             kind,
             rows,
             unchanged_since: None,
+            auto_ids: None,
         }
     }
 
@@ -248,12 +271,20 @@ impl WriteBatch {
     /// for the IPC stream's framing.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.reserve(9 + rows_bytes(&self.rows) + 256 * (self.rows.num_columns() + 2));
-        match self.unchanged_since {
-            None => out.push(self.kind as u8),
-            Some(ts) => {
-                out.push(self.kind as u8 | CONDITIONAL);
-                out.extend_from_slice(&ts.0.to_le_bytes());
-            }
+        let mut tag = self.kind as u8;
+        if self.unchanged_since.is_some() {
+            tag |= CONDITIONAL;
+        }
+        if self.auto_ids.is_some() {
+            tag |= AUTO_IDS;
+        }
+        out.push(tag);
+        if let Some(ts) = self.unchanged_since {
+            out.extend_from_slice(&ts.0.to_le_bytes());
+        }
+        if let Some(ids) = self.auto_ids {
+            out.extend_from_slice(&ids.residue.to_le_bytes());
+            out.extend_from_slice(&ids.modulus.to_le_bytes());
         }
         let header = out.len();
         // Writing to a Vec only fails for batches that don't match their own schema, which a
@@ -282,7 +313,22 @@ impl WriteBatch {
                 Some(Timestamp(u64::from_le_bytes(*ts)))
             }
         };
-        let kind = match tag & !CONDITIONAL {
+        let auto_ids = match tag & AUTO_IDS {
+            0 => None,
+            _ => {
+                let (ids, rest) = payload.split_first_chunk::<8>().ok_or_else(|| {
+                    StorageError::Corruption("write batch shorter than its auto ids".into())
+                })?;
+                payload = rest;
+                let (residue, modulus) = ids.split_at(4);
+                let word = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap_or_default());
+                Some(AutoIds {
+                    residue: word(residue),
+                    modulus: word(modulus),
+                })
+            }
+        };
+        let kind = match tag & !(CONDITIONAL | AUTO_IDS) {
             0 => WriteKind::Insert,
             1 => WriteKind::Upsert,
             2 => WriteKind::Update,
@@ -302,6 +348,7 @@ impl WriteBatch {
             kind,
             rows,
             unchanged_since,
+            auto_ids,
         })
     }
 }

@@ -2606,6 +2606,53 @@ mod cluster {
             .await
             .unwrap_err();
         assert!(e.contains("already exists"), "{e}");
+        // A table without a key: its tablets on other servers give out ids of their own
+        // buckets, so every row has its own id and is found where its id says.
+        sql(
+            &via_tserver,
+            "CREATE TABLE nk (v STRING) WITH (replicas = 3)",
+        )
+        .await
+        .unwrap();
+        sql(&via_tserver, "INSERT INTO nk SELECT v FROM c")
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            sql(
+                &format!("http://{flight}"),
+                "INSERT INTO nk VALUES ('y'), ('y')",
+            )
+            .await
+            .unwrap();
+        }
+        let ids = "SELECT count(*), count(DISTINCT auto_incrementing_id) FROM nk";
+        let ids = sql(&via_tserver, ids).await.unwrap();
+        assert_eq!(column_i64(&ids, 0), vec![96]);
+        assert_eq!(column_i64(&ids, 1), vec![96]);
+        let found = "SELECT count(*) FROM nk AS a WHERE EXISTS \
+                     (SELECT 1 FROM nk AS b WHERE b.auto_incrementing_id = a.auto_incrementing_id)";
+        assert_eq!(
+            column_i64(&sql(&via_tserver, found).await.unwrap(), 0),
+            vec![96]
+        );
+        let one = sql(&via_tserver, "SELECT max(auto_incrementing_id) FROM nk")
+            .await
+            .unwrap();
+        let lookup = format!(
+            "SELECT count(*) FROM nk WHERE auto_incrementing_id = {}",
+            column_i64(&one, 0)[0]
+        );
+        assert_eq!(
+            column_i64(&sql(&via_tserver, &lookup).await.unwrap(), 0),
+            vec![1]
+        );
+        sql(&via_tserver, "DELETE FROM nk WHERE v = 'y'")
+            .await
+            .unwrap();
+        let left = sql(&format!("http://{flight}"), "SELECT count(*) FROM nk")
+            .await
+            .unwrap();
+        assert_eq!(column_i64(&left, 0), vec![90]);
     }
 
     /// With `--cluster-secret-file`, the servers of a cluster talk to each other (DDL, writes,

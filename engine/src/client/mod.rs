@@ -296,8 +296,8 @@ impl Client {
             && txn.is_some_and(|txn| {
                 txn.participants_with(parts.iter().map(|(t, _)| &table.tablets[*t])) > 1
             });
-        let writes = parts.into_iter().map(|(tablet, rows)| async move {
-            let tablet = &table.tablets[tablet];
+        let writes = parts.into_iter().map(|(index, rows)| async move {
+            let tablet = &table.tablets[index];
             if let Some(txn) = txn {
                 txn.joins(tablet);
             }
@@ -307,6 +307,7 @@ impl Client {
             for (i, chunk) in chunks.into_iter().enumerate() {
                 let mut batch = WriteBatch::new(kind, chunk);
                 batch.unchanged_since = unchanged_since;
+                batch.auto_ids = table.partition.auto_ids(&table.schema, index);
                 let write = || async {
                     let Some(txn) = txn else {
                         return self.tablets.write(tablet, &batch).await;

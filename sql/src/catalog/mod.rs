@@ -2,6 +2,7 @@
 //! in the master's catalog at planning time ([`schema`], and `nyala.sys`, [`sys`]), the `TableProvider` of one table
 //! ([`table::NyalaTable`]), and the filters it pushes into tablet scans ([`predicate`]).
 
+pub(crate) mod hidden;
 pub(crate) mod predicate;
 pub(crate) mod schema;
 pub(crate) mod sys;

@@ -11,11 +11,12 @@ use datafusion::datasource::{TableProvider, ViewTable};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::sql::parser::DFParser;
+use datafusion::sql::parser::{DFParser, Statement as DFStatement};
 use datafusion::sql::resolve::resolve_table_references;
 use nyala_engine::Client;
 use parking_lot::RwLock;
 
+use crate::catalog::hidden;
 use crate::catalog::table::NyalaTable;
 use crate::session::access::{Authorizer, Principal};
 
@@ -67,7 +68,7 @@ impl SchemaProvider for NyalaSchemaProvider {
         let state = (self.state.upgrade())
             .ok_or_else(|| DataFusionError::Plan("the session has ended".into()))?;
         let state = state.read().clone();
-        let plan = view_plan(&state, &view.sql)
+        let plan = view_plan(&state, &self.client, &view.sql)
             .await
             .map_err(|e| DataFusionError::Plan(format!("view '{name}' cannot be read: {e}")))?;
         Ok(Some(Arc::new(ViewTable::new(plan, Some(view.sql.clone())))))
@@ -78,9 +79,19 @@ impl SchemaProvider for NyalaSchemaProvider {
     }
 }
 
-/// The logical plan of a view's query, as every statement that reads the view plans it.
-pub(crate) async fn view_plan(state: &SessionState, sql: &str) -> Result<LogicalPlan> {
-    state.create_logical_plan(sql).await
+/// The logical plan of a view's query, as every statement that reads the view plans it (its
+/// wildcards leave hidden keys out, as a statement's do).
+pub(crate) async fn view_plan(
+    state: &SessionState,
+    client: &Client,
+    sql: &str,
+) -> Result<LogicalPlan> {
+    let dialect = state.config().options().sql_parser.dialect;
+    let mut statement = state.sql_to_statement(sql, &dialect)?;
+    if let DFStatement::Statement(statement) = &mut statement {
+        hidden::exclude_hidden(statement.as_mut(), hidden::keyless_in(client));
+    }
+    state.statement_to_plan(statement).await
 }
 
 /// Whether the query `sql` reads the view `name`, directly or through the views it reads (the

@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::exec::sink::NyalaSink;
+use crate::ingest::loaded_schema;
 use crate::limits::interrupt::detached;
 use crate::parse::statement::CopyFileSpec;
 use crate::session::Session;
@@ -41,7 +42,7 @@ impl Session {
         let table = self.db.client.table(name)?;
         let files = files(&spec.path)?;
         let reader = read::Reader::new(spec, name, &table.schema, columns)?;
-        let schema = table.schema.arrow_schema();
+        let schema = loaded_schema(&table.schema);
         let (sender, receiver) = mpsc::channel(2);
         let reading = tokio::task::spawn_blocking(move || reader.read(&files, &sender));
         let rows = Box::pin(RecordBatchStreamAdapter::new(

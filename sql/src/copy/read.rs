@@ -16,7 +16,7 @@ use nyala_storage::Schema as TableSchema;
 use tokio::sync::mpsc::Sender;
 
 use super::BATCH_ROWS;
-use crate::ingest::ColumnMapping;
+use crate::ingest::{loaded_schema, ColumnMapping};
 use crate::parse::statement::{CopyFileSpec, FileFormat};
 use crate::{Result, SqlError};
 
@@ -41,7 +41,7 @@ impl Reader {
         table: &TableSchema,
         columns: &[String],
     ) -> Result<Self> {
-        let arrow = table.arrow_schema();
+        let arrow = loaded_schema(table);
         let fields: Vec<Field> = match columns.is_empty() {
             true => (arrow.fields().iter())
                 .map(|f| f.as_ref().clone())

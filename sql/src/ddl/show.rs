@@ -200,10 +200,13 @@ impl Session {
             Some(_) => "NON UNIQUE ",
             None => "",
         };
-        lines.push(format!(
-            "  {unique}PRIMARY KEY ({})",
-            names(schema.declared_key_columns())
-        ));
+        // A table without a primary key is keyed by its hidden auto_incrementing_id alone.
+        if !schema.is_keyless() {
+            lines.push(format!(
+                "  {unique}PRIMARY KEY ({})",
+                names(schema.declared_key_columns())
+            ));
+        }
         let mut sql = format!("CREATE TABLE {} (\n{}\n)", table.name, lines.join(",\n"));
         if let Some(clause) = partitioning::render(schema, &table.partition) {
             sql.push(' ');

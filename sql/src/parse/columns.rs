@@ -51,10 +51,25 @@ pub(crate) fn table_schema(
         }
         key = names;
     }
-    if key.is_empty() {
+    if columns.is_empty() {
         return Err(SqlError::Invalid(format!(
-            "table '{name}' needs a primary key: add PRIMARY KEY (column, ...)"
+            "table '{name}' needs columns: CREATE TABLE {name} (column type, ...)"
         )));
+    }
+    if key.is_empty() {
+        // Keyed by the hidden auto_incrementing_id alone.
+        if let Some(position) = position {
+            return Err(SqlError::Invalid(format!(
+                "queue table '{name}' needs a primary key (the queue's columns, then \
+                 '{position}')"
+            )));
+        }
+        if non_unique {
+            return Err(SqlError::Invalid(
+                "NON UNIQUE PRIMARY KEY needs columns".into(),
+            ));
+        }
+        return Schema::without_declared_key(columns).map_err(|e| SqlError::Invalid(e.to_string()));
     }
     let mut key_indexes = Vec::with_capacity(key.len());
     for k in &key {

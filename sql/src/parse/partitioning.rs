@@ -13,13 +13,17 @@
 //! ```
 //!
 //! A hash level without columns hashes the whole primary key; `RANGE (ts)` without partitions
-//! is one unbounded range. Names are resolved here and limits (bucket counts, tablets) are the
+//! is one unbounded range. A table without a primary key is distributed by its hidden
+//! auto_incrementing_id ([`KEYLESS_BUCKETS`] buckets unless the clause gives a count). Names are resolved here and limits (bucket counts, tablets) are the
 //! engine's to check, so a clause means the same whether it came from SQL or from a load.
 
 use nyala_engine::{HashLevel, PartitionSchema, RangeSpec};
 use nyala_storage::Schema;
 
 use crate::{Result, SqlError};
+
+/// The hash buckets of a table without a primary key created without DISTRIBUTE BY.
+pub const KEYLESS_BUCKETS: u32 = 4;
 
 /// A partitioning clause by column names.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -55,12 +59,18 @@ impl PartitionSpec {
                 })
                 .collect::<Result<Vec<_>>>()
         };
-        let hash = self
-            .hash
+        let keyless = schema.is_keyless();
+        let default = [(vec![], KEYLESS_BUCKETS)];
+        let levels = match (keyless, self.hash.is_empty() && self.range.is_none()) {
+            (true, true) => &default[..],
+            _ => &self.hash[..],
+        };
+        let hash = levels
             .iter()
             .map(|(names, buckets)| {
                 Ok(HashLevel {
                     columns: match names.is_empty() {
+                        true if keyless => schema.key_columns().to_vec(),
                         true => schema.declared_key_columns().to_vec(),
                         false => indexes(names, "HASH")?,
                     },
@@ -76,13 +86,17 @@ impl PartitionSpec {
     }
 }
 
-/// The partitioning clause that recreates `partition` (None: a single tablet).
+/// The partitioning clause that recreates `partition` (None: a single tablet; a table without a
+/// primary key says `HASH INTO 1 BUCKETS`, as its default is several).
 pub fn render(schema: &Schema, partition: &PartitionSchema) -> Option<String> {
     let names = |columns: &[usize]| schema.column_list(columns);
     let mut levels: Vec<String> = partition
         .hash
         .iter()
-        .map(|l| format!("HASH ({}) INTO {} BUCKETS", names(&l.columns), l.buckets))
+        .map(|l| match schema.is_keyless() {
+            true => format!("HASH INTO {} BUCKETS", l.buckets),
+            false => format!("HASH ({}) INTO {} BUCKETS", names(&l.columns), l.buckets),
+        })
         .collect();
     if !partition.range_columns.is_empty() {
         let mut range = format!("RANGE ({})", names(&partition.range_columns));
@@ -95,6 +109,9 @@ pub fn render(schema: &Schema, partition: &PartitionSchema) -> Option<String> {
             range.push_str(&format!(" ({})", list.join(", ")));
         }
         levels.push(range);
+    }
+    if levels.is_empty() && schema.is_keyless() {
+        levels.push("HASH INTO 1 BUCKETS".into());
     }
     (!levels.is_empty()).then(|| format!("DISTRIBUTE BY {}", levels.join(", ")))
 }

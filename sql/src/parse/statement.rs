@@ -326,8 +326,11 @@ impl CreateTableSpec {
                 Ok(ColumnSchema::new(f.name().clone(), column_type, nullable))
             })
             .collect::<Result<Vec<_>>>()?;
-        let schema =
-            Schema::new(columns, key_columns).map_err(|e| SqlError::Invalid(e.to_string()))?;
+        let schema = match key_columns.is_empty() {
+            true => Schema::without_declared_key(columns),
+            false => Schema::new(columns, key_columns),
+        };
+        let schema = schema.map_err(|e| SqlError::Invalid(e.to_string()))?;
         Ok(CreateTableSpec {
             name: name.to_string(),
             if_not_exists: false,

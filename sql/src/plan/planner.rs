@@ -15,6 +15,7 @@ use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder};
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{Ident, ObjectName, Statement as SqlStatement, TableObject};
 
+use crate::catalog::hidden;
 use crate::catalog::schema as catalog;
 use crate::functions::as_of;
 use crate::parse::parser::NyalaParser;
@@ -211,7 +212,7 @@ impl Session {
     /// Refuses a view whose query does not plan now, or reads the view itself (directly or
     /// through other views: CREATE OR REPLACE would make it endless).
     async fn check_view(&self, name: &str, sql: &str) -> Result<()> {
-        let plan = catalog::view_plan(&self.ctx.state(), sql).await?;
+        let plan = catalog::view_plan(&self.ctx.state(), &self.db.client, sql).await?;
         check_plan_depth(&plan)?;
         match catalog::reads_view(&self.db.client, sql, name)? {
             true => Err(SqlError::Invalid(format!(
@@ -266,6 +267,7 @@ impl Session {
         mut statement: Box<SqlStatement>,
     ) -> Result<LogicalPlan> {
         as_of::lower(&mut statement)?;
+        hidden::exclude_hidden(statement.as_mut(), hidden::keyless_in(&self.db.client));
         crate::functions::tail::lower_parameters(&mut statement, &self.db.client);
         crate::functions::changes::lower_parameters(&mut statement);
         self.refuse_assigned_columns(&statement)?;

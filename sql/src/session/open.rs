@@ -100,7 +100,7 @@ impl Database {
         let state = self.session().ctx.state();
         let mut views = Vec::new();
         for view in self.client.views() {
-            let schema = match view_plan(&state, &view.sql).await {
+            let schema = match view_plan(&state, &self.client, &view.sql).await {
                 Ok(plan) => client_schema(&Arc::new(plan.schema().as_arrow().clone())),
                 Err(_) => Arc::new(arrow::datatypes::Schema::empty()),
             };

@@ -10,8 +10,13 @@ use nyala_storage::AUTO_INCREMENT_COLUMN;
 
 use crate::{EngineError, Result};
 
-/// `rows` with auto_incrementing_id `first`, `first + 1`, ... (replacing the column's NULLs).
-pub(super) fn with_auto_ids(rows: &RecordBatch, first: i64, n: i64) -> Result<RecordBatch> {
+/// `rows` with auto_incrementing_id `first`, `first + step`, ... (replacing the column's NULLs).
+pub(super) fn with_auto_ids(
+    rows: &RecordBatch,
+    first: i64,
+    n: i64,
+    step: i64,
+) -> Result<RecordBatch> {
     let mut fields: Vec<Field> = Vec::with_capacity(rows.num_columns() + 1);
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(rows.num_columns() + 1);
     for (field, column) in rows.schema().fields().iter().zip(rows.columns()) {
@@ -27,7 +32,9 @@ pub(super) fn with_auto_ids(rows: &RecordBatch, first: i64, n: i64) -> Result<Re
         columns.push(column.clone());
     }
     fields.push(Field::new(AUTO_INCREMENT_COLUMN, DataType::Int64, false));
-    columns.push(Arc::new(Int64Array::from_iter_values(first..first + n)));
+    columns.push(Arc::new(Int64Array::from_iter_values(
+        (0..n).map(|i| first + i * step),
+    )));
     Ok(RecordBatch::try_new(
         Arc::new(ArrowSchema::new(fields)),
         columns,
@@ -56,7 +63,7 @@ mod tests {
     #[test]
     fn inserted_rows_get_consecutive_ids() {
         for given in [None, Some(vec![None, None, None])] {
-            let with_ids = with_auto_ids(&rows(given), 40, 3).unwrap();
+            let with_ids = with_auto_ids(&rows(given), 40, 3, 1).unwrap();
             let schema = with_ids.schema();
             let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
             assert_eq!(names, ["name", AUTO_INCREMENT_COLUMN]);
@@ -70,7 +77,7 @@ mod tests {
     fn an_id_given_by_the_client_is_refused() {
         let given = rows(Some(vec![None, Some(7), None]));
         assert!(matches!(
-            with_auto_ids(&given, 0, 3),
+            with_auto_ids(&given, 0, 3, 1),
             Err(EngineError::Unsupported(_))
         ));
     }

@@ -280,9 +280,20 @@ impl TabletReplica {
                     .next_auto_id
                     .lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner());
-                let first = (*next).max(self.tablet.next_auto_id());
-                *next = first + n;
-                let rows = auto_ids::with_auto_ids(&batch.rows, first, n)?;
+                let next_free = (*next).max(self.tablet.next_auto_id());
+                // A table keyed by the id alone: the ids of this tablet's bucket.
+                let (first, step) = match batch.auto_ids {
+                    Some(ids) => (
+                        ids.first_at_or_after(next_free),
+                        i64::from(ids.modulus.max(1)),
+                    ),
+                    None => (next_free, 1),
+                };
+                let rows = auto_ids::with_auto_ids(&batch.rows, first, n, step)?;
+                *next = match n {
+                    0 => next_free,
+                    n => first + (n - 1) * step + 1,
+                };
                 Ok(WriteBatch::new(batch.kind, rows))
             }
             _ => Ok(batch.clone()),

@@ -5,7 +5,6 @@ use datafusion::sql::sqlparser::ast::{ColumnDef, Query, SetExpr, TableConstraint
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::Parser;
 use datafusion::sql::sqlparser::tokenizer::Token;
-use nyala_engine::PartitionSchema;
 
 use crate::parse::columns;
 use crate::parse::table_options;
@@ -115,10 +114,7 @@ impl NyalaParser<'_> {
             &elements.constraints,
             elements.non_unique,
         )?;
-        let partition = match partition {
-            Some(spec) => spec.resolve(&schema)?,
-            None => PartitionSchema::single(),
-        };
+        let partition = partition.unwrap_or_default().resolve(&schema)?;
         Ok(NyalaStatement::Ddl(Ddl::CreateTable(CreateTableSpec {
             name,
             if_not_exists,
@@ -208,11 +204,7 @@ fn create_table_as(
         .map(columns::primary_key_names)
         .collect::<Result<Vec<_>>>()?;
     let key = match keys.len() {
-        0 => {
-            return Err(SqlError::Invalid(format!(
-                "table '{name}' needs a primary key: CREATE TABLE {name} PRIMARY KEY (column, ...) AS SELECT ..."
-            )))
-        }
+        0 => vec![], // keyed by the hidden auto_incrementing_id alone
         1 => keys.remove(0),
         _ => {
             return Err(SqlError::Invalid(
