@@ -42,6 +42,6 @@ pub use catalog::{
 pub use client::{Client, TableHandle, TabletStats, Transaction, WriteError, Written};
 pub use error::EngineError;
 pub use nyala_storage as storage;
-pub use partition::{BoundSpec, HashLevel, PartitionSchema, RangeSpec};
+pub use partition::{BoundSpec, HashLevel, HashSpec, PartitionSchema, RangeSpec};
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

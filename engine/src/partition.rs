@@ -49,11 +49,21 @@ pub struct BoundSpec {
     pub inclusive: bool,
 }
 
-/// A range partition as written; `None` is unbounded.
+/// A hash level as written, by column names (none: the primary key).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HashSpec {
+    pub columns: Vec<String>,
+    pub buckets: u32,
+}
+
+/// A range partition as written; `None` is unbounded. `hash`: the range's own hash levels
+/// (Kudu 1.17's range-specific hash schemas); empty: the table's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RangeSpec {
     pub lower: Option<BoundSpec>,
     pub upper: Option<BoundSpec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hash: Vec<HashSpec>,
 }
 
 /// A checked range bound: its values in their type's canonical text, and its range key.
@@ -73,6 +83,9 @@ pub struct RangePartition {
     pub upper: Option<RangeBound>,
     /// The types of the range columns, for quoting the values in [`fmt::Display`].
     quoted: Vec<bool>,
+    /// The range's own hash levels (None: the table's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<Vec<HashLevel>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -105,43 +118,7 @@ impl PartitionSchema {
                 ));
             }
         }
-        let mut hashed = Vec::new();
-        for level in &hash {
-            if level.buckets == 0 || level.buckets > MAX_BUCKETS {
-                return Err(EngineError::InvalidTable(format!(
-                    "the number of hash buckets must be between 1 and {MAX_BUCKETS}, got {}",
-                    level.buckets
-                )));
-            }
-            if level.columns.is_empty() {
-                return Err(EngineError::InvalidTable(
-                    "a hash level needs at least one column".into(),
-                ));
-            }
-            check_key_columns(schema, &level.columns, "hash")?;
-            for &c in &level.columns {
-                if hashed.contains(&c) {
-                    return Err(EngineError::InvalidTable(format!(
-                        "column '{}' is in two hash levels",
-                        schema.columns()[c].name
-                    )));
-                }
-                hashed.push(c);
-            }
-        }
-        // Checked before anything multiplies bucket counts: seven levels of 1 024 buckets
-        // would wrap a usize.
-        let per_range = hash.iter().try_fold(1usize, |n, level| {
-            n.checked_mul(level.buckets as usize)
-                .filter(|&n| n <= MAX_TABLETS)
-        });
-        if per_range.is_none() {
-            let levels: Vec<String> = hash.iter().map(|l| l.buckets.to_string()).collect();
-            return Err(EngineError::InvalidTable(format!(
-                "the hash levels make {} tablets per range; at most {MAX_TABLETS} are allowed",
-                levels.join(" × ")
-            )));
-        }
+        check_hash_levels(schema, &hash)?;
         check_key_columns(schema, &range_columns, "range")?;
         if range_columns.is_empty() && !ranges.is_empty() {
             return Err(EngineError::InvalidTable(
@@ -188,19 +165,49 @@ impl PartitionSchema {
             .range_columns
             .iter_mut()
             .for_each(|c| *c = moved(*c));
+        for level in partition
+            .ranges
+            .iter_mut()
+            .flat_map(|r| r.hash.iter_mut().flatten())
+        {
+            level.columns.iter_mut().for_each(|c| *c = moved(*c));
+        }
         partition
     }
 
-    /// Tablets per range partition: the product of the bucket counts (at most
-    /// [`MAX_TABLETS`], which [`PartitionSchema::new`] checks).
-    pub fn tablets_per_range(&self) -> usize {
-        self.hash
-            .iter()
-            .fold(1usize, |n, l| n.saturating_mul(l.buckets as usize))
+    /// The hash levels of range partition `r`: its own, or the table's.
+    fn range_hash(&self, r: usize) -> &[HashLevel] {
+        match self.ranges.get(r).and_then(|range| range.hash.as_deref()) {
+            Some(levels) => levels,
+            None => &self.hash,
+        }
+    }
+
+    /// The tablets of range partition `r`: one per combination of its hash buckets, after
+    /// those of the ranges before it.
+    pub fn range_tablets(&self, r: usize) -> std::ops::Range<usize> {
+        let count = |r: usize| buckets_product(self.range_hash(r));
+        let start = (0..r).map(count).sum();
+        start..start + count(r)
+    }
+
+    /// The range partition holding tablet `tablet`, and the tablet's bucket combination in it.
+    fn range_of_tablet(&self, tablet: usize) -> (usize, usize) {
+        let mut start = 0;
+        for r in 0..self.ranges.len() {
+            let count = buckets_product(self.range_hash(r));
+            if tablet < start + count {
+                return (r, tablet - start);
+            }
+            start += count;
+        }
+        (self.ranges.len().saturating_sub(1), 0)
     }
 
     pub fn num_tablets(&self) -> usize {
-        self.ranges.len().saturating_mul(self.tablets_per_range())
+        (0..self.ranges.len()).fold(0usize, |n, r| {
+            n.saturating_add(buckets_product(self.range_hash(r)))
+        })
     }
 
     /// Checks `spec` against the range columns' types.
@@ -237,10 +244,38 @@ impl PartitionSchema {
                 key,
             })
         };
+        let hash = match spec.hash.is_empty() {
+            true => None,
+            false => {
+                let levels = (spec.hash.iter())
+                    .map(|level| {
+                        let columns = match level.columns.is_empty() {
+                            true => schema.declared_key_columns().to_vec(),
+                            false => (level.columns.iter())
+                                .map(|name| {
+                                    schema.column_index(name).ok_or_else(|| {
+                                        EngineError::InvalidTable(format!(
+                                            "unknown column '{name}' in a range partition's HASH"
+                                        ))
+                                    })
+                                })
+                                .collect::<Result<_>>()?,
+                        };
+                        Ok(HashLevel {
+                            columns,
+                            buckets: level.buckets,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                check_hash_levels(schema, &levels)?;
+                Some(levels)
+            }
+        };
         let range = RangePartition {
             lower: spec.lower.as_ref().map(|b| bound(b, true)).transpose()?,
             upper: spec.upper.as_ref().map(|b| bound(b, false)).transpose()?,
             quoted,
+            hash,
         };
         if let (Some(l), Some(u)) = (&range.lower, &range.upper) {
             if l.key >= u.key {
@@ -358,15 +393,14 @@ impl PartitionSchema {
 
     /// `HASH (a) bucket 1 of 4, HASH (b) bucket 0 of 2` and the range of tablet `tablet`.
     pub fn describe(&self, schema: &Schema, tablet: usize) -> (String, String) {
-        let per_range = self.tablets_per_range();
-        let mut combination = tablet % per_range;
-        let mut buckets = vec![0; self.hash.len()];
-        for (l, level) in self.hash.iter().enumerate().rev() {
+        let (r, mut combination) = self.range_of_tablet(tablet);
+        let levels = self.range_hash(r);
+        let mut buckets = vec![0; levels.len()];
+        for (l, level) in levels.iter().enumerate().rev() {
             buckets[l] = combination % level.buckets as usize;
             combination /= level.buckets as usize;
         }
-        let hash = self
-            .hash
+        let hash = levels
             .iter()
             .zip(&buckets)
             .map(|(level, b)| {
@@ -380,7 +414,7 @@ impl PartitionSchema {
             .join(", ");
         let range = match self.range_columns.is_empty() {
             true => String::new(),
-            false => self.ranges[tablet / per_range].to_string(),
+            false => self.ranges[r].to_string(),
         };
         (hash, range)
     }
@@ -400,20 +434,46 @@ impl PartitionSchema {
     /// The tablet of every row of `batch` (a batch with at least the partition columns, found
     /// by name); an error naming the first row outside every range partition.
     pub fn tablets(&self, schema: &Schema, batch: &RecordBatch) -> Result<Vec<usize>> {
+        if self.range_columns.is_empty() {
+            return hash_combinations(schema, &self.hash, batch);
+        }
+        let ranges = self.row_ranges(schema, batch)?;
+        if self.ranges.iter().all(|r| r.hash.is_none()) {
+            // Every range hashed alike: one pass over the batch.
+            let per_range = buckets_product(&self.hash);
+            let combinations = hash_combinations(schema, &self.hash, batch)?;
+            return Ok((ranges.into_iter().zip(combinations))
+                .map(|(r, c)| r * per_range + c)
+                .collect());
+        }
+        // Each range's rows by its own hash levels.
+        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); self.ranges.len()];
+        for (row, &r) in ranges.iter().enumerate() {
+            rows[r].push(row as u32);
+        }
         let mut tablets = vec![0usize; batch.num_rows()];
-        for (l, level) in self.hash.iter().enumerate() {
-            let buckets = level_buckets(schema, level, l, batch)?;
-            for (t, b) in tablets.iter_mut().zip(buckets) {
-                *t = *t * level.buckets as usize + b as usize;
+        for (r, indexes) in rows.into_iter().enumerate() {
+            if indexes.is_empty() {
+                continue;
+            }
+            let indexes = UInt32Array::from(indexes);
+            let rows = take_record_batch(batch, &indexes)?;
+            let start = self.range_tablets(r).start;
+            let combinations = hash_combinations(schema, self.range_hash(r), &rows)?;
+            for (row, c) in indexes.values().iter().zip(combinations) {
+                tablets[*row as usize] = start + c;
             }
         }
-        if self.range_columns.is_empty() {
-            return Ok(tablets);
-        }
-        let per_range = self.tablets_per_range();
+        Ok(tablets)
+    }
+
+    /// The range partition of every row of `batch`; an error naming the first row outside
+    /// every range partition.
+    fn row_ranges(&self, schema: &Schema, batch: &RecordBatch) -> Result<Vec<usize>> {
         let columns = columns_by_name(schema, &self.range_columns, batch)?;
         let mut key = Vec::with_capacity(16);
-        for (row, tablet) in tablets.iter_mut().enumerate() {
+        let mut ranges = Vec::with_capacity(batch.num_rows());
+        for row in 0..batch.num_rows() {
             key.clear();
             encode_key_columns(&columns, row, &mut key);
             let Some(range) = self.range_of(&key) else {
@@ -429,9 +489,9 @@ impl PartitionSchema {
                      (ALTER TABLE ... ADD RANGE PARTITION adds one)"
                 )));
             };
-            *tablet += range * per_range;
+            ranges.push(range);
         }
-        Ok(tablets)
+        Ok(ranges)
     }
 
     /// The range partition holding range key `key`.
@@ -483,35 +543,34 @@ impl PartitionSchema {
     /// (at most [`MAX_PRUNING_COMBINATIONS`] value combinations); the range level by equality
     /// and IN lists on all range columns, or by comparisons on a single range column.
     pub fn prune(&self, schema: &Schema, predicates: &[ColumnPredicate]) -> Vec<usize> {
-        let mut allowed: Vec<Option<Vec<bool>>> = Vec::with_capacity(self.hash.len());
-        for (l, level) in self.hash.iter().enumerate() {
-            let buckets = combinations(schema, &level.columns, predicates).and_then(|batch| {
-                let mut hit = vec![false; level.buckets as usize];
-                for b in level_buckets(schema, level, l, &batch).ok()? {
-                    hit[b as usize] = true;
-                }
-                Some(hit)
-            });
-            allowed.push(buckets);
-        }
         let ranges = self.prune_ranges(schema, predicates);
-        let per_range = self.tablets_per_range();
-        (0..self.num_tablets())
-            .filter(|&t| {
-                if !ranges[t / per_range] {
-                    return false;
-                }
-                let mut combination = t % per_range;
-                for (level, hit) in self.hash.iter().zip(&allowed).rev() {
+        let mut tablets = Vec::new();
+        let mut table_levels = None;
+        for (r, _) in ranges.iter().enumerate().filter(|(_, hit)| **hit) {
+            let levels = self.range_hash(r);
+            let allowed = match self.ranges[r].hash {
+                None => table_levels
+                    .get_or_insert_with(|| allowed_buckets(schema, levels, predicates))
+                    .clone(),
+                Some(_) => allowed_buckets(schema, levels, predicates),
+            };
+            let span = self.range_tablets(r);
+            for t in span.clone() {
+                let mut combination = t - span.start;
+                let mut kept = true;
+                for (level, hit) in levels.iter().zip(&allowed).rev() {
                     let bucket = combination % level.buckets as usize;
                     combination /= level.buckets as usize;
                     if hit.as_ref().is_some_and(|h| !h[bucket]) {
-                        return false;
+                        kept = false;
                     }
                 }
-                true
-            })
-            .collect()
+                if kept {
+                    tablets.push(t);
+                }
+            }
+        }
+        tablets
     }
 
     /// Which range partitions can hold rows passing `predicates`.
@@ -585,6 +644,90 @@ impl PartitionSchema {
             })
             .collect()
     }
+}
+
+/// Checks hash levels against the table: bucket counts, key columns, no column twice.
+fn check_hash_levels(schema: &Schema, hash: &[HashLevel]) -> Result<()> {
+    let mut hashed = Vec::new();
+    for level in hash {
+        if level.buckets == 0 || level.buckets > MAX_BUCKETS {
+            return Err(EngineError::InvalidTable(format!(
+                "the number of hash buckets must be between 1 and {MAX_BUCKETS}, got {}",
+                level.buckets
+            )));
+        }
+        if level.columns.is_empty() {
+            return Err(EngineError::InvalidTable(
+                "a hash level needs at least one column".into(),
+            ));
+        }
+        check_key_columns(schema, &level.columns, "hash")?;
+        for &c in &level.columns {
+            if hashed.contains(&c) {
+                return Err(EngineError::InvalidTable(format!(
+                    "column '{}' is in two hash levels",
+                    schema.columns()[c].name
+                )));
+            }
+            hashed.push(c);
+        }
+    }
+    // Checked before anything multiplies bucket counts: seven levels of 1 024 buckets would
+    // wrap a usize.
+    let product = hash.iter().try_fold(1usize, |n, level| {
+        n.checked_mul(level.buckets as usize)
+            .filter(|&n| n <= MAX_TABLETS)
+    });
+    if product.is_none() {
+        let levels: Vec<String> = hash.iter().map(|l| l.buckets.to_string()).collect();
+        return Err(EngineError::InvalidTable(format!(
+            "the hash levels make {} tablets per range; at most {MAX_TABLETS} are allowed",
+            levels.join(" × ")
+        )));
+    }
+    Ok(())
+}
+
+/// Tablets per range hashed by `levels`: the product of their bucket counts (checked against
+/// [`MAX_TABLETS`] by [`check_hash_levels`]).
+fn buckets_product(levels: &[HashLevel]) -> usize {
+    (levels.iter()).fold(1usize, |n, l| n.saturating_mul(l.buckets as usize))
+}
+
+/// Every row's combination of buckets in hash levels `levels` (mixed radix, the first level
+/// most significant).
+fn hash_combinations(
+    schema: &Schema,
+    levels: &[HashLevel],
+    batch: &RecordBatch,
+) -> Result<Vec<usize>> {
+    let mut combinations = vec![0usize; batch.num_rows()];
+    for (l, level) in levels.iter().enumerate() {
+        let buckets = level_buckets(schema, level, l, batch)?;
+        for (c, b) in combinations.iter_mut().zip(buckets) {
+            *c = *c * level.buckets as usize + b as usize;
+        }
+    }
+    Ok(combinations)
+}
+
+/// For each hash level, the buckets rows passing `predicates` can be in (None: any).
+fn allowed_buckets(
+    schema: &Schema,
+    levels: &[HashLevel],
+    predicates: &[ColumnPredicate],
+) -> Vec<Option<Vec<bool>>> {
+    (levels.iter().enumerate())
+        .map(|(l, level)| {
+            combinations(schema, &level.columns, predicates).and_then(|batch| {
+                let mut hit = vec![false; level.buckets as usize];
+                for b in level_buckets(schema, level, l, &batch).ok()? {
+                    hit[b as usize] = true;
+                }
+                Some(hit)
+            })
+        })
+        .collect()
 }
 
 fn check_key_columns(schema: &Schema, columns: &[usize], what: &str) -> Result<()> {
@@ -715,6 +858,7 @@ impl RangePartition {
             lower: None,
             upper: None,
             quoted: vec![],
+            hash: None,
         }
     }
 
@@ -818,18 +962,22 @@ mod tests {
             vec![1],
             vec![
                 RangeSpec {
+                    hash: vec![],
                     lower: None,
                     upper: bound(0, false),
                 },
                 RangeSpec {
+                    hash: vec![],
                     lower: bound(10, true),
                     upper: bound(20, false),
                 },
                 RangeSpec {
+                    hash: vec![],
                     lower: bound(0, true),
                     upper: bound(10, false),
                 },
                 RangeSpec {
+                    hash: vec![],
                     lower: bound(30, true),
                     upper: bound(30, true),
                 },
@@ -883,6 +1031,7 @@ mod tests {
     fn overlapping_and_empty_ranges_are_rejected() {
         let p = partitioned();
         let spec = |l, u| RangeSpec {
+            hash: vec![],
             lower: bound(l, true),
             upper: bound(u, false),
         };
@@ -901,6 +1050,7 @@ mod tests {
             .add_range(
                 &schema(),
                 &RangeSpec {
+                    hash: vec![],
                     lower: Some(BoundSpec {
                         values: vec!["x".into()],
                         inclusive: true,
@@ -1000,5 +1150,102 @@ mod tests {
         };
         assert!(PartitionSchema::new(&s, vec![a], vec![], vec![]).is_err());
         assert!(PartitionSchema::new(&s, vec![], vec![id], vec![]).is_err());
+    }
+
+    #[test]
+    fn a_range_with_its_own_hash_levels_has_its_own_tablets() {
+        let s = schema();
+        let hash = vec![HashLevel {
+            columns: vec![0],
+            buckets: 2,
+        }];
+        let range = |l, u, hash: Vec<HashSpec>| RangeSpec {
+            lower: bound(l, true),
+            upper: bound(u, false),
+            hash,
+        };
+        let own = |buckets| {
+            vec![HashSpec {
+                columns: vec!["host".into()],
+                buckets,
+            }]
+        };
+        // [0, 10): the table's 2 buckets; [10, 20): 5 of its own; [20, 30): 2 × 3 of its own.
+        let two_levels = vec![
+            HashSpec {
+                columns: vec!["host".into()],
+                buckets: 2,
+            },
+            HashSpec {
+                columns: vec!["ts".into()],
+                buckets: 3,
+            },
+        ];
+        let ranges = vec![
+            range(0, 10, vec![]),
+            range(10, 20, own(5)),
+            range(20, 30, two_levels),
+        ];
+        let p = PartitionSchema::new(&s, hash, vec![1], ranges).unwrap();
+        assert_eq!(p.num_tablets(), 2 + 5 + 6);
+        assert_eq!((p.range_tablets(1), p.range_tablets(2)), (2..7, 7..13));
+        let hosts: Vec<String> = (0..60).map(|i| format!("h{i}")).collect();
+        let hosts: Vec<&str> = hosts.iter().map(String::as_str).collect();
+        let ts: Vec<i64> = (0..60).map(|i| i % 30).collect();
+        let tablets = p.tablets(&s, &rows(&hosts, &ts)).unwrap();
+        for (row, &t) in tablets.iter().enumerate() {
+            let expected = match ts[row] {
+                0..10 => 0..2,
+                10..20 => 2..7,
+                _ => 7..13,
+            };
+            assert!(
+                expected.contains(&t),
+                "row {row} (ts {}) in tablet {t}",
+                ts[row]
+            );
+            // A lookup by the whole key prunes to the row's tablet.
+            let eq = |c, v: ArrayRef| ColumnPredicate {
+                column: c,
+                op: PredicateOp::Eq(Scalar(v)),
+            };
+            let found = p.prune(
+                &s,
+                &[
+                    eq(0, Arc::new(StringArray::from(vec![hosts[row]]))),
+                    eq(1, Arc::new(Int64Array::from(vec![ts[row]]))),
+                ],
+            );
+            assert_eq!(found, [t]);
+            let (hash, range) = p.describe(&s, t);
+            assert!(
+                !range.is_empty() && hash.contains("HASH (host)"),
+                "{hash} {range}"
+            );
+        }
+        let used: std::collections::HashSet<usize> = tablets.into_iter().collect();
+        assert!(
+            used.len() > 8,
+            "rows spread over the ranges' buckets: {used:?}"
+        );
+        // Adding a range with its own hash levels puts its tablets where it sorts.
+        let (added, at) = p.add_range(&s, &range(-10, 0, own(4))).unwrap();
+        assert_eq!((at, added.range_tablets(at)), (0, 0..4));
+        assert_eq!(added.num_tablets(), 17);
+        // Its levels are checked as the table's are.
+        let bad = RangeSpec {
+            hash: own(0),
+            ..range(30, 40, vec![])
+        };
+        assert!(p.add_range(&s, &bad).is_err());
+        let not_key = RangeSpec {
+            hash: vec![HashSpec {
+                columns: vec!["v".into()],
+                buckets: 2,
+            }],
+            ..range(30, 40, vec![])
+        };
+        let e = p.add_range(&s, &not_key).unwrap_err().to_string();
+        assert!(e.contains("not part of the primary key"), "{e}");
     }
 }

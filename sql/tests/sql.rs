@@ -1230,6 +1230,94 @@ async fn show_create_table_recreates_the_table() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_with_its_own_hash_buckets_is_pruned_by_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s) = open(dir.path()).await;
+    // The old range: the table's 2 buckets; the recent one: 6 of its own.
+    run(
+        &s,
+        "CREATE TABLE m (host STRING, day DATE, v BIGINT, PRIMARY KEY (host, day)) \
+         DISTRIBUTE BY HASH (host) INTO 2 BUCKETS, RANGE (day) \
+         (PARTITION VALUES < '2026-01-01', \
+          PARTITION '2026-01-01' <= VALUES < '2027-01-01' HASH (host) INTO 6 BUCKETS)",
+    )
+    .await;
+    run(
+        &s,
+        "ALTER TABLE m ADD RANGE PARTITION '2027-01-01' <= VALUES \
+         HASH (host) INTO 2 BUCKETS, HASH (day) INTO 2 BUCKETS",
+    )
+    .await;
+    let mut values = Vec::new();
+    for i in 0..240 {
+        let day = ["2025-06-01", "2026-06-01", "2027-06-01"][i % 3];
+        values.push(format!("('h{i}', '{day}', {i})"));
+    }
+    run(&s, &format!("INSERT INTO m VALUES {}", values.join(", "))).await;
+    let partitions = run(&s, "SHOW PARTITIONS m").await;
+    assert_eq!(
+        partitions.iter().map(|b| b.num_rows()).sum::<usize>(),
+        2 + 6 + 4
+    );
+    let shown = text(&s, "SHOW PARTITIONS m").await;
+    assert!(shown.contains("HASH (host) bucket 5 of 6"), "{shown}");
+    for (predicate, tablets, rows) in [
+        ("day = '2026-06-01'", "tablets=6 of 12", 80),
+        ("day < '2026-01-01'", "tablets=2 of 12", 80),
+        ("host = 'h4' AND day = '2026-06-01'", "tablets=1 of 12", 1),
+        ("host = 'h5' AND day = '2027-06-01'", "tablets=1 of 12", 1),
+        ("host = 'h5'", "tablets=4 of 12", 1),
+    ] {
+        let query = format!("SELECT count(*) AS n FROM m WHERE {predicate}");
+        let plan = text(&s, &format!("EXPLAIN {query}")).await;
+        assert!(plan.contains(tablets), "{predicate}: {plan}");
+        let counted = text(&s, &query).await;
+        assert!(
+            counted.contains(&format!("| {rows} ")),
+            "{predicate}: {counted}"
+        );
+    }
+    let create = text(&s, "SHOW CREATE TABLE m").await;
+    assert!(
+        create
+            .contains("PARTITION '2026-01-01' <= VALUES < '2027-01-01' HASH (host) INTO 6 BUCKETS")
+            && create.contains("HASH (host) INTO 2 BUCKETS, HASH (day) INTO 2 BUCKETS)"),
+        "{create}"
+    );
+    // Updates and deletes find each row's tablet; dropping a range drops its own tablets.
+    assert_eq!(
+        affected(&run(&s, "UPDATE m SET v = -v WHERE v % 2 = 0").await),
+        120
+    );
+    // The ranges keep their levels across a restart.
+    let (db, s) = crash_and_reopen(dir.path(), db, s).await;
+    let plan = text(
+        &s,
+        "EXPLAIN SELECT * FROM m WHERE host = 'h4' AND day = '2026-06-01'",
+    )
+    .await;
+    assert!(plan.contains("tablets=1 of 12"), "{plan}");
+    run(
+        &s,
+        "ALTER TABLE m DROP RANGE PARTITION '2026-01-01' <= VALUES < '2027-01-01'",
+    )
+    .await;
+    let left = text(&s, "SELECT count(*) AS n, sum(v) AS v FROM m").await;
+    let expected: i64 = (0..240)
+        .filter(|i| i % 3 != 1)
+        .map(|i| if i % 2 == 0 { -i } else { i })
+        .sum();
+    assert!(left.contains(&format!("| 160 | {expected} |")), "{left}");
+    let e = error(
+        &s,
+        "ALTER TABLE m ADD RANGE PARTITION VALUES < '2020-01-01' HASH (v) INTO 2 BUCKETS",
+    )
+    .await;
+    assert!(e.contains("not part of the primary key"), "{e}");
+    db.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn show_partitions_lists_every_tablet() {
     let dir = tempfile::tempdir().unwrap();
     let (_db, s) = open(dir.path()).await;

@@ -761,13 +761,13 @@ impl Master {
         let _ddl = self.ddl.lock().await;
         let info = self.existing(name)?;
         let (partition, at) = info.partition.add_range(&info.schema, range)?;
-        let per_range = partition.tablets_per_range();
+        let span = partition.range_tablets(at);
         let prefix = uuid::Uuid::new_v4().simple().to_string();
-        let new: Vec<String> = (0..per_range)
+        let new: Vec<String> = (0..span.len())
             .map(|c| format!("{}-{}-{c}", info.id, &prefix[..8]))
             .collect();
         let mut tablets = info.tablets.clone();
-        tablets.splice(at * per_range..at * per_range, new.iter().cloned());
+        tablets.splice(span.start..span.start, new.iter().cloned());
         let added = TableInfo {
             partition,
             tablets,
@@ -781,11 +781,9 @@ impl Master {
         let _ddl = self.ddl.lock().await;
         let info = self.existing(name)?;
         let (partition, at) = info.partition.drop_range(&info.schema, range)?;
-        let per_range = info.partition.tablets_per_range();
+        let span = info.partition.range_tablets(at);
         let mut tablets = info.tablets.clone();
-        let removed: Vec<String> = tablets
-            .drain(at * per_range..(at + 1) * per_range)
-            .collect();
+        let removed: Vec<String> = tablets.drain(span).collect();
         let dropped = TableInfo {
             partition,
             tablets,

@@ -10,7 +10,13 @@
 //!                           PARTITION '2026-01-01' <= VALUES < '2027-01-01',
 //!                           PARTITION VALUE = '2030-01-01')
 //! PARTITION BY HASH (a) PARTITIONS 4, RANGE (ts) SPLIT ROWS (('2026-01-01'), ('2027-01-01'))
+//! DISTRIBUTE BY HASH (a) INTO 2 BUCKETS,
+//!               RANGE (ts) (PARTITION VALUES < '2026-01-01',
+//!                           PARTITION '2026-01-01' <= VALUES HASH (a) INTO 16 BUCKETS)
 //! ```
+//!
+//! The last form gives a range partition hash levels of its own (Kudu 1.17's range-specific
+//! hash schemas): a recent, busy range may have more buckets than old ones.
 //!
 //! A hash level without columns hashes the whole primary key; `RANGE (ts)` without partitions
 //! is one unbounded range. A table without a primary key is distributed by its hidden
@@ -104,7 +110,15 @@ pub fn render(schema: &Schema, partition: &PartitionSchema) -> Option<String> {
             let list: Vec<String> = partition
                 .ranges
                 .iter()
-                .map(|r| format!("PARTITION {r}"))
+                .map(|r| {
+                    let hash = (r.hash.iter().flatten())
+                        .map(|l| {
+                            format!(" HASH ({}) INTO {} BUCKETS", names(&l.columns), l.buckets)
+                        })
+                        .collect::<Vec<_>>()
+                        .join(",");
+                    format!("PARTITION {r}{hash}")
+                })
                 .collect();
             range.push_str(&format!(" ({})", list.join(", ")));
         }

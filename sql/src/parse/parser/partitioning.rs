@@ -5,7 +5,7 @@
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::IsOptional;
 use datafusion::sql::sqlparser::tokenizer::Token;
-use nyala_engine::{BoundSpec, RangeSpec};
+use nyala_engine::{BoundSpec, HashSpec, RangeSpec};
 
 use crate::parse::parser::classify::classify;
 use crate::parse::parser::{expected, NyalaParser};
@@ -25,19 +25,7 @@ impl NyalaParser<'_> {
                 ));
             }
             if self.parser.parse_keyword(Keyword::HASH) {
-                let columns = match self.parser.peek_token_ref().token {
-                    Token::LParen => self.parse_column_names()?,
-                    _ => vec![],
-                };
-                let buckets = if self.parser.parse_keyword(Keyword::PARTITIONS) {
-                    self.parse_bucket_count()?
-                } else {
-                    self.parser.expect_keyword_is(Keyword::INTO)?;
-                    let buckets = self.parse_bucket_count()?;
-                    self.parser.expect_keyword_is(Keyword::BUCKETS)?;
-                    buckets
-                };
-                spec.hash.push((columns, buckets));
+                spec.hash.push(self.parse_hash_level()?);
             } else if self.parser.parse_keyword(Keyword::RANGE) {
                 let columns = self.parse_column_names()?;
                 spec.range = Some((columns, self.parse_range_partitions()?));
@@ -48,6 +36,23 @@ impl NyalaParser<'_> {
                 return Ok(spec);
             }
         }
+    }
+
+    /// A hash level after `HASH`: `[(columns)] INTO n BUCKETS` or `[(columns)] PARTITIONS n`.
+    fn parse_hash_level(&mut self) -> Result<(Vec<String>, u32)> {
+        let columns = match self.parser.peek_token_ref().token {
+            Token::LParen => self.parse_column_names()?,
+            _ => vec![],
+        };
+        let buckets = if self.parser.parse_keyword(Keyword::PARTITIONS) {
+            self.parse_bucket_count()?
+        } else {
+            self.parser.expect_keyword_is(Keyword::INTO)?;
+            let buckets = self.parse_bucket_count()?;
+            self.parser.expect_keyword_is(Keyword::BUCKETS)?;
+            buckets
+        };
+        Ok((columns, buckets))
     }
 
     /// A hash level's bucket count: a whole number the engine then checks against its limits.
@@ -86,6 +91,7 @@ impl NyalaParser<'_> {
             let mut lower = None;
             for values in splits {
                 ranges.push(RangeSpec {
+                    hash: vec![],
                     lower: lower.take(),
                     upper: Some(BoundSpec {
                         values: values.clone(),
@@ -97,11 +103,16 @@ impl NyalaParser<'_> {
                     inclusive: true,
                 });
             }
-            ranges.push(RangeSpec { lower, upper: None });
+            ranges.push(RangeSpec {
+                lower,
+                upper: None,
+                hash: vec![],
+            });
             return Ok(ranges);
         }
         if !self.parser.consume_token(&Token::LParen) {
             return Ok(vec![RangeSpec {
+                hash: vec![],
                 lower: None,
                 upper: None,
             }]);
@@ -121,9 +132,27 @@ impl NyalaParser<'_> {
         Ok(ranges)
     }
 
-    /// One range partition, after `PARTITION`: `VALUE = v`, `VALUES < v`, `v <= VALUES`,
-    /// `v <= VALUES < w` (`<` or `<=` on either side).
+    /// One range partition, after `PARTITION`: its bounds, then the hash levels of its own,
+    /// if any (`HASH (a) INTO 8 BUCKETS [, HASH ...]`, Kudu 1.17's range-specific hash schema).
     fn parse_range_partition(&mut self) -> Result<RangeSpec> {
+        let mut range = self.parse_range_bounds()?;
+        while self.parser.parse_keyword(Keyword::HASH) {
+            let (columns, buckets) = self.parse_hash_level()?;
+            range.hash.push(HashSpec { columns, buckets });
+            let next_is_hash = matches!(
+                self.parser.peek_nth_token_ref(1).token,
+                Token::Word(ref w) if w.keyword == Keyword::HASH
+            );
+            if !(next_is_hash && self.parser.consume_token(&Token::Comma)) {
+                break;
+            }
+        }
+        Ok(range)
+    }
+
+    /// A range partition's bounds: `VALUE = v`, `VALUES < v`, `v <= VALUES`, `v <= VALUES < w`
+    /// (`<` or `<=` on either side).
+    fn parse_range_bounds(&mut self) -> Result<RangeSpec> {
         if self.parser.parse_keyword(Keyword::VALUE) {
             self.parser.expect_token(&Token::Eq)?;
             let bound = BoundSpec {
@@ -131,6 +160,7 @@ impl NyalaParser<'_> {
                 inclusive: true,
             };
             return Ok(RangeSpec {
+                hash: vec![],
                 lower: Some(bound.clone()),
                 upper: Some(bound),
             });
@@ -139,6 +169,7 @@ impl NyalaParser<'_> {
             let inclusive = self.parse_comparison()?;
             let values = self.parse_bound()?;
             return Ok(RangeSpec {
+                hash: vec![],
                 lower: None,
                 upper: Some(BoundSpec { values, inclusive }),
             });
@@ -157,7 +188,11 @@ impl NyalaParser<'_> {
             }
             _ => None,
         };
-        Ok(RangeSpec { lower, upper })
+        Ok(RangeSpec {
+            lower,
+            upper,
+            hash: vec![],
+        })
     }
 
     /// `<` (false) or `<=` (true).

@@ -445,6 +445,34 @@ fn bad_ddl_gets_clear_errors() {
 }
 
 #[test]
+fn range_partitions_with_hash_levels_of_their_own() {
+    let spec = partitioning(
+        "DISTRIBUTE BY HASH (a) INTO 2 BUCKETS, RANGE (ts) (\
+         PARTITION VALUES < 1 HASH (a) INTO 4 BUCKETS, HASH (b) PARTITIONS 3, \
+         PARTITION 1 <= VALUES < 2, PARTITION 2 <= VALUES HASH INTO 8 BUCKETS)",
+    )
+    .unwrap();
+    let (_, ranges) = spec.range.unwrap();
+    let level = |columns: &[&str], buckets| nyala_engine::HashSpec {
+        columns: columns.iter().map(|c| c.to_string()).collect(),
+        buckets,
+    };
+    let hashes: Vec<_> = ranges.iter().map(|r| r.hash.clone()).collect();
+    assert_eq!(
+        hashes,
+        vec![
+            vec![level(&["a"], 4), level(&["b"], 3)],
+            vec![],
+            vec![level(&[], 8)]
+        ]
+    );
+    let e = partitioning("DISTRIBUTE BY RANGE (ts) (PARTITION VALUES < 1 HASH (a) INTO BUCKETS)")
+        .unwrap_err()
+        .to_string();
+    assert!(!e.is_empty());
+}
+
+#[test]
 fn hash_levels_and_range_partitions() {
     let spec = partitioning(
         "DISTRIBUTE BY HASH (a, B) INTO 16 BUCKETS, HASH INTO 4 BUCKETS, RANGE (ts) (\
@@ -463,26 +491,32 @@ fn hash_levels_and_range_partitions() {
         ranges,
         vec![
             RangeSpec {
+                hash: vec![],
                 lower: None,
                 upper: bound("2026-01-01", false)
             },
             RangeSpec {
+                hash: vec![],
                 lower: bound("2026-01-01", true),
                 upper: bound("2027-01-01", false)
             },
             RangeSpec {
+                hash: vec![],
                 lower: bound("-5", true),
                 upper: bound("-5", true)
             },
             RangeSpec {
+                hash: vec![],
                 lower: bound("7", false),
                 upper: None
             },
             RangeSpec {
+                hash: vec![],
                 lower: None,
                 upper: bound("2020-01-01", true)
             },
             RangeSpec {
+                hash: vec![],
                 lower: Some(BoundSpec {
                     values: vec!["1".into(), "true".into()],
                     inclusive: true
@@ -507,14 +541,17 @@ fn split_rows_and_impala_synonyms() {
         ranges,
         vec![
             RangeSpec {
+                hash: vec![],
                 lower: None,
                 upper: bound("10", false)
             },
             RangeSpec {
+                hash: vec![],
                 lower: bound("10", true),
                 upper: bound("20", false)
             },
             RangeSpec {
+                hash: vec![],
                 lower: bound("20", true),
                 upper: None
             },
@@ -524,6 +561,7 @@ fn split_rows_and_impala_synonyms() {
     assert_eq!(
         bare.range.unwrap().1,
         vec![RangeSpec {
+            hash: vec![],
             lower: None,
             upper: None
         }]
@@ -654,6 +692,7 @@ fn range_partitions_added_and_dropped() {
     assert_eq!(
         range,
         RangeSpec {
+            hash: vec![],
             lower: bound("2026-03-01", true),
             upper: bound("2026-04-01", false)
         }
