@@ -29,6 +29,15 @@ fn is_int2vector(field: &Field) -> bool {
     field.metadata().get(PG_TYPE_KEY).map(String::as_str) == Some(INT2VECTOR)
 }
 
+/// A JSON column (the canonical `arrow.json` extension): PostgreSQL's `json`, sent as its text.
+fn is_json(field: &Field) -> bool {
+    field
+        .metadata()
+        .get(nyala_sql::EXTENSION_NAME)
+        .map(String::as_str)
+        == Some(nyala_sql::JSON_EXTENSION)
+}
+
 /// What `field` becomes in the columns sent.
 fn sent_field(field: &FieldRef) -> FieldRef {
     match field.data_type() {
@@ -95,13 +104,15 @@ pub(crate) fn pg_fields(
     let sent = sent_schema(schema);
     let fields = arrow_schema_to_pg_fields(&sent, format, Some(options.clone()))
         .map_err(|e| ServerError::invalid(format!("a result column cannot be sent: {e}")))?;
-    let described =
-        (schema.fields().iter())
-            .zip(fields)
-            .map(|(field, info)| match is_int2vector(field) {
-                true => retyped(&info, Type::INT2_VECTOR).with_format_options(options.clone()),
-                false => info,
-            });
+    let described = (schema.fields().iter()).zip(fields).map(|(field, info)| {
+        if is_int2vector(field) {
+            retyped(&info, Type::INT2_VECTOR).with_format_options(options.clone())
+        } else if is_json(field) {
+            retyped(&info, Type::JSON).with_format_options(options.clone())
+        } else {
+            info
+        }
+    });
     Ok(described.collect())
 }
 
@@ -154,20 +165,18 @@ fn same_format(a: &Format, b: &Format) -> bool {
     }
 }
 
-/// `fields` as the encoder writes them: an `int2vector` column as the text it holds.
+/// `fields` as the encoder writes them: an `int2vector` or `json` column as the text it holds.
 pub(crate) fn encoded_as(fields: &Arc<Vec<FieldInfo>>) -> Arc<Vec<FieldInfo>> {
-    if !fields
-        .iter()
-        .any(|field| field.datatype() == &Type::INT2_VECTOR)
-    {
+    let as_text = |field: &FieldInfo| {
+        field.datatype() == &Type::INT2_VECTOR || field.datatype() == &Type::JSON
+    };
+    if !fields.iter().any(as_text) {
         return fields.clone();
     }
-    let encoded = fields
-        .iter()
-        .map(|field| match field.datatype() == &Type::INT2_VECTOR {
-            true => retyped(field, Type::TEXT),
-            false => field.clone(),
-        });
+    let encoded = fields.iter().map(|field| match as_text(field) {
+        true => retyped(field, Type::TEXT),
+        false => field.clone(),
+    });
     Arc::new(encoded.collect())
 }
 

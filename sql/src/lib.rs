@@ -33,6 +33,8 @@ pub use exec::runtime_filter;
 pub use ingest::{count_of, IngestMode, IngestTarget};
 pub use limits::interrupt::{Interrupt, Stop};
 pub use limits::QueryLimits;
+/// How a JSON column is marked in Arrow schemas (field metadata).
+pub use nyala_storage::{EXTENSION_NAME, JSON_EXTENSION};
 pub use parse::{parser, partitioning, statement};
 pub use plan::planned::{PlannedStatement, StatementInfo, StatementKind};
 pub use plan::prepared::PreparedStatement;

@@ -3307,6 +3307,72 @@ async fn insert_on_conflict_does_nothing_or_updates_existing_rows() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_columns_are_checked_when_written_and_read_with_json_functions() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s) = open(dir.path()).await;
+    run(&s, "CREATE TABLE docs (id INT PRIMARY KEY, doc JSON)").await;
+    run(
+        &s,
+        r#"INSERT INTO docs VALUES (1, '{"a": 1, "b": {"c": "x"}, "tags": ["p", "q"]}'),
+           (2, '[1, 2, 3]'), (3, NULL)"#,
+    )
+    .await;
+    // Invalid JSON is refused, naming the column and the row; nothing is written.
+    let e = error(
+        &s,
+        r#"INSERT INTO docs VALUES (4, '{"a": 1}'), (5, '{"a": 1,}')"#,
+    )
+    .await;
+    assert!(
+        e.contains("column 'doc' of the row (id=5) is not valid JSON"),
+        "{e}"
+    );
+    let e = error(&s, "UPDATE docs SET doc = 'nope' WHERE id = 2").await;
+    assert!(e.contains("(id=2) is not valid JSON"), "{e}");
+    let query = "SELECT id, doc->'b'->>'c' AS c, json_get_int(doc, 'a') AS a, \
+                 json_length(doc) AS n, json_contains(doc, 'tags') AS tagged FROM docs ORDER BY id";
+    let expected = "+----+---+---+---+--------+\n\
+                    | id | c | a | n | tagged |\n\
+                    +----+---+---+---+--------+\n\
+                    | 1  | x | 1 | 3 | true   |\n\
+                    | 2  |   |   | 3 | false  |\n\
+                    | 3  |   |   |   | false  |\n\
+                    +----+---+---+---+--------+";
+    assert_eq!(text(&s, query).await, expected);
+    // The column is a string marked as JSON (the canonical arrow.json extension).
+    let batches = run(&s, "SELECT doc FROM docs").await;
+    let field = batches[0].schema().field(0).clone();
+    assert_eq!(
+        field
+            .metadata()
+            .get("ARROW:extension:name")
+            .map(String::as_str),
+        Some("arrow.json")
+    );
+    // Kept across a restart (shutting down flushes them into DiskRowSets) and ALTER TABLE.
+    db.shutdown().await.unwrap();
+    drop(s);
+    let (db, s) = open(dir.path()).await;
+    assert_eq!(text(&s, query).await, expected);
+    run(&s, "ALTER TABLE docs ADD COLUMN extra JSON").await;
+    run(&s, r#"UPDATE docs SET extra = '{"z": null}' WHERE id = 1"#).await;
+    let extra = text(
+        &s,
+        "SELECT json_get_str(extra, 'z') AS z, extra FROM docs WHERE id = 1",
+    )
+    .await;
+    assert!(extra.contains(r#"{"z": null}"#), "{extra}");
+    let show = text(&s, "SHOW CREATE TABLE docs").await;
+    assert!(
+        show.contains("doc JSON NULL") && show.contains("extra JSON NULL"),
+        "{show}"
+    );
+    let e = error(&s, "CREATE TABLE bad (doc JSON PRIMARY KEY)").await;
+    assert!(e.contains("cannot be part of the primary key"), "{e}");
+    db.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tables_without_a_key_take_duplicates_and_hide_their_row_ids() {
     let dir = tempfile::tempdir().unwrap();
     let (db, s) = open(dir.path()).await;

@@ -21,6 +21,12 @@ pub enum StorageError {
         length: usize,
         limit: u32,
     },
+    #[error("column '{column}' of the row {key} is not valid JSON: {message}")]
+    InvalidJson {
+        column: String,
+        key: String,
+        message: String,
+    },
     #[error("invalid schema: {0}")]
     InvalidSchema(String),
     #[error("invalid predicate: {0}")]

@@ -35,6 +35,7 @@ pub use scan::{
 };
 pub use schema::{
     ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema, AUTO_INCREMENT_COLUMN,
+    EXTENSION_NAME, JSON_EXTENSION,
 };
 pub use tablet::{
     change_fields, FailPoint, Holds, MaintenanceKind, MaintenanceOp, RequestId, Tablet,

@@ -33,7 +33,14 @@ pub enum ColumnType {
         precision: u8,
         scale: i8,
     },
+    /// A JSON document, checked when written and kept as its text (an Arrow `Utf8` column
+    /// marked with the canonical `arrow.json` extension).
+    Json,
 }
+
+/// The Arrow field metadata key of a column's extension type, and the canonical JSON one.
+pub const EXTENSION_NAME: &str = "ARROW:extension:name";
+pub const JSON_EXTENSION: &str = "arrow.json";
 
 impl ColumnType {
     pub fn arrow_type(&self) -> DataType {
@@ -45,7 +52,7 @@ impl ColumnType {
             ColumnType::Float => DataType::Float32,
             ColumnType::Double => DataType::Float64,
             ColumnType::Bool => DataType::Boolean,
-            ColumnType::String | ColumnType::Varchar { .. } => DataType::Utf8,
+            ColumnType::String | ColumnType::Varchar { .. } | ColumnType::Json => DataType::Utf8,
             ColumnType::Binary => DataType::Binary,
             ColumnType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
             ColumnType::Date => DataType::Date32,
@@ -92,6 +99,7 @@ impl ColumnType {
                 return format!("DECIMAL({precision}, {scale})")
             }
             ColumnType::Varchar { length } => return format!("VARCHAR({length})"),
+            ColumnType::Json => "JSON",
         };
         name.to_string()
     }
@@ -99,7 +107,7 @@ impl ColumnType {
     fn can_be_key(&self) -> bool {
         !matches!(
             self,
-            ColumnType::Float | ColumnType::Double | ColumnType::Bool
+            ColumnType::Float | ColumnType::Double | ColumnType::Bool | ColumnType::Json
         )
     }
 }
@@ -643,7 +651,18 @@ impl Schema {
                             // Left out of INSERTs (NULL), then assigned by the tablet.
                             let assigned = (self.auto_increment && c.name == AUTO_INCREMENT_COLUMN)
                                 || self.position_column() == Some(i);
-                            Field::new(&c.name, c.column_type.arrow_type(), c.nullable || assigned)
+                            let field = Field::new(
+                                &c.name,
+                                c.column_type.arrow_type(),
+                                c.nullable || assigned,
+                            );
+                            match c.column_type {
+                                ColumnType::Json => field.with_metadata(
+                                    [(EXTENSION_NAME.to_string(), JSON_EXTENSION.to_string())]
+                                        .into(),
+                                ),
+                                _ => field,
+                            }
                         })
                         .collect::<Vec<_>>(),
                 ))

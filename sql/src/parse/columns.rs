@@ -324,6 +324,7 @@ fn column_type(data_type: &DataType) -> Result<ColumnType> {
         | DataType::Varchar(None)
         | DataType::CharVarying(None)
         | DataType::CharacterVarying(None) => C::String,
+        DataType::JSON | DataType::JSONB => C::Json,
         DataType::Binary(_) | DataType::Varbinary(_) | DataType::Bytea | DataType::Blob(_) => {
             C::Binary
         }

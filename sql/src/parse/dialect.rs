@@ -30,7 +30,7 @@ use std::ops::ControlFlow;
 use datafusion::sql::sqlparser::ast::{
     ColumnOption, Expr, Statement, TableAlias, TableFactor, TableVersion, VisitMut, VisitorMut,
 };
-use datafusion::sql::sqlparser::dialect::{Dialect, GenericDialect};
+use datafusion::sql::sqlparser::dialect::{Dialect, GenericDialect, Precedence};
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::{Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::{Span, Token};
@@ -213,6 +213,15 @@ macro_rules! generic_flags {
 impl Dialect for NyalaDialect {
     fn dialect(&self) -> TypeId {
         TypeId::of::<GenericDialect>()
+    }
+
+    /// The generic dialect's precedences, except that PostgreSQL's other operators (JSON's
+    /// `->` and `->>`) bind tighter than comparisons, as in PostgreSQL: `doc->>'a' = 'x'`.
+    fn prec_value(&self, prec: Precedence) -> u8 {
+        match prec {
+            Precedence::PgOther => 25,
+            other => GenericDialect.prec_value(other),
+        }
     }
 
     fn is_delimited_identifier_start(&self, ch: char) -> bool {

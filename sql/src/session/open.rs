@@ -40,13 +40,16 @@ impl Database {
             .with_round_robin_repartition(false)
             .with_option_extension(NyalaOptions::default())
             .with_extension(txn.clone());
-        let state = SessionStateBuilder::new()
+        let mut state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
             .with_physical_optimizer_rule(Arc::new(RuntimeFilterRule::default()))
             .with_physical_optimizer_rule(Arc::new(YieldingLeaves))
             .with_query_planner(Arc::new(NyalaQueryPlanner))
             .build();
+        // JSON: json_get*, json_as_text, json_contains, json_length, ... and `->`, `->>`, `?`.
+        // (Registering into a fresh state does not fail.)
+        let _ = datafusion_functions_json::register_all(&mut state);
         let ctx = SessionContext::new_with_state(state);
         bound_growing_functions(&ctx);
         let principal = Arc::new(Principal::default());

@@ -344,6 +344,19 @@ impl Tablet {
                     });
                 }
             }
+            if schema.columns()[c].column_type == ColumnType::Json {
+                let values = column.as_string::<i32>();
+                for (row, value) in values.iter().enumerate() {
+                    let Some(value) = value else { continue };
+                    if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(value) {
+                        return Err(StorageError::InvalidJson {
+                            column: field.name().clone(),
+                            key: crate::key::format_key(schema, rows, row),
+                            message: e.to_string(),
+                        });
+                    }
+                }
+            }
             if column.null_count() > 0 {
                 if schema.is_key_column(c) {
                     return Err(StorageError::NullKey {
