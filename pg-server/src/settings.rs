@@ -110,6 +110,16 @@ pub(crate) fn recognise(
     }
     let name_of = |parts: Vec<String>| parts.join(".").to_ascii_lowercase();
     Ok(match statements.remove(0) {
+        // Nyala's own SHOW statements (`SHOW PARTITIONS t`, `SHOW GRANTS`), which PostgreSQL's
+        // grammar reads as parameters: the session layer answers them.
+        Statement::ShowVariable { variable }
+            if variable.first().is_some_and(|w| {
+                w.value.eq_ignore_ascii_case("partitions") && variable.len() > 1
+                    || w.value.eq_ignore_ascii_case("grants") && variable.len() == 1
+            }) =>
+        {
+            None
+        }
         Statement::ShowVariable { variable } => {
             let name = name_of(variable.iter().map(|i| i.value.clone()).collect());
             let name = match name.as_str() {
@@ -207,6 +217,8 @@ mod tests {
             Some(ParameterStatement::SetTransaction)
         );
         assert_eq!(recognised("SET statement_timeout = '5s'"), None);
+        assert_eq!(recognised("SHOW PARTITIONS metrics"), None);
+        assert_eq!(recognised("SHOW GRANTS"), None);
         assert_eq!(recognised("SELECT 1"), None);
         let refused = |sql| recognise(sql, |_| false).is_err();
         assert!(refused("SET no_such_thing = 1"));

@@ -50,5 +50,7 @@ def test_tables_without_a_key_load_and_change_like_any_other(table_name):
             conn.execute(f"INSERT INTO {t} VALUES (%s, %s), (%s, %s)", ("Oslo", 9.0, "Oslo", 9.0))
             cur = conn.execute(f"SELECT count(*) FROM {t} WHERE temp = 9")
             assert cur.fetchone() == (2,)
+            partitions = conn.execute(f"SHOW PARTITIONS {t}").fetchall()
+            assert len(partitions) == 4
             create = conn.execute(f"SHOW CREATE TABLE {t}").fetchone()[1]
             assert "PRIMARY KEY" not in create and "HASH INTO 4 BUCKETS" in create
