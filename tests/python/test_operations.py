@@ -225,12 +225,13 @@ def replicas_of(tablets_output):
 
 def test_admin_commands_and_ksck_on_a_cluster():
     with cluster(3) as c:
-        create = ("CREATE TABLE events (id BIGINT PRIMARY KEY, v BIGINT) "
+        create = ("CREATE TABLE events (id BIGINT PRIMARY KEY, v BIGINT, doc JSON) "
                   "DISTRIBUTE BY HASH (id) INTO 3 BUCKETS WITH (replicas = 3)")
         c.until(lambda: subprocess.run([nyala_bin(), "sql", "--connect", c.url, "-c", create],
                                        capture_output=True).returncode == 0,
                 "the tablet servers never registered")
-        sql(c.url, "INSERT INTO events SELECT v, v * 10 FROM generate_series(1, 300) AS t(v)")
+        sql(c.url, "INSERT INTO events SELECT v, v * 10, '{\"v\": ' || CAST(v AS VARCHAR) || '}' "
+                   "FROM generate_series(1, 300) AS t(v)")
         healthy = c.until(lambda: (r := c.admin("ksck")).returncode == 0 and r, "ksck never passed")
         assert "OK" in healthy.stdout and "3 of 3 tablet servers live" in healthy.stdout
         tables = c.admin("tables")
@@ -258,6 +259,9 @@ def test_admin_commands_and_ksck_on_a_cluster():
         assert re.search(r"^[1-9]\d* replica\(s\) moved", moved.stdout, re.M), moved.stdout
         c.until(lambda: c.admin("ksck").returncode == 0, "ksck failed after rebalancing")
         assert sql(c.url, "SELECT count(*) AS n FROM events").splitlines()[1] == "300"
+        # JSON documents survive the leader change and the replicas' moves (read by the shell).
+        total = sql(c.url, "SELECT sum(json_get_int(doc, 'v')) AS s FROM events")
+        assert total.splitlines()[1] == "45150", total
         cluster_page = dom(f"{c.http}/cluster")
         for server_id in c.tservers:
             assert f">{server_id}<" in cluster_page
