@@ -27,8 +27,7 @@ use datafusion::sql::sqlparser::ast::{
 };
 
 use crate::exec::staged::StagedRows;
-use crate::parse::parser::NyalaParser;
-use crate::parse::statement::{object_name, NyalaStatement};
+use crate::parse::statement::object_name;
 use crate::plan::planner::Draft;
 use crate::plan::steps::Step;
 use crate::session::Session;
@@ -118,7 +117,7 @@ impl Session {
             merge.table,
             merge.on
         );
-        let staging = self.plan_query(&staging_sql).await?;
+        let staging = self.plan_sql(&staging_sql).await?;
         let staged = StagedRows::new(staging.schema().as_arrow());
         // The staged rows as the later steps name them: a row of NULLs of their types, then
         // read from memory instead ([`read_staged`]).
@@ -145,7 +144,7 @@ impl Session {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        let twice = read_staged(self.plan_query(&twice).await?, &staged)?;
+        let twice = read_staged(self.plan_sql(&twice).await?, &staged)?;
         steps.push(Step::Refuse(twice, error));
 
         // 3. Each clause's rows changed.
@@ -172,11 +171,7 @@ impl Session {
                         merge.table,
                         assignments.join(", ")
                     );
-                    let NyalaStatement::UpdateFrom { update, .. } = NyalaParser::parse_sql(&sql)?
-                    else {
-                        return Err(SqlError::Invalid(format!("cannot plan {sql}")));
-                    };
-                    let plan = self.plan_update_from(*update).await?;
+                    let plan = self.plan_update_from_sql(&sql).await?;
                     steps.push(Step::Change(read_staged(plan, &staged)?));
                 }
                 MergeAction::Delete { .. } => {
@@ -216,21 +211,13 @@ impl Session {
                         quoted(&name),
                         values.join(", ")
                     );
-                    let plan = self.plan_query(&sql).await?;
+                    let plan = self.plan_sql(&sql).await?;
                     inserts.push(Step::Change(read_staged(plan, &staged)?));
                 }
             }
         }
         steps.extend(inserts);
         Ok(Draft::Steps(steps))
-    }
-
-    /// DataFusion's plan of `sql`, one statement DataFusion plans.
-    async fn plan_query(&self, sql: &str) -> Result<LogicalPlan> {
-        let NyalaStatement::DataFusion(statement) = NyalaParser::parse_sql(sql)? else {
-            return Err(SqlError::Invalid(format!("cannot plan {sql}")));
-        };
-        self.logical_plan(statement).await
     }
 }
 

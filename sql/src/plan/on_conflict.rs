@@ -8,7 +8,6 @@
 //! (INSERT IGNORE runs outside transactions only). `UPSERT INTO t (k, a) ...` naming only
 //! some columns is `ON CONFLICT (k) DO UPDATE SET a = EXCLUDED.a`.
 
-use datafusion::logical_expr::LogicalPlan;
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
@@ -16,8 +15,7 @@ use datafusion::sql::sqlparser::ast::{
     VisitMut, VisitorMut,
 };
 
-use crate::parse::parser::NyalaParser;
-use crate::parse::statement::{normalize_ident, object_name, NyalaStatement, OnConflictSpec};
+use crate::parse::statement::{normalize_ident, object_name, OnConflictSpec};
 use crate::plan::dml;
 use crate::plan::planned::StatementKind;
 use crate::plan::planner::Draft;
@@ -154,10 +152,7 @@ impl Session {
             columns.iter().map(quoted).collect::<Vec<_>>().join(", "),
             same_key("existing")
         );
-        let NyalaStatement::DataFusion(insert_new) = NyalaParser::parse_sql(&insert_new)? else {
-            return Err(SqlError::Invalid(format!("cannot plan {insert_new}")));
-        };
-        let insert_new = self.logical_plan(insert_new).await?;
+        let insert_new = self.plan_sql(&insert_new).await?;
         let Some(update) = update else {
             return Ok(Draft::Logical {
                 kind: StatementKind::Dml,
@@ -181,10 +176,7 @@ impl Session {
             "UPDATE {t} SET {} FROM {excluded} WHERE {filter}",
             assignments.join(", ")
         );
-        let NyalaStatement::UpdateFrom { update, .. } = NyalaParser::parse_sql(&sql)? else {
-            return Err(SqlError::Invalid(format!("cannot plan {sql}")));
-        };
-        let update: LogicalPlan = self.plan_update_from(*update).await?;
+        let update = self.plan_update_from_sql(&sql).await?;
         Ok(Draft::Steps(vec![
             Step::Change(update),
             Step::Change(insert_new),

@@ -179,10 +179,7 @@ impl Session {
                     planned(StatementKind::Dml, action)
                 }
                 CopyDirection::To { query } => {
-                    let NyalaStatement::DataFusion(query) = NyalaParser::parse_sql(query)? else {
-                        return Err(SqlError::Invalid("COPY (...) TO takes a query".into()));
-                    };
-                    let plan = self.logical_plan(query).await?;
+                    let plan = self.plan_sql(query).await?;
                     if statement_kind(&plan)? != StatementKind::Query {
                         return Err(SqlError::Invalid("COPY (...) TO takes a query".into()));
                     }
@@ -279,6 +276,15 @@ impl Session {
             .await?;
         check_plan_depth(&plan)?;
         Ok(plan)
+    }
+
+    /// DataFusion's plan of `sql`, one statement DataFusion plans (the statements Nyala writes
+    /// itself to plan another: ON CONFLICT's, MERGE's, COPY TO's query).
+    pub(crate) async fn plan_sql(&self, sql: &str) -> Result<LogicalPlan> {
+        let NyalaStatement::DataFusion(statement) = NyalaParser::parse_sql(sql)? else {
+            return Err(SqlError::Invalid(format!("cannot plan {sql}")));
+        };
+        self.logical_plan(statement).await
     }
 
     /// An INSERT whose column list names a queue table's POSITION column (even to give it

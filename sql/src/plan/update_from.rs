@@ -96,6 +96,14 @@ impl Session {
         self.plan_dml_of(&name, WriteOp::Update, &sql).await
     }
 
+    /// The plan of `sql`, an `UPDATE ... FROM` Nyala wrote (ON CONFLICT's, MERGE's).
+    pub(crate) async fn plan_update_from_sql(&self, sql: &str) -> Result<LogicalPlan> {
+        let NyalaStatement::UpdateFrom { update, .. } = NyalaParser::parse_sql(sql)? else {
+            return Err(SqlError::Invalid(format!("cannot plan {sql}")));
+        };
+        self.plan_update_from(*update).await
+    }
+
     /// The DML `op` on table `name` of the rows the query `sql` yields: whole rows of the
     /// table, as DataFusion's plan of an UPDATE or DELETE reads them.
     pub(crate) async fn plan_dml_of(
@@ -104,10 +112,7 @@ impl Session {
         op: WriteOp,
         sql: &str,
     ) -> Result<LogicalPlan> {
-        let NyalaStatement::DataFusion(query) = NyalaParser::parse_sql(sql)? else {
-            return Err(SqlError::Invalid(format!("cannot plan {sql}")));
-        };
-        let input = self.logical_plan(query).await?;
+        let input = self.plan_sql(sql).await?;
         let target = provider_as_source(self.ctx.table_provider(name).await?);
         Ok(LogicalPlan::Dml(DmlStatement::new(
             TableReference::bare(name),
