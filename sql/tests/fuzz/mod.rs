@@ -83,7 +83,10 @@ fn slt_statements(text: &str) -> Vec<String> {
 fn corpus() -> &'static [String] {
     static CORPUS: OnceLock<Vec<String>> = OnceLock::new();
     CORPUS.get_or_init(|| {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        // Cargo sets the variable when it runs the test: the clone the test runs in, which a
+        // shared target directory may have built the binary from another path of.
+        let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or(env!("CARGO_MANIFEST_DIR").into());
+        let dir = std::path::Path::new(&dir);
         let starts = [
             "SELECT", "INSERT", "UPSERT", "UPDATE", "DELETE", "CREATE", "DROP", "ALTER", "SHOW",
             "DESCRIBE", "EXPLAIN", "SET", "WITH", "VALUES",
