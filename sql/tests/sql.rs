@@ -3373,6 +3373,119 @@ async fn json_columns_are_checked_when_written_and_read_with_json_functions() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn array_columns_hold_lists_that_unnest_aggregate_and_survive_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, s) = open(dir.path()).await;
+    run(
+        &s,
+        "CREATE TABLE posts (id INT PRIMARY KEY, tags ARRAY<STRING>, scores INT[], \
+         codes ARRAY<VARCHAR(3)>)",
+    )
+    .await;
+    let show = text(&s, "SHOW CREATE TABLE posts").await;
+    assert!(
+        show.contains("tags ARRAY<STRING> NULL")
+            && show.contains("scores ARRAY<INT32> NULL")
+            && show.contains("codes ARRAY<VARCHAR(3)> NULL"),
+        "{show}"
+    );
+    run(
+        &s,
+        "INSERT INTO posts VALUES (1, ['rust', 'db'], [3, 1, 2], ['abc']), \
+         (2, ARRAY['sql'], [], NULL), (3, NULL, [NULL, 5], ['x', NULL])",
+    )
+    .await;
+    let query = "SELECT id, tags, scores, codes, cardinality(tags) AS n, \
+                 array_has(tags, 'db') AS db, scores[1] AS first FROM posts ORDER BY id";
+    let expected = text(&s, query).await;
+    assert_eq!(
+        expected,
+        "+----+------------+-----------+-------+---+-------+-------+\n\
+         | id | tags       | scores    | codes | n | db    | first |\n\
+         +----+------------+-----------+-------+---+-------+-------+\n\
+         | 1  | [rust, db] | [3, 1, 2] | [abc] | 2 | true  | 3     |\n\
+         | 2  | [sql]      | []        |       | 1 | false |       |\n\
+         | 3  |            | [, 5]     | [x, ] |   |       |       |\n\
+         +----+------------+-----------+-------+---+-------+-------+"
+    );
+    // The type every client sees: a list of the element type.
+    let batches = run(&s, "SELECT tags, scores FROM posts").await;
+    let schema = batches[0].schema();
+    use arrow::datatypes::DataType as T;
+    let element = |c: usize| match schema.field(c).data_type() {
+        T::List(element) => element.data_type().clone(),
+        other => panic!("column {c} is {other}"),
+    };
+    assert!(matches!(element(0), T::Utf8 | T::Utf8View));
+    assert_eq!(element(1), T::Int32);
+    // UNNEST, array_agg, and filters on arrays (IS NULL is evaluated in storage).
+    assert_eq!(
+        text(
+            &s,
+            "SELECT tag, count(*) AS n FROM (SELECT unnest(tags) AS tag FROM posts) \
+             GROUP BY tag ORDER BY tag"
+        )
+        .await,
+        "+------+---+\n\
+         | tag  | n |\n\
+         +------+---+\n\
+         | db   | 1 |\n\
+         | rust | 1 |\n\
+         | sql  | 1 |\n\
+         +------+---+"
+    );
+    assert_eq!(
+        text(
+            &s,
+            "SELECT array_agg(id ORDER BY id) AS ids FROM posts WHERE tags IS NOT NULL"
+        )
+        .await,
+        "+--------+\n\
+         | ids    |\n\
+         +--------+\n\
+         | [1, 2] |\n\
+         +--------+"
+    );
+    // Updates replace whole arrays, in memory and (after the restart flushed them) on disk.
+    run(
+        &s,
+        "UPDATE posts SET tags = array_append(tags, 'new') WHERE id = 2",
+    )
+    .await;
+    db.shutdown().await.unwrap();
+    drop(s);
+    let (db, s) = open(dir.path()).await;
+    run(&s, "UPDATE posts SET scores = [9] WHERE id = 1").await;
+    let after = "SELECT id, tags, scores FROM posts ORDER BY id";
+    let updated = "+----+------------+--------+\n\
+                   | id | tags       | scores |\n\
+                   +----+------------+--------+\n\
+                   | 1  | [rust, db] | [9]    |\n\
+                   | 2  | [sql, new] | []     |\n\
+                   | 3  |            | [, 5]  |\n\
+                   +----+------------+--------+";
+    assert_eq!(text(&s, after).await, updated);
+    db.shutdown().await.unwrap();
+    drop(s);
+    let (db, s) = open(dir.path()).await;
+    assert_eq!(text(&s, after).await, updated);
+    // What a table cannot hold is refused, naming the column.
+    let e = error(&s, "INSERT INTO posts VALUES (4, NULL, NULL, ['abcd'])").await;
+    assert!(e.contains("'codes'") && e.contains("3"), "{e}");
+    let e = error(&s, "CREATE TABLE bad (tags ARRAY<STRING> PRIMARY KEY)").await;
+    assert!(e.contains("cannot be part of the primary key"), "{e}");
+    let e = error(&s, "CREATE TABLE bad (id INT PRIMARY KEY, m INT[][])").await;
+    assert!(e.contains("one dimension"), "{e}");
+    let e = error(&s, "CREATE TABLE bad (id INT PRIMARY KEY, m ARRAY<JSON>)").await;
+    assert!(e.contains("cannot hold JSON"), "{e}");
+    assert_eq!(
+        first_i64s(&run(&s, "SELECT count(*) FROM posts").await),
+        [3]
+    );
+    db.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tables_without_a_key_take_duplicates_and_hide_their_row_ids() {
     let dir = tempfile::tempdir().unwrap();
     let (db, s) = open(dir.path()).await;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::StorageError;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ColumnType {
     Int8,
     Int16,
@@ -36,6 +36,9 @@ pub enum ColumnType {
     /// A JSON document, checked when written and kept as its text (an Arrow `Utf8` column
     /// marked with the canonical `arrow.json` extension).
     Json,
+    /// A one-dimensional array of values of a scalar type (any but JSON), each of which may be
+    /// NULL: an Arrow `List`, a Parquet list in DiskRowSets.
+    Array(Box<ColumnType>),
 }
 
 /// The Arrow field metadata key of a column's extension type, and the canonical JSON one.
@@ -57,7 +60,15 @@ impl ColumnType {
             ColumnType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
             ColumnType::Date => DataType::Date32,
             ColumnType::Decimal { precision, scale } => DataType::Decimal128(*precision, *scale),
+            ColumnType::Array(element) => {
+                DataType::List(Arc::new(Field::new_list_field(element.arrow_type(), true)))
+            }
         }
+    }
+
+    /// Whether values of the type are arrays.
+    pub fn is_array(&self) -> bool {
+        matches!(self, ColumnType::Array(_))
     }
 
     /// The column type that stores values of an Arrow type (after a lossless cast), if any.
@@ -78,6 +89,17 @@ impl ColumnType {
                 precision: *precision,
                 scale: *scale,
             },
+            DataType::List(element)
+            | DataType::LargeList(element)
+            | DataType::ListView(element)
+            | DataType::LargeListView(element)
+            | DataType::FixedSizeList(element, _) => {
+                let element = ColumnType::from_arrow(element.data_type())?;
+                if element.is_array() {
+                    return None;
+                }
+                ColumnType::Array(Box::new(element))
+            }
             _ => return None,
         })
     }
@@ -100,6 +122,7 @@ impl ColumnType {
             }
             ColumnType::Varchar { length } => return format!("VARCHAR({length})"),
             ColumnType::Json => "JSON",
+            ColumnType::Array(element) => return format!("ARRAY<{}>", element.sql_name()),
         };
         name.to_string()
     }
@@ -107,8 +130,26 @@ impl ColumnType {
     fn can_be_key(&self) -> bool {
         !matches!(
             self,
-            ColumnType::Float | ColumnType::Double | ColumnType::Bool | ColumnType::Json
+            ColumnType::Float
+                | ColumnType::Double
+                | ColumnType::Bool
+                | ColumnType::Json
+                | ColumnType::Array(_)
         )
+    }
+
+    /// Why a column cannot have this type, if it cannot: arrays have one dimension and scalar
+    /// elements.
+    fn unstorable(&self) -> Option<String> {
+        match self {
+            ColumnType::Array(element) if matches!(**element, ColumnType::Array(_)) => {
+                Some("arrays have one dimension: an ARRAY cannot hold ARRAYs".into())
+            }
+            ColumnType::Array(element) if **element == ColumnType::Json => {
+                Some("an ARRAY cannot hold JSON values (a JSON array can)".into())
+            }
+            _ => None,
+        }
     }
 }
 
@@ -160,15 +201,18 @@ impl ColumnEncoding {
     }
 
     /// Whether this encoding can store values of `column_type`.
-    pub fn supports(&self, column_type: ColumnType) -> bool {
+    pub fn supports(&self, column_type: &ColumnType) -> bool {
         use ColumnType as C;
+        if column_type.is_array() {
+            return matches!(self, Self::Auto | Self::Plain | Self::Dictionary);
+        }
         let integer = matches!(
             column_type,
             C::Int8 | C::Int16 | C::Int32 | C::Int64 | C::Date | C::Timestamp
         );
         match self {
             Self::Auto | Self::Plain | Self::Dictionary => true,
-            Self::Rle => integer || column_type == C::Bool,
+            Self::Rle => integer || *column_type == C::Bool,
             Self::BitShuffle => integer || matches!(column_type, C::Float | C::Double),
             Self::Delta => integer,
             Self::Prefix => matches!(column_type, C::String | C::Varchar { .. } | C::Binary),
@@ -356,7 +400,10 @@ impl Schema {
             if columns[..i].iter().any(|o| o.name == c.name) {
                 return invalid(format!("column '{}' is declared twice", c.name));
             }
-            if !c.encoding.supports(c.column_type) {
+            if let Some(reason) = c.column_type.unstorable() {
+                return invalid(format!("column '{}': {reason}", c.name));
+            }
+            if !c.encoding.supports(&c.column_type) {
                 return invalid(format!(
                     "encoding {} cannot store column '{}' of type {}",
                     c.encoding.name(),

@@ -2242,3 +2242,171 @@ fn a_scan_of_one_queue_returns_its_rows_after_a_position() {
         }
     }
 }
+
+/// Array columns through every way rows move: the MemRowSet, flushes, per-column updates in
+/// delta stores and delta files, a major delta compaction (a column file of arrays), a rowset
+/// compaction and reopening; each snapshot reads the same arrays throughout, and an array
+/// cannot be a key.
+#[test]
+fn arrays_survive_flushes_compactions_and_reopening() {
+    use arrow::array::{ListArray, ListBuilder, StringBuilder};
+    type Tags = Option<Vec<Option<String>>>;
+    type Rows = BTreeMap<i64, Tags>;
+    let col = |name: &str, column_type, nullable| ColumnSchema::new(name, column_type, nullable);
+    let array = ColumnType::Array(Box::new(ColumnType::String));
+    let e = Schema::new(vec![col("tags", array.clone(), false)], vec![0]).unwrap_err();
+    assert!(
+        e.to_string().contains("cannot be part of the primary key"),
+        "{e}"
+    );
+    let schema = Schema::new(
+        vec![
+            col("k", ColumnType::Int64, false),
+            col("tags", array, true),
+            col("n", ColumnType::Int64, false),
+        ],
+        vec![0],
+    )
+    .unwrap();
+    let batch = |rows: &[(i64, Tags)]| {
+        let mut tags = ListBuilder::new(StringBuilder::new());
+        for (_, t) in rows {
+            match t {
+                None => tags.append_null(),
+                Some(values) => {
+                    for v in values {
+                        tags.values().append_option(v.as_deref());
+                    }
+                    tags.append(true);
+                }
+            }
+        }
+        let keys = Int64Array::from_iter_values(rows.iter().map(|r| r.0));
+        let n = Int64Array::from_iter_values(rows.iter().map(|r| r.0 * 10));
+        RecordBatch::try_new(
+            schema.arrow_schema(),
+            vec![
+                Arc::new(keys) as ArrayRef,
+                Arc::new(tags.finish()),
+                Arc::new(n),
+            ],
+        )
+        .unwrap()
+    };
+    let scan = |tablet: &Tablet, snapshot| -> Rows {
+        let spec = ScanSpec {
+            projection: Some(vec![0, 1]),
+            predicates: vec![],
+            snapshot,
+            limit: None,
+            batch_size: 100,
+            string_views: false,
+            changes_since: None,
+        };
+        let mut out = Rows::new();
+        for batch in tablet.scan(&spec).unwrap() {
+            let batch = batch.unwrap();
+            let keys = batch.column(0).as_primitive::<Int64Type>();
+            let lists: &ListArray = batch.column(1).as_list();
+            for i in 0..batch.num_rows() {
+                let tags = lists.is_valid(i).then(|| {
+                    let values = lists.value(i);
+                    let strings =
+                        arrow::compute::cast(&values, &arrow::datatypes::DataType::Utf8).unwrap();
+                    (strings.as_string::<i32>().iter())
+                        .map(|s| s.map(str::to_string))
+                        .collect()
+                });
+                out.insert(keys.value(i), tags);
+            }
+        }
+        out
+    };
+    let tags_of = |k: i64, round: i64| -> Tags {
+        match k % 4 {
+            0 => None,
+            1 => Some(vec![]),
+            2 => Some(vec![Some(format!("t{k}")), None]),
+            _ => Some(
+                (0..(k + round) % 5)
+                    .map(|i| Some(format!("{round}-{i}")))
+                    .collect(),
+            ),
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let options = TabletOptions {
+        flush_threshold_bytes: 1 << 30,
+        ..TabletOptions::default()
+    };
+    let mut tablet = Tablet::create(dir.path(), schema.clone(), options.clone()).unwrap();
+    let mut index = 0;
+    let mut snapshots: Vec<(Timestamp, Rows)> = Vec::new();
+    let mut expected = Rows::new();
+    let mut write = |tablet: &Tablet, kind, rows: Vec<(i64, Tags)>, expected: &mut Rows| {
+        index += 1;
+        let ts = now();
+        let rows_batch = match kind {
+            WriteKind::Update => batch(&rows).project(&[0, 1]).unwrap(),
+            _ => batch(&rows),
+        };
+        tablet
+            .apply(index, ts, &WriteBatch::new(kind, rows_batch))
+            .unwrap();
+        expected.extend(rows);
+        ts
+    };
+    // Two overlapping rowsets, then updates of the arrays alone (per-column deltas) in the
+    // delta stores and, flushed, in delta files.
+    for (start, flush) in [(0, true), (1, true)] {
+        let rows = (start..3000)
+            .step_by(2)
+            .map(|k| (k, tags_of(k, 0)))
+            .collect();
+        let ts = write(&tablet, WriteKind::Insert, rows, &mut expected);
+        snapshots.push((ts, expected.clone()));
+        if flush {
+            tablet.flush().unwrap();
+        }
+    }
+    for round in 1..3 {
+        let rows = (0..3000)
+            .step_by(3)
+            .map(|k| (k, tags_of(k, round)))
+            .collect();
+        let ts = write(&tablet, WriteKind::Update, rows, &mut expected);
+        snapshots.push((ts, expected.clone()));
+        assert_eq!(scan(&tablet, ts), expected, "updates in memory");
+        tablet.flush().unwrap();
+    }
+    let check = |tablet: &Tablet, what: &str| {
+        for (ts, rows) in &snapshots {
+            assert_eq!(&scan(tablet, *ts), rows, "{what}: at {ts:?}");
+        }
+    };
+    check(&tablet, "after flushes");
+    for op in tablet.maintenance_ops() {
+        if matches!(op.kind, MaintenanceKind::MergeRedo { .. }) {
+            tablet.compact(&op.kind).unwrap();
+        }
+    }
+    check(&tablet, "after merging delta files");
+    for op in tablet.maintenance_ops() {
+        if matches!(op.kind, MaintenanceKind::ApplyRedo { .. }) {
+            tablet.compact(&op.kind).unwrap();
+        }
+    }
+    assert!(
+        tablet.column_file_count() > 0,
+        "the arrays got column files"
+    );
+    check(&tablet, "after the major delta compaction");
+    drop(tablet);
+    tablet = Tablet::open(dir.path(), options).unwrap();
+    check(&tablet, "after reopening");
+    let rowsets = tablet.rowset_ids();
+    tablet
+        .compact(&MaintenanceKind::MergeRowsets { rowsets })
+        .unwrap();
+    check(&tablet, "after the rowset compaction");
+}

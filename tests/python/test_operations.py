@@ -225,13 +225,14 @@ def replicas_of(tablets_output):
 
 def test_admin_commands_and_ksck_on_a_cluster():
     with cluster(3) as c:
-        create = ("CREATE TABLE events (id BIGINT PRIMARY KEY, v BIGINT, doc JSON) "
+        create = ("CREATE TABLE events (id BIGINT PRIMARY KEY, v BIGINT, doc JSON, "
+                  "pair ARRAY<BIGINT>) "
                   "DISTRIBUTE BY HASH (id) INTO 3 BUCKETS WITH (replicas = 3)")
         c.until(lambda: subprocess.run([nyala_bin(), "sql", "--connect", c.url, "-c", create],
                                        capture_output=True).returncode == 0,
                 "the tablet servers never registered")
-        sql(c.url, "INSERT INTO events SELECT v, v * 10, '{\"v\": ' || CAST(v AS VARCHAR) || '}' "
-                   "FROM generate_series(1, 300) AS t(v)")
+        sql(c.url, "INSERT INTO events SELECT v, v * 10, '{\"v\": ' || CAST(v AS VARCHAR) || '}', "
+                   "[v, v + 1] FROM generate_series(1, 300) AS t(v)")
         healthy = c.until(lambda: (r := c.admin("ksck")).returncode == 0 and r, "ksck never passed")
         assert "OK" in healthy.stdout and "3 of 3 tablet servers live" in healthy.stdout
         tables = c.admin("tables")
@@ -262,6 +263,9 @@ def test_admin_commands_and_ksck_on_a_cluster():
         # JSON documents survive the leader change and the replicas' moves (read by the shell).
         total = sql(c.url, "SELECT sum(json_get_int(doc, 'v')) AS s FROM events")
         assert total.splitlines()[1] == "45150", total
+        # So do arrays.
+        total = sql(c.url, "SELECT sum(pair[2]) AS s, sum(cardinality(pair)) AS n FROM events")
+        assert total.splitlines()[1] == "45450,600", total
         cluster_page = dom(f"{c.http}/cluster")
         for server_id in c.tservers:
             assert f">{server_id}<" in cluster_page

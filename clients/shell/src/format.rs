@@ -1,8 +1,10 @@
 //! How the shell prints results: an aligned table (default), CSV, JSON or one `column = value`
 //! line per field, chosen with `\mode` or `--mode`.
 
-use arrow::array::{RecordBatch, UInt64Array};
-use arrow::datatypes::{DataType, SchemaRef};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, RecordBatch, StringArray, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use arrow::util::pretty::pretty_format_batches;
 
@@ -44,6 +46,43 @@ fn update_count(schema: &SchemaRef, batches: &[RecordBatch]) -> Option<u64> {
     )
 }
 
+/// `batch` with its nested columns (arrays) as the text the table shows (`[a, b]`): CSV has no
+/// nested values.
+fn nested_as_text(batch: &RecordBatch) -> anyhow::Result<RecordBatch> {
+    if !batch
+        .schema()
+        .fields()
+        .iter()
+        .any(|f| f.data_type().is_nested())
+    {
+        return Ok(batch.clone());
+    }
+    let options = FormatOptions::default();
+    let mut fields = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        if !field.data_type().is_nested() {
+            fields.push(field.as_ref().clone());
+            columns.push(column.clone());
+            continue;
+        }
+        let formatter = ArrayFormatter::try_new(column.as_ref(), &options)?;
+        let text: StringArray = (0..column.len())
+            .map(|row| {
+                column
+                    .is_valid(row)
+                    .then(|| formatter.value(row).to_string())
+            })
+            .collect();
+        fields.push(Field::new(field.name(), DataType::Utf8, true));
+        columns.push(Arc::new(text));
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}
+
 /// Formats a statement result as the shell prints it.
 pub fn format_result(
     schema: &SchemaRef,
@@ -74,10 +113,10 @@ pub fn format_result(
                     .with_header(true)
                     .build(&mut out);
                 if batches.is_empty() {
-                    writer.write(&RecordBatch::new_empty(schema.clone()))?;
+                    writer.write(&nested_as_text(&RecordBatch::new_empty(schema.clone()))?)?;
                 }
                 for batch in batches {
-                    writer.write(batch)?;
+                    writer.write(&nested_as_text(batch)?)?;
                 }
             }
             Ok(String::from_utf8(out)?.trim_end().to_string())
@@ -127,10 +166,7 @@ pub fn format_result(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use arrow::array::{Int64Array, StringArray};
-    use arrow::datatypes::{Field, Schema};
+    use arrow::array::Int64Array;
 
     use super::*;
 

@@ -150,7 +150,12 @@ fn value_for_column(schema: &Schema, column: usize, literal: &ScalarValue) -> Op
         // `col = NULL` is never true; leave such filters to DataFusion.
         return None;
     }
-    let target: DataType = schema.columns()[column].column_type.arrow_type();
+    let column_type = &schema.columns()[column].column_type;
+    if column_type.is_array() {
+        // Storage compares scalars; a comparison of arrays is left to DataFusion.
+        return None;
+    }
+    let target: DataType = column_type.arrow_type();
     let converted = literal.cast_to(&target).ok()?;
     if converted.is_null() || converted.cast_to(&literal.data_type()).ok()? != *literal {
         return None;

@@ -169,7 +169,7 @@ impl Session {
                     " NOT NULL"
                 };
                 let quote = |t: &str| format!("'{}'", t.replace('\'', "''"));
-                let default = match (&c.default, c.column_type) {
+                let default = match (&c.default, &c.column_type) {
                     (None, _) => String::new(),
                     (Some(v), ColumnType::Bool) => format!(" DEFAULT {v}"),
                     (Some(v), t) if t.arrow_type().is_numeric() => format!(" DEFAULT {v}"),

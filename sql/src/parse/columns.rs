@@ -6,8 +6,8 @@
 //! table cannot store is refused here, with the column named, before the catalog is touched.
 
 use datafusion::sql::sqlparser::ast::{
-    AlterTableOperation, CharacterLength, ColumnDef, ColumnOption, DataType, ExactNumberInfo, Expr,
-    TableConstraint, TimezoneInfo,
+    AlterTableOperation, ArrayElemTypeDef, CharacterLength, ColumnDef, ColumnOption, DataType,
+    ExactNumberInfo, Expr, TableConstraint, TimezoneInfo,
 };
 use nyala_engine::ColumnChange;
 use nyala_storage::{ColumnCompression, ColumnEncoding, ColumnSchema, ColumnType, Schema};
@@ -129,7 +129,7 @@ fn is_position(def: &ColumnDef) -> bool {
 fn column_schema(def: &ColumnDef) -> Result<(ColumnSchema, bool)> {
     let column_name = normalize_ident(&def.name);
     let column_type = column_type(&def.data_type)?;
-    let mut column = ColumnSchema::new(column_name.clone(), column_type, true);
+    let mut column = ColumnSchema::new(column_name.clone(), column_type.clone(), true);
     let mut primary_key = false;
     for option in &def.options {
         if let Some(storage) = StorageOption::from_column_option(&option.option) {
@@ -144,7 +144,7 @@ fn column_schema(def: &ColumnDef) -> Result<(ColumnSchema, bool)> {
                 column.nullable = false;
             }
             ColumnOption::Default(expr) => {
-                column.default = default_value(expr, column_type, &column_name)?;
+                column.default = default_value(expr, &column_type, &column_name)?;
             }
             ColumnOption::Comment(text) => column.comment = Some(text.clone()),
             other => {
@@ -240,7 +240,7 @@ pub(crate) fn alter_columns(operations: &[AlterTableOperation]) -> Result<Vec<Co
 }
 
 /// The text of a `DEFAULT` literal, checked against the column's type (None for NULL).
-fn default_value(expr: &Expr, column_type: ColumnType, column: &str) -> Result<Option<String>> {
+fn default_value(expr: &Expr, column_type: &ColumnType, column: &str) -> Result<Option<String>> {
     use datafusion::sql::sqlparser::ast::{UnaryOperator, Value};
     let text = match expr {
         Expr::Value(v) => match &v.value {
@@ -277,7 +277,7 @@ fn default_value(expr: &Expr, column_type: ColumnType, column: &str) -> Result<O
         return Err(invalid());
     }
     if let ColumnType::Varchar { length } = column_type {
-        if u32::try_from(text.chars().count()).map_or(true, |n| n > length) {
+        if u32::try_from(text.chars().count()).map_or(true, |n| n > *length) {
             return Err(invalid());
         }
     }
@@ -325,6 +325,12 @@ fn column_type(data_type: &DataType) -> Result<ColumnType> {
         | DataType::CharVarying(None)
         | DataType::CharacterVarying(None) => C::String,
         DataType::JSON | DataType::JSONB => C::Json,
+        // ARRAY<T>, T[] (a size, as in T[3], is not kept: PostgreSQL does not enforce it).
+        DataType::Array(
+            ArrayElemTypeDef::AngleBracket(element)
+            | ArrayElemTypeDef::SquareBracket(element, _)
+            | ArrayElemTypeDef::Parenthesis(element),
+        ) => C::Array(Box::new(column_type(element)?)),
         DataType::Binary(_) | DataType::Varbinary(_) | DataType::Bytea | DataType::Blob(_) => {
             C::Binary
         }

@@ -227,7 +227,7 @@ impl DiskRowSet {
             ),
         };
         let first_column = schema.key_columns()[0];
-        let column_type = schema.columns()[first_column].column_type;
+        let column_type = &schema.columns()[first_column].column_type;
         let whole_key = schema.key_columns().len() == 1;
         let variable = matches!(
             column_type,

@@ -316,9 +316,7 @@ impl Tablet {
             })?;
             let column = if column.data_type() == field.data_type() {
                 column.clone()
-            } else if matches!((column.data_type(), field.data_type()),
-                (arrow::datatypes::DataType::Timestamp(u1, _), arrow::datatypes::DataType::Timestamp(u2, _)) if u1 == u2)
-            {
+            } else if same_values(column.data_type(), field.data_type()) {
                 cast(column, field.data_type())?
             } else {
                 return Err(StorageError::SchemaMismatch(format!(
@@ -328,8 +326,16 @@ impl Tablet {
                     column.data_type()
                 )));
             };
-            if let ColumnType::Varchar { length: limit } = schema.columns()[c].column_type {
-                let longest = column
+            let varchar = match &schema.columns()[c].column_type {
+                ColumnType::Varchar { length } => Some((*length, column.clone())),
+                ColumnType::Array(element) => match **element {
+                    ColumnType::Varchar { length } => Some((length, list_values(&column))),
+                    _ => None,
+                },
+                _ => None,
+            };
+            if let Some((limit, strings)) = varchar {
+                let longest = strings
                     .as_string::<i32>()
                     .iter()
                     .flatten()
@@ -374,6 +380,26 @@ impl Tablet {
         let schema = Arc::new(table.project(&wanted)?);
         Ok(RecordBatch::try_new(schema, columns)?)
     }
+}
+
+/// Whether a column of Arrow type `given` holds values of a table column of type `table` that a
+/// cast passes on unchanged: timestamps in another time zone, lists whose element field is
+/// named otherwise (Parquet's `element`, Arrow's `item`) or nullable otherwise.
+fn same_values(given: &DataType, table: &DataType) -> bool {
+    match (given, table) {
+        (DataType::Timestamp(u1, _), DataType::Timestamp(u2, _)) => u1 == u2,
+        (DataType::List(a), DataType::List(b)) => a.data_type() == b.data_type(),
+        _ => false,
+    }
+}
+
+/// The element values of the lists in `column` (a list array), from the first list's to the
+/// last one's.
+fn list_values(column: &ArrayRef) -> ArrayRef {
+    let lists = column.as_list::<i32>();
+    let offsets = lists.value_offsets();
+    let (first, last) = (offsets[0] as usize, offsets[offsets.len() - 1] as usize);
+    lists.values().slice(first, last - first)
 }
 
 /// The new images of the rows an UPDATE changes (`rows`: key and changed columns), in the
