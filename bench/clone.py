@@ -89,13 +89,12 @@ def start_server(binary, work, timeout=120):
     out.close()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        # Warnings of a restart (a log segment it removed) may come before the address.
         with open(path) as f:
-            first = f.readline()
-        if first.endswith("\n"):
-            m = re.search(r"Nyala listening on (grpc://\S+)", first)
-            if m:
-                return proc, m.group(1), data
-            raise RuntimeError(f"nyala serve: unexpected first line {first.strip()!r}")
+            for line in f:
+                m = re.search(r"Nyala listening on (grpc://\S+)", line)
+                if m:
+                    return proc, m.group(1), data
         if proc.poll() is not None:
             raise RuntimeError(f"nyala serve exited with code {proc.returncode} before listening")
         time.sleep(0.05)

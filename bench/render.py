@@ -37,6 +37,8 @@ BENCHMARKS = [
     ("changes", "Change streams", "python3 bench/changes_bench.py"),
     ("backup", "Backup and restore", "python3 bench/backup_bench.py"),
     ("copy", "COPY from and to files", "python3 bench/copy_bench.py"),
+    ("arrays", "Reading ARRAY columns", "python3 bench/array_bench.py"),
+    ("alter", "Schema changes", "python3 bench/alter_bench.py"),
     ("bytes_per_row", "Bytes per row",
      "python3 bench/bytes_per_row.py $CARGO_TARGET_DIR/release/nyala"),
     ("storage", "Storage",

@@ -8,6 +8,7 @@
 mod bloom;
 mod cache;
 mod checksum;
+mod column_map;
 mod delta;
 mod diskrowset;
 mod error;

@@ -581,7 +581,9 @@ impl Schema {
         }
     }
 
-    fn with_columns(
+    /// This schema's key and options with `columns` (of ids `ids`): a changed schema, or the
+    /// columns of a file written under an older one.
+    pub(crate) fn with_columns(
         &self,
         columns: Vec<ColumnSchema>,
         ids: Vec<u32>,

@@ -2410,3 +2410,301 @@ fn arrays_survive_flushes_compactions_and_reopening() {
         .unwrap();
     check(&tablet, "after the rowset compaction");
 }
+
+/// Schema changes interleaved with writes, flushes, compactions and reopening, checked against
+/// a model: ADD COLUMN (with or without a DEFAULT), DROP COLUMN and RENAME COLUMN change no
+/// file, rows written before read an added column's DEFAULT, and every scan, lookup and
+/// predicate (on old and new columns) returns what the model holds. `NYALA_MODEL_ITERS` and
+/// `NYALA_MODEL_SEED` as for the other model test.
+#[test]
+fn random_schema_changes_match_a_model() {
+    let iterations = env_or("NYALA_MODEL_ITERS", 400) as usize;
+    let seed = env_or("NYALA_MODEL_SEED", 42);
+    for seed in seed..seed + 3 {
+        run_schema_model(iterations, seed);
+    }
+}
+
+fn run_schema_model(iterations: usize, seed: u64) {
+    // The model: the columns' names, and the values of each row by key.
+    type Rows = BTreeMap<i64, Vec<Option<i64>>>;
+    let dir = tempfile::tempdir().unwrap();
+    let options = TabletOptions {
+        flush_threshold_bytes: 1 << 20,
+        rowset_target_bytes: 2 << 10,
+        ..TabletOptions::default()
+    };
+    let col = |name: &str, nullable| ColumnSchema::new(name, ColumnType::Int64, nullable);
+    let mut schema = Schema::new(vec![col("k", false), col("c0", true)], vec![0]).unwrap();
+    let mut columns = vec!["c0".to_string()];
+    let mut tablet = Tablet::create(dir.path(), schema.clone(), options.clone()).unwrap();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rows = Rows::new();
+    let mut index = 0u64;
+    let mut next_name = 1;
+    let mut changes = 0;
+    let batch =
+        |schema: &Schema, keys: &[i64], values: &[Vec<Option<i64>>], only: Option<usize>| {
+            let mut fields = vec![schema.arrow_schema().field(0).clone()];
+            let mut arrays: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(keys.to_vec()))];
+            for c in 0..schema.columns().len() - 1 {
+                if only.is_some_and(|o| o != c) {
+                    continue;
+                }
+                fields.push(schema.arrow_schema().field(c + 1).clone());
+                let column: Vec<Option<i64>> = values.iter().map(|v| v[c]).collect();
+                arrays.push(Arc::new(Int64Array::from(column)));
+            }
+            RecordBatch::try_new(Arc::new(arrow::datatypes::Schema::new(fields)), arrays).unwrap()
+        };
+    let scan = |tablet: &Tablet, width: usize, predicate: Option<(usize, i64)>| -> Rows {
+        let predicates = predicate
+            .map(|(c, v)| ColumnPredicate {
+                column: c + 1,
+                op: PredicateOp::GtEq(Scalar(Arc::new(Int64Array::from(vec![v])))),
+            })
+            .into_iter()
+            .collect();
+        let spec = ScanSpec {
+            projection: Some((0..=width).rev().collect()),
+            predicates,
+            snapshot: now(),
+            limit: None,
+            batch_size: 5,
+            string_views: false,
+            changes_since: None,
+        };
+        let mut out = Rows::new();
+        for b in tablet.scan(&spec).unwrap() {
+            let b = b.unwrap();
+            let keys = b.column(width).as_primitive::<Int64Type>().clone();
+            for i in 0..b.num_rows() {
+                let values = (0..width)
+                    .map(|c| {
+                        let column = b.column(width - 1 - c).as_primitive::<Int64Type>();
+                        column.is_valid(i).then(|| column.value(i))
+                    })
+                    .collect();
+                out.insert(keys.value(i), values);
+            }
+        }
+        out
+    };
+    for step in 0..iterations {
+        index += 1;
+        let width = columns.len();
+        let op = rng.random_range(0..20);
+        if std::env::var("NYALA_MODEL_TRACE").is_ok() {
+            eprintln!("step {step}: op {op} columns {columns:?}");
+        }
+        let keys: Vec<i64> = {
+            let mut keys: Vec<i64> = (0..rng.random_range(1..8))
+                .map(|_| rng.random_range(0..60))
+                .collect();
+            keys.sort_unstable();
+            keys.dedup();
+            keys
+        };
+        let values: Vec<Vec<Option<i64>>> = keys
+            .iter()
+            .map(|_| {
+                (0..width)
+                    .map(|_| rng.random_bool(0.8).then(|| rng.random_range(-50..50)))
+                    .collect()
+            })
+            .collect();
+        match op {
+            0..=5 => {
+                let batch = batch(&schema, &keys, &values, None);
+                tablet
+                    .apply(index, now(), &WriteBatch::new(WriteKind::Upsert, batch))
+                    .unwrap();
+                rows.extend(keys.iter().copied().zip(values));
+            }
+            6..=8 => {
+                // One column of rows that exist.
+                let keys: Vec<i64> = keys.into_iter().filter(|k| rows.contains_key(k)).collect();
+                if keys.is_empty() {
+                    continue;
+                }
+                let c = rng.random_range(0..width);
+                let values: Vec<Vec<Option<i64>>> = keys
+                    .iter()
+                    .map(|_| {
+                        (0..width)
+                            .map(|_| Some(rng.random_range(-50..50)))
+                            .collect()
+                    })
+                    .collect();
+                let batch = batch(&schema, &keys, &values, Some(c));
+                tablet
+                    .apply(index, now(), &WriteBatch::new(WriteKind::Update, batch))
+                    .unwrap();
+                for (k, v) in keys.iter().zip(values) {
+                    rows.get_mut(k).unwrap()[c] = v[c];
+                }
+            }
+            9 => {
+                let keys: Vec<i64> = keys.into_iter().filter(|k| rows.contains_key(k)).collect();
+                if keys.is_empty() {
+                    continue;
+                }
+                let batch = RecordBatch::try_new(
+                    Arc::new(arrow::datatypes::Schema::new(vec![schema
+                        .arrow_schema()
+                        .field(0)
+                        .clone()])),
+                    vec![Arc::new(Int64Array::from(keys.clone()))],
+                )
+                .unwrap();
+                tablet
+                    .apply(index, now(), &WriteBatch::new(WriteKind::Delete, batch))
+                    .unwrap();
+                for k in keys {
+                    rows.remove(&k);
+                }
+            }
+            10..=11 => tablet.flush().unwrap(),
+            12..=13 => {
+                for op in tablet.maintenance_ops().into_iter().take(2) {
+                    tablet.compact(&op.kind).unwrap();
+                }
+            }
+            14 => {
+                // A clean shutdown (the log replay of unflushed writes is the engine's).
+                tablet.flush().unwrap();
+                drop(tablet);
+                tablet = Tablet::open(dir.path(), options.clone()).unwrap();
+            }
+            15..=16 => {
+                // ADD COLUMN, with a DEFAULT or without.
+                let default = rng.random_bool(0.5).then(|| rng.random_range(-50..50));
+                let name = format!("c{next_name}");
+                next_name += 1;
+                let column = ColumnSchema {
+                    default: default.map(|d| d.to_string()),
+                    ..col(&name, true)
+                };
+                schema = schema.with_column_added(column).unwrap();
+                tablet.alter_schema(index, &schema).unwrap();
+                columns.push(name);
+                for values in rows.values_mut() {
+                    values.push(default);
+                }
+                changes += 1;
+            }
+            17 if width > 1 => {
+                let c = rng.random_range(0..width);
+                schema = schema.with_column_dropped(&columns[c]).unwrap();
+                tablet.alter_schema(index, &schema).unwrap();
+                columns.remove(c);
+                for values in rows.values_mut() {
+                    values.remove(c);
+                }
+                changes += 1;
+            }
+            18 => {
+                let c = rng.random_range(0..width);
+                let name = format!("c{next_name}");
+                next_name += 1;
+                schema = schema.with_column_renamed(&columns[c], &name).unwrap();
+                tablet.alter_schema(index, &schema).unwrap();
+                columns[c] = name;
+                changes += 1;
+            }
+            _ => {}
+        }
+        let width = columns.len();
+        assert_eq!(
+            scan(&tablet, width, None),
+            rows,
+            "seed {seed} step {step}: scan"
+        );
+        let c = rng.random_range(0..width);
+        let at_least = rng.random_range(-50..50);
+        let passing: Rows = (rows.iter())
+            .filter(|(_, v)| v[c].is_some_and(|x| x >= at_least))
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        assert_eq!(
+            scan(&tablet, width, Some((c, at_least))),
+            passing,
+            "seed {seed} step {step}: {} >= {at_least}",
+            columns[c]
+        );
+    }
+    assert!(changes > 10, "seed {seed}: only {changes} schema changes");
+    // The model's columns are the tablet's, under their names, after a last reopen.
+    tablet.flush().unwrap();
+    drop(tablet);
+    let tablet = Tablet::open(dir.path(), options).unwrap();
+    let names: Vec<String> = (tablet.schema().columns().iter().skip(1))
+        .map(|c| c.name.clone())
+        .collect();
+    assert_eq!(names, columns);
+    assert_eq!(
+        scan(&tablet, columns.len(), None),
+        rows,
+        "seed {seed}: after reopening"
+    );
+}
+
+/// A schema change rewrites no file: ADD COLUMN on a tablet of flushed rows leaves its files as
+/// they are, and the rows read the new column's DEFAULT.
+#[test]
+fn a_schema_change_rewrites_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = schema();
+    let tablet = Tablet::create(dir.path(), schema.clone(), TabletOptions::default()).unwrap();
+    let entries: Vec<_> = (0..5000).map(|k| (k, Some(format!("s{k}")), k)).collect();
+    let rows = rows(&schema, &entries);
+    tablet
+        .apply(1, now(), &WriteBatch::new(WriteKind::Insert, rows))
+        .unwrap();
+    tablet.flush().unwrap();
+    let files = || -> Vec<(String, std::time::SystemTime)> {
+        let mut files: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_name() != "metadata")
+            .map(|e| {
+                (
+                    e.file_name().to_string_lossy().into(),
+                    e.metadata().unwrap().modified().unwrap(),
+                )
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let before = files();
+    let added = ColumnSchema {
+        default: Some("7".into()),
+        ..ColumnSchema::new("w", ColumnType::Int64, false)
+    };
+    let changed = schema.with_column_added(added).unwrap();
+    tablet.alter_schema(2, &changed).unwrap();
+    let changed = changed.with_column_dropped("s").unwrap();
+    tablet.alter_schema(3, &changed).unwrap();
+    assert_eq!(files(), before, "no file written or rewritten");
+    drop(tablet);
+    let tablet = Tablet::open(dir.path(), TabletOptions::default()).unwrap();
+    let spec = ScanSpec {
+        projection: None,
+        predicates: vec![],
+        snapshot: now(),
+        limit: None,
+        batch_size: 1000,
+        string_views: false,
+        changes_since: None,
+    };
+    let mut n = 0;
+    for b in tablet.scan(&spec).unwrap() {
+        let b = b.unwrap();
+        assert_eq!(b.num_columns(), 3);
+        let w = b.column(2).as_primitive::<Int64Type>();
+        assert!(w.iter().all(|v| v == Some(7)));
+        n += b.num_rows();
+    }
+    assert_eq!(n, 5000);
+}

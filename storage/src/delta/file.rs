@@ -24,6 +24,7 @@ use parquet::schema::types::ColumnPath;
 use serde::{Deserialize, Serialize};
 
 use crate::checksum::ChecksumWriter;
+use crate::column_map::{default_column, ColumnMap};
 use crate::diskrowset::{check_columns, guard, load_metadata, read_positions};
 use crate::{Schema, StorageError, Timestamp};
 
@@ -50,6 +51,11 @@ pub struct DeltaMeta {
     /// A major delta compaction rewrites only these.
     #[serde(default)]
     pub changed: Option<Vec<u32>>,
+    /// The ids of the columns whose positions `columns`, `changed` and the file's images
+    /// refer to, when it was written under an older schema than the table's (None: the
+    /// table's columns). See [`crate::column_map`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub column_ids: Option<Vec<u32>>,
 }
 
 /// What a delta file holds: see [`DeltaMeta::columns`] and [`DeltaMeta::changed`].
@@ -73,6 +79,9 @@ pub struct DeltaFile {
     path: PathBuf,
     bytes: u64,
     metadata: ArrowReaderMetadata,
+    /// How the file's columns map onto the table's, when it was written under an older
+    /// schema; with [`DeltaMeta::changed`] as table columns.
+    map: Option<(Arc<ColumnMap>, Option<Vec<u32>>)>,
 }
 
 /// Records read from a delta file, in file order.
@@ -170,17 +179,22 @@ impl DeltaFile {
             checksum: Some(checksum),
             columns: layout.columns,
             changed: layout.changed,
+            column_ids: None,
             id,
             records: records.len() as u64,
             min_ts: records.iter().map(|r| r.ts).min().unwrap_or(Timestamp(0)),
             max_ts: records.iter().map(|r| r.ts).max().unwrap_or(Timestamp(0)),
         };
-        Self::open(dir, meta, table)
+        Self::open(dir, meta, &Arc::new(table.clone()))
     }
 
     /// Opens the delta file `meta` describes, of a table with schema `table`, checking its
     /// checksum and that it holds the columns `meta` says (ascending table columns).
-    pub fn open(dir: &Path, meta: DeltaMeta, table: &Schema) -> Result<DeltaFile, StorageError> {
+    pub fn open(
+        dir: &Path,
+        meta: DeltaMeta,
+        table: &Arc<Schema>,
+    ) -> Result<DeltaFile, StorageError> {
         let path = dir.join(Self::file_name(meta.id));
         if let Some(expected) = meta.checksum {
             crate::checksum::verify(&path, expected)?;
@@ -188,7 +202,13 @@ impl DeltaFile {
         let file = File::open(&path).map_err(StorageError::on(&path))?;
         let bytes = file.metadata()?.len();
         let metadata = load_metadata(&path, &file)?;
-        let width = table.columns().len();
+        let map = meta
+            .column_ids
+            .as_deref()
+            .and_then(|ids| ColumnMap::by_ids(ids, table));
+        let width = map
+            .as_ref()
+            .map_or(table.columns().len(), |m| m.file_width());
         if let Some(columns) = &meta.columns {
             if columns.windows(2).any(|w| w[0] >= w[1])
                 || columns.iter().any(|&c| c as usize >= width)
@@ -199,8 +219,13 @@ impl DeltaFile {
                 )));
             }
         }
-        let expected = file_schema(&table.arrow_schema(), meta.columns.as_deref());
-        check_columns(&path, &metadata, &expected)?;
+        match &map {
+            None => {
+                let expected = file_schema(&table.arrow_schema(), meta.columns.as_deref());
+                check_columns(&path, &metadata, &expected)?;
+            }
+            Some(map) => check_written_columns(&path, &metadata, &meta, map)?,
+        }
         let rows: i64 = metadata
             .metadata()
             .row_groups()
@@ -214,12 +239,48 @@ impl DeltaFile {
                 meta.records
             )));
         }
+        let map = map.map(|map| {
+            let changed = meta.changed.as_ref().map(|changed| {
+                let table = changed.iter().filter_map(|&o| map.target(o as usize));
+                table.map(|c| c as u32).collect()
+            });
+            (map, changed)
+        });
         Ok(DeltaFile {
             meta,
             path,
             bytes,
             metadata,
+            map,
         })
+    }
+
+    /// This file, read under the table's schema `current`, as a table with schema `table`
+    /// reads it (see [`crate::column_map`]): the file is not read again.
+    pub fn for_table(&self, current: &Schema, table: &Arc<Schema>) -> DeltaFile {
+        let ids = self
+            .meta
+            .column_ids
+            .clone()
+            .unwrap_or_else(|| current.ids());
+        let map = ColumnMap::by_ids(&ids, table);
+        let changed = map.as_ref().map(|map| {
+            let changed = self.meta.changed.as_ref().map(|changed| {
+                let table = changed.iter().filter_map(|&o| map.target(o as usize));
+                table.map(|c| c as u32).collect()
+            });
+            (map.clone(), changed)
+        });
+        DeltaFile {
+            meta: DeltaMeta {
+                column_ids: map.is_some().then_some(ids),
+                ..self.meta.clone()
+            },
+            path: self.path.clone(),
+            bytes: self.bytes,
+            metadata: self.metadata.clone(),
+            map: changed,
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -237,20 +298,28 @@ impl DeltaFile {
 
     /// Where table column `c` is in the file, if it stores it.
     fn root(&self, c: usize) -> Option<usize> {
+        let c = match &self.map {
+            Some((map, _)) => map.source(c)?,
+            None => c,
+        };
         match &self.meta.columns {
             None => (c < self.width()).then_some(c),
             Some(columns) => columns.iter().position(|&x| x as usize == c),
         }
     }
 
-    /// Whether the records hold values of table column `c`.
+    /// Whether the records hold values of table column `c`. Full images written under an
+    /// older schema hold every column: one added since has its DEFAULT in them.
     pub fn has(&self, c: usize) -> bool {
-        self.root(c).is_some()
+        self.root(c).is_some() || (self.map.is_some() && self.meta.columns.is_none())
     }
 
     /// The table columns that records may change (None = any).
     pub fn changed(&self) -> Option<&[u32]> {
-        self.meta.changed.as_deref()
+        match &self.map {
+            Some((_, changed)) => changed.as_deref(),
+            None => self.meta.changed.as_deref(),
+        }
     }
 
     /// All records, with those of the table columns `columns` (indexes into the table schema)
@@ -292,10 +361,29 @@ impl DeltaFile {
         let file_schema = self.metadata.schema();
         let mut fields = Vec::with_capacity(columns.len());
         let mut images = Vec::with_capacity(columns.len());
-        for &c in &stored {
-            let field = file_schema.field(c);
-            images.push(column(field.name())?);
-            fields.push(field.clone());
+        match &self.map {
+            None => {
+                for &c in &stored {
+                    let field = file_schema.field(c);
+                    images.push(column(field.name())?);
+                    fields.push(field.clone());
+                }
+            }
+            // Under the table's names; in full images, columns added since by their DEFAULT.
+            Some((map, _)) => {
+                let table = map.table().arrow_schema();
+                for &c in columns {
+                    let field = table.field(c).clone().with_nullable(true);
+                    match self.root(c) {
+                        Some(root) => images.push(column(file_schema.field(root).name())?),
+                        None if self.meta.columns.is_none() => {
+                            images.push(default_column(&map.table().columns()[c], ordinals.len())?)
+                        }
+                        None => continue,
+                    }
+                    fields.push(field);
+                }
+            }
         }
         let images = RecordBatch::try_new_with_options(
             Arc::new(ArrowSchema::new(fields)),
@@ -320,6 +408,52 @@ impl DeltaFile {
             )));
         }
         let roots: Vec<usize> = (0..self.width()).collect();
-        read_positions(&self.path, &self.metadata, &roots, positions)
+        let images = read_positions(&self.path, &self.metadata, &roots, positions)?;
+        let Some((map, _)) = &self.map else {
+            return Ok(images);
+        };
+        let table = map.table();
+        let columns = (0..table.columns().len())
+            .map(|c| match self.root(c) {
+                Some(root) => Ok(images.column(root).clone()),
+                None => default_column(&table.columns()[c], positions.len()),
+            })
+            .collect::<Result<Vec<_>, StorageError>>()?;
+        let fields: Vec<Field> = (table.arrow_schema().fields().iter())
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect();
+        Ok(RecordBatch::try_new_with_options(
+            Arc::new(ArrowSchema::new(fields)),
+            columns,
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(positions.len())),
+        )?)
     }
+}
+
+/// Checks that a delta file written under an older schema holds what its metadata says: the
+/// columns it lists (all of those it was written with, else), then the record columns, each
+/// column that the table still has of the table's type.
+fn check_written_columns(
+    path: &Path,
+    metadata: &ArrowReaderMetadata,
+    meta: &DeltaMeta,
+    map: &ColumnMap,
+) -> Result<(), StorageError> {
+    let positions: Vec<usize> = match &meta.columns {
+        Some(columns) => columns.iter().map(|&c| c as usize).collect(),
+        None => (0..map.file_width()).collect(),
+    };
+    let fields = metadata.schema().fields();
+    let table = map.table().arrow_schema();
+    let types_match = (positions.iter().zip(fields.iter())).all(|(&o, field)| {
+        map.target(o)
+            .is_none_or(|c| table.field(c).data_type() == field.data_type())
+    });
+    if fields.len() != positions.len() + 3 || !types_match {
+        return Err(StorageError::Corruption(format!(
+            "{} does not hold the columns the tablet metadata says it holds",
+            path.display()
+        )));
+    }
+    Ok(())
 }

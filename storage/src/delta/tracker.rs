@@ -79,6 +79,21 @@ impl RowsetDeltas {
         Ok(deltas)
     }
 
+    /// These deltas, read under the table's schema `current`, as a table with schema `table`
+    /// reads them (see [`DeltaFile::for_table`]); records in memory keep their images.
+    pub fn for_table(&self, current: &crate::Schema, table: &Arc<crate::Schema>) -> RowsetDeltas {
+        let files = |files: &[Arc<DeltaFile>]| -> Vec<Arc<DeltaFile>> {
+            (files.iter())
+                .map(|f| Arc::new(f.for_table(current, table)))
+                .collect()
+        };
+        RowsetDeltas {
+            undo: files(&self.undo),
+            redo: files(&self.redo),
+            ..self.clone()
+        }
+    }
+
     /// Adds a REDO file newer than the ones the rowset has.
     pub fn add_redo(&mut self, file: Arc<DeltaFile>) -> Result<(), StorageError> {
         // Only UNDO files hold per-column records (a major delta compaction writes them).

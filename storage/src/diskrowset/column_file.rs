@@ -133,6 +133,7 @@ impl DiskRowSet {
             cache_id: self.cache_id,
             checksum: self.checksum,
             ranges: Default::default(),
+            written: self.written.clone(),
         }
     }
 

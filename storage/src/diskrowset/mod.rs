@@ -42,6 +42,7 @@ pub(crate) use reader::RowsetReader;
 
 use crate::cache::PageCache;
 use crate::checksum::ChecksumWriter;
+use crate::column_map::ColumnMap;
 use crate::{ColumnCompression, ColumnEncoding, ColumnType, Schema, StorageError};
 use key_index::{key_page_starts, read_keys, ExactLen, KeyIndex};
 
@@ -91,6 +92,16 @@ pub struct DiskRowSet {
     pub checksum: Option<u32>,
     /// What the files' statistics say of each column, worked out when first asked.
     ranges: std::sync::OnceLock<Vec<ColumnRange>>,
+    /// The columns of the rowset's files, when they were written under an older schema than
+    /// the table's (see [`crate::column_map`]); its column files hold the same.
+    written: Option<Arc<Written>>,
+}
+
+/// The columns of a rowset written under an older schema, and how they map onto the table's.
+pub(crate) struct Written {
+    /// The columns as the files hold them (positions, names), keyed as the table is.
+    pub(crate) schema: Schema,
+    pub(crate) map: Arc<ColumnMap>,
 }
 
 /// What Parquet statistics say of one column's values: its smallest and largest (one-element
@@ -165,6 +176,29 @@ fn extreme(arrays: &[ArrayRef], descending: bool) -> Option<ArrayRef> {
     };
     let first = arrow::compute::sort_to_indices(&values, Some(options), Some(1)).ok()?;
     (!first.is_empty()).then(|| arrow::compute::take(&values, &first, None).ok())?
+}
+
+/// The columns of a rowset file (`metadata`, at `path`) holding the columns with ids `ids`,
+/// as a table with schema `table` reads them; None if they are the table's.
+fn written_columns(
+    path: &Path,
+    metadata: &ArrowReaderMetadata,
+    table: &Arc<Schema>,
+    ids: &[u32],
+) -> Result<Option<Arc<Written>>, StorageError> {
+    let fields: Vec<&Field> = metadata
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref())
+        .collect();
+    let names: Vec<&str> = fields.iter().map(|f| f.name().as_str()).collect();
+    let Some(map) = ColumnMap::new(ids, &names, table) else {
+        return Ok(None);
+    };
+    let schema = crate::column_map::written_schema(table, ids, &fields)
+        .map_err(|e| StorageError::Corruption(format!("{}: {e}", path.display())))?;
+    Ok(Some(Arc::new(Written { schema, map })))
 }
 
 /// The row counts of a file's row groups.
@@ -282,6 +316,7 @@ impl DiskRowSet {
             cache_id: crate::cache::next_index_id(),
             checksum: Some(checksum),
             ranges: Default::default(),
+            written: None,
         })
     }
 
@@ -290,14 +325,17 @@ impl DiskRowSet {
         std::iter::once(self.path.as_path()).chain(self.column_files.iter().map(|f| f.path()))
     }
 
-    /// Opens rowset `id` of a table with `schema` in `dir` with its column files, checking
-    /// each file against its checksum (when the metadata has one) and indexing the keys.
+    /// Opens rowset `id` of a table with schema `table` in `dir` with its column files,
+    /// checking each file against its checksum (when the metadata has one) and indexing the
+    /// keys. `column_ids`: the ids of the columns its files hold, if it was written under an
+    /// older schema (else they hold the table's).
     pub fn open(
         dir: &Path,
         id: u64,
         checksum: Option<u32>,
         column_files: &[ColumnFileMeta],
-        schema: &Schema,
+        table: &Arc<Schema>,
+        column_ids: Option<&[u32]>,
     ) -> Result<DiskRowSet, StorageError> {
         let path = dir.join(Self::file_name(id));
         if let Some(expected) = checksum {
@@ -306,6 +344,11 @@ impl DiskRowSet {
         let file = File::open(&path).map_err(StorageError::on(&path))?;
         let bytes = file.metadata()?.len();
         let metadata = load_metadata(&path, &file)?;
+        let written = match column_ids {
+            Some(ids) => written_columns(&path, &metadata, table, ids)?,
+            None => None,
+        };
+        let schema = written.as_ref().map_or(table.as_ref(), |w| &w.schema);
         check_columns(&path, &metadata, &schema.arrow_schema())?;
         let key_columns = schema.key_columns().to_vec();
         let rows: i64 = row_groups(&metadata).iter().sum();
@@ -341,7 +384,50 @@ impl DiskRowSet {
             cache_id: crate::cache::next_index_id(),
             checksum,
             ranges: Default::default(),
+            written,
         })
+    }
+
+    /// This rowset, read under the table's schema `current`, as a table with schema `table`
+    /// reads it: its files keep their columns, mapped onto the table's by id (a schema change
+    /// rewrites no file).
+    pub fn for_table(
+        &self,
+        current: &Schema,
+        table: &Arc<Schema>,
+    ) -> Result<DiskRowSet, StorageError> {
+        let ids = self.column_ids(current);
+        Ok(DiskRowSet {
+            id: self.id,
+            path: self.path.clone(),
+            key_columns: self.key_columns.clone(),
+            keys: self.keys.clone(),
+            column_files: self.column_files.clone(),
+            bytes: self.bytes,
+            metadata: self.metadata.clone(),
+            cache_id: self.cache_id,
+            checksum: self.checksum,
+            ranges: Default::default(),
+            written: written_columns(&self.path, &self.metadata, table, &ids)?,
+        })
+    }
+
+    /// The ids of the columns the rowset's files hold; `table` is the table's schema while
+    /// they hold its columns.
+    pub fn column_ids(&self, table: &Schema) -> Vec<u32> {
+        match &self.written {
+            Some(w) => w.schema.ids(),
+            None => table.ids(),
+        }
+    }
+
+    /// Whether the files hold other columns than the table's (written under an older schema).
+    pub fn is_written_under_older_schema(&self) -> bool {
+        self.written.is_some()
+    }
+
+    pub(crate) fn written(&self) -> Option<&Arc<Written>> {
+        self.written.as_ref()
     }
 
     /// What the statistics of its files say of each of the table's `columns` columns: from the
@@ -349,7 +435,14 @@ impl DiskRowSet {
     pub fn column_ranges(&self, columns: usize) -> &[ColumnRange] {
         self.ranges.get_or_init(|| {
             (0..columns)
+                .map(|c| match &self.written {
+                    Some(w) => w.map.source(c),
+                    None => Some(c),
+                })
                 .map(|c| {
+                    let Some(c) = c else {
+                        return ColumnRange::default();
+                    };
                     let newest = self.column_files.iter().rev().find_map(|f| {
                         let position = f.meta.columns.iter().position(|&k| k as usize == c)?;
                         Some((&f.metadata, position))
@@ -386,6 +479,21 @@ impl DiskRowSet {
         columns: &[usize],
         ordinals: &[u32],
     ) -> Result<RecordBatch, StorageError> {
+        match &self.written {
+            Some(w) => {
+                let read = self.read_file_rows(&w.map.file_columns(columns), ordinals)?;
+                w.map.to_table(&read, columns, false)
+            }
+            None => self.read_file_rows(columns, ordinals),
+        }
+    }
+
+    /// [`Self::read_rows`] of the columns at `columns` of the files.
+    fn read_file_rows(
+        &self,
+        columns: &[usize],
+        ordinals: &[u32],
+    ) -> Result<RecordBatch, StorageError> {
         let mut arrays: Vec<Option<ArrayRef>> = vec![None; columns.len()];
         let mut fields: Vec<Option<Field>> = vec![None; columns.len()];
         for file in self.by_file(columns) {
@@ -403,6 +511,22 @@ impl DiskRowSet {
     /// pages holding it, which `cache` keeps decoded: a row read once is likely to be read
     /// again, and a page read again costs no decompression or decoding.
     pub fn read_row(
+        &self,
+        columns: &[usize],
+        ordinal: u32,
+        cache: &PageCache,
+    ) -> Result<RecordBatch, StorageError> {
+        match &self.written {
+            Some(w) => {
+                let read = self.read_file_row(&w.map.file_columns(columns), ordinal, cache)?;
+                w.map.to_table(&read, columns, false)
+            }
+            None => self.read_file_row(columns, ordinal, cache),
+        }
+    }
+
+    /// [`Self::read_row`] of the columns at `columns` of the files.
+    fn read_file_row(
         &self,
         columns: &[usize],
         ordinal: u32,

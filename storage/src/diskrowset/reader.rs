@@ -29,6 +29,7 @@ use parquet::schema::types::{SchemaDescPtr, SchemaDescriptor};
 use parquet::DecodeResult;
 
 use super::{guard, DiskRowSet};
+use crate::column_map::ColumnMap;
 use crate::scan::{predicate_mask, ColumnPredicate, PredicateOp};
 use crate::{ColumnType, Scalar, Schema, StorageError};
 
@@ -43,7 +44,56 @@ impl DiskRowSet {
     /// filtered first and the other columns only for the rows that pass (Parquet's late
     /// materialisation, skipping whole pages where none does). The files are opened now, so
     /// the reader keeps working if the rowset is later replaced.
+    ///
+    /// A rowset written under an older schema is read in its own columns and its batches
+    /// returned as the table's (see [`crate::column_map`]).
     pub(crate) fn reader(
+        &self,
+        schema: &Schema,
+        columns: &[usize],
+        hidden: &[u32],
+        predicates: &[ColumnPredicate],
+        batch_size: usize,
+        string_views: bool,
+    ) -> Result<RowsetReader, StorageError> {
+        let Some(written) = self.written() else {
+            return self.file_reader(
+                schema,
+                columns,
+                hidden,
+                predicates,
+                batch_size,
+                string_views,
+            );
+        };
+        let map = &written.map;
+        let Some(predicates) = map.file_predicates(predicates)? else {
+            return Ok(RowsetReader::Empty);
+        };
+        let mut file_columns = map.file_columns(columns);
+        if file_columns.is_empty() {
+            // Only columns added since: the rows' count comes from a key column.
+            file_columns.push(written.schema.key_columns()[0]);
+        }
+        let inner = self.file_reader(
+            &written.schema,
+            &file_columns,
+            hidden,
+            &predicates,
+            batch_size,
+            string_views,
+        )?;
+        Ok(RowsetReader::Mapped {
+            inner: Box::new(inner),
+            map: map.clone(),
+            columns: columns.to_vec(),
+            views: string_views,
+        })
+    }
+
+    /// [`Self::reader`] of the files' columns `columns` (indexes into `schema`, the files'
+    /// own).
+    fn file_reader(
         &self,
         schema: &Schema,
         columns: &[usize],
@@ -373,6 +423,15 @@ fn within_bounds(
 pub(crate) enum RowsetReader {
     File(Box<FileReader>),
     Zip(ZipReader),
+    /// A rowset written under an older schema: its batches as the table's columns `columns`.
+    Mapped {
+        inner: Box<RowsetReader>,
+        map: Arc<ColumnMap>,
+        columns: Vec<usize>,
+        views: bool,
+    },
+    /// No row can pass the predicates.
+    Empty,
 }
 
 impl Iterator for RowsetReader {
@@ -382,6 +441,17 @@ impl Iterator for RowsetReader {
         match self {
             RowsetReader::File(r) => r.next(),
             RowsetReader::Zip(r) => r.next(),
+            RowsetReader::Mapped {
+                inner,
+                map,
+                columns,
+                views,
+            } => Some(
+                inner
+                    .next()?
+                    .and_then(|b| map.to_table(&b, columns, *views)),
+            ),
+            RowsetReader::Empty => None,
         }
     }
 }

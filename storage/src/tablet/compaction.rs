@@ -145,7 +145,8 @@ impl Tablet {
         let schema = snapshot.schema.clone();
         let width = schema.columns().len();
         // A major delta compaction rewrites only the columns that REDO records change, unless
-        // that is every column or the rowset has many column or UNDO files already.
+        // that is every column, the rowset has many column or UNDO files already, or its files
+        // hold the columns of an older schema (its column files would hold the table's).
         let changed = match kind {
             MaintenanceKind::ApplyRedo { .. } => {
                 let few = |n: usize| n < self.options.max_column_files;
@@ -154,7 +155,8 @@ impl Tablet {
                     .changed_columns()
                     .filter(|c| !c.is_empty() && c.len() < width - schema.key_columns().len())
                     .filter(|_| {
-                        few(snapshot.rowsets[i].column_files().len())
+                        !snapshot.rowsets[i].is_written_under_older_schema()
+                            && few(snapshot.rowsets[i].column_files().len())
                             && few(snapshot.deltas[i].undo.len().saturating_sub(1))
                     })
             }

@@ -34,6 +34,10 @@ pub(super) struct Metadata {
     /// The column files of rowsets that have any, oldest first, by rowset id.
     #[serde(default)]
     pub(super) column_files: BTreeMap<u64, Vec<ColumnFileMeta>>,
+    /// The ids of the columns that rowsets written under an older schema hold (with their
+    /// column files), by rowset id (see [`crate::column_map`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) rowset_columns: BTreeMap<u64, Vec<u32>>,
     pub(super) next_rowset_id: u64,
     pub(super) durable_index: u64,
     /// Above every auto_incrementing_id written so far.
@@ -75,6 +79,10 @@ impl Metadata {
                     let files = r.column_files().iter().map(|f| f.meta.clone());
                     (r.id, files.collect())
                 })
+                .collect(),
+            rowset_columns: (rowsets.iter())
+                .filter(|r| r.is_written_under_older_schema())
+                .map(|r| (r.id, r.column_ids(schema)))
                 .collect(),
             deltas: (rowsets.iter().zip(deltas))
                 .filter(|(_, d)| d.files().next().is_some())

@@ -197,6 +197,7 @@ impl Tablet {
 
     pub fn open(dir: &Path, options: TabletOptions) -> Result<Tablet, StorageError> {
         let mut meta = read_metadata(dir)?;
+        let table = Arc::new(meta.schema.clone());
         let mut rowsets = Vec::new();
         let mut deltas = Vec::new();
         let mut names = HashSet::new();
@@ -205,17 +206,19 @@ impl Tablet {
             let checksum = meta.checksums.get(&id).copied();
             let column_files = meta.column_files.remove(&id).unwrap_or_default();
             names.extend(column_files.iter().map(|f| ColumnFile::file_name(f.id)));
+            let column_ids = meta.rowset_columns.remove(&id);
             rowsets.push(Arc::new(DiskRowSet::open(
                 dir,
                 id,
                 checksum,
                 &column_files,
-                &meta.schema,
+                &table,
+                column_ids.as_deref(),
             )?));
             let files = meta.deltas.remove(&id).unwrap_or_default();
             let mut open = |m: DeltaMeta| -> Result<Arc<DeltaFile>, StorageError> {
                 names.insert(DeltaFile::file_name(m.id));
-                Ok(Arc::new(DeltaFile::open(dir, m, &meta.schema)?))
+                Ok(Arc::new(DeltaFile::open(dir, m, &table)?))
             };
             let undo = files
                 .undo
