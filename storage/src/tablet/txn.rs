@@ -218,9 +218,11 @@ impl Tablet {
         if kept > 0 {
             pending.writes.push(WriteBatch::new(batch.kind, rows));
         }
+        pending.present.reserve(kept_keys.len());
         for key in &kept_keys {
             pending.present.insert(key.clone(), present);
         }
+        state.locks.reserve(kept_keys.len());
         for key in kept_keys {
             state.locks.insert(key, txn);
         }
@@ -277,9 +279,7 @@ impl Tablet {
         };
         let keys: Vec<Vec<u8>> = pending.present.into_keys().collect();
         if state.schema.position_column().is_none() || !inserts(&pending.writes) {
-            for key in &keys {
-                state.locks.remove(key);
-            }
+            release_locks(&mut state.locks, &keys);
             state.holds.release.extend(pending.prepared);
             return self.apply_committed(&mut state, index, ts, pending.writes, &mut 0);
         }
@@ -304,9 +304,8 @@ impl Tablet {
         let mut state = self.state.write();
         state.last_applied = state.last_applied.max(index);
         if let Some(pending) = state.txns.remove(&txn) {
-            for key in pending.present.keys() {
-                state.locks.remove(key);
-            }
+            let keys: Vec<Vec<u8>> = pending.present.into_keys().collect();
+            release_locks(&mut state.locks, &keys);
             state.holds.release.extend(pending.prepared);
         }
         self.take_turns(&mut state, index)
@@ -383,8 +382,8 @@ impl Tablet {
                 QueueWrite::Other => write.rows,
             };
             // Checked when written, and their keys were locked since: this cannot fail but
-            // on damaged storage.
-            rows += self.apply_rows(state, ts, kind, write_rows)?;
+            // on damaged storage, and new rows' keys are still absent.
+            rows += self.apply_rows(state, ts, kind, write_rows, true)?;
         }
         Ok(rows)
     }
@@ -468,6 +467,19 @@ impl State {
 }
 
 /// File holding the pending transactions a flush made durable.
+/// Releases the locks a transaction holds on `keys` (every key it wrote, each locked by it
+/// alone): when they are all the locks there are (a bulk load, a lone transaction), at once.
+fn release_locks(locks: &mut KeyMap<u64>, keys: &[Vec<u8>]) {
+    if locks.len() == keys.len() {
+        locks.clear();
+        locks.shrink_to(0);
+        return;
+    }
+    for key in keys {
+        locks.remove(key);
+    }
+}
+
 pub(super) fn file_name(id: u64) -> String {
     format!("txns-{id}")
 }

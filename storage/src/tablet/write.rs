@@ -113,7 +113,7 @@ impl Tablet {
                 visible_at: None,
             });
         }
-        let rows = self.apply_rows(state, ts, batch.kind, rows)?;
+        let rows = self.apply_rows(state, ts, batch.kind, rows, false)?;
         Ok(WriteOutcome {
             rows,
             conflicts,
@@ -149,12 +149,16 @@ impl Tablet {
         Ok((rows, conflicts))
     }
 
+    /// Applies `rows` at `ts`, checked against the tablet's state first. `absent`: their keys
+    /// are known to be absent (new rows a committing transaction checked when it wrote them
+    /// and has held locked since), so they are not looked up again.
     pub(super) fn apply_rows(
         &self,
         state: &mut State,
         ts: Timestamp,
         kind: WriteKind,
         rows: RecordBatch,
+        absent: bool,
     ) -> Result<usize, StorageError> {
         let schema = state.schema.clone();
         let n = rows.num_rows();
@@ -184,8 +188,9 @@ impl Tablet {
         // their keys need no lookup.
         let fresh = schema.position_column().is_some()
             && matches!(kind, WriteKind::Insert | WriteKind::InsertIgnore);
+        let known_absent = fresh || (absent && matches!(kind, WriteKind::Insert));
         for (row, key) in keys.iter().enumerate() {
-            if fresh {
+            if known_absent {
                 locations.push(Location::Absent);
                 continue;
             }
