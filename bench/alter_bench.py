@@ -23,7 +23,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clone import query, start_server, stop_server  # noqa: E402
+from clone import add_binary_argument, query, start_server, stop_server  # noqa: E402
 from results import Report, add_json_argument, load_average  # noqa: E402
 
 STATEMENTS = [
@@ -91,9 +91,7 @@ def duckdb_baseline(parquet, work):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
-    target_dir = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/nyala-target"))
-    parser.add_argument("--bin", default=os.environ.get("NYALA_BIN")
-                        or os.path.join(target_dir, "release", "nyala"))
+    add_binary_argument(parser)
     add_json_argument(parser, "alter")
     args = parser.parse_args()
     load_at_start = load_average()

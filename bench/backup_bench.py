@@ -30,7 +30,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clone import query, start_server, stop_server  # noqa: E402
+from clone import add_binary_argument, query, start_server, stop_server  # noqa: E402
 from results import Report, add_json_argument, load_average  # noqa: E402
 from tpch import TABLES, generate_data, load, settle  # noqa: E402
 
@@ -106,9 +106,7 @@ def main():
     parser.add_argument("--buckets", type=int, default=8)
     parser.add_argument("--batch-rows", type=int, default=65536)
     parser.add_argument("--settle", type=float, default=90)
-    target_dir = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/nyala-target"))
-    parser.add_argument("--bin", default=os.environ.get("NYALA_BIN")
-                        or os.path.join(target_dir, "release", "nyala"))
+    add_binary_argument(parser)
     add_json_argument(parser, "backup")
     args = parser.parse_args()
     load_at_start = load_average()

@@ -62,6 +62,14 @@ def log(msg=""):
 # The server
 
 
+def add_binary_argument(parser):
+    """--bin: the release build of `nyala` to start (default $NYALA_BIN, else
+    $CARGO_TARGET_DIR/release/nyala)."""
+    target_dir = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/nyala-target"))
+    parser.add_argument("--bin", default=os.environ.get("NYALA_BIN")
+                        or os.path.join(target_dir, "release", "nyala"))
+
+
 def _die_with_parent():
     """In the child before exec: SIGKILL when this script dies, even by SIGKILL (Linux)."""
     try:

@@ -22,7 +22,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clone import query, start_server, stop_server  # noqa: E402
+from clone import add_binary_argument, query, start_server, stop_server  # noqa: E402
 from results import Report, add_json_argument, load_average  # noqa: E402
 from tpch import PRIMARY_KEYS, create_table_sql, generate_data  # noqa: E402
 
@@ -61,9 +61,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", type=float, default=1)
     parser.add_argument("--buckets", type=int, default=8)
-    target_dir = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/nyala-target"))
-    parser.add_argument("--bin", default=os.environ.get("NYALA_BIN")
-                        or os.path.join(target_dir, "release", "nyala"))
+    add_binary_argument(parser)
     add_json_argument(parser, "copy")
     args = parser.parse_args()
     load_at_start = load_average()

@@ -239,19 +239,12 @@ impl DeltaFile {
                 meta.records
             )));
         }
-        let map = map.map(|map| {
-            let changed = meta.changed.as_ref().map(|changed| {
-                let table = changed.iter().filter_map(|&o| map.target(o as usize));
-                table.map(|c| c as u32).collect()
-            });
-            (map, changed)
-        });
         Ok(DeltaFile {
+            map: with_changed(map, &meta),
             meta,
             path,
             bytes,
             metadata,
-            map,
         })
     }
 
@@ -264,22 +257,15 @@ impl DeltaFile {
             .clone()
             .unwrap_or_else(|| current.ids());
         let map = ColumnMap::by_ids(&ids, table);
-        let changed = map.as_ref().map(|map| {
-            let changed = self.meta.changed.as_ref().map(|changed| {
-                let table = changed.iter().filter_map(|&o| map.target(o as usize));
-                table.map(|c| c as u32).collect()
-            });
-            (map.clone(), changed)
-        });
         DeltaFile {
             meta: DeltaMeta {
                 column_ids: map.is_some().then_some(ids),
                 ..self.meta.clone()
             },
+            map: with_changed(map, &self.meta),
             path: self.path.clone(),
             bytes: self.bytes,
             metadata: self.metadata.clone(),
-            map: changed,
         }
     }
 
@@ -428,6 +414,19 @@ impl DeltaFile {
             &arrow::array::RecordBatchOptions::new().with_row_count(Some(positions.len())),
         )?)
     }
+}
+
+/// `map` with the columns that `meta`'s records may change, as table columns.
+fn with_changed(
+    map: Option<Arc<ColumnMap>>,
+    meta: &DeltaMeta,
+) -> Option<(Arc<ColumnMap>, Option<Vec<u32>>)> {
+    let map = map?;
+    let changed = meta.changed.as_ref().map(|changed| {
+        let table = changed.iter().filter_map(|&o| map.target(o as usize));
+        table.map(|c| c as u32).collect()
+    });
+    Some((map, changed))
 }
 
 /// Checks that a delta file written under an older schema holds what its metadata says: the
