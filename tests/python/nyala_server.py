@@ -89,6 +89,19 @@ def nyala_server(*args):
         yield url
 
 
+def execute_update(cur, sql):
+    """Runs `sql` as an update (DB-API's execute() runs everything as a query, whose row
+    count ADBC reports as -1) and returns the rows it changed."""
+    cur.adbc_statement.set_sql_query(sql)
+    return cur.adbc_statement.execute_update()
+
+
+def update(conn, sql):
+    """execute_update on a cursor of its own (one that bulk ingest has not used)."""
+    with conn.cursor() as cur:
+        return execute_update(cur, sql)
+
+
 def host_port(url):
     """'grpc://127.0.0.1:1234' -> ('127.0.0.1', 1234)."""
     host, port = url.split("://", 1)[1].rsplit(":", 1)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from nyala_server import nyala_bin, nyala_serve
+from nyala_server import nyala_bin, nyala_serve, update
 
 TAGS = [["rust", "db"], [], None, ["x", None, "y"]] * 250
 SCORES = [[1, 2, 3], None, [None], [7]] * 250
@@ -23,13 +23,6 @@ def rows(first):
         "tags": pa.array(TAGS, pa.list_(pa.string())),
         "scores": pa.array(SCORES, pa.list_(pa.int32())),
     })
-
-
-def update(conn, sql):
-    """Runs `sql` as an update on a cursor of its own; the rows it changed."""
-    with conn.cursor() as cur:
-        cur.adbc_statement.set_sql_query(sql)
-        return cur.adbc_statement.execute_update()
 
 
 def test_arrays_round_trip_through_pyarrow_copy_the_shell_and_psycopg(table_name):

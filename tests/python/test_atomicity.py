@@ -6,12 +6,7 @@ import threading
 import adbc_driver_flightsql.dbapi as flightsql
 import pytest
 
-
-def execute_update(cur, sql):
-    """Runs `sql` as an update (DB-API's execute() runs everything as a query, whose row
-    count ADBC reports as -1) and returns the rows it changed."""
-    cur.adbc_statement.set_sql_query(sql)
-    return cur.adbc_statement.execute_update()
+from nyala_server import execute_update
 
 
 def test_concurrent_increments_are_not_lost(server, table_name):

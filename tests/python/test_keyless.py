@@ -8,14 +8,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from nyala_server import nyala_serve
-
-
-def update(conn, sql):
-    """Runs `sql` as an update on a cursor of its own; the rows it changed."""
-    with conn.cursor() as cur:
-        cur.adbc_statement.set_sql_query(sql)
-        return cur.adbc_statement.execute_update()
+from nyala_server import nyala_serve, update
 
 
 def test_tables_without_a_key_load_and_change_like_any_other(table_name):

@@ -9,13 +9,9 @@ import adbc_driver_flightsql.dbapi as flightsql
 import pyarrow as pa
 import pytest
 
+from nyala_server import execute_update
+
 CONFLICT = "could not serialize access"
-
-
-def execute_update(cur, sql):
-    """Runs `sql` as an update and returns the rows it changed (see test_atomicity.py)."""
-    cur.adbc_statement.set_sql_query(sql)
-    return cur.adbc_statement.execute_update()
 
 
 def rows(cur, sql):
