@@ -675,17 +675,23 @@ async fn tserver(
         shutdown_signal().await;
         let _ = stop_streams.send(true);
     };
+    // The cluster's database this server coordinates queries over and runs other
+    // coordinators' stages in (connected the first time either needs it).
+    let limits = flight.as_ref().map_or_else(QueryLimits::default, |(_, l, _)| l.clone());
+    let database = cluster_database(masters, server.clone(), limits);
+    let worker = nyala_sql::distributed::worker(database.clone());
     let rpc = tonic::transport::Server::builder()
         .layer(nyala_engine::rpc::RequireClusterSecret)
         .layer(nyala_engine::metrics::RpcMetricsLayer)
         .add_service(TabletServerService::new(server.clone()).into_server())
         .add_service(consensus.into_server())
+        .add_service(worker.into_worker_server())
         .serve_with_incoming_shutdown(nyala_engine::rpc::incoming(listener), shutdown);
     match flight {
         None => rpc.await?,
-        Some((flight_addr, limits, tls)) => {
+        Some((flight_addr, _, tls)) => {
             let rpc = tokio::spawn(rpc);
-            coordinate(masters, flight_addr, (limits, tls), activity).await?;
+            coordinate(database, flight_addr, tls, activity).await?;
             rpc.abort();
         }
     }
@@ -693,18 +699,36 @@ async fn tserver(
     Ok(())
 }
 
-/// Serves Flight SQL at `flight_addr` as a coordinator of the cluster whose masters are
-/// `masters`, until a shutdown signal.
-async fn coordinate(
+/// The database of the cluster whose masters are `masters`, seen from the tablet server
+/// `local`: connected once, the first time it is asked for.
+fn cluster_database(
     masters: Vec<String>,
+    local: Arc<nyala_engine::tserver::TabletServer>,
+    limits: QueryLimits,
+) -> nyala_sql::distributed::WorkerDatabase {
+    let database: Arc<tokio::sync::OnceCell<Arc<Database>>> = Arc::default();
+    Arc::new(move || {
+        let (database, masters) = (database.clone(), masters.clone());
+        let (local, limits) = (local.clone(), limits.clone());
+        Box::pin(async move {
+            let connect = || Database::connect_cluster(masters, Some(local), limits);
+            database.get_or_try_init(connect).await.cloned()
+        })
+    })
+}
+
+/// Serves Flight SQL at `flight_addr` as a coordinator of the cluster `database` connects
+/// to, until a shutdown signal.
+async fn coordinate(
+    database: nyala_sql::distributed::WorkerDatabase,
     (flight_addr, pg_addr): (SocketAddr, Option<SocketAddr>),
-    (limits, tls): (QueryLimits, TlsArgs),
+    tls: TlsArgs,
     activity: Arc<Activity>,
 ) -> anyhow::Result<()> {
     // The masters may still be starting.
     let started = std::time::Instant::now();
     let db = loop {
-        match Database::connect_cluster(masters.clone(), limits.clone()).await {
+        match database().await {
             Ok(db) => break db,
             Err(e) if started.elapsed() > std::time::Duration::from_secs(60) => {
                 return Err(e).context("cannot reach a master");

@@ -12,6 +12,7 @@ use nyala_engine::tserver::TabletServer;
 use nyala_engine::Client;
 use nyala_storage::TabletOptions;
 
+use crate::distributed::ClusterChannels;
 use crate::limits::{Limits, QueryLimits};
 use crate::{Result, SqlError};
 
@@ -34,6 +35,10 @@ pub struct Database {
     pub(crate) limits: Limits,
     /// The tablet server of an embedded database (None: the tablets are a cluster's).
     tablet_server: Option<Arc<TabletServer>>,
+    /// Connections to the cluster's workers, which every session shares.
+    pub(crate) channels: ClusterChannels,
+    /// A session state with Nyala's functions, for workers' sessions.
+    functions: std::sync::OnceLock<datafusion::execution::SessionState>,
 }
 
 impl Database {
@@ -59,6 +64,8 @@ impl Database {
             client: node.client,
             limits: Limits::new(options.limits),
             tablet_server: Some(node.server),
+            channels: ClusterChannels::default(),
+            functions: Default::default(),
         }))
     }
 
@@ -69,17 +76,31 @@ impl Database {
             client,
             limits: Limits::new(limits),
             tablet_server: None,
+            channels: ClusterChannels::default(),
+            functions: Default::default(),
         })
     }
 
-    /// A coordinator of the cluster whose masters listen at `masters` (a tablet server serving
-    /// Flight SQL): catalog from the masters, DDL through the leading one.
+    /// A coordinator of the cluster whose masters listen at `masters`, in the process of the
+    /// tablet server `local` (whose tablets it scans in process): catalog from the masters,
+    /// DDL through the leading one.
     pub async fn connect_cluster(
         masters: Vec<String>,
+        local: Option<Arc<TabletServer>>,
         limits: QueryLimits,
     ) -> Result<Arc<Database>> {
-        let client = Client::connect_cluster(masters).await?;
+        let client = Client::connect_cluster_at(masters, local).await?;
         Ok(Self::with_client(client, limits))
+    }
+
+    /// Whether the database is a cluster's (not an embedded node's).
+    pub fn is_cluster(&self) -> bool {
+        self.tablet_server.is_none()
+    }
+
+    /// A session state holding Nyala's functions (what workers' sessions register).
+    pub(crate) fn functions(self: &Arc<Self>) -> &datafusion::execution::SessionState {
+        self.functions.get_or_init(|| self.session().ctx.state())
     }
 
     /// Names and Arrow schemas of all user tables, sorted by name.

@@ -70,6 +70,11 @@ fn transient(error: &(dyn std::error::Error + 'static)) -> Option<nyala_engine::
         Some(nyala_storage::StorageError::Io(io)) => io.get_ref()?.downcast_ref::<EngineError>(),
         _ => error.downcast_ref::<EngineError>(),
     };
+    // A worker of a distributed query that could not be reached (see `distributed::workers`).
+    if let Some(status) = error.downcast_ref::<tonic::Status>() {
+        return (status.code() == tonic::Code::Unavailable)
+            .then(|| EngineError::Unavailable(status.message().to_string()));
+    }
     match engine? {
         EngineError::Busy(message) => Some(EngineError::Busy(message.clone())),
         EngineError::Unavailable(message) => Some(EngineError::Unavailable(message.clone())),

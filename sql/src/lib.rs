@@ -17,6 +17,7 @@ mod catalog;
 mod copy;
 mod database;
 mod ddl;
+pub mod distributed;
 mod error;
 mod exec;
 mod functions;

@@ -9,6 +9,7 @@ import os
 import select
 import subprocess
 import tempfile
+import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 STARTUP_TIMEOUT = 60
@@ -109,3 +110,70 @@ def host_port(url):
 
 
 USER, PASSWORD = "alice", "alice-secret"
+
+
+# How long a cluster's condition may take to hold (a leader elected, servers taken for dead).
+CLUSTER_DEADLINE = 60
+
+
+class Cluster:
+    """A master and tablet servers, each a process with its web UI."""
+
+    def __init__(self, root):
+        self.root = root
+        self.procs = []
+        master, words = self.start("master", "--rpc-addr", "127.0.0.1:0", "--flight-addr",
+                                   "127.0.0.1:0", expect="grpc://")
+        self.url = url_in(words, "grpc://")
+        self.http = url_in(words, "http://")
+        # "... (internal RPC 127.0.0.1:NNNN, data: ...)"
+        self.masters = words[words.index("RPC") + 1].rstrip(",")
+        self.tservers = {}
+
+    def start(self, role, *args, expect):
+        data_dir = tempfile.mkdtemp(dir=self.root)
+        proc, words = start_process([role, "--data-dir", data_dir, "--http-addr", "127.0.0.1:0", *args],
+                                    expect)
+        self.procs.append(proc)
+        return proc, words
+
+    def start_tserver(self):
+        proc, words = self.start("tserver", "--rpc-addr", "127.0.0.1:0", "--masters", self.masters,
+                                 expect="listening")
+        # "Nyala tablet server <id> listening on <addr> and http://... (data: ...)"
+        self.tservers[int(words[3])] = (proc, url_in(words, "http://"))
+
+    def kill(self, server_id):
+        proc, _ = self.tservers.pop(server_id)
+        proc.kill()
+        proc.wait()
+
+    def admin(self, *args):
+        return subprocess.run([nyala_bin(), "admin", "--masters", self.masters, *args],
+                              capture_output=True, text=True, timeout=600)
+
+    def until(self, condition, what):
+        deadline = time.time() + CLUSTER_DEADLINE
+        while True:
+            result = condition()
+            if result:
+                return result
+            assert time.time() < deadline, what
+            time.sleep(0.5)
+
+    def stop(self):
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def cluster(tservers):
+    with tempfile.TemporaryDirectory() as root:
+        c = Cluster(root)
+        try:
+            for _ in range(tservers):
+                c.start_tserver()
+            yield c
+        finally:
+            c.stop()

@@ -3,7 +3,6 @@ the web UI (loaded in headless Chromium), cancelling a statement from the web UI
 `nyala admin` (ksck, tables, tablets, leader-step-down, rebalance) on a cluster of a master
 and tablet server processes."""
 
-import contextlib
 import re
 import shutil
 import subprocess
@@ -14,7 +13,7 @@ import urllib.request
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from nyala_server import nyala_bin, nyala_serve, start_process, url_in
+from nyala_server import cluster, nyala_bin, nyala_serve, start_process, url_in
 
 DEADLINE = 60
 
@@ -151,69 +150,6 @@ def test_a_running_statement_is_cancelled_from_the_web_ui(server):
         slow.wait()
     assert 'action="/statements/' not in get(f"{http}/statements")
     assert value(metrics(http), "nyala_statements_cancelled_total") >= 1
-
-
-class Cluster:
-    """A master and tablet servers, each a process with its web UI."""
-
-    def __init__(self, root):
-        self.root = root
-        self.procs = []
-        master, words = self.start("master", "--rpc-addr", "127.0.0.1:0", "--flight-addr",
-                                   "127.0.0.1:0", expect="grpc://")
-        self.url = url_in(words, "grpc://")
-        self.http = url_in(words, "http://")
-        # "... (internal RPC 127.0.0.1:NNNN, data: ...)"
-        self.masters = words[words.index("RPC") + 1].rstrip(",")
-        self.tservers = {}
-
-    def start(self, role, *args, expect):
-        data_dir = tempfile.mkdtemp(dir=self.root)
-        proc, words = start_process([role, "--data-dir", data_dir, "--http-addr", "127.0.0.1:0", *args],
-                                    expect)
-        self.procs.append(proc)
-        return proc, words
-
-    def start_tserver(self):
-        proc, words = self.start("tserver", "--rpc-addr", "127.0.0.1:0", "--masters", self.masters,
-                                 expect="listening")
-        # "Nyala tablet server <id> listening on <addr> and http://... (data: ...)"
-        self.tservers[int(words[3])] = (proc, url_in(words, "http://"))
-
-    def kill(self, server_id):
-        proc, _ = self.tservers.pop(server_id)
-        proc.kill()
-        proc.wait()
-
-    def admin(self, *args):
-        return subprocess.run([nyala_bin(), "admin", "--masters", self.masters, *args],
-                              capture_output=True, text=True, timeout=600)
-
-    def until(self, condition, what):
-        deadline = time.time() + DEADLINE
-        while True:
-            result = condition()
-            if result:
-                return result
-            assert time.time() < deadline, what
-            time.sleep(0.5)
-
-    def stop(self):
-        for proc in self.procs:
-            proc.kill()
-            proc.wait()
-
-
-@contextlib.contextmanager
-def cluster(tservers):
-    with tempfile.TemporaryDirectory() as root:
-        c = Cluster(root)
-        try:
-            for _ in range(tservers):
-                c.start_tserver()
-            yield c
-        finally:
-            c.stop()
 
 
 def replicas_of(tablets_output):

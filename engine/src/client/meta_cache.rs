@@ -77,6 +77,15 @@ impl MetaCache {
             .ok_or_else(|| EngineError::Unavailable(format!("tablet server {server} is unknown")))
     }
 
+    /// The addresses of the servers that reported within [`SERVER_TIMEOUT`], sorted.
+    pub fn live_addresses(&self) -> Vec<String> {
+        let servers = self.servers.read();
+        let live = servers.values().filter(|s| s.seen.elapsed() < SERVER_TIMEOUT);
+        let mut addresses: Vec<String> = live.map(|s| s.address.clone()).collect();
+        addresses.sort();
+        addresses
+    }
+
     /// The leader of `tablet` as last reported or learnt.
     pub fn leader_of(&self, tablet: &str) -> Option<u64> {
         self.leaders.read().get(tablet).copied()

@@ -181,10 +181,28 @@ impl Client {
     /// A coordinator of the cluster whose masters listen at `masters`: it reads the catalog
     /// and the tablet servers from them, and sends DDL to the one that leads the catalog.
     pub async fn connect_cluster(masters: Vec<String>) -> Result<Self> {
+        Self::connect_cluster_at(masters, None).await
+    }
+
+    /// [`Client::connect_cluster`] from a process that is also the tablet server `local`:
+    /// the tablets it leads are scanned in process.
+    pub async fn connect_cluster_at(
+        masters: Vec<String>,
+        local: Option<Arc<crate::tserver::TabletServer>>,
+    ) -> Result<Self> {
         let meta = Arc::new(MetaCache::default());
         let catalog = RemoteCatalog::connect(masters, meta.clone()).await?;
-        let tablets = RemoteTablets::new(meta, tokio::runtime::Handle::current());
+        let mut tablets = RemoteTablets::new(meta, tokio::runtime::Handle::current());
+        if let Some(local) = local {
+            tablets = tablets.with_local(local);
+        }
         Ok(Self::new(catalog, Arc::new(tablets)))
+    }
+
+    /// The internal RPC addresses of the cluster's live tablet servers (empty in the
+    /// embedded node).
+    pub fn tablet_servers(&self) -> Vec<String> {
+        self.tablets.servers()
     }
 
     /// Runs one DDL statement on the catalog: this process's master, or the cluster's leading

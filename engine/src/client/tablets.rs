@@ -20,6 +20,8 @@ use crate::rpc::proto::tserver::{
     RequestId, ScanNextRequest, ScanOpenRequest, ScanResponse, TxnFinishRequest, TxnRequest,
     TxnWriteRequest, WaitForWriteRequest, WaitForWriteResponse, WriteRequest, WriteResponse,
 };
+use crate::tserver::replica::TabletReplica;
+use crate::tserver::TabletServer;
 use crate::Result;
 
 /// What [`crate::Client::tablet_stats`] reports of one tablet.
@@ -117,6 +119,10 @@ pub trait Tablets: Send + Sync + 'static {
     fn column_ranges(&self, _id: &str) -> Vec<ColumnRange> {
         Vec::new()
     }
+    /// The addresses of a cluster's live tablet servers (empty in the embedded node).
+    fn servers(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// Flushes and stops what this process holds of the tablets.
     fn shutdown(&self) -> Result<()> {
         Ok(())
@@ -131,6 +137,9 @@ const MOST_PER_CALL: Duration = Duration::from_secs(20);
 pub struct RemoteTablets {
     meta: Arc<MetaCache>,
     runtime: tokio::runtime::Handle,
+    /// The tablet server of this process, if it is one: a tablet it leads is scanned here,
+    /// not through the network.
+    local: Option<Arc<TabletServer>>,
     /// This client's random id, and the number of its next write: a write sent again to a
     /// tablet (a new leader, a lost answer) carries the same id, so it is applied at most once.
     client_id: u64,
@@ -142,9 +151,18 @@ impl RemoteTablets {
         Self {
             meta,
             runtime,
+            local: None,
             // Never 0, which stands for an untracked write.
             client_id: rand::random::<u64>() | 1,
             next_request: Default::default(),
+        }
+    }
+
+    /// These tablets, scanning those that `local` leads in this process.
+    pub fn with_local(self, local: Arc<TabletServer>) -> Self {
+        Self {
+            local: Some(local),
+            ..self
         }
     }
 
@@ -213,15 +231,22 @@ impl Tablets for RemoteTablets {
         mut spec: ScanSpec,
         snapshot: Option<Timestamp>,
     ) -> Result<ScanIterator> {
+        let local = (self.local.as_ref())
+            .and_then(|server| server.replica(id).ok())
+            .filter(|replica| replica.is_leader());
         spec.snapshot = snapshot.unwrap_or(Timestamp(0));
-        Ok(Box::new(RemoteScan {
+        let remote = RemoteScan {
             meta: self.meta.clone(),
             runtime: self.runtime.clone(),
             tablet: id.to_string(),
             spec: Some(spec),
             scanner: None,
             batches: VecDeque::new(),
-        }))
+        };
+        match local {
+            None => Ok(Box::new(remote)),
+            Some(replica) => Ok(Box::new(LocalScan::Unopened(replica, remote))),
+        }
     }
 
     async fn scan_waiting(
@@ -351,6 +376,47 @@ impl Tablets for RemoteTablets {
     fn stats(&self, id: &str) -> Result<TabletStats> {
         Ok(self.meta.stats(id))
     }
+
+    fn servers(&self) -> Vec<String> {
+        self.meta.live_addresses()
+    }
+}
+
+/// A scan of a tablet whose leader is in this process: read here once the replica confirms it
+/// still leads (as a scan's RPC would have it confirm), else through its leader elsewhere.
+enum LocalScan {
+    Unopened(Arc<TabletReplica>, RemoteScan),
+    Open(ScanIterator),
+}
+
+impl Iterator for LocalScan {
+    type Item = std::result::Result<RecordBatch, StorageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let LocalScan::Unopened(replica, remote) = self {
+            let runtime = remote.runtime.clone();
+            let confirm = replica.confirm_leader();
+            let confirmed = tokio::task::block_in_place(|| runtime.block_on(confirm));
+            let remote = std::mem::replace(remote, RemoteScan::done(&remote.meta, &runtime));
+            let opened: ScanIterator = match (confirmed, remote.spec.clone()) {
+                (Ok(()), Some(spec)) => {
+                    let snapshot = (spec.snapshot.0 != 0).then_some(spec.snapshot);
+                    match replica.scan(spec, snapshot) {
+                        Ok(scan) => scan,
+                        Err(e) => Box::new(std::iter::once(Err(StorageError::Io(
+                            std::io::Error::other(e),
+                        )))),
+                    }
+                }
+                _ => Box::new(remote),
+            };
+            *self = LocalScan::Open(opened);
+        }
+        match self {
+            LocalScan::Open(scan) => scan.next(),
+            LocalScan::Unopened(..) => None,
+        }
+    }
 }
 
 /// A scan of a tablet on its leader through a scanner; opened at the first batch asked for,
@@ -366,6 +432,18 @@ struct RemoteScan {
 }
 
 impl RemoteScan {
+    /// A scan with nothing left to read.
+    fn done(meta: &Arc<MetaCache>, runtime: &tokio::runtime::Handle) -> Self {
+        RemoteScan {
+            meta: meta.clone(),
+            runtime: runtime.clone(),
+            tablet: String::new(),
+            spec: None,
+            scanner: None,
+            batches: VecDeque::new(),
+        }
+    }
+
     fn fetch(&mut self) -> Result<()> {
         let (server, answer): (u64, ScanResponse) = match self.spec.take() {
             Some(spec) => {

@@ -103,6 +103,16 @@ impl tonic::service::Interceptor for ClusterCredentials {
     }
 }
 
+/// Adds the cluster secret, if one is set, to the headers of an internal call made over a
+/// connection of another library's (see [`stream_endpoint`]).
+pub fn insert_cluster_secret(headers: &mut http::HeaderMap) {
+    if let Some(secret) = CLUSTER_SECRET.get() {
+        if let Ok(value) = http::HeaderValue::from_bytes(secret.as_bytes()) {
+            headers.insert(CLUSTER_SECRET_HEADER, value);
+        }
+    }
+}
+
 /// A connection to another server's internal RPC, carrying the cluster secret.
 pub type RpcChannel = tonic::service::interceptor::InterceptedService<Channel, ClusterCredentials>;
 
@@ -184,20 +194,14 @@ pub async fn connect_with_timeout(
     address: &str,
     timeout: Duration,
 ) -> Result<RpcChannel, EngineError> {
-    connect_endpoint(address, |endpoint| endpoint.timeout(timeout)).await
+    connect_endpoint(address, endpoint(address)?.timeout(timeout)).await
 }
 
 /// A connection for calls that stay open (streams), with no time limit: instead, the
 /// connection closes, and its calls fail, when the other server stops answering HTTP/2 pings
 /// for [`STREAM_PING_TIMEOUT`].
 pub async fn connect_for_streams(address: &str) -> Result<RpcChannel, EngineError> {
-    connect_endpoint(address, |endpoint| {
-        endpoint
-            .http2_keep_alive_interval(STREAM_PING_EVERY)
-            .keep_alive_timeout(STREAM_PING_TIMEOUT)
-            .keep_alive_while_idle(true)
-    })
-    .await
+    connect_endpoint(address, stream_endpoint(address)?).await
 }
 
 /// How often a stream's connection pings the other server, and how long it waits for the
@@ -205,16 +209,31 @@ pub async fn connect_for_streams(address: &str) -> Result<RpcChannel, EngineErro
 const STREAM_PING_EVERY: Duration = Duration::from_secs(1);
 const STREAM_PING_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The endpoint of the server at `address`'s internal RPC for calls that stay open, as
+/// [`connect_for_streams`] makes them (the caller adds the cluster secret to its calls,
+/// [`insert_cluster_secret`]).
+pub fn stream_endpoint(address: &str) -> Result<tonic::transport::Endpoint, EngineError> {
+    Ok(endpoint(address)?
+        .http2_keep_alive_interval(STREAM_PING_EVERY)
+        .keep_alive_timeout(STREAM_PING_TIMEOUT)
+        .keep_alive_while_idle(true))
+}
+
+fn endpoint(address: &str) -> Result<tonic::transport::Endpoint, EngineError> {
+    Ok(
+        tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| EngineError::Unsupported(format!("bad address {address}: {e}")))?
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true)
+            .tcp_keepalive(Some(KEEPALIVE)),
+    )
+}
+
 async fn connect_endpoint(
     address: &str,
-    configure: impl FnOnce(tonic::transport::Endpoint) -> tonic::transport::Endpoint,
+    endpoint: tonic::transport::Endpoint,
 ) -> Result<RpcChannel, EngineError> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-        .map_err(|e| EngineError::Unsupported(format!("bad address {address}: {e}")))?
-        .connect_timeout(Duration::from_secs(2))
-        .tcp_nodelay(true)
-        .tcp_keepalive(Some(KEEPALIVE));
-    let channel = configure(endpoint)
+    let channel = endpoint
         .connect()
         .await
         .map_err(|e| EngineError::Unavailable(format!("cannot reach {address}: {e}")))?;

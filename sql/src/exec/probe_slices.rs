@@ -33,6 +33,11 @@ impl ProbeSlicesExec {
     pub(crate) fn new(input: Arc<dyn ExecutionPlan>, rows: usize) -> Self {
         Self { input, rows }
     }
+
+    /// The rows of a slice.
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
 }
 
 impl DisplayAs for ProbeSlicesExec {

@@ -34,6 +34,8 @@ use futures::TryStreamExt;
 use nyala_engine::{Client, TableHandle};
 use nyala_storage::{ScanSpec, Timestamp};
 
+use datafusion_distributed::DistributedTaskContext;
+
 use crate::catalog::predicate::physical_to_predicates;
 use crate::exec::runtime_filter::filter::RuntimeFilter;
 use crate::session::settings::RuntimeFilterMode;
@@ -78,6 +80,29 @@ pub struct NyalaScanExec {
     /// (Most are exact and DataFusion does not filter again; one on a parameter it does, and
     /// its selectivity then counts twice in the estimate.)
     exact_filter: Option<Arc<dyn PhysicalExpr>>,
+    /// In a distributed plan, which of `tablets` each task of the scan's stage reads (see
+    /// [`crate::distributed`]); None: every partition is one of `tablets`.
+    tasks: Option<Arc<TaskSplit>>,
+}
+
+/// The tablets of a scan split between the tasks of a distributed stage, each task's tablets
+/// led by one tablet server, where the task runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskSplit {
+    /// Each task's tablets (by number); partition `p` of task `t` reads `tablets[t][p]`.
+    pub tablets: Vec<Vec<usize>>,
+    /// The internal RPC address of the server leading each task's tablets (empty: unknown).
+    pub servers: Vec<String>,
+}
+
+/// What a decoded scan is made of (see [`NyalaScanExec::from_parts`]).
+pub struct ScanParts {
+    pub spec: ScanSpec,
+    pub pushed: Vec<String>,
+    pub tablets: Vec<usize>,
+    pub snapshot: Option<Timestamp>,
+    pub as_of: bool,
+    pub tasks: Option<TaskSplit>,
 }
 
 /// A scan's statistics: per partition (tablet), and for the whole scan.
@@ -192,6 +217,28 @@ impl NyalaScanExec {
         &self.table.id
     }
 
+    /// The table scanned.
+    pub fn table(&self) -> &TableHandle {
+        &self.table
+    }
+
+    /// The client the scan reads through.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Whether the scan is a queue's long poll (its tablets wait for rows).
+    pub fn waits(&self) -> bool {
+        self.wait_until.is_some()
+    }
+
+    /// This scan without the runtime filters joins of this process would hand it.
+    pub fn without_runtime_filters(&self) -> Self {
+        let mut scan = self.clone();
+        scan.runtime.clear();
+        scan
+    }
+
     /// The tablets (by number) the scan reads.
     pub fn tablets(&self) -> &[usize] {
         &self.tablets
@@ -243,7 +290,86 @@ impl NyalaScanExec {
             statistics: Arc::default(),
             wait_until: None,
             exact_filter: None,
+            tasks: None,
         })
+    }
+
+    /// What [`Self::from_parts`] rebuilds the scan from on another server. (Runtime and dynamic
+    /// filters stay behind: they are filled in by joins of this process.)
+    pub fn parts(&self) -> ScanParts {
+        ScanParts {
+            spec: self.spec.clone(),
+            pushed: self.pushed.clone(),
+            tablets: self.tablets.clone(),
+            snapshot: self.snapshot,
+            as_of: self.as_of,
+            tasks: self.tasks.as_deref().cloned(),
+        }
+    }
+
+    /// The scan of `table` that [`Self::parts`] described, reading through `client`.
+    pub fn from_parts(client: Client, table: TableHandle, parts: ScanParts) -> Result<Self> {
+        let changes_since = parts.spec.changes_since;
+        let mut scan = Self::try_new(client, table, parts.spec, parts.pushed)?;
+        if let Some(since) = changes_since {
+            scan = scan.changes_since(since);
+        }
+        if parts.tablets.iter().any(|&t| t >= scan.table.tablets.len()) {
+            return Err(DataFusionError::Internal(format!(
+                "a scan of {} names a tablet it does not have",
+                scan.table.name
+            )));
+        }
+        scan.tablets = parts.tablets;
+        scan.snapshot = parts.snapshot;
+        scan.as_of = parts.as_of;
+        Ok(match parts.tasks {
+            Some(tasks) => scan.split(tasks),
+            None => scan.with_partitions(scan.tablets.len()),
+        })
+    }
+
+    /// The scan as the tasks of a distributed stage read it: task `t` reads `tasks.tablets[t]`,
+    /// one partition each (a task with fewer tablets has empty partitions).
+    pub fn split(&self, tasks: TaskSplit) -> Self {
+        let partitions = tasks.tablets.iter().map(Vec::len).max().unwrap_or(0);
+        let mut scan = self.with_partitions(partitions);
+        scan.tasks = Some(Arc::new(tasks));
+        scan.statistics = Arc::default();
+        scan
+    }
+
+    /// The task split, in a distributed plan.
+    pub fn task_split(&self) -> Option<&TaskSplit> {
+        self.tasks.as_deref()
+    }
+
+    /// The scan with `partitions` partitions (at least one).
+    fn with_partitions(&self, partitions: usize) -> Self {
+        let mut scan = self.clone();
+        scan.properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(self.schema.clone()),
+            Partitioning::UnknownPartitioning(partitions.max(1)),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        scan
+    }
+
+    /// The tablet partition `partition` reads in the task `context` runs (None: none).
+    fn tablet_of(&self, partition: usize, context: &Arc<TaskContext>) -> Option<usize> {
+        match &self.tasks {
+            None => self.tablets.get(partition).copied(),
+            Some(tasks) => {
+                let task = DistributedTaskContext::from_ctx(context).task_index;
+                tasks.tablets.get(task)?.get(partition).copied()
+            }
+        }
+    }
+
+    /// The number of partitions the scan has.
+    fn partitions(&self) -> usize {
+        self.properties.partitioning.partition_count()
     }
 
     /// This scan, whose statistics estimate what passes `filter` (over the table's columns):
@@ -473,6 +599,15 @@ impl DisplayAs for NyalaScanExec {
                 self.table.tablets.len()
             )?;
         }
+        if let Some(tasks) = &self.tasks {
+            let described: Vec<String> = (tasks.tablets.iter().enumerate())
+                .map(|(t, tablets)| {
+                    let server = tasks.servers.get(t).map_or("", String::as_str);
+                    format!("{t}@{server}: {tablets:?}")
+                })
+                .collect();
+            write!(f, ", tasks=[{}]", described.join("; "))?;
+        }
         write!(f, ", projection=[{}]", columns.join(", "))?;
         if !self.pushed.is_empty() {
             write!(f, ", predicates=[{}]", self.pushed.join(" AND "))?;
@@ -562,9 +697,9 @@ impl ExecutionPlan for NyalaScanExec {
     ) -> Result<SendableRecordBatchStream> {
         let client = self.client.clone();
         let table = self.table.clone();
-        let tablet = match self.tablets.get(partition) {
-            Some(&tablet) => tablet,
-            None if partition == 0 => {
+        let tablet = match self.tablet_of(partition, &context) {
+            Some(tablet) => tablet,
+            None if partition < self.partitions() => {
                 return Ok(Box::pin(RecordBatchStreamAdapter::new(
                     self.schema.clone(),
                     futures::stream::empty(),
@@ -675,6 +810,13 @@ impl ExecutionPlan for NyalaScanExec {
         // built (a small build side is collected once, which lets runtime filters reach this
         // scan), and join sizes are estimated from the keys' ranges.
         let statistics = self.statistics.get_or_init(|| self.compute_statistics());
+        if self.tasks.is_some() {
+            // A task's partitions are not the tablets' (the totals hold).
+            return Ok(match partition {
+                Some(_) => Arc::new(Statistics::new_unknown(&self.schema)),
+                None => statistics.total.clone(),
+            });
+        }
         Ok(match partition {
             Some(p) => statistics
                 .partitions

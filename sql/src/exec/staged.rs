@@ -88,7 +88,7 @@ impl TableProvider for StagedRows {
 
 /// Reads [`StagedRows`]' rows as they are when it runs.
 #[derive(Debug)]
-struct StagedRowsExec {
+pub(crate) struct StagedRowsExec {
     /// The table's schema (before the projection).
     schema: SchemaRef,
     batches: Arc<Mutex<Vec<RecordBatch>>>,

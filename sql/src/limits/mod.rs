@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool};
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::TaskContext;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -85,6 +85,19 @@ impl Limits {
         self.config.statement_timeout
     }
 
+    /// `base` with a memory pool of one query's own, inside the server's (a query's, or a
+    /// worker's task of another server's query).
+    pub(crate) fn query_runtime(&self, base: &Arc<RuntimeEnv>) -> Result<Arc<RuntimeEnv>> {
+        let pool = QueryMemoryPool::new(
+            self.config.query_memory_bytes,
+            self.config.server_memory_bytes,
+            self.server.clone(),
+        );
+        RuntimeEnvBuilder::from_runtime_env(base)
+            .with_memory_pool(Arc::new(pool))
+            .build_arc()
+    }
+
     /// `base` with a memory pool of the query's own, inside the server's, and the statement's
     /// `interrupt` if it changes rows.
     pub(crate) fn task_context(
@@ -92,14 +105,7 @@ impl Limits {
         base: Arc<TaskContext>,
         interrupt: Option<&Interrupt>,
     ) -> Result<Arc<TaskContext>> {
-        let pool = QueryMemoryPool::new(
-            self.config.query_memory_bytes,
-            self.config.server_memory_bytes,
-            self.server.clone(),
-        );
-        let runtime = RuntimeEnvBuilder::from_runtime_env(&base.runtime_env())
-            .with_memory_pool(Arc::new(pool))
-            .build_arc()?;
+        let runtime = self.query_runtime(&base.runtime_env())?;
         let task = Arc::try_unwrap(base).unwrap_or_else(|shared| {
             TaskContext::new(
                 shared.task_id(),

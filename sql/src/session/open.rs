@@ -13,6 +13,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use crate::catalog::schema::{view_plan, NyalaSchemaProvider};
 use crate::catalog::sys::SysSchemaProvider;
 use crate::database::Database;
+use crate::distributed;
 use crate::exec::runtime_filter::rule::RuntimeFilterRule;
 use crate::functions::as_of::{self, AsOfFunction};
 use crate::functions::bounded::bound_growing_functions;
@@ -40,13 +41,16 @@ impl Database {
             .with_round_robin_repartition(false)
             .with_option_extension(NyalaOptions::default())
             .with_extension(txn.clone());
-        let mut state = SessionStateBuilder::new()
+        let mut builder = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
             .with_physical_optimizer_rule(Arc::new(RuntimeFilterRule::default()))
             .with_physical_optimizer_rule(Arc::new(YieldingLeaves))
-            .with_query_planner(Arc::new(NyalaQueryPlanner))
-            .build();
+            .with_query_planner(Arc::new(NyalaQueryPlanner));
+        if self.is_cluster() {
+            builder = distributed::coordinating(builder, self);
+        }
+        let mut state = builder.build();
         // JSON: json_get*, json_as_text, json_contains, json_length, ... and `->`, `->>`, `?`.
         // (Registering into a fresh state does not fail.)
         let _ = datafusion_functions_json::register_all(&mut state);

@@ -20,6 +20,9 @@ extensions_options! {
         /// How long a statement may run before it is cancelled (`30s`, `500ms`, `2min`, a
         /// number of milliseconds; `0`: no limit). Empty: the server's default.
         pub statement_timeout: String, default = String::new()
+        /// Whether queries run distributed over a cluster's tablet servers: `auto` (with more
+        /// than one tablet server, for queries that scan many rows), `on` or `off`.
+        pub distributed: String, default = "auto".to_string()
     }
 }
 
@@ -55,6 +58,33 @@ impl RuntimeFilterMode {
     }
 }
 
+/// What `nyala.distributed` asks of a cluster's queries (see [`crate::distributed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DistributedMode {
+    Auto,
+    On,
+    Off,
+}
+
+impl DistributedMode {
+    pub fn parse(value: &str) -> Option<Self> {
+        match value.to_ascii_lowercase().as_str() {
+            "auto" => Some(Self::Auto),
+            "on" | "true" => Some(Self::On),
+            "off" | "false" => Some(Self::Off),
+            _ => None,
+        }
+    }
+
+    pub fn of(config: &ConfigOptions) -> Self {
+        config
+            .extensions
+            .get::<NyalaOptions>()
+            .and_then(|o| Self::parse(&o.distributed))
+            .unwrap_or(Self::Auto)
+    }
+}
+
 /// Settings known by another name (PostgreSQL's) too.
 const ALIASES: [(&str, &str); 1] = [("statement_timeout", "nyala.statement_timeout")];
 
@@ -82,6 +112,9 @@ pub fn checked_set(statement: &Statement) -> Result<Statement> {
     match variable.as_str() {
         "nyala.runtime_filters" if RuntimeFilterMode::parse(&set.value).is_none() => {
             return Err(invalid("off, minmax or bloom"));
+        }
+        "nyala.distributed" if DistributedMode::parse(&set.value).is_none() => {
+            return Err(invalid("auto, on or off"));
         }
         "nyala.statement_timeout" if parse_duration(&set.value).is_none() => {
             return Err(invalid(
