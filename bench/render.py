@@ -27,6 +27,8 @@ PAGE = os.path.join(REPO_ROOT, "docs", "benchmarks.md")
 BENCHMARKS = [
     ("tpch", "TPC-H",
      "cargo build --release -p nyala-flight --bin nyala && python3 bench/tpch.py"),
+    ("tpch_cluster", "TPC-H on a cluster",
+     "cargo build --release -p nyala-flight --bin nyala && python3 bench/tpch_cluster.py"),
     ("serving", "Serving: Flight SQL against PostgreSQL", "bench/serving.sh"),
     ("serving_pg", "Serving: Nyala's PostgreSQL protocol against PostgreSQL", "bench/serving.sh"),
     ("serving_floor", "Serving: the Flight SQL floor", "SERVING_FLOOR=1 bench/serving.sh"),

@@ -461,6 +461,7 @@ impl NyalaFlightService {
             None => ticket.sql.clone(),
         };
         let tracked = caller.track(&self.activity, &text, StatementKind::Query);
+        tracked.planned(first);
         // The first plan starts now, so its errors are the call's; the plans of later
         // parameter rows start one after another as the stream reaches them (each holds a turn
         // among running queries while it runs).

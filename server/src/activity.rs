@@ -67,9 +67,16 @@ pub struct RunningStatement {
     started: Instant,
     rows: AtomicU64,
     cancel: watch::Sender<bool>,
+    /// A distributed query's stages, once planned.
+    stages: OnceLock<String>,
 }
 
 impl RunningStatement {
+    /// A distributed query's stages, as EXPLAIN shows them.
+    pub fn stages(&self) -> Option<&str> {
+        self.stages.get().map(String::as_str)
+    }
+
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
     }
@@ -188,6 +195,7 @@ impl Activity {
             started: Instant::now(),
             rows: AtomicU64::new(0),
             cancel: watch::channel(false).0,
+            stages: OnceLock::new(),
         });
         self.running.lock().insert(statement.id, statement.clone());
         TrackedStatement {
@@ -281,6 +289,13 @@ impl TrackedStatement {
     /// Adds `n` rows returned or changed.
     pub fn add_rows(&self, n: u64) {
         self.statement.rows.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Records how `planned`, the statement, runs: a distributed query's stages.
+    pub fn planned(&self, planned: &nyala_sql::PlannedStatement) {
+        if let Some(stages) = planned.stages() {
+            let _ = self.statement.stages.set(stages);
+        }
     }
 
     /// Records that the statement failed with `error`.

@@ -111,6 +111,7 @@ impl ClientSession {
         let tracked = self.track(activity, statement.sql(), StatementKind::Query);
         let started = async {
             let planned = self.sql().plan_prepared(statement, params).await?;
+            tracked.planned(&planned);
             Ok::<_, ServerError>(planned.execute_query().await?)
         }
         .await;

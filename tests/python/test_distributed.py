@@ -9,6 +9,7 @@ import re
 import sys
 import threading
 import time
+import urllib.request
 
 import adbc_driver_flightsql.dbapi as flightsql
 import pytest
@@ -94,6 +95,9 @@ def test_tpch_agrees_distributed_and_on_one_coordinator_and_survives_a_lost_serv
         assert len(servers) >= 2, scan
         set_mode(cur, "off")
         assert "DistributedExec" not in explain(cur, q1)
+        # `auto` keeps queries that scan fewer than a million rows on one coordinator.
+        set_mode(cur, "auto")
+        assert "DistributedExec" not in explain(cur, q1)
         # Bad values are refused with what is accepted.
         with pytest.raises(Exception, match="auto, on or off"):
             set_mode(cur, "sometimes")
@@ -103,13 +107,21 @@ def test_tpch_agrees_distributed_and_on_one_coordinator_and_survives_a_lost_serv
         assert "DistributedExec" not in explain(cur, q1)
         tpch.execute(cur, "COMMIT")
 
-        # A tablet server dies while a distributed query runs on it: the query fails with an
+        # A tablet server dies while a distributed query runs on it (and its coordinator's web
+        # UI shows the stages it runs in): the query fails with an
         # error naming what is unavailable; queries work again once its tablets lead elsewhere.
         tpch.execute(cur, "CREATE TABLE facts (id BIGINT PRIMARY KEY, g BIGINT) "
                           "DISTRIBUTE BY HASH (id) INTO 6 BUCKETS WITH (replicas = 3)")
-        tpch.execute(cur, "INSERT INTO facts SELECT v, v % 20 FROM generate_series(1, 60000) AS t(v)")
+        tpch.execute(cur, "INSERT INTO facts SELECT v, v % 10 FROM generate_series(1, 60000) AS t(v)")
         slow = "SELECT count(*) FROM facts a JOIN facts b ON a.g = b.g"
-        expected = 60000 * 3000
+        expected = 60000 * 6000
+        # The statement timeout stops a distributed query too.
+        set_mode(cur, "on")
+        tpch.execute(cur, "SET statement_timeout = '300ms'")
+        with pytest.raises(Exception, match="statement timeout"):
+            run(cur, [slow])
+        tpch.execute(cur, "SET statement_timeout = 0")
+
         outcome = {}
 
         def query():
@@ -123,7 +135,12 @@ def test_tpch_agrees_distributed_and_on_one_coordinator_and_survives_a_lost_serv
         running = threading.Thread(target=query)
         started = time.time()
         running.start()
-        time.sleep(0.5)
+        # The coordinator's web UI shows the running statement's stages.
+        shown = False
+        while running.is_alive() and not shown and time.time() - started < 30:
+            with urllib.request.urlopen(f"{c.http}/statements", timeout=10) as page:
+                shown = "distributed: stages" in page.read().decode()
+        assert shown, "the statements page never showed the query's stages"
         victim = next(iter(c.tservers))
         c.kill(victim)
         running.join(timeout=120)

@@ -314,7 +314,12 @@ pub fn statements(state: &WebState) -> Result<Markup, PageError> {
                         td { (s.kind) }
                         td.n { (seconds(s.elapsed())) }
                         td.n { (s.rows()) }
-                        td { code { (s.text) } }
+                        td {
+                            code { (s.text) }
+                            @if let Some(stages) = s.stages() {
+                                details { summary { "distributed: stages" } pre { (stages) } }
+                            }
+                        }
                         td {
                             @if s.cancelled() { "cancelling" }
                             @else {

@@ -30,11 +30,10 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
+use datafusion_distributed::DistributedTaskContext;
 use futures::TryStreamExt;
 use nyala_engine::{Client, TableHandle};
 use nyala_storage::{ScanSpec, Timestamp};
-
-use datafusion_distributed::DistributedTaskContext;
 
 use crate::catalog::predicate::physical_to_predicates;
 use crate::exec::runtime_filter::filter::RuntimeFilter;
@@ -267,12 +266,7 @@ impl NyalaScanExec {
         };
         // With no tablet to scan, the one partition of the plan is empty.
         let tablets = table.partition.prune(&table.schema, &spec.predicates);
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(schema.clone()),
-            Partitioning::UnknownPartitioning(tablets.len().max(1)),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
+        let properties = scan_properties(&schema, tablets.len());
         Ok(Self {
             client,
             table,
@@ -347,12 +341,7 @@ impl NyalaScanExec {
     /// The scan with `partitions` partitions (at least one).
     fn with_partitions(&self, partitions: usize) -> Self {
         let mut scan = self.clone();
-        scan.properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(self.schema.clone()),
-            Partitioning::UnknownPartitioning(partitions.max(1)),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
+        scan.properties = scan_properties(&self.schema, partitions);
         scan
     }
 
@@ -388,12 +377,7 @@ impl NyalaScanExec {
     pub fn changes_since(mut self, since: Timestamp) -> Self {
         self.spec.changes_since = Some(since);
         self.schema = with_change_columns(&self.schema, self.spec.string_views);
-        self.properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(self.schema.clone()),
-            self.properties.partitioning.clone(),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
+        self.properties = scan_properties(&self.schema, self.partitions());
         self
     }
 
@@ -566,6 +550,16 @@ impl NyalaScanExec {
         }
         Ok(spec)
     }
+}
+
+/// The properties of a scan returning `schema` in `partitions` partitions (at least one).
+fn scan_properties(schema: &SchemaRef, partitions: usize) -> Arc<PlanProperties> {
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(schema.clone()),
+        Partitioning::UnknownPartitioning(partitions.max(1)),
+        EmissionType::Incremental,
+        Boundedness::Bounded,
+    ))
 }
 
 fn shorten(mut text: String, max: usize) -> String {

@@ -123,6 +123,17 @@ impl PlannedStatement {
         }
     }
 
+    /// The stages of a distributed query, as EXPLAIN shows them (None: it runs on one
+    /// coordinator; see [`crate::distributed`]).
+    pub fn stages(&self) -> Option<String> {
+        match &self.action {
+            Action::Plan(plan) if plan.is::<datafusion_distributed::DistributedExec>() => {
+                Some(datafusion_distributed::display_plan_ascii(plan.as_ref(), false))
+            }
+            _ => None,
+        }
+    }
+
     /// For a query that only projects and filters one table's scan, the number of its output
     /// partitions, one per tablet; each can be run on its own with [`Self::execute_partition`].
     pub fn tablet_partitions(&self) -> Option<usize> {
