@@ -10,6 +10,9 @@ import select
 import subprocess
 import tempfile
 import time
+import urllib.request
+
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 STARTUP_TIMEOUT = 60
@@ -112,6 +115,22 @@ def host_port(url):
 USER, PASSWORD = "alice", "alice-secret"
 
 
+def get(url):
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return response.read().decode()
+
+
+def metrics(http):
+    """The server's metric families by name."""
+    return {f.name: f for f in text_string_to_metric_families(get(f"{http}/metrics"))}
+
+
+def value(families, name, **labels):
+    """The sum of `name`'s samples whose labels include `labels`."""
+    return sum(s.value for f in families.values() for s in f.samples
+               if s.name == name and labels.items() <= s.labels.items())
+
+
 # How long a cluster's condition may take to hold (a leader elected, servers taken for dead).
 CLUSTER_DEADLINE = 60
 
@@ -142,6 +161,9 @@ class Cluster:
                                  expect="listening")
         # "Nyala tablet server <id> listening on <addr> and http://... (data: ...)"
         self.tservers[int(words[3])] = (proc, url_in(words, "http://"))
+
+    def signal(self, server_id, signum):
+        self.tservers[server_id][0].send_signal(signum)
 
     def kill(self, server_id):
         proc, _ = self.tservers.pop(server_id)

@@ -6,6 +6,7 @@ work again."""
 
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -14,7 +15,7 @@ import urllib.request
 import adbc_driver_flightsql.dbapi as flightsql
 import pytest
 
-from nyala_server import cluster
+from nyala_server import cluster, metrics, value
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import tpch  # noqa: E402  (the TPC-H benchmark's data, loading and result comparison)
@@ -40,6 +41,12 @@ def set_mode(cur, mode):
 def explain(cur, query):
     table = tpch.execute(cur, "EXPLAIN " + query)
     return "\n".join(r["plan"] for r in table.to_pylist() if r["plan_type"] == "physical_plan")
+
+
+def scans_opened(c):
+    """Tablet scans the tablet servers opened for other servers (ScanOpen calls)."""
+    return sum(value(metrics(http), "nyala_rpc_duration_seconds_count", method="ScanOpen")
+               for _, http in c.tservers.values())
 
 
 def connect(c):
@@ -83,11 +90,19 @@ def test_tpch_agrees_distributed_and_on_one_coordinator_and_survives_a_lost_serv
             assert diff is None, f"{name}: {diff}"
             assert results["on"], f"{name} returned no rows"
 
+        # A distributed query's scans read the tablets where they lead, in process: no tablet
+        # server opens a scan for another (on one coordinator, every tablet is read that way).
+        with open(os.path.join(tpch.QUERY_DIR, "q01.sql")) as f:
+            q1 = f.read().strip().rstrip(";")
+        for mode, remote_scans in [("on", 0), ("off", BUCKETS)]:
+            set_mode(cur, mode)
+            before = scans_opened(c)
+            run(cur, [q1])
+            assert scans_opened(c) - before == remote_scans, mode
+
         # EXPLAIN shows the stages, the scans' tasks on the servers leading tablets (where
         # placement put the 6 tablets: on two or three servers).
         set_mode(cur, "on")
-        with open(os.path.join(tpch.QUERY_DIR, "q01.sql")) as f:
-            q1 = f.read().strip().rstrip(";")
         plan = explain(cur, q1)
         assert "DistributedExec" in plan and "Stage 1" in plan, plan
         scan = next(line for line in plan.splitlines() if "NyalaScanExec" in line)
@@ -107,14 +122,16 @@ def test_tpch_agrees_distributed_and_on_one_coordinator_and_survives_a_lost_serv
         assert "DistributedExec" not in explain(cur, q1)
         tpch.execute(cur, "COMMIT")
 
-        # A tablet server dies while a distributed query runs on it (and its coordinator's web
-        # UI shows the stages it runs in): the query fails with an
-        # error naming what is unavailable; queries work again once its tablets lead elsewhere.
+        # A tablet server stops answering (SIGSTOP), then one dies (SIGKILL), while a
+        # distributed query runs on it (the coordinator's web UI showing the stages it runs
+        # in): the query fails with a retryable error naming the server, or finishes with the
+        # right count; it never hangs; queries work again once the server answers or its
+        # tablets lead elsewhere.
         tpch.execute(cur, "CREATE TABLE facts (id BIGINT PRIMARY KEY, g BIGINT) "
                           "DISTRIBUTE BY HASH (id) INTO 6 BUCKETS WITH (replicas = 3)")
         tpch.execute(cur, "INSERT INTO facts SELECT v, v % 10 FROM generate_series(1, 60000) AS t(v)")
         slow = "SELECT count(*) FROM facts a JOIN facts b ON a.g = b.g"
-        expected = 60000 * 6000
+        expected = [(float(60000 * 6000),)]
         # The statement timeout stops a distributed query too.
         set_mode(cur, "on")
         tpch.execute(cur, "SET statement_timeout = '300ms'")
@@ -122,41 +139,53 @@ def test_tpch_agrees_distributed_and_on_one_coordinator_and_survives_a_lost_serv
             run(cur, [slow])
         tpch.execute(cur, "SET statement_timeout = 0")
 
-        outcome = {}
-
-        def query():
-            with conn.cursor() as other:
-                try:
-                    set_mode(other, "on")
-                    outcome["rows"] = run(other, [slow])
-                except Exception as e:  # noqa: BLE001 (the error is what is checked)
-                    outcome["error"] = str(e)
-
-        running = threading.Thread(target=query)
-        started = time.time()
-        running.start()
-        # The coordinator's web UI shows the running statement's stages.
-        shown = False
-        while running.is_alive() and not shown and time.time() - started < 30:
-            with urllib.request.urlopen(f"{c.http}/statements", timeout=10) as page:
-                shown = "distributed: stages" in page.read().decode()
-        assert shown, "the statements page never showed the query's stages"
-        victim = next(iter(c.tservers))
-        c.kill(victim)
-        running.join(timeout=120)
-        assert not running.is_alive(), "the query hung after a tablet server died"
-        # Either it finished before the server went, with the right count, or it failed cleanly.
-        if "error" in outcome:
-            assert "(Unavailable;" in outcome["error"] and "tablet server" in outcome["error"], \
-                outcome["error"]
-        else:
-            assert outcome["rows"] == [(float(expected),)], (outcome, time.time() - started)
-
         def works():
             try:
-                return run(cur, [slow]) == [(float(expected),)]
+                return run(cur, [slow]) == expected
             except Exception:  # noqa: BLE001 (not yet: leaders are being elected)
                 return False
 
-        c.until(works, "queries never worked again after a tablet server died")
+        for fault in [signal.SIGSTOP, signal.SIGKILL]:
+            victim = next(iter(c.tservers))
+            outcome = interrupted(conn, slow, c.http, lambda: c.signal(victim, fault))
+            assert "hung" not in outcome, f"the query hung after {fault.name}"
+            if "error" in outcome:
+                # (The server that stopped, or a tablet it led, as the statement met it first.)
+                assert "(Unavailable;" in outcome["error"] and "tablet" in outcome["error"], \
+                    outcome["error"]
+            else:
+                assert outcome["rows"] == expected, outcome
+            if fault == signal.SIGSTOP:
+                c.signal(victim, signal.SIGCONT)
+            else:
+                c.tservers.pop(victim)
+            c.until(works, f"queries never worked again after {fault.name}")
         conn.close()
+
+
+def interrupted(conn, query, http, fault):
+    """Runs `query` distributed and, once the coordinator's web UI shows its stages, `fault`;
+    its rows or error, or "hung" if it had neither after 60 s."""
+    outcome = {}
+
+    def run_query():
+        with conn.cursor() as other:
+            try:
+                set_mode(other, "on")
+                outcome["rows"] = run(other, [query])
+            except Exception as e:  # noqa: BLE001 (the error is what is checked)
+                outcome["error"] = str(e)
+
+    running = threading.Thread(target=run_query)
+    started = time.time()
+    running.start()
+    shown = False
+    while running.is_alive() and not shown and time.time() - started < 30:
+        with urllib.request.urlopen(f"{http}/statements", timeout=10) as page:
+            shown = "distributed: stages" in page.read().decode()
+    assert shown, "the statements page never showed the query's stages"
+    fault()
+    running.join(timeout=60)
+    if running.is_alive():
+        outcome["hung"] = True
+    return outcome

@@ -11,9 +11,8 @@ import time
 import urllib.request
 
 import pytest
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from nyala_server import cluster, nyala_bin, nyala_serve, start_process, url_in
+from nyala_server import cluster, get, metrics, nyala_bin, nyala_serve, start_process, url_in, value
 
 DEADLINE = 60
 
@@ -24,22 +23,6 @@ def sql(url, statement):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout
-
-
-def get(url):
-    with urllib.request.urlopen(url, timeout=30) as response:
-        return response.read().decode()
-
-
-def metrics(http):
-    """The server's metric families by name."""
-    return {f.name: f for f in text_string_to_metric_families(get(f"{http}/metrics"))}
-
-
-def value(families, name, **labels):
-    """The sum of `name`'s samples whose labels include `labels`."""
-    return sum(s.value for f in families.values() for s in f.samples
-               if s.name == name and labels.items() <= s.labels.items())
 
 
 def chromium():
