@@ -2,7 +2,9 @@
 //! sends to workers (DataFusion's own travel as `datafusion-proto` writes them).
 //!
 //! A scan travels as its table's definition, the scan spec in the form tablet servers read
-//! (`ScanSpec::encode`), its tablets, snapshot and task split; the worker rebuilds it over its
+//! (`ScanSpec::encode`), its tablets, snapshot and task split, and DataFusion's dynamic filters
+//! (a hash join's, when the join runs in the scan's stage: decoded together, they share the
+//! filter, which the join fills in before the scan starts); the worker rebuilds it over its
 //! own engine client. The table's definition travels whole, so a worker whose view of the
 //! catalog lags the coordinator's still scans the table the statement planned against.
 
@@ -11,13 +13,18 @@ use std::sync::Arc;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use datafusion_proto::physical_plan::{
+    PhysicalExtensionCodec, PhysicalPlanDecodeContext, PhysicalProtoConverterExtension,
+};
+use datafusion_proto::protobuf::PhysicalExprNode;
 use nyala_engine::{Client, TableInfo};
 use nyala_storage::{ScanSpec, Timestamp};
+use prost::Message;
 use serde::{Deserialize, Serialize};
 
 use crate::exec::probe_slices::ProbeSlicesExec;
 use crate::exec::scan::{NyalaScanExec, ScanParts, TaskSplit};
+use crate::session::settings::RuntimeFilterMode;
 
 /// Encodes and decodes Nyala's operators; decoded scans read through `client`.
 #[derive(Debug, Clone)]
@@ -44,6 +51,12 @@ enum Node {
         snapshot: Option<u64>,
         as_of: bool,
         tasks: Option<(Vec<Vec<usize>>, Vec<String>)>,
+        /// DataFusion's dynamic filters (as `datafusion-proto` writes expressions: a join
+        /// decoded in the same stage shares them), and `nyala.runtime_filters`' mode.
+        #[serde(default)]
+        dynamic: Vec<Vec<u8>>,
+        #[serde(default)]
+        dynamic_mode: String,
     },
     ProbeSlices {
         rows: usize,
@@ -59,8 +72,8 @@ impl PhysicalExtensionCodec for NyalaCodec {
         &self,
         buf: &[u8],
         inputs: &[Arc<dyn ExecutionPlan>],
-        _ctx: &TaskContext,
-        _proto_converter: &dyn PhysicalProtoConverterExtension,
+        ctx: &TaskContext,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let node: Node = serde_json::from_slice(buf).map_err(external)?;
         match (node, inputs) {
@@ -74,6 +87,8 @@ impl PhysicalExtensionCodec for NyalaCodec {
                     snapshot,
                     as_of,
                     tasks,
+                    dynamic,
+                    dynamic_mode,
                 },
                 [],
             ) => {
@@ -88,7 +103,15 @@ impl PhysicalExtensionCodec for NyalaCodec {
                     tasks: tasks.map(|(tablets, servers)| TaskSplit { tablets, servers }),
                 };
                 let scan = NyalaScanExec::from_parts(self.client.clone(), Arc::new(table), parts)?;
-                Ok(Arc::new(scan))
+                let context = PhysicalPlanDecodeContext::new(ctx, self);
+                let dynamic = (dynamic.iter())
+                    .map(|bytes| {
+                        let node = PhysicalExprNode::decode(bytes.as_slice()).map_err(external)?;
+                        proto_converter.proto_to_physical_expr(&node, &scan.schema(), &context)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let mode = RuntimeFilterMode::parse(&dynamic_mode).unwrap_or(RuntimeFilterMode::Off);
+                Ok(Arc::new(scan.with_dynamic_filters(dynamic, mode)))
             }
             (Node::ProbeSlices { rows }, [input]) => {
                 Ok(Arc::new(ProbeSlicesExec::new(input.clone(), rows)))
@@ -103,11 +126,14 @@ impl PhysicalExtensionCodec for NyalaCodec {
         &self,
         node: Arc<dyn ExecutionPlan>,
         buf: &mut Vec<u8>,
-        _proto_converter: &dyn PhysicalProtoConverterExtension,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
         let encoded = if let Some(scan) = node.downcast_ref::<NyalaScanExec>() {
             let parts = scan.parts();
             let spec = parts.spec.encode().map_err(external)?;
+            let dynamic = (scan.dynamic_filters().iter())
+                .map(|expr| Ok(proto_converter.physical_expr_to_proto(expr, self)?.encode_to_vec()))
+                .collect::<Result<Vec<_>>>()?;
             Node::Scan {
                 table: scan.table().as_ref().clone(),
                 spec: String::from_utf8(spec).map_err(external)?,
@@ -117,6 +143,8 @@ impl PhysicalExtensionCodec for NyalaCodec {
                 snapshot: parts.snapshot.map(|s| s.0),
                 as_of: parts.as_of,
                 tasks: parts.tasks.map(|t| (t.tablets, t.servers)),
+                dynamic,
+                dynamic_mode: format!("{:?}", scan.dynamic_mode()),
             }
         } else if let Some(slices) = node.downcast_ref::<ProbeSlicesExec>() {
             Node::ProbeSlices {

@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::catalog::Session;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::error::Result;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::QueryPlanner;
+use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::common::display::{PlanType, StringifiedPlan, ToStringifiedPlan};
 use datafusion::logical_expr::{ExplainFormat, LogicalPlan};
 use datafusion::physical_plan::explain::ExplainExec;
@@ -16,7 +17,7 @@ use datafusion_distributed::{display_plan_ascii, DistributedExec};
 use nyala_engine::Client;
 
 use crate::exec::mutation::ConditionalMutationExec;
-use crate::exec::runtime_filter::RuntimeFilterBuildExec;
+use crate::exec::runtime_filter::RuntimeFilterRule;
 use crate::exec::scan::NyalaScanExec;
 use crate::exec::staged::StagedRowsExec;
 use crate::exec::tail::TailExec;
@@ -149,8 +150,9 @@ fn travels_and_rows(plan: &Arc<dyn ExecutionPlan>) -> Result<(bool, usize)> {
 
 /// [`NyalaQueryPlanner`] without Nyala's runtime filters, for plans split into stages: a
 /// build side and the scans waiting for its filters may end up on different servers, where
-/// the scans would wait for ever. (DataFusion's dynamic filters stay where both ends run in
-/// one process and are left out of what travels.)
+/// the scans would wait for ever. DataFusion's dynamic filters stay (Nyala's rule would have
+/// replaced them): a hash join and the scans it filters that run in one stage share them on
+/// the worker too (see `codec.rs`).
 #[derive(Debug)]
 pub(crate) struct UnfilteredPlanner;
 
@@ -161,18 +163,18 @@ impl QueryPlanner for UnfilteredPlanner {
         logical: &LogicalPlan,
         session: &dyn Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let plan = NyalaQueryPlanner.create_physical_plan(logical, session).await?;
-        let unfiltered = plan.transform_up(|node| {
-            if let Some(build) = node.downcast_ref::<RuntimeFilterBuildExec>() {
-                return Ok(Transformed::yes(build.input().clone()));
-            }
-            match node.downcast_ref::<NyalaScanExec>() {
-                Some(scan) if scan.has_runtime_filters() => Ok(Transformed::yes(Arc::new(
-                    scan.without_runtime_filters(),
-                ))),
-                _ => Ok(Transformed::no(node)),
-            }
-        })?;
-        Ok(unfiltered.data)
+        let Some(state) = session.as_any().downcast_ref::<SessionState>() else {
+            return Err(DataFusionError::Internal(
+                "a distributed plan needs a DataFusion session state".into(),
+            ));
+        };
+        let rules = (state.physical_optimizers().iter())
+            .filter(|rule| rule.name() != RuntimeFilterRule::NAME)
+            .cloned()
+            .collect();
+        let state = SessionStateBuilder::new_from_existing(state.clone())
+            .with_physical_optimizer_rules(rules)
+            .build();
+        NyalaQueryPlanner.create_physical_plan(logical, &state).await
     }
 }

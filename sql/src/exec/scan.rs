@@ -231,13 +231,6 @@ impl NyalaScanExec {
         self.wait_until.is_some()
     }
 
-    /// This scan without the runtime filters joins of this process would hand it.
-    pub fn without_runtime_filters(&self) -> Self {
-        let mut scan = self.clone();
-        scan.runtime.clear();
-        scan
-    }
-
     /// The tablets (by number) the scan reads.
     pub fn tablets(&self) -> &[usize] {
         &self.tablets
@@ -288,8 +281,9 @@ impl NyalaScanExec {
         })
     }
 
-    /// What [`Self::from_parts`] rebuilds the scan from on another server. (Runtime and dynamic
-    /// filters stay behind: they are filled in by joins of this process.)
+    /// What [`Self::from_parts`] rebuilds the scan from on another server. (Runtime filters
+    /// stay behind: joins of this process fill them in; DataFusion's dynamic filters travel on
+    /// their own, see [`Self::with_dynamic_filters`].)
     pub fn parts(&self) -> ScanParts {
         ScanParts {
             spec: self.spec.clone(),
@@ -508,9 +502,28 @@ impl NyalaScanExec {
         scan
     }
 
-    /// DataFusion's dynamic filters handed to this scan.
+    /// DataFusion's dynamic filters handed to this scan, and what it makes of them.
     pub fn dynamic_filters(&self) -> &[Arc<dyn PhysicalExpr>] {
         &self.dynamic
+    }
+
+    /// How the scan turns DataFusion's dynamic filters into storage predicates.
+    pub fn dynamic_mode(&self) -> RuntimeFilterMode {
+        self.dynamic_mode
+    }
+
+    /// This scan with DataFusion's dynamic filters `dynamic`, used as `mode` says (a scan
+    /// rebuilt on another server, its filters shared with the joins decoded with it).
+    pub fn with_dynamic_filters(
+        self,
+        dynamic: Vec<Arc<dyn PhysicalExpr>>,
+        mode: RuntimeFilterMode,
+    ) -> Self {
+        Self {
+            dynamic,
+            dynamic_mode: mode,
+            ..self
+        }
     }
 
     /// This scan with only the dynamic filters that `keep` accepts.

@@ -59,11 +59,6 @@ struct BuildState {
 }
 
 impl RuntimeFilterBuildExec {
-    /// The build side it passes through.
-    pub(crate) fn input(&self) -> &Arc<dyn ExecutionPlan> {
-        &self.input
-    }
-
     pub(crate) fn try_new(
         input: Arc<dyn ExecutionPlan>,
         keys: Vec<Arc<dyn PhysicalExpr>>,

@@ -28,6 +28,11 @@ pub struct RuntimeFilterRule {
     next_id: std::sync::atomic::AtomicUsize,
 }
 
+impl RuntimeFilterRule {
+    /// The rule's name among the physical optimizer's.
+    pub const NAME: &'static str = "nyala_runtime_filters";
+}
+
 impl PhysicalOptimizerRule for RuntimeFilterRule {
     fn optimize(
         &self,
@@ -52,7 +57,7 @@ impl PhysicalOptimizerRule for RuntimeFilterRule {
     }
 
     fn name(&self) -> &str {
-        "nyala_runtime_filters"
+        Self::NAME
     }
 
     fn schema_check(&self) -> bool {
