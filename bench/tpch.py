@@ -613,6 +613,19 @@ def results_report(scale, runs, buckets, versions, load_stats, size_rows, query_
     return report
 
 
+def add_run_arguments(parser, runs, buckets, settle):
+    """--scale, --runs, --queries, --buckets and --settle, with these defaults."""
+    parser.add_argument("--scale", type=float, default=1.0, help="scale factor (default 1)")
+    parser.add_argument("--runs", type=int, default=runs,
+                        help="timed runs per query after one warm-up; the best counts")
+    parser.add_argument("--queries", help="queries to run, e.g. 1,3,15 or 1-5 (default all 22)")
+    parser.add_argument("--buckets", type=int, default=buckets,
+                        help=f"hash buckets of the six large tables (default {buckets})")
+    parser.add_argument("--settle", type=float, default=settle,
+                        help="seconds to wait at most after the load for the tablets to flush "
+                             f"(default {settle:g}; 0: query at once)")
+
+
 def main():
     target = os.environ.get("CARGO_TARGET_DIR") or os.path.expanduser("~/.cache/nyala-target")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -624,16 +637,8 @@ def main():
                         "TPC-H tables are dropped and loaded again unless --skip-load")
     p.add_argument("--skip-load", action="store_true",
                    help="with --connect: query the tables as they are")
-    p.add_argument("--scale", type=float, default=1.0, help="scale factor (default 1)")
-    p.add_argument("--runs", type=int, default=3,
-                   help="timed runs per query and engine after one warm-up; the best counts")
-    p.add_argument("--queries", help="queries to run, e.g. 1,3,15 or 1-5 (default all 22)")
-    p.add_argument("--buckets", type=int, default=8,
-                   help="hash buckets of the six large tables (default 8)")
+    add_run_arguments(p, runs=3, buckets=8, settle=60)
     p.add_argument("--batch-rows", type=int, default=65536, help="rows per ingest batch")
-    p.add_argument("--settle", type=float, default=60,
-                   help="seconds to wait at most after the load for the tablets to flush "
-                        "(default 60; 0: query at once)")
     p.add_argument("--timeout", type=float, default=600,
                    help="Nyala statement timeout per statement in seconds (0: none)")
     p.add_argument("--keep-data-dir", action="store_true",

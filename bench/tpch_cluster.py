@@ -90,15 +90,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_binary_argument(p)
-    p.add_argument("--scale", type=float, default=1.0, help="scale factor (default 1)")
-    p.add_argument("--runs", type=int, default=2,
-                   help="timed runs per query and mode after one warm-up; the best counts")
-    p.add_argument("--queries", help="queries to run, e.g. 1,3,15 or 1-5 (default all 22)")
-    p.add_argument("--buckets", type=int, default=12,
-                   help="hash buckets of the six large tables (default 12)")
+    tpch.add_run_arguments(p, runs=2, buckets=12, settle=90)
     p.add_argument("--tservers", type=int, default=3, help="tablet servers (default 3)")
-    p.add_argument("--settle", type=float, default=90,
-                   help="seconds to wait at most after the load for the tablets to flush")
     add_json_argument(p, "tpch_cluster")
     args = p.parse_args()
     queries = tpch.parse_queries(args.queries)

@@ -12,7 +12,7 @@ use nyala_engine::tserver::TabletServer;
 use nyala_engine::Client;
 use nyala_storage::TabletOptions;
 
-use crate::distributed::ClusterChannels;
+use crate::distributed::workers::ClusterChannels;
 use crate::limits::{Limits, QueryLimits};
 use crate::{Result, SqlError};
 

@@ -17,7 +17,7 @@
 mod codec;
 pub(crate) mod planner;
 mod tasks;
-mod workers;
+pub(crate) mod workers;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -31,7 +31,6 @@ use datafusion_distributed::{
 };
 
 pub use planner::AUTO_MIN_ROWS;
-pub(crate) use workers::ClusterChannels;
 
 use crate::database::Database;
 use codec::NyalaCodec;
