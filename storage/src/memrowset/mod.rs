@@ -177,6 +177,33 @@ impl RowArena {
         )?)
     }
 
+    /// Batch number `batch` with the columns `columns`, in slices of at most `rows` rows, no
+    /// copy ([`RowArena::row`]'s, for a batch all of whose rows a scan reads).
+    pub fn slices(
+        &self,
+        schema: &SchemaRef,
+        columns: &[usize],
+        batch: u32,
+        rows: usize,
+    ) -> Result<Vec<RecordBatch>, StorageError> {
+        let (batch, _) = self.index(RowRef { batch, row: 0 });
+        let projected = std::sync::Arc::new(schema.project(columns)?);
+        let source = &self.batches[batch];
+        let len = source.num_rows();
+        (0..len)
+            .step_by(rows.max(1))
+            .map(|offset| {
+                let n = rows.max(1).min(len - offset);
+                let arrays = columns
+                    .iter()
+                    .map(|&c| source.column(c).slice(offset, n))
+                    .collect();
+                let options = arrow::array::RecordBatchOptions::new().with_row_count(Some(n));
+                Ok(RecordBatch::try_new_with_options(projected.clone(), arrays, &options)?)
+            })
+            .collect()
+    }
+
     /// Drops the batches numbered below `end`.
     pub fn drop_before(&mut self, end: u32) {
         let n = (end.saturating_sub(self.first) as usize).min(self.batches.len());
@@ -200,6 +227,12 @@ pub struct MemRowSet {
     /// The newest timestamp of a version pushed (a diff scan of a window after it has nothing
     /// to look for here).
     newest: Timestamp,
+    /// While every key holds one version, a row of an arena batch all of whose rows were
+    /// inserted here ([`MemRowSet::inserted_whole`]), the numbers of those batches, in order: a
+    /// scan that sees every version reads them as they are, without walking the index
+    /// ([`MemRowSet::whole_batches`]). None once a key has more versions, a deletion, or a row
+    /// of another batch.
+    whole: Option<Vec<u32>>,
 }
 
 impl MemRowSet {
@@ -209,6 +242,7 @@ impl MemRowSet {
             index: KeyIndex::new(runs),
             key_bytes: 0,
             newest: Timestamp(0),
+            whole: Some(Vec::new()),
         }
     }
 
@@ -218,6 +252,7 @@ impl MemRowSet {
             index: self.index.emptied(),
             key_bytes: 0,
             newest: Timestamp(0),
+            whole: Some(Vec::new()),
         };
         std::mem::replace(self, empty)
     }
@@ -226,15 +261,45 @@ impl MemRowSet {
         self.index.get(key).and_then(|v| v.last())
     }
 
+    /// Adds a version of `key`. (Unless the caller then says the whole batch of its row was
+    /// inserted here, [`MemRowSet::inserted_whole`], scans walk the index from now on.)
     pub fn push(&mut self, key: KeyBytes, version: Version) {
         let len = key.len();
         let versions = self.index.get_or_default(key);
         if versions.is_empty() {
             self.key_bytes += len + 48;
+        } else {
+            self.whole = None;
+        }
+        if version.row.is_none() {
+            self.whole = None;
         }
         versions.push(version);
         self.key_bytes += std::mem::size_of::<Version>();
         self.newest = self.newest.max(version.ts);
+    }
+
+    /// Every row of arena batch `batch` was just pushed, each the first version of its key.
+    pub fn inserted_whole(&mut self, batch: u32) {
+        if let Some(whole) = &mut self.whole {
+            whole.push(batch);
+        }
+    }
+
+    /// Rows were pushed that are not all of an arena batch ([`MemRowSet::inserted_whole`]):
+    /// scans walk the index.
+    pub fn inserted_part(&mut self) {
+        self.whole = None;
+    }
+
+    /// The arena batches that hold exactly the rows visible at `snapshot`, if there are such:
+    /// every key has one version, a row of these batches, and `snapshot` sees them all. (Not
+    /// in key order; a queue table's scans read its rows in order and never take them.)
+    pub fn whole_batches(&self, snapshot: Timestamp) -> Option<&[u32]> {
+        let queue = matches!(self.index, KeyIndex::Runs(_));
+        (!queue && snapshot >= self.newest)
+            .then_some(self.whole.as_deref())
+            .flatten()
     }
 
     /// The newest timestamp of a version it holds or held (an upper bound).
@@ -265,6 +330,7 @@ impl MemRowSet {
 
     /// Removes `key`; returns its versions.
     pub fn remove(&mut self, key: &[u8]) -> Versions {
+        self.whole = None;
         let versions = self.index.remove(key).unwrap_or_default();
         if !versions.is_empty() {
             self.key_bytes -= key.len() + 48 + versions.len() * std::mem::size_of::<Version>();
@@ -274,10 +340,15 @@ impl MemRowSet {
 
     /// Adds `newer`'s versions after this one's.
     pub fn append(&mut self, newer: MemRowSet) {
+        let whole = newer.whole.clone();
         for (key, versions) in newer.index.into_entries() {
             for version in versions {
                 self.push(key.clone(), version);
             }
+        }
+        match (&mut self.whole, whole) {
+            (Some(mine), Some(theirs)) => mine.extend(theirs),
+            (mine, _) => *mine = None,
         }
     }
 }

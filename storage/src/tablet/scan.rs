@@ -64,13 +64,28 @@ impl Tablet {
             sources.extend(images.into_iter().map(Source::Batch));
         }
         let range = scan::key_range(schema, &spec.predicates);
-        let mem_rows = state.visible_mem_rows(spec.snapshot, &range);
-        for chunk in mem_rows.chunks(batch_size) {
-            sources.push_back(Source::Batch(state.arena.gather(
-                &table,
-                &read_columns,
-                chunk,
-            )?));
+        let whole = (state.frozen.is_none() && range.lower.is_empty() && range.upper.is_none())
+            .then(|| state.mrs.whole_batches(spec.snapshot))
+            .flatten();
+        match whole {
+            // Every row the MemRowSet holds is visible, each the only version of its key: its
+            // batches are read as they are, without a look at each key.
+            Some(batches) => {
+                for &batch in batches {
+                    let slices = state.arena.slices(&table, &read_columns, batch, batch_size)?;
+                    sources.extend(slices.into_iter().map(Source::Batch));
+                }
+            }
+            None => {
+                let mem_rows = state.visible_mem_rows(spec.snapshot, &range);
+                for chunk in mem_rows.chunks(batch_size) {
+                    sources.push_back(Source::Batch(state.arena.gather(
+                        &table,
+                        &read_columns,
+                        chunk,
+                    )?));
+                }
+            }
         }
         Ok(boxed_scan(&state, spec, read_columns, output_len, sources))
     }

@@ -233,6 +233,18 @@ impl Tablet {
         }
         // New full row images: the batch's rows for INSERT/UPSERT, old rows with the changed
         // columns replaced for UPDATE, none for DELETE.
+        // New rows whose arena batch holds only rows new to the MemRowSet, all applied, can be
+        // read by scans as the batch they are; rows put in among others cannot (see
+        // `MemRowSet::whole_batches`). (Other versions of keys there end it in `push`.)
+        let inserts = matches!(
+            kind,
+            WriteKind::Insert | WriteKind::InsertIgnore | WriteKind::Upsert
+        );
+        let in_memory = |(a, l): (&bool, &Location)| *a && !matches!(l, Location::Disk { .. });
+        let whole = applied.iter().all(|&a| a)
+            && locations.iter().all(|l| matches!(l, Location::Absent));
+        let some_in_memory = applied.iter().zip(&locations).any(in_memory);
+        let first_batch = state.arena.end();
         let images: Option<Vec<RowRef>> = match kind {
             WriteKind::Insert | WriteKind::InsertIgnore | WriteKind::Upsert => {
                 Some(state.arena.append(rows.clone()))
@@ -275,6 +287,11 @@ impl Tablet {
                     state.mrs.push(key, version)
                 }
             }
+        }
+        match (inserts, whole) {
+            (true, true) => state.mrs.inserted_whole(first_batch),
+            (true, false) if some_in_memory => state.mrs.inserted_part(),
+            _ => {}
         }
         if kind == WriteKind::InsertIgnore {
             return Ok(applied.iter().filter(|&&a| a).count());
