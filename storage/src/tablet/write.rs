@@ -231,8 +231,6 @@ impl Tablet {
             }
             locations.push(location);
         }
-        // New full row images: the batch's rows for INSERT/UPSERT, old rows with the changed
-        // columns replaced for UPDATE, none for DELETE.
         // New rows whose arena batch holds only rows new to the MemRowSet, all applied, can be
         // read by scans as the batch they are; rows put in among others cannot (see
         // `MemRowSet::whole_batches`). (Other versions of keys there end it in `push`.)
@@ -245,6 +243,8 @@ impl Tablet {
             && locations.iter().all(|l| matches!(l, Location::Absent));
         let some_in_memory = applied.iter().zip(&locations).any(in_memory);
         let first_batch = state.arena.end();
+        // New full row images: the batch's rows for INSERT/UPSERT, old rows with the changed
+        // columns replaced for UPDATE, none for DELETE.
         let images: Option<Vec<RowRef>> = match kind {
             WriteKind::Insert | WriteKind::InsertIgnore | WriteKind::Upsert => {
                 Some(state.arena.append(rows.clone()))
