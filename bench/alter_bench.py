@@ -23,7 +23,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clone import add_binary_argument, query, start_server, stop_server  # noqa: E402
+from clone import (  # noqa: E402
+    add_binary_argument, execute_update, query, restart_server, start_server, stop_server)
 from results import Report, add_json_argument, load_average  # noqa: E402
 
 STATEMENTS = [
@@ -67,8 +68,7 @@ def data_files(data_dir):
 
 def timed_update(cur, sql):
     started = time.perf_counter()
-    cur.adbc_statement.set_sql_query(sql)
-    cur.adbc_statement.execute_update()
+    execute_update(cur, sql)
     return time.perf_counter() - started
 
 
@@ -110,9 +110,7 @@ def main():
                         "DISTRIBUTE BY HASH (id) INTO 4 BUCKETS")
             load = timed_update(cur, f"COPY t FROM '{parquet}'")
             log(f"loaded in {load:.1f} s")
-        # Shutting down flushes the MemRowSets: every row is in DiskRowSets.
-        stop_server(proc, work)
-        proc, uri, data = start_server(args.bin, work)
+        proc, uri, data = restart_server(proc, args.bin, work)
         before = data_files(data)
         with flightsql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
             for name, sql in STATEMENTS:

@@ -21,10 +21,10 @@ import random
 import shutil
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clone import add_binary_argument, query, start_server, stop_server  # noqa: E402
+from clone import (  # noqa: E402
+    add_binary_argument, best, execute_update, query, restart_server, start_server, stop_server)
 from results import Report, add_json_argument, load_average  # noqa: E402
 
 QUERIES = [
@@ -59,16 +59,6 @@ def write_parquet(path, rows):
                                          "tags": tags, "scores": scores}, schema=schema))
 
 
-def best(run, repeat):
-    times = []
-    result = None
-    for _ in range(repeat):
-        started = time.perf_counter()
-        result = run()
-        times.append(time.perf_counter() - started)
-    return min(times), result
-
-
 def normalized(rows):
     """Rows with their numbers as ints (engines differ in their sums' types)."""
     return [tuple(v if v is None or isinstance(v, str) else int(v) for v in row) for row in rows]
@@ -95,12 +85,9 @@ def main():
         with flightsql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
             cur.execute("CREATE TABLE events (id BIGINT PRIMARY KEY, tags ARRAY<STRING>, "
                         "scores INT[]) DISTRIBUTE BY HASH (id) INTO 4 BUCKETS")
-            cur.adbc_statement.set_sql_query(f"COPY events FROM '{parquet}'")
-            loaded = cur.adbc_statement.execute_update()
+            loaded = execute_update(cur, f"COPY events FROM '{parquet}'")
             assert loaded == args.rows, loaded
-        # Shutting down flushes the MemRowSets: the queries read DiskRowSets.
-        stop_server(proc, work)
-        proc, uri, _ = start_server(args.bin, work)
+        proc, uri, _ = restart_server(proc, args.bin, work)
         with flightsql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
             for name, sql in QUERIES:
                 ours[name] = best(lambda: query(cur, sql), args.repeat)

@@ -141,6 +141,31 @@ def timed(cur, sql):
     return time.perf_counter() - t
 
 
+def restart_server(proc, binary, work):
+    """Stops the server and starts it again on the same data: stopping flushes the
+    MemRowSets, so the rows are in DiskRowSets after it. (process, grpc URL, data directory)"""
+    stop_server(proc, work)
+    return start_server(binary, work)
+
+
+def execute_update(cur, sql):
+    """Runs `sql` as an update (no prepare round trip); the rows it reports."""
+    cur.adbc_statement.set_sql_query(sql)
+    return cur.adbc_statement.execute_update()
+
+
+def best(run, runs, warm_up=False):
+    """The best of `runs` timings of `run()` (after one untimed run with `warm_up`), and the
+    last result."""
+    result = run() if warm_up else None
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        result = run()
+        times.append(time.perf_counter() - started)
+    return min(times), result
+
+
 def disk_bytes(paths):
     """The disk space the files under `paths` take (st_blocks), each inode counted once."""
     seen, total = set(), 0

@@ -25,7 +25,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clone import add_binary_argument, query, start_server, stop_server  # noqa: E402
+from clone import (  # noqa: E402
+    add_binary_argument, best, query, restart_server, start_server, stop_server)
 from results import Report, add_json_argument  # noqa: E402
 
 QUERIES = [
@@ -52,17 +53,6 @@ def rows_table(rows):
     })
 
 
-def best(run, runs):
-    """The best of `runs` timings of `run()` after one warm-up, and its last result."""
-    result = run()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        result = run()
-        times.append(time.perf_counter() - t)
-    return min(times), result
-
-
 def nyala_times(uri, runs):
     import adbc_driver_flightsql.dbapi as flightsql
     out = {}
@@ -70,7 +60,7 @@ def nyala_times(uri, runs):
         memory = query(cur, "SELECT coalesce(sum(memory_bytes), 0) FROM sys.partitions "
                             "WHERE table_name = 't'")[0][0]
         for name, sql in QUERIES:
-            out[name] = best(lambda: [tuple(r) for r in query(cur, sql)], runs)
+            out[name] = best(lambda: [tuple(r) for r in query(cur, sql)], runs, warm_up=True)
     return out, memory
 
 
@@ -113,9 +103,7 @@ def main():
             log(f"{args.rows:,} rows ingested in {time.perf_counter() - t:.1f} s")
         fresh, fresh_memory = nyala_times(uri, args.runs)
         log(f"fresh: {fresh_memory / 2**20:.1f} MiB in MemRowSets")
-        # Stopping flushes the MemRowSets: every row is in DiskRowSets after the restart.
-        stop_server(proc, work)
-        proc, uri, _ = start_server(args.bin, work)
+        proc, uri, _ = restart_server(proc, args.bin, work)
         flushed, flushed_memory = nyala_times(uri, args.runs)
         log(f"flushed: {flushed_memory / 2**20:.1f} MiB in MemRowSets")
         stop_server(proc, work)
@@ -123,7 +111,7 @@ def main():
         ctx = datafusion.SessionContext()
         ctx.register_parquet("t", parquet)
         theirs = {name: best(lambda: [tuple(r.values()) for r in ctx.sql(sql).to_pylist()],
-                             args.runs)
+                             args.runs, warm_up=True)
                   for name, sql in QUERIES}
     finally:
         if proc is not None:

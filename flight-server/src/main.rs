@@ -677,7 +677,9 @@ async fn tserver(
     };
     // The cluster's database this server coordinates queries over and runs other
     // coordinators' stages in (connected the first time either needs it).
-    let limits = flight.as_ref().map_or_else(QueryLimits::default, |(_, l, _)| l.clone());
+    let limits = flight
+        .as_ref()
+        .map_or_else(QueryLimits::default, |(_, l, _)| l.clone());
     let database = cluster_database(masters, server.clone(), limits);
     let worker = nyala_sql::distributed::worker(database.clone());
     let rpc = tonic::transport::Server::builder()

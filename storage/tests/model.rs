@@ -2721,7 +2721,10 @@ fn inserted_batches_read_whole_match_a_model() {
     let entry = |k: i64, v: i64| (k, Some(format!("s{k}")), v);
     let steps: Vec<(WriteKind, Vec<(i64, Option<String>, i64)>)> = vec![
         (WriteKind::Insert, (0..100).map(|k| entry(k, k)).collect()),
-        (WriteKind::Upsert, (100..150).map(|k| entry(k, -k)).collect()),
+        (
+            WriteKind::Upsert,
+            (100..150).map(|k| entry(k, -k)).collect(),
+        ),
         (WriteKind::InsertIgnore, vec![entry(150, 1), entry(5, 2)]),
         (WriteKind::Insert, (200..210).map(|k| entry(k, k)).collect()),
         (WriteKind::Upsert, vec![entry(300, 1), entry(300, 2)]),
@@ -2754,16 +2757,28 @@ fn inserted_batches_read_whole_match_a_model() {
             WriteKind::Delete => batch.project(&[1]).unwrap(),
             _ => batch,
         };
-        let written = tablet.apply(index as u64 + 1, Timestamp(ts), &WriteBatch::new(kind, batch));
+        let written = tablet.apply(
+            index as u64 + 1,
+            Timestamp(ts),
+            &WriteBatch::new(kind, batch),
+        );
         assert!(written.is_ok(), "{kind:?}: {written:?}");
         history.push((Timestamp(ts), model.clone()));
-        assert_eq!(scan(&tablet, Timestamp(u64::MAX), None), model, "after {kind:?}");
+        assert_eq!(
+            scan(&tablet, Timestamp(u64::MAX), None),
+            model,
+            "after {kind:?}"
+        );
         for (at, then) in &history {
             assert_eq!(&scan(&tablet, *at, None), then, "at {at:?} after {kind:?}");
         }
         assert_eq!(
             scan(&tablet, Timestamp(u64::MAX), Some(50)),
-            model.iter().filter(|(_, (_, v))| *v >= 50).map(|(k, v)| (*k, v.clone())).collect(),
+            model
+                .iter()
+                .filter(|(_, (_, v))| *v >= 50)
+                .map(|(k, v)| (*k, v.clone()))
+                .collect(),
         );
     }
     // Flushed, then inserted again: the new MemRowSet's batches are read whole once more.

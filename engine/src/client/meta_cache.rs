@@ -80,7 +80,9 @@ impl MetaCache {
     /// The addresses of the servers that reported within [`SERVER_TIMEOUT`], sorted.
     pub fn live_addresses(&self) -> Vec<String> {
         let servers = self.servers.read();
-        let live = servers.values().filter(|s| s.seen.elapsed() < SERVER_TIMEOUT);
+        let live = servers
+            .values()
+            .filter(|s| s.seen.elapsed() < SERVER_TIMEOUT);
         let mut addresses: Vec<String> = live.map(|s| s.address.clone()).collect();
         addresses.sort();
         addresses

@@ -110,7 +110,8 @@ impl PhysicalExtensionCodec for NyalaCodec {
                         proto_converter.proto_to_physical_expr(&node, &scan.schema(), &context)
                     })
                     .collect::<Result<Vec<_>>>()?;
-                let mode = RuntimeFilterMode::parse(&dynamic_mode).unwrap_or(RuntimeFilterMode::Off);
+                let mode =
+                    RuntimeFilterMode::parse(&dynamic_mode).unwrap_or(RuntimeFilterMode::Off);
                 Ok(Arc::new(scan.with_dynamic_filters(dynamic, mode)))
             }
             (Node::ProbeSlices { rows }, [input]) => {
@@ -132,7 +133,11 @@ impl PhysicalExtensionCodec for NyalaCodec {
             let parts = scan.parts();
             let spec = parts.spec.encode().map_err(external)?;
             let dynamic = (scan.dynamic_filters().iter())
-                .map(|expr| Ok(proto_converter.physical_expr_to_proto(expr, self)?.encode_to_vec()))
+                .map(|expr| {
+                    Ok(proto_converter
+                        .physical_expr_to_proto(expr, self)?
+                        .encode_to_vec())
+                })
                 .collect::<Result<Vec<_>>>()?;
             Node::Scan {
                 table: scan.table().as_ref().clone(),

@@ -65,8 +65,9 @@ pub(crate) fn coordinating(builder: SessionStateBuilder, db: &Database) -> Sessi
 }
 
 /// The database a worker runs its tasks over, once it is connected.
-pub type WorkerDatabase =
-    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = crate::Result<Arc<Database>>> + Send>> + Send + Sync>;
+pub type WorkerDatabase = Arc<
+    dyn Fn() -> Pin<Box<dyn Future<Output = crate::Result<Arc<Database>>> + Send>> + Send + Sync,
+>;
 
 /// The worker service of a tablet server, running stages of other coordinators' queries over
 /// the database `database` gives (connected to the cluster, scanning this server's tablets

@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::catalog::Session;
+use datafusion::common::display::{PlanType, StringifiedPlan, ToStringifiedPlan};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::{SessionState, SessionStateBuilder};
-use datafusion::common::display::{PlanType, StringifiedPlan, ToStringifiedPlan};
 use datafusion::logical_expr::{ExplainFormat, LogicalPlan};
 use datafusion::physical_plan::explain::ExplainExec;
 use datafusion::physical_plan::ExecutionPlan;
@@ -74,11 +74,16 @@ impl ChoosingPlanner {
         logical: &LogicalPlan,
         session: &dyn Session,
     ) -> Result<(Arc<dyn ExecutionPlan>, bool)> {
-        let local = NyalaQueryPlanner.create_physical_plan(logical, session).await?;
+        let local = NyalaQueryPlanner
+            .create_physical_plan(logical, session)
+            .await?;
         if !self.distributes(logical, &local, session)? {
             return Ok((local, false));
         }
-        let plan = self.distributed.create_physical_plan(logical, session).await?;
+        let plan = self
+            .distributed
+            .create_physical_plan(logical, session)
+            .await?;
         let distributed = plan.is::<DistributedExec>();
         Ok((plan, distributed))
     }
@@ -134,9 +139,13 @@ fn travels_and_rows(plan: &Arc<dyn ExecutionPlan>) -> Result<(bool, usize)> {
             travels &= !scan.waits();
             let tablets = scan.tablets().iter();
             let client = scan.client();
-            rows += tablets.map(|&t| client.estimated_rows(scan.table(), Some(t))).sum::<usize>();
+            rows += tablets
+                .map(|&t| client.estimated_rows(scan.table(), Some(t)))
+                .sum::<usize>();
         }
-        if node.is::<TailExec>() || node.is::<StagedRowsExec>() || node.is::<ConditionalMutationExec>()
+        if node.is::<TailExec>()
+            || node.is::<StagedRowsExec>()
+            || node.is::<ConditionalMutationExec>()
         {
             travels = false;
         }
@@ -175,6 +184,8 @@ impl QueryPlanner for UnfilteredPlanner {
         let state = SessionStateBuilder::new_from_existing(state.clone())
             .with_physical_optimizer_rules(rules)
             .build();
-        NyalaQueryPlanner.create_physical_plan(logical, &state).await
+        NyalaQueryPlanner
+            .create_physical_plan(logical, &state)
+            .await
     }
 }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::Result;
 use datafusion_distributed::{
-    DesiredTaskCountEvent, DesiredTaskCountEventResponse, RouteTasksEvent,
-    RouteTasksEventResponse, ScaleUpLeafNodeEvent, ScaleUpLeafNodeEventResponse,
+    DesiredTaskCountEvent, DesiredTaskCountEventResponse, RouteTasksEvent, RouteTasksEventResponse,
+    ScaleUpLeafNodeEvent, ScaleUpLeafNodeEventResponse,
 };
 use url::Url;
 
@@ -65,7 +65,10 @@ fn by_leader(scan: &NyalaScanExec) -> BTreeMap<String, Vec<usize>> {
     let stats = scan.client().tablet_stats(scan.table()).unwrap_or_default();
     let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for &tablet in scan.tablets() {
-        let leader = stats.get(tablet).map(|s| s.leader.clone()).unwrap_or_default();
+        let leader = stats
+            .get(tablet)
+            .map(|s| s.leader.clone())
+            .unwrap_or_default();
         groups.entry(leader).or_default().push(tablet);
     }
     groups

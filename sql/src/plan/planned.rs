@@ -127,9 +127,9 @@ impl PlannedStatement {
     /// coordinator; see [`crate::distributed`]).
     pub fn stages(&self) -> Option<String> {
         match &self.action {
-            Action::Plan(plan) if plan.is::<datafusion_distributed::DistributedExec>() => {
-                Some(datafusion_distributed::display_plan_ascii(plan.as_ref(), false))
-            }
+            Action::Plan(plan) if plan.is::<datafusion_distributed::DistributedExec>() => Some(
+                datafusion_distributed::display_plan_ascii(plan.as_ref(), false),
+            ),
             _ => None,
         }
     }

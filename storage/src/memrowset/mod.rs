@@ -199,7 +199,11 @@ impl RowArena {
                     .map(|&c| source.column(c).slice(offset, n))
                     .collect();
                 let options = arrow::array::RecordBatchOptions::new().with_row_count(Some(n));
-                Ok(RecordBatch::try_new_with_options(projected.clone(), arrays, &options)?)
+                Ok(RecordBatch::try_new_with_options(
+                    projected.clone(),
+                    arrays,
+                    &options,
+                )?)
             })
             .collect()
     }

@@ -72,7 +72,9 @@ impl Tablet {
             // batches are read as they are, without a look at each key.
             Some(batches) => {
                 for &batch in batches {
-                    let slices = state.arena.slices(&table, &read_columns, batch, batch_size)?;
+                    let slices = state
+                        .arena
+                        .slices(&table, &read_columns, batch, batch_size)?;
                     sources.extend(slices.into_iter().map(Source::Batch));
                 }
             }

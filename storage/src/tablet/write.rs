@@ -239,8 +239,8 @@ impl Tablet {
             WriteKind::Insert | WriteKind::InsertIgnore | WriteKind::Upsert
         );
         let in_memory = |(a, l): (&bool, &Location)| *a && !matches!(l, Location::Disk { .. });
-        let whole = applied.iter().all(|&a| a)
-            && locations.iter().all(|l| matches!(l, Location::Absent));
+        let whole =
+            applied.iter().all(|&a| a) && locations.iter().all(|l| matches!(l, Location::Absent));
         let some_in_memory = applied.iter().zip(&locations).any(in_memory);
         let first_batch = state.arena.end();
         // New full row images: the batch's rows for INSERT/UPSERT, old rows with the changed
