@@ -30,6 +30,7 @@ BENCHMARKS = [
     ("tpch_cluster", "TPC-H on a cluster",
      "cargo build --release -p nyala-flight --bin nyala && python3 bench/tpch_cluster.py"),
     ("fresh_scan", "Scans of fresh rows", "python3 bench/fresh_scan.py"),
+    ("join", "Runtime filters", "python3 bench/join_bench.py"),
     ("serving", "Serving: Flight SQL against PostgreSQL", "bench/serving.sh"),
     ("serving_pg", "Serving: Nyala's PostgreSQL protocol against PostgreSQL", "bench/serving.sh"),
     ("serving_floor", "Serving: the Flight SQL floor", "SERVING_FLOOR=1 bench/serving.sh"),

@@ -16,7 +16,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray};
 use arrow::buffer::BooleanBuffer;
@@ -37,6 +37,9 @@ pub const BLOOM_WARMUP_ROWS: u64 = 1 << 16;
 const BLOOM_MIN_REMOVED_FRACTION: u64 = 10;
 /// Filter bits per key: about 1 % false positives for a split-block filter.
 const BITS_PER_KEY: usize = 12;
+/// A filter of at most this many keys also keeps the keys themselves, which a scan of the
+/// first key column can look up in the key indexes instead of reading every row.
+const MAX_LISTED_KEYS: usize = 1 << 16;
 
 /// The split-block bloom filter: 256-bit blocks, eight salted bits per key.
 pub(crate) struct SplitBlockFilter {
@@ -133,6 +136,10 @@ pub struct JoinFilter {
     /// Whether NULL passes (a join where NULL equals NULL and the build side has a NULL key).
     pass_nulls: bool,
     keys: usize,
+    /// The keys, when there are at most [`MAX_LISTED_KEYS`]; and their key encodings
+    /// (sorted, distinct), made when first asked for.
+    listed: Option<Vec<ArrayRef>>,
+    encoded: OnceLock<Option<Vec<Vec<u8>>>>,
     pub stats: Arc<FilterStats>,
 }
 
@@ -159,13 +166,15 @@ impl JoinFilter {
             data_type,
             pass_nulls,
             keys: 0,
+            listed: None,
+            encoded: OnceLock::new(),
             stats: Arc::default(),
         }
     }
 
     /// Adds a bloom filter of every non-null value of `keys` (arrays of the filter's type),
     /// sized for at most `max_keys` keys (more keys raise the false-positive rate, never the
-    /// size).
+    /// size). A few keys are also kept as they are (see [`Self::encoded_keys`]).
     pub fn add_bloom(&mut self, keys: &[ArrayRef], max_keys: usize) -> Result<(), StorageError> {
         let count: usize = keys.iter().map(|k| k.len() - k.null_count()).sum();
         let mut filter = SplitBlockFilter::with_keys(count.clamp(1, max_keys.max(1)));
@@ -191,7 +200,31 @@ impl JoinFilter {
         }
         self.bloom = Some(filter);
         self.keys = count;
+        self.listed = (count <= MAX_LISTED_KEYS).then(|| keys.to_vec());
         Ok(())
+    }
+
+    /// The filter's keys as one-column primary keys encode them (sorted, distinct; no NULL),
+    /// when it keeps them ([`MAX_LISTED_KEYS`]) and their type can be a key's.
+    pub(crate) fn encoded_keys(&self) -> Option<&[Vec<u8>]> {
+        let encode = || {
+            let arrays = self.listed.as_ref()?;
+            if !crate::key::encodes(&self.data_type) {
+                return None;
+            }
+            let mut keys = Vec::with_capacity(self.keys);
+            for array in arrays {
+                for row in (0..array.len()).filter(|&r| array.is_valid(r)) {
+                    let mut key = Vec::new();
+                    crate::key::encode_key_columns(std::slice::from_ref(array), row, &mut key);
+                    keys.push(key);
+                }
+            }
+            keys.sort_unstable();
+            keys.dedup();
+            Some(keys)
+        };
+        self.encoded.get_or_init(encode).as_deref()
     }
 
     pub fn bounds(&self) -> Option<&(Scalar, Scalar)> {

@@ -70,6 +70,24 @@ pub(crate) fn encode_key_prefix(columns: &[ArrayRef], row: usize, whole: bool, o
     }
 }
 
+/// Whether values of `data_type` encode as keys (by [`encode_key_prefix`]).
+pub(crate) fn encodes(data_type: &DataType) -> bool {
+    use arrow::datatypes::TimeUnit::Microsecond;
+    matches!(
+        data_type,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Date32
+            | DataType::Int64
+            | DataType::Timestamp(Microsecond, _)
+            | DataType::Decimal128(_, _)
+            | DataType::Utf8
+            | DataType::Utf8View
+            | DataType::Binary
+    )
+}
+
 fn encode_bytes(bytes: &[u8], last: bool, out: &mut Vec<u8>) {
     if last {
         out.extend_from_slice(bytes);

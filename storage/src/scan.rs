@@ -175,6 +175,63 @@ fn evaluate(column: &ArrayRef, op: &PredicateOp) -> Result<BooleanArray, arrow::
 /// Most keys a scan looks up one by one instead of reading the rowsets.
 const MAX_POINT_KEYS: usize = 256;
 
+/// A join filter on the first key column that lists at most one key per this many rows of a
+/// rowset (or of the MemRowSet) has its keys looked up there instead of every row read.
+pub(crate) const ROWS_PER_LISTED_KEY: usize = 16;
+
+/// The keys a join filter on the first key column lists ([`JoinFilter::encoded_keys`]):
+/// whole keys (`whole`: a one-column key), or the prefixes of keys whose first column has a
+/// fixed-width encoding.
+pub(crate) struct ListedKeys<'a> {
+    pub keys: &'a [Vec<u8>],
+    pub whole: bool,
+}
+
+impl ListedKeys<'_> {
+    /// Each listed prefix as the range of the keys that start with it.
+    pub(crate) fn prefix_ranges(&self) -> impl Iterator<Item = KeyRange> + '_ {
+        self.keys.iter().map(|prefix| KeyRange {
+            lower: prefix.clone(),
+            upper: successor(prefix),
+        })
+    }
+}
+
+/// The keys the join filters of `predicates` list for the first key column, if any.
+pub(crate) fn listed_keys<'a>(
+    schema: &Schema,
+    predicates: &'a [ColumnPredicate],
+) -> Option<ListedKeys<'a>> {
+    let first = schema.key_columns()[0];
+    let whole = schema.key_columns().len() == 1;
+    if !whole && !fixed_width(&schema.columns()[first].column_type.arrow_type()) {
+        return None;
+    }
+    let keys = predicates
+        .iter()
+        .filter(|p| p.column == first)
+        .find_map(|p| match &p.op {
+            PredicateOp::JoinFilter { filter, .. } => filter.encoded_keys(),
+            _ => None,
+        })?;
+    Some(ListedKeys { keys, whole })
+}
+
+/// Whether values of `data_type` have a fixed-width key encoding, so that a larger value's
+/// key is larger whatever key columns follow it.
+pub(crate) fn fixed_width(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::Date32
+            | DataType::Timestamp(..)
+            | DataType::Decimal128(..)
+    )
+}
+
 /// Every combination of the values that `=` and IN-list predicates allow for `columns`: one
 /// array per column, row `i` of them being combination `i`. None when a column has no such
 /// predicate, a value is not of the column's type, or there are more than `max` combinations.
@@ -258,17 +315,7 @@ pub(crate) fn key_range(schema: &Schema, predicates: &[ColumnPredicate]) -> KeyR
     crate::key::encode_key_prefix(&values, 0, values.len() == keys.len(), &mut lower);
     let upper = successor(&lower);
     if let Some(&c) = keys.get(values.len()) {
-        // Fixed-width encodings: a larger value's key is larger whatever follows it.
-        let fixed_width = matches!(
-            schema.columns()[c].column_type.arrow_type(),
-            DataType::Int8
-                | DataType::Int16
-                | DataType::Int32
-                | DataType::Int64
-                | DataType::Date32
-                | DataType::Timestamp(..)
-                | DataType::Decimal128(..)
-        );
+        let fixed_width = fixed_width(&schema.columns()[c].column_type.arrow_type());
         let bound = on(c).find_map(|p| match &p.op {
             PredicateOp::Gt(v) | PredicateOp::GtEq(v) if fixed_width && fits(schema, c, v) => {
                 Some(v.0.clone())

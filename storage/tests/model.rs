@@ -11,8 +11,9 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::Int64Type;
 use nyala_storage::{
-    ColumnPredicate, ColumnSchema, ColumnType, FailPoint, MaintenanceKind, PredicateOp, Scalar,
-    ScanSpec, Schema, StorageError, Tablet, TabletOptions, Timestamp, WriteBatch, WriteKind,
+    ColumnPredicate, ColumnSchema, ColumnType, FailPoint, JoinFilter, MaintenanceKind, PredicateOp,
+    Scalar, ScanSpec, Schema, StorageError, Tablet, TabletOptions, Timestamp, WriteBatch,
+    WriteKind,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -97,6 +98,18 @@ fn lookup_keys(tablet: &Tablet, snapshot: Timestamp, keys: &[i64]) -> Vec<i64> {
         .collect();
     found.sort();
     found
+}
+
+/// A scan with a join filter (bounds and bloom filter) of `keys` on the key column.
+fn join_filtered(tablet: &Tablet, snapshot: Timestamp, keys: &[i64]) -> Model {
+    let scalar = |k: i64| Scalar(Arc::new(Int64Array::from(vec![k])));
+    let bounds =
+        (keys.iter().min().copied().map(scalar)).zip(keys.iter().max().copied().map(scalar));
+    let mut filter = JoinFilter::new(arrow::datatypes::DataType::Int64, bounds, false);
+    let keys: ArrayRef = Arc::new(Int64Array::from(keys.to_vec()));
+    filter.add_bloom(&[keys], 1 << 10).unwrap();
+    let op = PredicateOp::join_filter(Arc::new(filter));
+    scan_with(tablet, snapshot, vec![ColumnPredicate { column: 1, op }])
 }
 
 fn scan_with(tablet: &Tablet, snapshot: Timestamp, predicates: Vec<ColumnPredicate>) -> Model {
@@ -419,6 +432,13 @@ fn run_model(iterations: usize, seed: u64) {
                 lookup_keys(&tablet, *old_ts, &wanted),
                 expected.keys().copied().collect::<Vec<_>>(),
                 "key-only lookup of {wanted:?} at {old_ts:?}"
+            );
+            // A join's keys as a runtime filter: few enough of them are looked up in the
+            // MemRowSet and the rowsets' key indexes instead of every row being read.
+            assert_eq!(
+                join_filtered(&tablet, *old_ts, &wanted),
+                expected,
+                "join filter of {wanted:?} at {old_ts:?}"
             );
             // The changes from that snapshot to another one after it (or to now).
             let later = snapshots.iter().filter(|s| s.0 >= *old_ts);
@@ -1948,6 +1968,103 @@ fn a_key_only_lookup_finds_a_row_updated_after_its_flush() {
         [1],
         "as of before the DELETE"
     );
+}
+
+/// A join filter on the first key column whose keys are few for the rows looks them up:
+/// whole keys in the key index (one-column keys), pages of key prefixes (the first column of
+/// several), in the MemRowSet and in the rowsets, with updated and deleted rows among them.
+/// The rows found are those a full scan with the filter finds.
+#[test]
+fn a_join_filter_with_few_keys_finds_their_rows_through_the_key_indexes() {
+    let col = |name: &str| ColumnSchema::new(name, ColumnType::Int64, false);
+    for key_columns in [vec![0], vec![0, 1]] {
+        let schema = Schema::new(vec![col("a"), col("b"), col("v")], key_columns.clone()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let tablet = Tablet::create(dir.path(), schema.clone(), TabletOptions::default()).unwrap();
+        // One-column keys: a = i; two: (i / 10, i % 10).
+        let n = 200_000i64;
+        let (a, b): (Vec<i64>, Vec<i64>) = match key_columns.len() {
+            1 => ((0..n).collect(), vec![0; n as usize]),
+            _ => (
+                (0..n).map(|i| i / 10).collect(),
+                (0..n).map(|i| i % 10).collect(),
+            ),
+        };
+        let batch = |a: Vec<i64>, b: Vec<i64>, v: Vec<i64>| {
+            let columns: Vec<ArrayRef> = vec![
+                Arc::new(Int64Array::from(a)),
+                Arc::new(Int64Array::from(b)),
+                Arc::new(Int64Array::from(v)),
+            ];
+            RecordBatch::try_new(schema.arrow_schema(), columns).unwrap()
+        };
+        let t0 = now();
+        let insert = batch(a.clone(), b.clone(), (0..n).collect());
+        let insert = WriteBatch::new(WriteKind::Insert, insert);
+        tablet.apply(1, Timestamp(t0.0 + 1), &insert).unwrap();
+        let wanted = [3i64, 1_000, 3_999, 77_777];
+        // Before the writes below, or after them (key 3's rows updated to v = -1, key
+        // 1 000's deleted).
+        let expected = |written: bool| -> Vec<(i64, i64, i64)> {
+            let mut rows: Vec<(i64, i64, i64)> = (0..n as usize)
+                .filter(|&i| wanted.contains(&a[i]) && !(written && a[i] == 1_000))
+                .map(|i| (a[i], b[i], if written && a[i] == 3 { -1 } else { i as i64 }))
+                .collect();
+            rows.sort();
+            rows
+        };
+        let filtered = |at: u64| {
+            let scalar = |k: i64| Scalar(Arc::new(Int64Array::from(vec![k])));
+            let mut filter = JoinFilter::new(
+                arrow::datatypes::DataType::Int64,
+                Some((scalar(3), scalar(77_777))),
+                false,
+            );
+            let keys: ArrayRef = Arc::new(Int64Array::from(wanted.to_vec()));
+            filter.add_bloom(&[keys], 1 << 10).unwrap();
+            let spec = ScanSpec {
+                projection: Some(vec![0, 1, 2]),
+                predicates: vec![ColumnPredicate {
+                    column: 0,
+                    op: PredicateOp::join_filter(Arc::new(filter)),
+                }],
+                snapshot: Timestamp(t0.0 + at),
+                limit: None,
+                batch_size: 1024,
+                string_views: false,
+                changes_since: None,
+            };
+            let mut rows: Vec<(i64, i64, i64)> = Vec::new();
+            for b in tablet.scan(&spec).unwrap() {
+                let b = b.unwrap();
+                let column = |c: usize| b.column(c).as_primitive::<Int64Type>().values().to_vec();
+                let (a, bb, v) = (column(0), column(1), column(2));
+                rows.extend((0..b.num_rows()).map(|i| (a[i], bb[i], v[i])));
+            }
+            rows.sort();
+            rows
+        };
+        let what = format!("{} key column(s)", key_columns.len());
+        assert_eq!(filtered(2), expected(false), "in memory, {what}");
+        tablet.flush().unwrap();
+        assert_eq!(filtered(2), expected(false), "flushed, {what}");
+        // The rows of key 3 updated, those of 1 000 deleted.
+        let a_ref = &a;
+        let rows_of = |key: i64| (0..n as usize).filter(move |&i| a_ref[i] == key);
+        let (ua, ub): (Vec<i64>, Vec<i64>) = rows_of(3).map(|i| (a[i], b[i])).unzip();
+        let update = batch(ua.clone(), ub, vec![-1; ua.len()]);
+        let update = WriteBatch::new(WriteKind::Update, update);
+        tablet.apply(2, Timestamp(t0.0 + 3), &update).unwrap();
+        let (da, db): (Vec<i64>, Vec<i64>) = rows_of(1_000).map(|i| (a[i], b[i])).unzip();
+        let keys = batch(da.clone(), db, vec![0; da.len()]);
+        let keys = keys.project(&key_columns).unwrap();
+        let delete = WriteBatch::new(WriteKind::Delete, keys);
+        tablet.apply(3, Timestamp(t0.0 + 4), &delete).unwrap();
+        assert_eq!(filtered(5), expected(true), "after writes, {what}");
+        assert_eq!(filtered(2), expected(false), "as of before them, {what}");
+        tablet.flush().unwrap();
+        assert_eq!(filtered(5), expected(true), "flushed again, {what}");
+    }
 }
 
 /// A queue table: (queue, pos GENERATED ALWAYS AS POSITION, body).

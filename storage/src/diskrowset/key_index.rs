@@ -17,6 +17,7 @@ use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 use super::{read_positions, DiskRowSet};
 use crate::bloom::{hash_bytes, SplitBlockFilter};
 use crate::cache::PageCache;
+use crate::scan::{ListedKeys, ROWS_PER_LISTED_KEY};
 use crate::StorageError;
 
 /// A rowset's primary-key index (Kudu's sparse index and bloom filter): in memory, the first
@@ -198,6 +199,52 @@ impl DiskRowSet {
         Ok(page)
     }
 
+    /// The rows of those of `keys` (sorted, whole keys) that this rowset holds, as (ordinal, 1)
+    /// ranges in ascending order. The keys are placed on the pages of the sparse index first; a
+    /// page with only a few of them checks each in the bloom filter before it is read (most
+    /// keys are absent from most rowsets of a hash-partitioned table), one with more is read
+    /// at once, which costs less than their scattered bloom-filter checks.
+    fn rows_of_keys(
+        &self,
+        keys: &[Vec<u8>],
+        cache: &PageCache,
+    ) -> Result<Vec<(usize, usize)>, StorageError> {
+        const FEW: usize = 4;
+        let index = &self.keys;
+        let pages = index.pages();
+        let mut rows = Vec::new();
+        if pages == 0 {
+            return Ok(rows);
+        }
+        let mut next = keys.partition_point(|k| k.as_slice() < index.get(0));
+        for p in 0..pages {
+            // The keys of page p: below the next page's first key, or up to the last key.
+            let end = match p + 1 < pages {
+                true => next + keys[next..].partition_point(|k| k.as_slice() < index.get(p + 1)),
+                false => next + keys[next..].partition_point(|k| k.as_slice() <= index.get(p + 1)),
+            };
+            let here = &keys[next..end];
+            next = end;
+            let few = here.len() <= FEW;
+            let mut wanted = (here.iter())
+                .filter(|k| !few || index.bloom.check(hash_bytes(k)))
+                .peekable();
+            if wanted.peek().is_none() {
+                continue;
+            }
+            let page = self.key_page(p, cache)?;
+            // Each key is searched for after the one before it.
+            let mut from = 0;
+            for key in wanted {
+                from = lower_bound_in(&page, from, key);
+                if from < page.len() && page.value(from) == key.as_slice() {
+                    rows.push((index.starts[p] as usize + from, 1));
+                }
+            }
+        }
+        Ok(rows)
+    }
+
     /// The ordinal of `key` in this rowset; `hash` is its [`hash_bytes`], computed once for all
     /// the rowsets a lookup tries.
     pub fn find(
@@ -210,16 +257,58 @@ impl DiskRowSet {
             return Ok(None);
         };
         let page = self.key_page(p, cache)?;
-        let (mut low, mut high) = (0, page.len());
-        while low < high {
-            let mid = (low + high) / 2;
-            match page.value(mid).cmp(key) {
-                std::cmp::Ordering::Less => low = mid + 1,
-                std::cmp::Ordering::Greater => high = mid,
-                std::cmp::Ordering::Equal => return Ok(Some(self.keys.starts[p] + mid as u32)),
+        let i = lower_bound_in(&page, 0, key);
+        Ok((i < page.len() && page.value(i) == key).then(|| self.keys.starts[p] + i as u32))
+    }
+}
+
+/// The position of the first key of `page` (sorted keys) from `from` on that is not below
+/// `key`.
+fn lower_bound_in(page: &BinaryArray, from: usize, key: &[u8]) -> usize {
+    let (mut low, mut high) = (from, page.len());
+    while low < high {
+        let mid = (low + high) / 2;
+        match page.value(mid) < key {
+            true => low = mid + 1,
+            false => high = mid,
+        }
+    }
+    low
+}
+
+impl DiskRowSet {
+    /// The rows that hold `listed` keys, as (start, length) ranges in ascending order: each
+    /// whole key's row, found through the key index, or the pages that can hold keys starting
+    /// with a listed prefix. None when there are too many keys for the rows
+    /// ([`ROWS_PER_LISTED_KEY`]), or the prefixes' pages hold more than a quarter of the rows:
+    /// reading every row is then cheaper.
+    pub(crate) fn listed_rows(
+        &self,
+        listed: &ListedKeys,
+        cache: &PageCache,
+    ) -> Result<Option<Vec<(usize, usize)>>, StorageError> {
+        if listed.keys.len().saturating_mul(ROWS_PER_LISTED_KEY) > self.num_rows() {
+            return Ok(None);
+        }
+        if listed.whole {
+            return self.rows_of_keys(listed.keys, cache).map(Some);
+        }
+        let mut rows = Vec::new();
+        for key in listed.keys {
+            let compare = |k: &[u8]| k[..key.len().min(k.len())].cmp(key);
+            let first = self.keys.lower_bound(|k| compare(k).is_lt());
+            let end = self.keys.upper_bound(|k| compare(k).is_le());
+            if first < end {
+                rows.push((first, end - first));
             }
         }
-        Ok(None)
+        let mut covered = 0;
+        let mut next = 0;
+        for &(start, len) in &rows {
+            covered += (start + len).saturating_sub(start.max(next));
+            next = next.max(start + len);
+        }
+        Ok((covered <= self.num_rows() / 4).then_some(rows))
     }
 }
 

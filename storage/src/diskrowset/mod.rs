@@ -38,7 +38,7 @@ use parquet::schema::types::ColumnPath;
 
 pub(crate) use crate::bloom::hash_bytes;
 pub use column_file::{ColumnFile, ColumnFileMeta};
-pub(crate) use reader::RowsetReader;
+pub(crate) use reader::{RowsRead, RowsetReader};
 
 use crate::cache::PageCache;
 use crate::checksum::ChecksumWriter;
@@ -71,7 +71,8 @@ const DICTIONARY_BYTES: usize = 64 * 1024;
 /// if let Some(ordinal) = rowset.find(&key, hash_bytes(&key), &cache)? {
 ///     let row = rowset.read_rows(&columns, &[ordinal])?; // a few rows by ordinal
 /// }
-/// let scan = rowset.reader(&schema, &columns, &hidden, &predicates, 1024, false)?; // skips `hidden`
+/// let rows = RowsRead { hidden: &hidden, within: None }; // all but `hidden`
+/// let scan = rowset.reader(&schema, &columns, rows, &predicates, 1024, false)?;
 /// ```
 pub struct DiskRowSet {
     pub id: u64,

@@ -2,7 +2,8 @@
 //! deltas change them at the snapshot) skipped and predicates applied.
 //!
 //! As little as possible is decoded: key predicates narrow the ordinal range through the key
-//! index, row-group statistics skip whole row groups, and (when no column file is involved)
+//! index (and a join filter's few keys, looked up there, narrow it to their rows), row-group
+//! statistics skip whole row groups, and (when no column file is involved)
 //! predicate columns are decoded before the others so that pages no row passes are skipped
 //! (late materialisation). Readers open their files when created, so a scan is unaffected by
 //! the rowset being replaced while it runs.
@@ -35,9 +36,9 @@ use crate::{ColumnType, Scalar, Schema, StorageError};
 
 impl DiskRowSet {
     /// A reader of the table columns `columns` (indexes into `schema`, the predicates'
-    /// columns among them), in ordinal order, without the rows at `hidden` (sorted ordinals)
-    /// and with `predicates` applied; string columns decoded as `Utf8View` if
-    /// `string_views` (values are then not copied out of the pages).
+    /// columns among them) of the rows `rows`, in ordinal order, with `predicates` applied;
+    /// string columns decoded as `Utf8View` if `string_views` (values are then not copied out
+    /// of the pages).
     ///
     /// Row groups whose min/max statistics exclude a predicate are skipped unread. When all
     /// the columns are in the rowset's own file, the predicate columns are decoded and
@@ -51,20 +52,13 @@ impl DiskRowSet {
         &self,
         schema: &Schema,
         columns: &[usize],
-        hidden: &[u32],
+        rows: RowsRead,
         predicates: &[ColumnPredicate],
         batch_size: usize,
         string_views: bool,
     ) -> Result<RowsetReader, StorageError> {
         let Some(written) = self.written() else {
-            return self.file_reader(
-                schema,
-                columns,
-                hidden,
-                predicates,
-                batch_size,
-                string_views,
-            );
+            return self.file_reader(schema, columns, rows, predicates, batch_size, string_views);
         };
         let map = &written.map;
         let Some(predicates) = map.file_predicates(predicates)? else {
@@ -78,7 +72,7 @@ impl DiskRowSet {
         let inner = self.file_reader(
             &written.schema,
             &file_columns,
-            hidden,
+            rows,
             &predicates,
             batch_size,
             string_views,
@@ -97,27 +91,29 @@ impl DiskRowSet {
         &self,
         schema: &Schema,
         columns: &[usize],
-        hidden: &[u32],
+        rows: RowsRead,
         predicates: &[ColumnPredicate],
         batch_size: usize,
         string_views: bool,
     ) -> Result<RowsetReader, StorageError> {
         if columns.iter().any(|&c| self.source(c).0.is_some()) {
             return self
-                .zip_reader(schema, columns, hidden, predicates, batch_size)
+                .zip_reader(schema, columns, rows, predicates, batch_size)
                 .map(RowsetReader::Zip);
         }
         let file = File::open(&self.path)?;
         let metadata = self.metadata.clone();
         let parquet_schema = metadata.parquet_schema().clone();
+        let hidden = rows.hidden;
         // Without predicates every row is decoded in order, so hidden rows are cheaper to drop
         // from the decoded batches than to skip one by one in the decoder.
-        let drop_after = predicates.is_empty() && !hidden.is_empty();
+        let drop_after = predicates.is_empty() && !hidden.is_empty() && rows.within.is_none();
         let mut skipped: Vec<(usize, usize)> = match drop_after {
             true => Vec::new(),
             false => hidden.iter().map(|&o| (o as usize, 1)).collect(),
         };
         skipped.extend(self.outside_key_range(schema, predicates));
+        skipped.extend(rows.outside_within(self.num_rows()));
         let mut read_groups = Vec::new();
         let mut start = 0;
         for (g, group) in metadata.metadata().row_groups().iter().enumerate() {
@@ -203,12 +199,14 @@ impl DiskRowSet {
         &self,
         schema: &Schema,
         columns: &[usize],
-        hidden: &[u32],
+        rows: RowsRead,
         predicates: &[ColumnPredicate],
         batch_size: usize,
     ) -> Result<ZipReader, StorageError> {
-        let mut skipped: Vec<(usize, usize)> = hidden.iter().map(|&o| (o as usize, 1)).collect();
+        let mut skipped: Vec<(usize, usize)> =
+            rows.hidden.iter().map(|&o| (o as usize, 1)).collect();
         skipped.extend(self.outside_key_range(schema, predicates));
+        skipped.extend(rows.outside_within(self.num_rows()));
         let mut start = 0;
         for (g, group) in self.metadata.metadata().row_groups().iter().enumerate() {
             let rows = group.num_rows() as usize;
@@ -320,6 +318,36 @@ impl DiskRowSet {
             }
         }
         (first.min(end), end)
+    }
+}
+
+/// The rows of a rowset that a scan reads: all but the `hidden` ordinals (sorted: rows whose
+/// deltas change them at the snapshot), and, when `within` is set, only those in its (start,
+/// length) ranges (ascending, possibly overlapping).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct RowsRead<'a> {
+    pub hidden: &'a [u32],
+    pub within: Option<&'a [(usize, usize)]>,
+}
+
+impl RowsRead<'_> {
+    /// The (start, length) ranges of `total` rows outside `within`.
+    fn outside_within(&self, total: usize) -> Vec<(usize, usize)> {
+        let Some(within) = self.within else {
+            return Vec::new();
+        };
+        let mut outside = Vec::new();
+        let mut next = 0;
+        for &(start, len) in within {
+            if start > next {
+                outside.push((next, start - next));
+            }
+            next = next.max(start.saturating_add(len));
+        }
+        if next < total {
+            outside.push((next, total - next));
+        }
+        outside
     }
 }
 

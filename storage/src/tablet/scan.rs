@@ -3,6 +3,8 @@
 //!
 //! A scan whose predicates pin every key column to a few values is a lookup instead: each key
 //! is found through the MemRowSet index and the rowsets' key indexes, and only its row is read.
+//! A join filter listing few keys of the first key column is looked up the same way, in the
+//! MemRowSet's index and each rowset's key index, and the rowsets read only the rows found.
 //! Either way the sources are put together under the read lock and read without it.
 //!
 //! A scan captures what it needs when it starts — the MemRowSet rows and delta images visible
@@ -20,7 +22,7 @@ use arrow::datatypes::DataType;
 
 use super::{State, Tablet};
 use crate::delta::Image;
-use crate::diskrowset::RowsetReader;
+use crate::diskrowset::{RowsRead, RowsetReader};
 use crate::memrowset::{visible, MemRowSet, RowRef, Version};
 use crate::scan::{self, predicate_mask, ColumnPredicate, KeyRange, ScanIterator, ScanSpec};
 use crate::{PageCache, Schema, StorageError, Timestamp};
@@ -43,6 +45,8 @@ impl Tablet {
             return self.lookup(&state, spec, keys, read_columns, output_len);
         }
         let batch_size = spec.batch_size.max(1);
+        let cache = &self.options.page_cache;
+        let listed = scan::listed_keys(schema, &spec.predicates);
         let mut sources = VecDeque::new();
         for (rowset, deltas) in state.rowsets.iter().zip(&state.deltas) {
             let (hidden, images) = deltas.view(
@@ -53,20 +57,33 @@ impl Tablet {
                 &state.arena,
                 None,
             )?;
+            let within = match &listed {
+                Some(listed) => rowset.listed_rows(listed, cache)?,
+                None => None,
+            };
+            let rows = RowsRead {
+                hidden: &hidden,
+                within: within.as_deref(),
+            };
             sources.push_back(Source::Rowset(Box::new(rowset.reader(
                 schema,
                 &read_columns,
-                &hidden,
+                rows,
                 &spec.predicates,
                 batch_size,
                 spec.string_views,
             )?)));
             sources.extend(images.into_iter().map(Source::Batch));
         }
+        let mem_keys = state.mrs.len() + state.frozen.as_ref().map_or(0, |f| f.len());
+        let listed = listed.filter(|l| l.keys.len() * scan::ROWS_PER_LISTED_KEY <= mem_keys);
         let range = scan::key_range(schema, &spec.predicates);
-        let whole = (state.frozen.is_none() && range.lower.is_empty() && range.upper.is_none())
-            .then(|| state.mrs.whole_batches(spec.snapshot))
-            .flatten();
+        let whole = (listed.is_none()
+            && state.frozen.is_none()
+            && range.lower.is_empty()
+            && range.upper.is_none())
+        .then(|| state.mrs.whole_batches(spec.snapshot))
+        .flatten();
         match whole {
             // Every row the MemRowSet holds is visible, each the only version of its key: its
             // batches are read as they are, without a look at each key.
@@ -79,7 +96,16 @@ impl Tablet {
                 }
             }
             None => {
-                let mem_rows = state.visible_mem_rows(spec.snapshot, &range);
+                // A join filter's few keys are looked up in the index instead.
+                let mem_rows = match listed {
+                    Some(listed) if listed.whole => (listed.keys.iter())
+                        .filter_map(|key| state.visible_mem_version(key, spec.snapshot)?.row)
+                        .collect(),
+                    Some(listed) => (listed.prefix_ranges())
+                        .flat_map(|r| state.visible_mem_rows(spec.snapshot, &r))
+                        .collect(),
+                    None => state.visible_mem_rows(spec.snapshot, &range),
+                };
                 for chunk in mem_rows.chunks(batch_size) {
                     sources.push_back(Source::Batch(state.arena.gather(
                         &table,
@@ -216,6 +242,16 @@ impl State {
         rows
     }
 
+    /// The version of `key` visible at `snapshot` in the MemRowSet (or, without one there, in
+    /// the one being flushed), if any: its row, or None for a deletion.
+    fn visible_mem_version(&self, key: &[u8], snapshot: Timestamp) -> Option<&Version> {
+        fn in_memory<'a>(mrs: &'a MemRowSet, key: &[u8], at: Timestamp) -> Option<&'a Version> {
+            mrs.index.get(key).and_then(|v| visible(v, at))
+        }
+        in_memory(&self.mrs, key, snapshot)
+            .or_else(|| in_memory(self.frozen.as_deref()?, key, snapshot))
+    }
+
     /// The row with `key` visible at `snapshot`, if any (as a scan at `snapshot` sees it):
     /// in the MemRowSet (`rs` is [`IN_MEMROWSET`]), or in rowset `rs` at `ordinal`.
     fn locate_at(
@@ -224,12 +260,7 @@ impl State {
         snapshot: Timestamp,
         cache: &PageCache,
     ) -> Result<Option<(usize, u32, Image)>, StorageError> {
-        fn in_memory<'a>(mrs: &'a MemRowSet, key: &[u8], at: Timestamp) -> Option<&'a Version> {
-            mrs.index.get(key).and_then(|v| visible(v, at))
-        }
-        let newest = in_memory(&self.mrs, key, snapshot)
-            .or_else(|| in_memory(self.frozen.as_deref()?, key, snapshot));
-        if let Some(v) = newest {
+        if let Some(v) = self.visible_mem_version(key, snapshot) {
             return Ok(v.row.map(|r| (IN_MEMROWSET, 0, Image::Mem(r))));
         }
         // A key deleted from one rowset and inserted again lives in another: at most one of
