@@ -227,6 +227,12 @@ impl JoinFilter {
         self.encoded.get_or_init(encode).as_deref()
     }
 
+    /// Whether the filter's keys are values of `data_type` (strings or binaries in any
+    /// layout).
+    pub(crate) fn has_values_of(&self, data_type: &DataType) -> bool {
+        same_values(&self.data_type, data_type)
+    }
+
     pub fn bounds(&self) -> Option<&(Scalar, Scalar)> {
         self.bounds.as_ref()
     }

@@ -204,14 +204,19 @@ pub(crate) fn listed_keys<'a>(
 ) -> Option<ListedKeys<'a>> {
     let first = schema.key_columns()[0];
     let whole = schema.key_columns().len() == 1;
-    if !whole && !fixed_width(&schema.columns()[first].column_type.arrow_type()) {
+    let column_type = schema.columns()[first].column_type.arrow_type();
+    if !whole && !fixed_width(&column_type) {
         return None;
     }
     let keys = predicates
         .iter()
         .filter(|p| p.column == first)
         .find_map(|p| match &p.op {
-            PredicateOp::JoinFilter { filter, .. } => filter.encoded_keys(),
+            // Keys of another type would encode differently (the SQL layer never builds such
+            // a filter; evaluating one is an error).
+            PredicateOp::JoinFilter { filter, .. } if filter.has_values_of(&column_type) => {
+                filter.encoded_keys()
+            }
             _ => None,
         })?;
     Some(ListedKeys { keys, whole })

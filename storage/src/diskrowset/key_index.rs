@@ -199,6 +199,40 @@ impl DiskRowSet {
         Ok(page)
     }
 
+    /// The rows that hold `listed` keys, as (start, length) ranges in ascending order: each
+    /// whole key's row, found through the key index, or the pages that can hold keys starting
+    /// with a listed prefix. None when there are too many keys for the rows
+    /// ([`ROWS_PER_LISTED_KEY`]), or the prefixes' pages hold more than a quarter of the rows:
+    /// reading every row is then cheaper.
+    pub(crate) fn listed_rows(
+        &self,
+        listed: &ListedKeys,
+        cache: &PageCache,
+    ) -> Result<Option<Vec<(usize, usize)>>, StorageError> {
+        if listed.keys.len().saturating_mul(ROWS_PER_LISTED_KEY) > self.num_rows() {
+            return Ok(None);
+        }
+        if listed.whole {
+            return self.rows_of_keys(listed.keys, cache).map(Some);
+        }
+        let mut rows = Vec::new();
+        for key in listed.keys {
+            let compare = |k: &[u8]| k[..key.len().min(k.len())].cmp(key);
+            let first = self.keys.lower_bound(|k| compare(k).is_lt());
+            let end = self.keys.upper_bound(|k| compare(k).is_le());
+            if first < end {
+                rows.push((first, end - first));
+            }
+        }
+        let mut covered = 0;
+        let mut next = 0;
+        for &(start, len) in &rows {
+            covered += (start + len).saturating_sub(start.max(next));
+            next = next.max(start + len);
+        }
+        Ok((covered <= self.num_rows() / 4).then_some(rows))
+    }
+
     /// The rows of those of `keys` (sorted, whole keys) that this rowset holds, as (ordinal, 1)
     /// ranges in ascending order. The keys are placed on the pages of the sparse index first; a
     /// page with only a few of them checks each in the bloom filter before it is read (most
@@ -274,42 +308,6 @@ fn lower_bound_in(page: &BinaryArray, from: usize, key: &[u8]) -> usize {
         }
     }
     low
-}
-
-impl DiskRowSet {
-    /// The rows that hold `listed` keys, as (start, length) ranges in ascending order: each
-    /// whole key's row, found through the key index, or the pages that can hold keys starting
-    /// with a listed prefix. None when there are too many keys for the rows
-    /// ([`ROWS_PER_LISTED_KEY`]), or the prefixes' pages hold more than a quarter of the rows:
-    /// reading every row is then cheaper.
-    pub(crate) fn listed_rows(
-        &self,
-        listed: &ListedKeys,
-        cache: &PageCache,
-    ) -> Result<Option<Vec<(usize, usize)>>, StorageError> {
-        if listed.keys.len().saturating_mul(ROWS_PER_LISTED_KEY) > self.num_rows() {
-            return Ok(None);
-        }
-        if listed.whole {
-            return self.rows_of_keys(listed.keys, cache).map(Some);
-        }
-        let mut rows = Vec::new();
-        for key in listed.keys {
-            let compare = |k: &[u8]| k[..key.len().min(k.len())].cmp(key);
-            let first = self.keys.lower_bound(|k| compare(k).is_lt());
-            let end = self.keys.upper_bound(|k| compare(k).is_le());
-            if first < end {
-                rows.push((first, end - first));
-            }
-        }
-        let mut covered = 0;
-        let mut next = 0;
-        for &(start, len) in &rows {
-            covered += (start + len).saturating_sub(start.max(next));
-            next = next.max(start + len);
-        }
-        Ok((covered <= self.num_rows() / 4).then_some(rows))
-    }
 }
 
 /// The keys of the rows at `ordinals` (sorted, distinct) of a rowset file, encoded from its
