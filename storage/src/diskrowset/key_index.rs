@@ -14,6 +14,7 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, AsArray, BinaryArray};
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 
+use super::reader::gaps;
 use super::{read_positions, DiskRowSet};
 use crate::bloom::{hash_bytes, SplitBlockFilter};
 use crate::cache::PageCache;
@@ -224,13 +225,9 @@ impl DiskRowSet {
                 rows.push((first, end - first));
             }
         }
-        let mut covered = 0;
-        let mut next = 0;
-        for &(start, len) in &rows {
-            covered += (start + len).saturating_sub(start.max(next));
-            next = next.max(start + len);
-        }
-        Ok((covered <= self.num_rows() / 4).then_some(rows))
+        let n = self.num_rows();
+        let outside: usize = gaps(&rows, n).iter().map(|gap| gap.1).sum();
+        Ok((n - outside <= n / 4).then_some(rows))
     }
 
     /// The rows of those of `keys` (sorted, whole keys) that this rowset holds, as (ordinal, 1)

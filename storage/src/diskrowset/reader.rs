@@ -324,7 +324,7 @@ impl DiskRowSet {
 /// The rows of a rowset that a scan reads: all but the `hidden` ordinals (sorted: rows whose
 /// deltas change them at the snapshot), and, when `within` is set, only those in its (start,
 /// length) ranges (ascending, possibly overlapping).
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 pub(crate) struct RowsRead<'a> {
     pub hidden: &'a [u32],
     pub within: Option<&'a [(usize, usize)]>,
@@ -333,22 +333,26 @@ pub(crate) struct RowsRead<'a> {
 impl RowsRead<'_> {
     /// The (start, length) ranges of `total` rows outside `within`.
     fn outside_within(&self, total: usize) -> Vec<(usize, usize)> {
-        let Some(within) = self.within else {
-            return Vec::new();
-        };
-        let mut outside = Vec::new();
-        let mut next = 0;
-        for &(start, len) in within {
-            if start > next {
-                outside.push((next, start - next));
-            }
-            next = next.max(start.saturating_add(len));
-        }
-        if next < total {
-            outside.push((next, total - next));
-        }
-        outside
+        self.within
+            .map_or_else(Vec::new, |within| gaps(within, total))
     }
+}
+
+/// The (start, length) ranges of `total` rows outside `ranges` (ascending by start, possibly
+/// overlapping).
+pub(super) fn gaps(ranges: &[(usize, usize)], total: usize) -> Vec<(usize, usize)> {
+    let mut outside = Vec::new();
+    let mut next = 0;
+    for &(start, len) in ranges {
+        if start > next {
+            outside.push((next, start - next));
+        }
+        next = next.max(start.saturating_add(len));
+    }
+    if next < total {
+        outside.push((next, total - next));
+    }
+    outside
 }
 
 /// A selection of `total` rows without the `skipped` (start, length) ranges (in any order,
