@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
-"""COPY of TPC-H lineitem from and to a Parquet file against DuckDB.
+"""COPY of TPC-H lineitem from and to a Parquet file, and its bulk ingest, against DuckDB.
 
     python3 bench/copy_bench.py [--scale 1] [--buckets 8] [--bin PATH]
 
 Generates TPC-H's lineitem (bench/tpch.py's data, once into ~/.cache/nyala-tpch), starts a fresh
 `nyala serve` (release build: --bin, default $NYALA_BIN, else $CARGO_TARGET_DIR/release/nyala),
 creates lineitem as bench/tpch.py does (its primary key, hash-partitioned) and, over ADBC Flight
-SQL, times `COPY lineitem FROM '<lineitem.parquet>'`, then `COPY lineitem TO '<file>.parquet'`.
-The baseline, same run: DuckDB's `INSERT INTO lineitem SELECT * FROM read_parquet(...)` into a
-table of the same columns and primary key in a DuckDB database file, and its `COPY lineitem TO
-'<file>.parquet'`. Both loads are checked (row count and a checksum).
+SQL, times `COPY lineitem FROM '<lineitem.parquet>'`, then `COPY lineitem TO '<file>.parquet'`,
+then the ADBC bulk ingest (`adbc_ingest`, Flight SQL's CommandStatementIngest) of the same rows,
+read into memory before the clock starts, in batches of --batch-rows, into a second such table.
+The server's CPU time is measured for each load. The baseline, same run: DuckDB's `INSERT INTO
+lineitem SELECT * FROM read_parquet(...)` into a table of the same columns and primary key in a
+DuckDB database file, its `COPY lineitem TO '<file>.parquet'`, and its `INSERT INTO ... SELECT *
+FROM` the same in-memory Arrow table into another such table. Every load is checked (row count
+and a checksum).
 
-Targets (for reference, never asserted): COPY FROM >= 1 M rows/s and >= 0.5x DuckDB's speed.
-Writes bench/results/copy.json (--json) for docs/benchmarks.md.
+Targets (for reference, never asserted): COPY FROM and bulk ingest >= 1 M rows/s on one node,
+COPY FROM >= 0.5x DuckDB's speed. Writes bench/results/copy.json (--json) for docs/benchmarks.md.
 """
 import argparse
 import os
@@ -26,7 +30,7 @@ from clone import add_binary_argument, query, start_server, stop_server  # noqa:
 from results import Report, add_json_argument, load_average  # noqa: E402
 from tpch import PRIMARY_KEYS, create_table_sql, generate_data  # noqa: E402
 
-CHECK = "SELECT count(*), CAST(sum(l_orderkey * 7 + l_linenumber) AS BIGINT) FROM lineitem"
+CHECK = "SELECT count(*), CAST(sum(l_orderkey * 7 + l_linenumber) AS BIGINT) FROM {table}"
 
 
 def log(msg=""):
@@ -41,58 +45,93 @@ def update(cur, sql):
     return time.perf_counter() - started, rows
 
 
-def duckdb_baseline(parquet, columns_sql, work):
-    """(load seconds, write seconds, checksum) of DuckDB on the same file."""
+def cpu_seconds(pid):
+    """User and system CPU time of process `pid` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def duckdb_baseline(parquet, arrow_rows, columns_sql, work):
+    """(load seconds, write seconds, ingest seconds, checksums) of DuckDB on the same rows."""
     import duckdb
     con = duckdb.connect(os.path.join(work, "duck.db"))
+    checks = []
     con.execute(f"CREATE TABLE lineitem ({columns_sql})")
     started = time.perf_counter()
     con.execute(f"INSERT INTO lineitem SELECT * FROM read_parquet('{parquet}')")
     load_secs = time.perf_counter() - started
-    check = tuple(con.execute(CHECK).fetchone())
+    checks.append(tuple(con.execute(CHECK.format(table="lineitem")).fetchone()))
     started = time.perf_counter()
     con.execute(f"COPY lineitem TO '{os.path.join(work, 'duck-out.parquet')}' (FORMAT parquet)")
     write_secs = time.perf_counter() - started
+    con.execute(f"CREATE TABLE ingested ({columns_sql})")
+    con.register("arrow_rows", arrow_rows)
+    started = time.perf_counter()
+    con.execute("INSERT INTO ingested SELECT * FROM arrow_rows")
+    ingest_secs = time.perf_counter() - started
+    checks.append(tuple(con.execute(CHECK.format(table="ingested")).fetchone()))
     con.close()
-    return load_secs, write_secs, check
+    return load_secs, write_secs, ingest_secs, checks
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", type=float, default=1)
     parser.add_argument("--buckets", type=int, default=8)
+    parser.add_argument("--batch-rows", type=int, default=65536, help="rows per ingest batch")
     add_binary_argument(parser)
     add_json_argument(parser, "copy")
     args = parser.parse_args()
     load_at_start = load_average()
     import adbc_driver_flightsql.dbapi as flightsql
+    import pyarrow as pa
     import pyarrow.parquet as pq
     parquet = generate_data(args.scale)["lineitem"]
-    create = create_table_sql("lineitem", pq.ParquetFile(parquet).schema_arrow, args.buckets)
+    schema = pq.ParquetFile(parquet).schema_arrow
+    create = create_table_sql("lineitem", schema, args.buckets)
+    arrow_rows = pq.read_table(parquet)
     work = tempfile.mkdtemp(prefix="nyala-copy-bench.")
     proc = None
     try:
         proc, uri, _ = start_server(args.bin, work)
         with flightsql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
             cur.execute(create)
+            cpu = cpu_seconds(proc.pid)
             load_secs, rows = update(cur, f"COPY lineitem FROM '{parquet}'")
+            load_cpu = cpu_seconds(proc.pid) - cpu
             log(f"COPY lineitem FROM parquet: {rows:,} rows in {load_secs:.2f} s, "
-                f"{rows / load_secs:,.0f} rows/s")
-            check = tuple(query(cur, CHECK)[0])
+                f"{rows / load_secs:,.0f} rows/s, server CPU {load_cpu:.1f} s")
+            checks = [tuple(query(cur, CHECK.format(table="lineitem"))[0])]
             out = os.path.join(work, "nyala-out.parquet")
             write_secs, written = update(cur, f"COPY lineitem TO '{out}'")
             log(f"COPY lineitem TO parquet: {written:,} rows in {write_secs:.2f} s")
+            cur.execute(create_table_sql("ingested", schema, args.buckets))
+            batches = arrow_rows.to_batches(max_chunksize=args.batch_rows)
+            cpu = cpu_seconds(proc.pid)
+            started = time.perf_counter()
+            cur.adbc_ingest("ingested", pa.RecordBatchReader.from_batches(arrow_rows.schema,
+                                                                           batches),
+                            mode="append")
+            ingest_secs = time.perf_counter() - started
+            ingest_cpu = cpu_seconds(proc.pid) - cpu
+            log(f"bulk ingest: {rows:,} rows in {ingest_secs:.2f} s, "
+                f"{rows / ingest_secs:,.0f} rows/s, server CPU {ingest_cpu:.1f} s")
+            checks.append(tuple(query(cur, CHECK.format(table="ingested"))[0]))
         stop_server(proc, work)
         proc = None
         # DuckDB's table: the same columns and primary key.
         columns_sql = create[create.index("(") + 1:create.rindex("PRIMARY KEY")]
         columns_sql += f"PRIMARY KEY ({', '.join(PRIMARY_KEYS['lineitem'])})"
-        duck_load, duck_write, duck_check = duckdb_baseline(parquet, columns_sql, work)
-        if duck_check != check:
-            raise SystemExit(f"the loads differ: Nyala {check}, DuckDB {duck_check}")
+        duck_load, duck_write, duck_ingest, duck_checks = duckdb_baseline(
+            parquet, arrow_rows, columns_sql, work)
+        if duck_checks != checks:
+            raise SystemExit(f"the loads differ: Nyala {checks}, DuckDB {duck_checks}")
         log(f"DuckDB INSERT INTO ... SELECT * FROM read_parquet: {duck_load:.2f} s; "
-            f"COPY TO: {duck_write:.2f} s")
-        log(f"COPY FROM: {duck_load / load_secs:.2f}x DuckDB's speed")
+            f"COPY TO: {duck_write:.2f} s; INSERT INTO ... SELECT * FROM <Arrow table>: "
+            f"{duck_ingest:.2f} s")
+        log(f"COPY FROM: {duck_load / load_secs:.2f}x DuckDB's speed; bulk ingest: "
+            f"{duck_ingest / ingest_secs:.2f}x")
     finally:
         if proc is not None:
             stop_server(proc, work)
@@ -103,19 +142,27 @@ def main():
         "copy", f"COPY of TPC-H SF {args.scale:g} lineitem ({rows:,} rows) from and to Parquet",
         baseline=f"DuckDB {duckdb.__version__}: INSERT INTO lineitem SELECT * FROM "
                  "read_parquet(...) into a table with the same primary key in a database file, "
-                 "and COPY lineitem TO (FORMAT parquet), same run",
+                 "COPY lineitem TO (FORMAT parquet), and INSERT INTO ... SELECT * FROM the "
+                 "in-memory Arrow table, same run",
         load_at_start=load_at_start)
-    table = report.table("COPY lineitem", ["operation", "Nyala s", "DuckDB s",
-                                           "Nyala rows/s", "DuckDB rows/s",
-                                           "Nyala speed / DuckDB's"])
-    for name, ours, theirs in (("FROM 'lineitem.parquet' (DuckDB: INSERT ... read_parquet)",
-                                load_secs, duck_load),
-                               ("TO 'out.parquet'", write_secs, duck_write)):
+    table = report.table("COPY lineitem and its bulk ingest",
+                         ["operation", "Nyala s", "DuckDB s", "Nyala rows/s", "DuckDB rows/s",
+                          "Nyala speed / DuckDB's", "Nyala server CPU s"])
+    for name, ours, theirs, cpu in (
+            ("COPY FROM 'lineitem.parquet' (DuckDB: INSERT ... read_parquet)",
+             load_secs, duck_load, load_cpu),
+            ("COPY TO 'out.parquet'", write_secs, duck_write, None),
+            (f"ADBC bulk ingest, {args.batch_rows}-row batches (DuckDB: INSERT ... FROM the "
+             "Arrow table)", ingest_secs, duck_ingest, ingest_cpu)):
         table.append([name, round(ours, 2), round(theirs, 2), round(rows / ours),
-                      round(rows / theirs), round(theirs / ours, 2)])
+                      round(rows / theirs), round(theirs / ours, 2),
+                      None if cpu is None else round(cpu, 1)])
     report.note(f"One node, lineitem hash-partitioned into {args.buckets} buckets on l_orderkey "
-                "(bench/tpch.py's table). Targets: COPY FROM >= 1 M rows/s and >= 0.5x "
-                "DuckDB's speed. Both loads are checked (rows and a checksum).")
+                "(bench/tpch.py's table). The ingested rows are in the client's memory before "
+                "the clock starts (pyarrow reads the file's strings as string_view, which the "
+                "server casts to the table's strings). Targets: COPY FROM and bulk ingest "
+                ">= 1 M rows/s, COPY FROM >= 0.5x DuckDB's speed. Every load is checked (rows and "
+                "a checksum).")
     report.write(args.json)
 
 

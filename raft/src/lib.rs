@@ -33,7 +33,9 @@ pub trait StateMachine: Send + 'static {
     fn durable_index(&self) -> u64;
     /// Applies a committed command. Must be deterministic: it may depend only on the state and
     /// the command. Called on the Raft thread, in log order, once per entry per process lifetime.
-    fn apply(&mut self, index: u64, command: &[u8]) -> Self::Output;
+    /// `command` shares the entry's memory (what was proposed, on the node that proposed it),
+    /// so the state machine may keep parts of it without a copy.
+    fn apply(&mut self, index: u64, command: &bytes::Bytes) -> Self::Output;
     /// Called after a membership change applied: the new voters and learners, and the
     /// change's context (what its proposer attached, e.g. a new member's address).
     fn membership_changed(&mut self, _voters: &[u64], _learners: &[u64], _context: &[u8]) {}

@@ -815,7 +815,7 @@ impl<SM: StateMachine> Worker<SM> {
             } else if entry.get_entry_type() == EntryType::EntryNormal
                 && !entry.get_data().is_empty()
             {
-                output = Some(self.sm.apply(index, entry.get_data()));
+                output = Some(self.sm.apply(index, &entry.data));
             }
             // Before the proposer hears: whoever it tells finds the entry applied.
             self.last_applied.store(index, Ordering::Release);

@@ -55,11 +55,11 @@ impl StateMachine for Recorder {
     fn durable_index(&self) -> u64 {
         self.durable
     }
-    fn apply(&mut self, index: u64, command: &[u8]) -> Self::Output {
+    fn apply(&mut self, index: u64, command: &bytes::Bytes) -> Self::Output {
         assert!(index > self.applied, "entry {index} applied twice");
         self.applied = index;
         self.items
-            .push(u64::from_le_bytes(command.try_into().unwrap()));
+            .push(u64::from_le_bytes(command[..].try_into().unwrap()));
         (index, self.items.len())
     }
 }

@@ -239,9 +239,51 @@ mod tests {
             }
         }
     }
+
+    /// A batch repeats a key whether its keys ascend or not: both ways find the same rows.
+    #[test]
+    fn seen_keys_find_the_repeats() {
+        let repeats = |keys: &[&[u8]]| -> Vec<bool> {
+            let mut seen = SeenKeys::new(keys);
+            keys.iter().map(|k| !seen.first(k)).collect()
+        };
+        let ascending: [&[u8]; 4] = [b"a", b"ab", b"b", b"c"];
+        assert_eq!(repeats(&ascending), [false; 4]);
+        let unsorted: [&[u8]; 5] = [b"b", b"a", b"b", b"c", b"a"];
+        assert_eq!(repeats(&unsorted), [false, false, true, false, true]);
+        // Ascending but for a repeat next to itself.
+        let repeated: [&[u8]; 3] = [b"a", b"b", b"b"];
+        assert_eq!(repeats(&repeated), [false, false, true]);
+    }
 }
 
 /// A map by encoded key, with a fast hash (foldhash, seeded per map) instead of SipHash: a
 /// transaction locks and looks up every key it writes (SipHash was a tenth of a bulk load's
 /// CPU).
 pub type KeyMap<V> = std::collections::HashMap<Vec<u8>, V, foldhash::fast::RandomState>;
+
+/// The keys of a batch met so far, to find those the batch repeats. Rows of a sorted load come
+/// with their keys ascending, which no key can repeat: that is checked once, with one comparison
+/// per row, and the batch then needs no set (hashing every key of a bulk load into one was
+/// a twentieth of its CPU). Other batches use a set with a fast hash.
+pub(crate) struct SeenKeys<'a> {
+    set: Option<std::collections::HashSet<&'a [u8], foldhash::fast::RandomState>>,
+}
+
+impl<'a> SeenKeys<'a> {
+    /// For the keys of one batch, in row order.
+    pub(crate) fn new<K: AsRef<[u8]>>(keys: &'a [K]) -> Self {
+        let ascending = keys.windows(2).all(|w| w[0].as_ref() < w[1].as_ref());
+        let set = (!ascending).then(|| {
+            let mut set = std::collections::HashSet::default();
+            set.reserve(keys.len());
+            set
+        });
+        SeenKeys { set }
+    }
+
+    /// Whether `key` (a key of the batch, in row order) is met for the first time.
+    pub(crate) fn first(&mut self, key: &'a [u8]) -> bool {
+        self.set.as_mut().is_none_or(|set| set.insert(key))
+    }
+}

@@ -58,7 +58,7 @@ impl TabletServerService {
     async fn admitted_write(
         &self,
         tablet_id: &str,
-        batch: &[u8],
+        batch: &bytes::Bytes,
     ) -> Result<(Arc<super::replica::TabletReplica>, WriteBatch)> {
         let replica = self.server.replica(tablet_id)?;
         let batch = WriteBatch::decode(batch)?;

@@ -37,7 +37,7 @@ impl StateMachine for Sink {
     fn durable_index(&self) -> u64 {
         self.durable
     }
-    fn apply(&mut self, index: u64, command: &[u8]) -> u64 {
+    fn apply(&mut self, index: u64, command: &bytes::Bytes) -> u64 {
         self.applied = index;
         self.commands.push(command.to_vec());
         index

@@ -63,7 +63,12 @@ impl<V> KeyIndex<V> {
 
     pub fn get(&self, key: &[u8]) -> Option<&V> {
         match self {
-            KeyIndex::Tree(t) => t.get(key),
+            // A key after the last one (the next key of a sorted load) is missing, found with
+            // one comparison instead of a search (its insert then searches once, not twice).
+            KeyIndex::Tree(t) => match t.last_key_value() {
+                Some((last, _)) if &last[..] < key => None,
+                _ => t.get(key),
+            },
             KeyIndex::Runs(r) => r.get(key),
         }
     }

@@ -23,14 +23,14 @@
 //! (`txns-<id>`), read back on open. Every step is deterministic, so replicas and replays
 //! agree.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
 use super::write::{queue_write, waiting_queue_rows, with_positions, QueueWrite};
 use super::{State, Tablet};
 use crate::key::KeyMap;
-use crate::key::{encode_keys, format_key};
+use crate::key::{encode_keys, format_key, SeenKeys};
 use crate::{StorageError, Timestamp, WriteBatch, WriteKind, WriteOutcome};
 
 /// A transaction's writes in this tablet, not yet committed or aborted.
@@ -182,12 +182,12 @@ impl Tablet {
                 None => state.exists(key, &self.options.page_cache),
             }
         };
-        let mut seen: HashSet<&[u8]> = HashSet::new();
+        let mut seen = SeenKeys::new(&keys);
         for (row, key) in keys.iter().enumerate() {
             if !keep[row] {
                 continue;
             }
-            let repeated = !seen.insert(key.as_slice());
+            let repeated = !seen.first(key.as_slice());
             let duplicate = || StorageError::DuplicateKey {
                 key: format_key(&schema, &rows, row),
             };
@@ -556,7 +556,8 @@ pub(super) fn read_file(path: &Path, schema: &crate::Schema) -> Result<Pending, 
             let mut keys = Vec::new();
             for _ in 0..reader.u64().ok_or_else(truncated)? {
                 let len = reader.u64().ok_or_else(truncated)?;
-                let write = WriteBatch::decode(reader.bytes(len).ok_or_else(truncated)?)?;
+                let bytes = reader.bytes(len).ok_or_else(truncated)?;
+                let write = WriteBatch::decode(&bytes::Bytes::copy_from_slice(bytes))?;
                 if let QueueWrite::Other = queue_write(schema, write.kind)? {
                     let present = write.kind != WriteKind::Delete;
                     keys.extend(

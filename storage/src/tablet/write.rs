@@ -8,7 +8,6 @@
 //! ordinal. An UPDATE of a flushed row stores only the columns it sets, so it reads no row from
 //! disk.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use arrow::array::{
@@ -20,7 +19,7 @@ use arrow::datatypes::{DataType, Field, FieldRef, Schema as ArrowSchema};
 use super::{State, Tablet};
 use crate::delta::Image;
 use crate::history;
-use crate::key::{encode_keys, format_key, row_keys, KeyBytes};
+use crate::key::{encode_keys, format_key, row_keys, KeyBytes, SeenKeys};
 use crate::memrowset::{RowRef, Version};
 use crate::{ColumnType, PageCache};
 use crate::{Schema, StorageError, Timestamp, WriteBatch, WriteKind, WriteOutcome};
@@ -179,7 +178,7 @@ impl Tablet {
         }
         let keys: Vec<KeyBytes> = row_keys(&schema, &rows)?;
         // Validate every row before changing anything.
-        let mut seen = HashSet::with_capacity(n);
+        let mut seen = SeenKeys::new(&keys);
         let mut locations = Vec::with_capacity(n);
         // Rows not applied: superseded by a later image of their key (UPSERT), or skipped
         // because their key exists or came earlier in the batch (INSERT IGNORE).
@@ -194,7 +193,7 @@ impl Tablet {
                 locations.push(Location::Absent);
                 continue;
             }
-            if !seen.insert(&key[..]) {
+            if !seen.first(&key[..]) {
                 match kind {
                     WriteKind::Upsert => {
                         // The last image of a key in one UPSERT wins.

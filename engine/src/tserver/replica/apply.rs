@@ -129,7 +129,7 @@ impl StateMachine for TabletStateMachine {
         self.tablet.durable_index()
     }
 
-    fn apply(&mut self, index: u64, command: &[u8]) -> Self::Output {
+    fn apply(&mut self, index: u64, command: &bytes::Bytes) -> Self::Output {
         let logged = LoggedOp::decode(command)?;
         // A replayed entry may carry a timestamp ahead of this process's clock.
         self.clock.observe(logged.ts);
@@ -250,7 +250,7 @@ mod tests {
         k: i64,
         request: Option<RequestId>,
         ts: Timestamp,
-    ) -> Vec<u8> {
+    ) -> bytes::Bytes {
         let columns: Vec<ArrayRef> = vec![
             Arc::new(Int64Array::from(vec![k])),
             Arc::new(Int64Array::from(vec![k * 10])),
@@ -260,7 +260,7 @@ mod tests {
         let mut entry = LoggedOp::frame(&op, request);
         LoggedOp::stamp(&mut entry, ts);
         sm.inflight.lock().writes.insert(ts.0);
-        entry
+        entry.into()
     }
 
     /// A request applied again (its answer lost, the client sent it again) is answered with
@@ -307,8 +307,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut sm, _) = state_machine(dir.path());
         let ts = sm.clock.now();
-        let mut entry = insert(&sm, 1, None, ts);
-        entry.truncate(8);
+        let entry = insert(&sm, 1, None, ts).slice(..8);
         assert!(matches!(
             sm.apply(1, &entry),
             Err(StorageError::Corruption(_))

@@ -4,6 +4,7 @@
 //! under the in-flight lock, as it is enqueued; what the log holds is decoded without trusting
 //! it (a short or damaged entry is a corruption error, not a panic).
 
+use bytes::Bytes;
 use nyala_storage::{RequestId, StorageError, TabletOp, Timestamp};
 
 /// An operation as it is stored in the Raft log: its timestamp, the client's request it
@@ -29,7 +30,8 @@ impl LoggedOp {
         entry[..8].copy_from_slice(&ts.0.to_le_bytes());
     }
 
-    pub(super) fn decode(bytes: &[u8]) -> Result<Self, StorageError> {
+    /// The entry `bytes`; the rows it writes share their memory (see [`TabletOp::decode`]).
+    pub(super) fn decode(bytes: &Bytes) -> Result<Self, StorageError> {
         let (ts, op) = bytes.split_first_chunk::<8>().ok_or_else(|| {
             StorageError::Corruption("log entry shorter than its timestamp".into())
         })?;
@@ -37,7 +39,7 @@ impl LoggedOp {
         Ok(Self {
             ts: Timestamp(u64::from_le_bytes(*ts)),
             request,
-            op: TabletOp::decode(op)?,
+            op: TabletOp::decode(&bytes.slice(bytes.len() - op.len()..))?,
         })
     }
 }
@@ -67,7 +69,7 @@ mod tests {
     fn an_entry_decodes_to_what_was_framed() {
         let request = RequestId { client: 3, seq: 9 };
         let mut entry = commit_entry(Some(request), Timestamp(1234));
-        let logged = LoggedOp::decode(&entry).unwrap();
+        let logged = LoggedOp::decode(&Bytes::from(entry.clone())).unwrap();
         assert_eq!(logged.ts, Timestamp(1234));
         assert_eq!(logged.request, Some(request));
         assert!(matches!(
@@ -78,7 +80,7 @@ mod tests {
             }
         ));
         LoggedOp::stamp(&mut entry, Timestamp(u64::MAX));
-        let restamped = LoggedOp::decode(&entry).unwrap();
+        let restamped = LoggedOp::decode(&Bytes::from(entry.clone())).unwrap();
         assert_eq!(restamped.ts, Timestamp(u64::MAX));
         assert_eq!(restamped.request, Some(request));
 
@@ -96,7 +98,7 @@ mod tests {
         let write = TabletOp::Write(WriteBatch::new(WriteKind::Upsert, rows.clone()));
         let mut entry = LoggedOp::frame(&write, None);
         LoggedOp::stamp(&mut entry, Timestamp(5));
-        let logged = LoggedOp::decode(&entry).unwrap();
+        let logged = LoggedOp::decode(&Bytes::from(entry.clone())).unwrap();
         assert_eq!((logged.ts, logged.request), (Timestamp(5), None));
         let TabletOp::Write(batch) = logged.op else {
             panic!("not a write: {:?}", logged.op);
@@ -111,7 +113,7 @@ mod tests {
     fn damaged_entries_are_corruption() {
         let entry = commit_entry(Some(RequestId { client: 3, seq: 9 }), Timestamp(1234));
         for len in 0..entry.len() {
-            match LoggedOp::decode(&entry[..len]) {
+            match LoggedOp::decode(&Bytes::copy_from_slice(&entry[..len])) {
                 Err(StorageError::Corruption(_)) => {}
                 Err(e) => panic!("{len} bytes: {e}"),
                 Ok(logged) => panic!("{len} bytes decoded as {:?}", logged.op),
@@ -120,7 +122,7 @@ mod tests {
         let mut unknown = 1234u64.to_le_bytes().to_vec();
         unknown.push(0x3f);
         assert!(matches!(
-            LoggedOp::decode(&unknown),
+            LoggedOp::decode(&Bytes::from(unknown)),
             Err(StorageError::Corruption(_))
         ));
     }
