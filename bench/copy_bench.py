@@ -106,7 +106,7 @@ def main():
             out = os.path.join(work, "nyala-out.parquet")
             write_secs, written = update(cur, f"COPY lineitem TO '{out}'")
             log(f"COPY lineitem TO parquet: {written:,} rows in {write_secs:.2f} s")
-            cur.execute(create_table_sql("ingested", schema, args.buckets))
+            cur.execute(create.replace("CREATE TABLE lineitem", "CREATE TABLE ingested", 1))
             batches = arrow_rows.to_batches(max_chunksize=args.batch_rows)
             cpu = cpu_seconds(proc.pid)
             started = time.perf_counter()
