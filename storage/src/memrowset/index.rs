@@ -8,7 +8,11 @@
 //! with the leaf's last key) instead of searching from the root of a tree of every key; only
 //! the first key of a run searches the map of bounds, which holds one key per leaf. Keys in random
 //! order pay for the extra level (about a quarter more per insert than a `BTreeMap`,
-//! `storage_bench`), hence the choice by table.
+//! `storage_bench`), hence the choice: by table, and for other tables by how their keys come
+//! (a `BTreeMap` that finds its first keys coming in order becomes [`Runs`],
+//! [`KeyIndex::into_runs`]; see `MemRowSet::push`). A `BTreeMap` searches from its root for
+//! every key, also for the next key of a sorted load, which goes after all the others: a
+//! tenth of a bulk load's CPU.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -45,9 +49,30 @@ impl<V> KeyIndex<V> {
         }
     }
 
-    /// An empty index of the same kind.
-    pub fn emptied(&self) -> Self {
-        Self::new(matches!(self, KeyIndex::Runs(_)))
+    /// Whether `key` comes after every key held (true when none is).
+    pub fn after_last(&self, key: &[u8]) -> bool {
+        match self {
+            KeyIndex::Tree(t) => t.last_key_value().is_none_or(|(last, _)| &last[..] < key),
+            KeyIndex::Runs(r) => r.after_last(key),
+        }
+    }
+
+    /// The same entries in a [`Runs`] index.
+    pub fn into_runs(self) -> Self
+    where
+        V: Default + 'static,
+    {
+        match self {
+            KeyIndex::Tree(t) => {
+                let mut runs = Runs::default();
+                for (key, value) in t {
+                    // In key order: each goes at the end of the leaf of the one before.
+                    *runs.get_or_default(key) = value;
+                }
+                KeyIndex::Runs(runs)
+            }
+            runs => runs,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -160,9 +185,22 @@ impl<V> Default for Runs<V> {
 
 impl<V> Runs<V> {
     fn get(&self, key: &[u8]) -> Option<&V> {
-        let leaf = &self.leaves[self.leaf_of(key)?];
+        // Near the last insert, the leaf is known (a run's next key is looked up before it is
+        // inserted).
+        let id = match self.covers(self.hint as usize, key) {
+            true => self.hint as usize,
+            false => self.leaf_of(key)?,
+        };
+        let leaf = &self.leaves[id];
         let i = leaf.find(key).ok()?;
         Some(&leaf.entries[i].1)
+    }
+
+    fn after_last(&self, key: &[u8]) -> bool {
+        // The last key held: in the last leaf that holds any (a leaf emptied by removals stays).
+        let mut leaves = self.bounds.values().rev();
+        let last = leaves.find_map(|&id| self.leaves[id as usize].entries.last());
+        last.is_none_or(|(k, _)| &k[..] < key)
     }
 
     fn get_or_default(&mut self, key: KeyBytes) -> &mut V
@@ -307,7 +345,8 @@ mod tests {
         KeyBytes::from_slice(bytes)
     }
 
-    /// Random inserts, appends in runs and removals against a `BTreeMap`, in both kinds.
+    /// Random inserts, appends in runs and removals against a `BTreeMap`, in both kinds (and
+    /// a tree turned into runs halfway).
     #[test]
     fn matches_a_btreemap() {
         for seed in 0..40u64 {
@@ -330,6 +369,13 @@ mod tests {
                         None => continue,
                     },
                 };
+                let after_last = model.keys().next_back().is_none_or(|last| *last < k);
+                assert_eq!(index.after_last(&k), after_last, "seed {seed}");
+                if step == 1500 && seed % 4 == 1 {
+                    // A tree that becomes runs halfway keeps its entries.
+                    index = index.into_runs();
+                    assert!(matches!(index, KeyIndex::Runs(_)));
+                }
                 if rng.random_range(0..8) == 0 {
                     assert_eq!(index.remove(&k), model.remove(&k), "seed {seed}");
                 } else {

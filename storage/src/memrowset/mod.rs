@@ -223,10 +223,22 @@ impl RowArena {
 /// changed since), held inline: no allocation per inserted row beyond its key.
 pub type Versions = SmallVec<[Version; 1]>;
 
+/// New keys a MemRowSet of a table that is no queue counts before it settles on its index: a
+/// `BTreeMap`, or [`KeyIndex::into_runs`] if at least [`IN_ORDER_PERCENT`] of them came after
+/// every key before them (a sorted load, a time series, ids that count up).
+const SETTLE_AFTER_KEYS: usize = 4096;
+const IN_ORDER_PERCENT: usize = 90;
+
 /// Ordered index from encoded primary key to the versions of rows not yet flushed.
 #[derive(Clone)]
 pub struct MemRowSet {
     pub index: KeyIndex<Versions>,
+    /// A queue table's: its scans read rows in key order, never as whole batches.
+    queue: bool,
+    /// While the index is not settled (see [`SETTLE_AFTER_KEYS`]): the new keys pushed, and
+    /// those of them that came after every key before them.
+    new_keys: usize,
+    in_order: usize,
     key_bytes: usize,
     /// The newest timestamp of a version pushed (a diff scan of a window after it has nothing
     /// to look for here).
@@ -240,25 +252,23 @@ pub struct MemRowSet {
 }
 
 impl MemRowSet {
-    /// An empty MemRowSet, for a queue table's rows (`runs`: see [`KeyIndex`]) or any other.
-    pub fn new(runs: bool) -> Self {
+    /// An empty MemRowSet, for a queue table's rows (`queue`: their keys come in runs, see
+    /// [`KeyIndex`]) or any other.
+    pub fn new(queue: bool) -> Self {
         MemRowSet {
-            index: KeyIndex::new(runs),
+            index: KeyIndex::new(queue),
+            queue,
+            new_keys: 0,
+            in_order: 0,
             key_bytes: 0,
             newest: Timestamp(0),
             whole: Some(Vec::new()),
         }
     }
 
-    /// Takes the rows, leaving an empty MemRowSet of the same kind.
+    /// Takes the rows, leaving an empty MemRowSet for the same table.
     pub fn take(&mut self) -> Self {
-        let empty = MemRowSet {
-            index: self.index.emptied(),
-            key_bytes: 0,
-            newest: Timestamp(0),
-            whole: Some(Vec::new()),
-        };
-        std::mem::replace(self, empty)
+        std::mem::replace(self, MemRowSet::new(self.queue))
     }
 
     pub fn latest(&self, key: &[u8]) -> Option<&Version> {
@@ -269,8 +279,11 @@ impl MemRowSet {
     /// inserted here, [`MemRowSet::inserted_whole`], scans walk the index from now on.)
     pub fn push(&mut self, key: KeyBytes, version: Version) {
         let len = key.len();
+        let settling = !self.queue && self.new_keys < SETTLE_AFTER_KEYS;
+        let in_order = settling && self.index.after_last(&key);
         let versions = self.index.get_or_default(key);
-        if versions.is_empty() {
+        let new = versions.is_empty();
+        if new {
             self.key_bytes += len + 48;
         } else {
             self.whole = None;
@@ -281,6 +294,21 @@ impl MemRowSet {
         versions.push(version);
         self.key_bytes += std::mem::size_of::<Version>();
         self.newest = self.newest.max(version.ts);
+        if settling && new {
+            self.settle(in_order);
+        }
+    }
+
+    /// Counts a new key, in order or not; the last of [`SETTLE_AFTER_KEYS`] settles the index.
+    fn settle(&mut self, in_order: bool) {
+        self.new_keys += 1;
+        self.in_order += usize::from(in_order);
+        if self.new_keys == SETTLE_AFTER_KEYS
+            && self.in_order * 100 >= self.new_keys * IN_ORDER_PERCENT
+        {
+            let index = std::mem::replace(&mut self.index, KeyIndex::new(false));
+            self.index = index.into_runs();
+        }
     }
 
     /// Every row of arena batch `batch` was just pushed, each the first version of its key.
@@ -300,8 +328,7 @@ impl MemRowSet {
     /// every key has one version, a row of these batches, and `snapshot` sees them all. (Not
     /// in key order; a queue table's scans read its rows in order and never take them.)
     pub fn whole_batches(&self, snapshot: Timestamp) -> Option<&[u32]> {
-        let queue = matches!(self.index, KeyIndex::Runs(_));
-        (!queue && snapshot >= self.newest)
+        (!self.queue && snapshot >= self.newest)
             .then_some(self.whole.as_deref())
             .flatten()
     }
@@ -354,5 +381,51 @@ impl MemRowSet {
             (Some(mine), Some(theirs)) => mine.extend(theirs),
             (mine, _) => *mine = None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Keys that come in order settle a MemRowSet's index as runs, keys in another order as a
+    /// tree; either way it finds every key and lists them in order, and a table that is no
+    /// queue still has its batches read whole.
+    #[test]
+    fn the_index_settles_by_how_keys_come() {
+        let n = 2 * SETTLE_AFTER_KEYS as u64;
+        for in_order in [true, false] {
+            let mut mrs = MemRowSet::new(false);
+            // (7919 is prime to n: a permutation of 0..n.)
+            let keys: Vec<u64> = (0..n)
+                .map(|i| if in_order { i } else { i * 7919 % n })
+                .collect();
+            for (i, k) in keys.iter().enumerate() {
+                let version = Version {
+                    ts: Timestamp(i as u64 + 1),
+                    row: Some(RowRef {
+                        batch: 0,
+                        row: i as u32,
+                    }),
+                };
+                mrs.push(KeyBytes::from_slice(&k.to_be_bytes()), version);
+            }
+            assert_eq!(matches!(mrs.index, KeyIndex::Runs(_)), in_order);
+            for (i, k) in keys.iter().enumerate() {
+                let found = mrs.latest(&k.to_be_bytes()).map(|v| v.ts);
+                assert_eq!(found, Some(Timestamp(i as u64 + 1)), "key {k}");
+            }
+            let listed: Vec<u64> = (mrs.index.iter())
+                .map(|(k, _)| u64::from_be_bytes(k[..].try_into().unwrap()))
+                .collect();
+            assert_eq!(listed, (0..n).collect::<Vec<_>>());
+            assert!(mrs.whole_batches(Timestamp(u64::MAX)).is_some());
+            // The next MemRowSet settles anew.
+            mrs.take();
+            assert!(matches!(mrs.index, KeyIndex::Tree(_)));
+        }
+        let queue = MemRowSet::new(true);
+        assert!(matches!(queue.index, KeyIndex::Runs(_)));
+        assert!(queue.whole_batches(Timestamp(u64::MAX)).is_none());
     }
 }
