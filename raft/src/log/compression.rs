@@ -2,7 +2,7 @@
 //! compressed (the decompressed size first) where that makes them smaller, which the record's
 //! length field says.
 
-use super::MAX_RECORD_BYTES;
+use super::{MAX_RECORD_BYTES, SCRATCH_KEPT_BYTES};
 
 /// Entries smaller than this are stored as they are (too little to gain).
 const COMPRESS_FROM_BYTES: usize = 512;
@@ -20,6 +20,11 @@ pub(super) const ENTRIES_SKIPPED: u32 = 256;
 pub(super) struct Compression {
     misses: u32,
     skip: u32,
+    /// Where an entry is compressed to before it replaces the encoded one, kept between entries
+    /// (up to [`SCRATCH_KEPT_BYTES`]): a fresh buffer for each was a zeroed allocation as large
+    /// as the entry, then copied again when lz4_flex shrank it (a twentieth of a bulk load's
+    /// Raft threads).
+    out: Vec<u8>,
 }
 
 impl Compression {
@@ -34,8 +39,18 @@ impl Compression {
             self.skip -= 1;
             return false;
         }
-        let compressed = lz4_flex::compress_prepend_size(encoded);
-        if compressed.len() <= encoded.len() - encoded.len() / 8 {
+        let max = lz4_flex::block::get_maximum_output_size(encoded.len());
+        if self.out.len() < max {
+            self.out.resize(max, 0);
+        }
+        // The output has room for any input: this cannot fail.
+        let Ok(n) = lz4_flex::block::compress_into(encoded, &mut self.out[..max]) else {
+            return false;
+        };
+        // Stored as lz4_flex's `compress_prepend_size` stores it: the entry's size first.
+        let size = (encoded.len() as u32).to_le_bytes();
+        let compressed = size.len() + n;
+        if compressed <= encoded.len() - encoded.len() / 8 {
             self.misses = 0;
         } else {
             self.misses += 1;
@@ -44,12 +59,16 @@ impl Compression {
                 self.skip = ENTRIES_SKIPPED;
             }
         }
-        if compressed.len() >= encoded.len() {
-            return false;
+        let stored = compressed < encoded.len();
+        if stored {
+            buf.truncate(from);
+            buf.extend_from_slice(&size);
+            buf.extend_from_slice(&self.out[..n]);
         }
-        buf.truncate(from);
-        buf.extend_from_slice(&compressed);
-        true
+        if self.out.len() > SCRATCH_KEPT_BYTES {
+            self.out = Vec::new();
+        }
+        stored
     }
 }
 
