@@ -41,6 +41,8 @@ BENCHMARKS = [
     ("changes", "Change streams", "python3 bench/changes_bench.py"),
     ("backup", "Backup and restore", "python3 bench/backup_bench.py"),
     ("copy", "COPY from and to files, and bulk ingest", "python3 bench/copy_bench.py"),
+    ("copy_cluster", "COPY and bulk ingest, three replicas",
+     "python3 bench/copy_bench.py --cluster"),
     ("arrays", "Reading ARRAY columns", "python3 bench/array_bench.py"),
     ("alter", "Schema changes", "python3 bench/alter_bench.py"),
     ("bytes_per_row", "Bytes per row",
