@@ -32,8 +32,9 @@ import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from clone import add_binary_argument, query, start_server, stop_server  # noqa: E402
-from results import Report, add_json_argument, default_path, load_average  # noqa: E402
-from queue_bench import Processes, start_cluster  # noqa: E402
+from results import (Report, add_json_argument, default_path, load_average,  # noqa: E402
+                     process_cpu_seconds)
+from queue_bench import Processes, create_retried, start_cluster  # noqa: E402
 from tpch import PRIMARY_KEYS, create_table_sql, generate_data  # noqa: E402
 
 REPLICAS = 3
@@ -51,13 +52,6 @@ def update(cur, sql):
     cur.adbc_statement.set_sql_query(sql)
     rows = cur.adbc_statement.execute_update()
     return time.perf_counter() - started, rows
-
-
-def cpu_seconds(pid):
-    """User and system CPU time of process `pid` so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start(args, work):
@@ -81,15 +75,7 @@ def create_table(cur, sql, cluster, ready_secs=60):
     if not cluster:
         cur.execute(sql)
         return
-    deadline = time.monotonic() + ready_secs
-    while True:
-        try:
-            update(cur, f"{sql} WITH (replicas = {REPLICAS})")
-            return
-        except Exception:  # noqa: BLE001 (retried until the deadline)
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    create_retried(cur, f"{sql} WITH (replicas = {REPLICAS})", ready_secs)
 
 
 def duckdb_baseline(parquet, arrow_rows, columns_sql, work):
@@ -143,7 +129,7 @@ def main():
         uri, pids, stop = start(args, work)
 
         def cpu_now():
-            return sum(cpu_seconds(pid) for pid in pids)
+            return sum(process_cpu_seconds(pid) for pid in pids)
 
         with flightsql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
             create_table(cur, create, args.cluster)

@@ -75,7 +75,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from flight_sql_messages import (decode_fields, statement_ingest, statement_query,  # noqa: E402
                                  statement_update)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results import Report, default_path  # noqa: E402
+from results import Report, default_path, process_cpu_seconds  # noqa: E402
 
 BATCH = 1024          # messages per enqueue call
 BODY_BYTES = 100      # bytes of each message body
@@ -229,6 +229,12 @@ def create_queue_table(cur, name, queues_buckets, replicas, ready_secs):
            f"{queues_buckets} BUCKETS")
     if replicas:
         sql += f" WITH (replicas = {replicas})"
+    return create_retried(cur, sql, ready_secs)
+
+
+def create_retried(cur, sql, ready_secs):
+    """Runs CREATE TABLE `sql`, retried for `ready_secs` (a cluster's tablet servers register
+    with their first heartbeats); returns the tries it took."""
     deadline = time.monotonic() + ready_secs
     tries = 0
     while True:
@@ -287,9 +293,7 @@ def cpu_snapshot(procs):
     tick = os.sysconf("SC_CLK_TCK")
     for name, proc, _, _ in (procs.procs if procs else []):
         try:
-            with open(f"/proc/{proc.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            servers[name] = (int(fields[11]) + int(fields[12])) / tick
+            servers[name] = process_cpu_seconds(proc.pid)
         except (OSError, ValueError, IndexError):
             pass
     try:

@@ -90,10 +90,8 @@ impl<V> KeyIndex<V> {
         match self {
             // A key after the last one (the next key of a sorted load) is missing, found with
             // one comparison instead of a search (its insert then searches once, not twice).
-            KeyIndex::Tree(t) => match t.last_key_value() {
-                Some((last, _)) if &last[..] < key => None,
-                _ => t.get(key),
-            },
+            KeyIndex::Tree(_) if self.after_last(key) => None,
+            KeyIndex::Tree(t) => t.get(key),
             KeyIndex::Runs(r) => r.get(key),
         }
     }
