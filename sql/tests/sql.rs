@@ -475,6 +475,71 @@ fn ingest_stream(
     futures::stream::iter(batches.into_iter().map(Ok))
 }
 
+/// A batch that fails stops a load; the error counts the rows of the batches applied before it,
+/// each whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_batch_stops_an_ingest_and_the_error_counts_the_rows_applied() {
+    use arrow::array::{ArrayRef, Int64Array};
+    use nyala_sql::{IngestMode, IngestTarget};
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = open(dir.path()).await;
+    run(
+        &s,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY) DISTRIBUTE BY HASH (id) INTO 4 BUCKETS",
+    )
+    .await;
+    run(&s, "INSERT INTO t VALUES (150)").await;
+    let append = IngestTarget {
+        table: "t".into(),
+        mode: IngestMode::Append,
+        primary_key: vec![],
+        buckets: 1,
+    };
+    let ids = |from: i64| {
+        let ids = Arc::new(Int64Array::from_iter_values(from..from + 100)) as ArrayRef;
+        RecordBatch::try_from_iter([("id", ids)]).unwrap()
+    };
+    // The second of four batches holds a key the table has.
+    let data: Vec<RecordBatch> = [0, 100, 200, 300].into_iter().map(ids).collect();
+    let e = s
+        .ingest(&append, data[0].schema(), ingest_stream(data))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("duplicate"), "{e}");
+    let applied: i64 = e
+        .split("the load stopped after ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count of the rows applied: {e}"));
+    let count = |sql: &str| {
+        let sql = sql.to_string();
+        let s = &s;
+        async move { first_i64s(&run(s, &sql).await)[0] }
+    };
+    assert_eq!(count("SELECT count(*) FROM t").await, 1 + applied, "{e}");
+    assert_eq!(count("SELECT count(*) FROM t WHERE id < 100").await, 100);
+    assert_eq!(
+        count("SELECT count(*) FROM t WHERE id BETWEEN 100 AND 199").await,
+        1
+    );
+    assert_eq!(applied, 100, "{e}");
+    assert_eq!(count("SELECT count(*) FROM t WHERE id >= 200").await, 0);
+
+    // A first batch that fails, alone, applies nothing and says nothing of a count.
+    let e = s
+        .ingest(&append, ids(150).schema(), ingest_stream(vec![ids(150)]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("duplicate") && !e.contains("the load stopped"),
+        "{e}"
+    );
+    assert_eq!(count("SELECT count(*) FROM t").await, 1 + applied);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingest_refuses_data_that_does_not_match_the_table() {
     use arrow::array::{ArrayRef, BinaryArray, Int64Array, StringArray};
@@ -680,14 +745,41 @@ async fn joins_give_the_same_rows_with_and_without_runtime_filters() {
         "SELECT s.id, t.k FROM small s JOIN (SELECT k FROM big ORDER BY v DESC LIMIT 60) t \
          ON t.k = s.k ORDER BY 1, 2",
     ];
+    let mut expected = Vec::new();
+    run(&s, "SET nyala.runtime_filters = off").await;
     for query in queries {
-        run(&s, "SET nyala.runtime_filters = off").await;
-        let expected = text(&s, query).await;
-        for mode in ["minmax", "bloom"] {
-            run(&s, &format!("SET nyala.runtime_filters = {mode}")).await;
-            assert_eq!(text(&s, query).await, expected, "{query} with {mode}");
+        expected.push(text(&s, query).await);
+    }
+    // Joins that collect their build side (these small ones, by default), then joins that
+    // hash-partition both sides, whose filters hold the keys of every build partition.
+    for partitioned in [false, true] {
+        if partitioned {
+            force_partitioned_joins(&s).await;
+        }
+        for (query, expected) in queries.iter().zip(&expected) {
+            for mode in ["minmax", "bloom"] {
+                run(&s, &format!("SET nyala.runtime_filters = {mode}")).await;
+                let got = text(&s, query).await;
+                assert_eq!(
+                    &got, expected,
+                    "{query} with {mode}, partitioned: {partitioned}"
+                );
+            }
         }
     }
+    let plan = text(
+        &s,
+        "EXPLAIN ANALYZE SELECT count(*) FROM big b JOIN small s ON b.k = s.k",
+    )
+    .await;
+    assert!(
+        plan.contains("mode=Partitioned") && plan.contains("RuntimeFilterBuildExec"),
+        "{plan}"
+    );
+    assert!(
+        counter(scan_line(&plan, "big"), "removed") > 10_000,
+        "{plan}"
+    );
     // The inner join finds 100 keys, 3 rows each? No: one row per key (c = k % 3).
     let joined = text(&s, "SELECT count(*) FROM big b JOIN small s ON b.k = s.k").await;
     assert!(joined.contains("| 100 "), "{joined}");
@@ -966,6 +1058,16 @@ async fn dynamic_filters_from_datafusion_reach_the_scan() {
     run(&s, "SET nyala.runtime_filters = bloom").await;
 }
 
+/// Makes DataFusion hash-partition both sides of every hash join, however small the build side
+/// (which it otherwise collects whole).
+async fn force_partitioned_joins(s: &Session) {
+    for threshold in ["", "_rows"] {
+        let sql =
+            format!("SET datafusion.optimizer.hash_join_single_partition_threshold{threshold} = 0");
+        run(s, &sql).await;
+    }
+}
+
 /// A partitioned hash join's dynamic filter (a CASE with one branch per partition) reaches
 /// the scan below an aggregate as the union of its branches: the keys of every partition's
 /// build side.
@@ -978,16 +1080,7 @@ async fn a_partitioned_joins_dynamic_filter_narrows_the_scan_below_an_aggregate(
                  WHERE s.w < 60 ORDER BY s.id";
     let expected = text(&s, query).await;
     // Small tables join with the build side collected whole unless told otherwise.
-    run(
-        &s,
-        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
-    )
-    .await;
-    run(
-        &s,
-        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
-    )
-    .await;
+    force_partitioned_joins(&s).await;
     let plan = text(&s, &format!("EXPLAIN ANALYZE {query}")).await;
     assert!(plan.contains("mode=Partitioned"), "{plan}");
     let scan = scan_line(&plan, "big");

@@ -3,14 +3,15 @@
 //! row groups and rows that cannot match instead of shipping the whole table to the join
 //! (`kudu-bloom-filter-predicate.txt`).
 //!
-//! [`RuntimeFilterRule`] (a physical optimizer rule) finds hash joins that collect their build
-//! side (`PartitionMode::CollectLeft`) and whose probe-side join keys are columns of a Nyala
-//! table reached through projections, filters and repartitioning only. It wraps the build side
-//! in a [`RuntimeFilterBuildExec`], which passes the build rows through to the join and, when
-//! they are all seen, publishes one [`KeyFilter`] per key into a shared [`FilterSlot`]. Each
-//! probe-side [`NyalaScanExec`] waits for the slot before it starts its tablet scan and adds the
-//! filters to the scan's predicates. The join polls its probe side only after the build side
-//! is complete, so the wait never holds anything up. A plan run again (each step of a
+//! [`RuntimeFilterRule`] (a physical optimizer rule) finds hash joins (collecting their build
+//! side, `PartitionMode::CollectLeft`, or hash-partitioning both, `Partitioned`) whose
+//! probe-side join keys are columns of a Nyala table reached through projections, filters and
+//! repartitioning only. It wraps the build side in a [`RuntimeFilterBuildExec`], which passes
+//! the build rows through to the join and, when those of every partition are seen, publishes
+//! one [`KeyFilter`] per key into a shared [`FilterSlot`]. Each probe-side [`NyalaScanExec`]
+//! waits for the slot before it starts its tablet scan and adds the filters to the scan's
+//! predicates. A join partition polls its probe side only after its build side is complete,
+//! and build sides never read the probe side, so the wait never holds anything up. A plan run again (each step of a
 //! recursive query) empties the slot first: its scans wait for that run's keys.
 //!
 //! DataFusion's own dynamic filters (a hash join's keys, a TopK's threshold) reach the scans

@@ -1,5 +1,5 @@
 //! [`RuntimeFilterRule`]: the physical optimizer rule that wraps the build side of a hash join
-//! that collects it in a [`RuntimeFilterBuildExec`] and attaches a [`RuntimeFilter`] to each
+//! in a [`RuntimeFilterBuildExec`] and attaches a [`RuntimeFilter`] to each
 //! Nyala scan its probe-side keys come from.
 
 use std::sync::Arc;
@@ -84,9 +84,16 @@ impl RuntimeFilterRule {
                 | JoinType::RightSemi
         );
         // A null-aware anti join (NOT IN) must see the probe side's NULLs, which filters drop.
-        // Only a join that collects its build side (one partition, run once) has every key in
-        // one place: a partitioned join's build partitions each hold one hash partition's.
-        if *join.partition_mode() != PartitionMode::CollectLeft
+        // A join that collects its build side has every key in one partition; a partitioned
+        // join's build partitions each hold one hash partition's, and the filter is published
+        // when the last of them ends: each builds without reading the probe side, so the
+        // probe-side scans can wait for all of them (DataFusion's own dynamic filter of such
+        // a join waits for every partition's build side the same way).
+        let collected = matches!(
+            join.partition_mode(),
+            PartitionMode::CollectLeft | PartitionMode::Partitioned
+        );
+        if !collected
             || !probe_rows_without_match_dropped
             || join.null_aware
             || join.left().is::<RuntimeFilterBuildExec>()
