@@ -744,6 +744,18 @@ async fn joins_give_the_same_rows_with_and_without_runtime_filters() {
         "SELECT s.w, b.v FROM big b JOIN small s ON b.k = s.k ORDER BY b.v",
         "SELECT s.id, t.k FROM small s JOIN (SELECT k FROM big ORDER BY v DESC LIMIT 60) t \
          ON t.k = s.k ORDER BY 1, 2",
+        // Filters placed below another join: on its inner side, an outer join's preserved
+        // and null-extended sides, a semi join's.
+        "SELECT x.k, x.w FROM small s2 JOIN (SELECT b.k, s.w FROM big b JOIN small s \
+         ON b.k = s.k) x ON s2.w = x.w WHERE s2.id < 5 ORDER BY 1, 2",
+        "SELECT x.id, x.v FROM small s2 JOIN (SELECT s.id, b.v FROM small s LEFT JOIN big b \
+         ON b.k = s.k) x ON s2.w = x.v ORDER BY 1, 2",
+        "SELECT x.id, x.v FROM small s2 JOIN (SELECT s.id, b.v FROM small s LEFT JOIN big b \
+         ON b.k = s.k) x ON s2.id = x.id WHERE s2.w < 7 ORDER BY 1, 2",
+        "SELECT x.k, x.v FROM small s2 JOIN (SELECT b.k, b.v FROM big b FULL JOIN small s \
+         ON b.k = s.k) x ON s2.k = x.k ORDER BY 1, 2",
+        "SELECT count(*), sum(x.w) FROM small s2 JOIN (SELECT s.w FROM small s \
+         WHERE s.k IN (SELECT k FROM big)) x ON s2.w = x.w WHERE s2.id < 20",
     ];
     let mut expected = Vec::new();
     run(&s, "SET nyala.runtime_filters = off").await;
@@ -1056,6 +1068,27 @@ async fn dynamic_filters_from_datafusion_reach_the_scan() {
         "{scan}"
     );
     run(&s, "SET nyala.runtime_filters = bloom").await;
+}
+
+/// A join's filter reaches a scan below another join, here the scan of `small s` that the lower
+/// join collects (and starts at once, before the upper join has read its own build side).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_filter_reaches_a_scan_below_another_join() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, s) = load_join_tables(dir.path()).await;
+    let query = "SELECT count(*), sum(x.v) FROM small s2 JOIN (SELECT b.v, s.w FROM big b \
+                 JOIN small s ON b.k = s.k) x ON s2.w = x.w WHERE s2.id < 5";
+    let plan = text(&s, &format!("EXPLAIN ANALYZE {query}")).await;
+    let below = plan
+        .lines()
+        .find(|l| l.contains("NyalaScanExec: table=small") && l.contains("runtime_filters=[w #"))
+        .unwrap_or_else(|| panic!("no filter on w below the lower join: {plan}"));
+    // 5 keys of small's 110 rows.
+    assert!(counter(below, "removed") >= 100, "{below}");
+    let got = text(&s, query).await;
+    run(&s, "SET nyala.runtime_filters = off").await;
+    assert_eq!(got, text(&s, query).await);
+    assert!(got.contains("| 5 "), "{got}");
 }
 
 /// Makes DataFusion hash-partition both sides of every hash join, however small the build side

@@ -147,7 +147,8 @@ impl RuntimeFilterRule {
 
 /// `plan` with the runtime filter on its output column `column` attached to the Nyala scan
 /// that produces the column, if the way down only moves, sorts, projects or filters rows (and
-/// limits none).
+/// limits none), or passes through joins whose output rows keep the column's value from the
+/// side it comes from (see [`join_side_of`]).
 fn attach_to_scan(
     plan: &Arc<dyn ExecutionPlan>,
     column: usize,
@@ -163,14 +164,16 @@ fn attach_to_scan(
             scan.with_runtime_filter(filter(table_column), replaces),
         ));
     }
-    let child_column = if let Some(projection) = plan.downcast_ref::<ProjectionExec>() {
+    let (child, child_column) = if let Some(projection) = plan.downcast_ref::<ProjectionExec>() {
         let expr = &projection.expr().get(column)?.expr;
-        expr.downcast_ref::<Column>()?.index()
+        (0, expr.downcast_ref::<Column>()?.index())
     } else if let Some(filter_exec) = plan.downcast_ref::<FilterExec>() {
         match filter_exec.projection() {
-            Some(p) => *p.get(column)?,
-            None => column,
+            Some(p) => (0, *p.get(column)?),
+            None => (0, column),
         }
+    } else if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
+        join_side_of(join, column)?
     } else if matches!(
         plan.name(),
         "RepartitionExec"
@@ -178,8 +181,9 @@ fn attach_to_scan(
             | "CoalescePartitionsExec"
             | "CooperativeExec"
             | "SortExec"
+            | "RuntimeFilterBuildExec"
     ) {
-        column
+        (0, column)
     } else {
         return None;
     };
@@ -187,9 +191,45 @@ fn attach_to_scan(
     if plan.fetch().is_some() {
         return None;
     }
-    let child = plan.children().first().copied()?.clone();
-    let new_child = attach_to_scan(&child, child_column, filter, replaces)?;
-    replace_children(plan, vec![new_child]).ok()
+    let mut children: Vec<Arc<dyn ExecutionPlan>> = plan.children().into_iter().cloned().collect();
+    let new_child = attach_to_scan(children.get(child)?, child_column, filter, replaces)?;
+    children[child] = new_child;
+    replace_children(plan, children).ok()
+}
+
+/// The input (0: build side, 1: probe side) and its column that output column `column` of
+/// `join` (a join below the one whose filter is placed) comes from, when a row of that input
+/// whose value there the filter rejects can only make output rows that the filter's own join
+/// drops: an inner join's either side, an outer join's preserved side, a semi or anti join's
+/// output side. (A null-extended side's values are not its input's.)
+fn join_side_of(join: &HashJoinExec, column: usize) -> Option<(usize, usize)> {
+    let column = match &join.projection {
+        Some(projection) => *projection.get(column)?,
+        None => column,
+    };
+    let left = join.left().schema().fields().len();
+    let right = join.right().schema().fields().len();
+    // Output columns: left then right; a semi, anti or mark join's only its own side's.
+    let (side, index) = match join.join_type() {
+        JoinType::Inner | JoinType::Left | JoinType::Right | JoinType::Full => {
+            match column < left {
+                true => (0, column),
+                false => (1, column - left),
+            }
+        }
+        JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark => (0, column),
+        JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark => (1, column),
+    };
+    let kept = match join.join_type() {
+        JoinType::Inner => true,
+        JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark => side == 0,
+        JoinType::Right | JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark => {
+            side == 1
+        }
+        JoinType::Full => false,
+    };
+    let width = [left, right][side];
+    (kept && index < width).then_some((side, index))
 }
 
 fn replace_children(
