@@ -756,6 +756,17 @@ async fn joins_give_the_same_rows_with_and_without_runtime_filters() {
          ON b.k = s.k) x ON s2.k = x.k ORDER BY 1, 2",
         "SELECT count(*), sum(x.w) FROM small s2 JOIN (SELECT s.w FROM small s \
          WHERE s.k IN (SELECT k FROM big)) x ON s2.w = x.w WHERE s2.id < 20",
+        // ...and below aggregates, by what they group by (not by their results, nor through
+        // grouping sets, whose totals span groups).
+        "SELECT s.id, a.total, a.n FROM small s JOIN (SELECT k, sum(v) AS total, count(*) AS n \
+         FROM big GROUP BY k) a ON a.k = s.k ORDER BY 1",
+        "SELECT s.id, a.k FROM small s JOIN (SELECT k, sum(v) AS total FROM big GROUP BY k) a \
+         ON a.total = s.w ORDER BY 1, 2",
+        "SELECT s.id, a.c, a.total FROM small s JOIN (SELECT c, k % 3 AS m, sum(v) AS total \
+         FROM big GROUP BY ROLLUP (c, k % 3)) a ON a.c = s.c AND a.m IS NOT DISTINCT FROM NULL \
+         ORDER BY 1, 2",
+        "SELECT s.id, a.total FROM small s JOIN (SELECT k, sum(v) AS total FROM big \
+         WHERE k % 5 = 0 GROUP BY k HAVING sum(v) > 100) a ON a.k = s.k ORDER BY 1",
     ];
     let mut expected = Vec::new();
     run(&s, "SET nyala.runtime_filters = off").await;
@@ -1089,6 +1100,17 @@ async fn a_runtime_filter_reaches_a_scan_below_another_join() {
     run(&s, "SET nyala.runtime_filters = off").await;
     assert_eq!(got, text(&s, query).await);
     assert!(got.contains("| 5 "), "{got}");
+
+    // Below an aggregate, by the column it groups by: big's rows of the 5 keys only.
+    run(&s, "SET nyala.runtime_filters = bloom").await;
+    let query = "SELECT a.k, a.total FROM small s JOIN (SELECT k, sum(v) AS total FROM big \
+                 GROUP BY k) a ON a.k = s.k WHERE s.id < 5 ORDER BY 1";
+    let plan = text(&s, &format!("EXPLAIN ANALYZE {query}")).await;
+    let scan = scan_line(&plan, "big");
+    assert!(scan.contains("runtime_filters=[k #"), "{plan}");
+    let got = text(&s, query).await;
+    run(&s, "SET nyala.runtime_filters = off").await;
+    assert_eq!(got, text(&s, query).await);
 }
 
 /// Makes DataFusion hash-partition both sides of every hash join, however small the build side
@@ -1101,23 +1123,24 @@ async fn force_partitioned_joins(s: &Session) {
     }
 }
 
-/// A partitioned hash join's dynamic filter (a CASE with one branch per partition) reaches
-/// the scan below an aggregate as the union of its branches: the keys of every partition's
-/// build side.
+/// A partitioned hash join's filter reaches the scan below an aggregate grouping by the join
+/// key, with the keys of every partition's build side.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partitioned_joins_dynamic_filter_narrows_the_scan_below_an_aggregate() {
+async fn a_partitioned_joins_filter_narrows_the_scan_below_an_aggregate() {
     let dir = tempfile::tempdir().unwrap();
     let (_db, s) = load_join_tables(dir.path()).await;
     let query = "SELECT s.id, a.total FROM small s \
                  JOIN (SELECT k, sum(v) AS total FROM big GROUP BY k) a ON a.k = s.k \
                  WHERE s.w < 60 ORDER BY s.id";
+    run(&s, "SET nyala.runtime_filters = off").await;
     let expected = text(&s, query).await;
+    run(&s, "SET nyala.runtime_filters = bloom").await;
     // Small tables join with the build side collected whole unless told otherwise.
     force_partitioned_joins(&s).await;
     let plan = text(&s, &format!("EXPLAIN ANALYZE {query}")).await;
     assert!(plan.contains("mode=Partitioned"), "{plan}");
     let scan = scan_line(&plan, "big");
-    assert!(scan.contains("CASE"), "{scan}");
+    assert!(scan.contains("runtime_filters=[k #"), "{scan}");
     // 60 rows of small, 59 distinct keys (one NULL-free key range), each 3 rows in big.
     // (EXPLAIN ANALYZE writes 1 000 and more as "1.00 K".)
     let read = scan.split("output_rows=").nth(1).unwrap_or_default();

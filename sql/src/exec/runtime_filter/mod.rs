@@ -6,8 +6,8 @@
 //! [`RuntimeFilterRule`] (a physical optimizer rule) finds hash joins (collecting their build
 //! side, `PartitionMode::CollectLeft`, or hash-partitioning both, `Partitioned`) whose
 //! probe-side join keys are columns of a Nyala table reached through projections, filters,
-//! repartitioning and other hash joins (into a side whose values reach the join's output
-//! unchanged and whose rows the filter may drop). It wraps the build side in a [`RuntimeFilterBuildExec`], which passes
+//! repartitioning, aggregates grouping by them and other hash joins (into a side whose values
+//! reach the join's output unchanged and whose rows the filter may drop). It wraps the build side in a [`RuntimeFilterBuildExec`], which passes
 //! the build rows through to the join and, when those of every partition are seen, publishes
 //! one [`KeyFilter`] per key into a shared [`FilterSlot`]. Each probe-side [`NyalaScanExec`]
 //! waits for the slot before it starts its tablet scan and adds the filters to the scan's

@@ -10,6 +10,7 @@ use datafusion::common::{JoinType, NullEquality};
 use datafusion::error::Result;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
@@ -147,8 +148,8 @@ impl RuntimeFilterRule {
 
 /// `plan` with the runtime filter on its output column `column` attached to the Nyala scan
 /// that produces the column, if the way down only moves, sorts, projects or filters rows (and
-/// limits none), or passes through joins whose output rows keep the column's value from the
-/// side it comes from (see [`join_side_of`]).
+/// limits none), passes through joins whose output rows keep the column's value from the
+/// side it comes from (see [`join_side_of`]), or through aggregates grouping by it.
 fn attach_to_scan(
     plan: &Arc<dyn ExecutionPlan>,
     column: usize,
@@ -174,6 +175,8 @@ fn attach_to_scan(
         }
     } else if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
         join_side_of(join, column)?
+    } else if let Some(aggregate) = plan.downcast_ref::<AggregateExec>() {
+        (0, grouped_column_of(aggregate, column)?)
     } else if matches!(
         plan.name(),
         "RepartitionExec"
@@ -195,6 +198,19 @@ fn attach_to_scan(
     let new_child = attach_to_scan(children.get(child)?, child_column, filter, replaces)?;
     children[child] = new_child;
     replace_children(plan, children).ok()
+}
+
+/// The input column that output column `column` of `aggregate` groups by, where rows may be
+/// taken from its input by their value there: all rows of a group have that value, so the
+/// groups left are those whose key the filter passes, each with its result unchanged. (Not
+/// with grouping sets, whose totals span groups, nor with a limit on the groups.)
+fn grouped_column_of(aggregate: &AggregateExec, column: usize) -> Option<usize> {
+    let group_by = aggregate.group_expr();
+    if !group_by.is_single() || aggregate.limit_options().is_some() {
+        return None;
+    }
+    let (expr, _) = group_by.expr().get(column)?;
+    expr.downcast_ref::<Column>().map(Column::index)
 }
 
 /// The input (0: build side, 1: probe side) and its column that output column `column` of
