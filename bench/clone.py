@@ -32,7 +32,8 @@ checks that the tables hold what they should (count(*) and exact sums over the c
 and c2 equal those of orders, c3's those of orders AS OF that time, none of c3's rows
 updated): FAILED lines and a non-zero exit code otherwise. The server is stopped on exit, also
 after an error or Ctrl-C. Client and server share this machine's CPUs. Writes the run's
-results to bench/results/clone.json (--json) for docs/benchmarks.md. Needs pyarrow and
+results to bench/results/clone.json (clone_20m.json with --rows 20000000; --json) for
+docs/benchmarks.md. Needs pyarrow and
 adbc-driver-flightsql (tests/python/requirements.txt).
 """
 import argparse
@@ -46,9 +47,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results import Report, add_json_argument  # noqa: E402
+from results import Report, add_json_argument, default_path  # noqa: E402
 
 BATCH = 100_000
+DEFAULT_ROWS = 2_000_000
 STATUSES = ("open", "paid", "shipped", "delivered", "returned")
 TARGETS = ("targets (for reference, not asserted): clone <= 10 % of CTAS time, "
            "clone disk growth <= 5 % of the table's bytes")
@@ -220,11 +222,18 @@ def batch(start, n):
 # ---------------------------------------------------------------------------------------------
 
 
+def results_name(rows):
+    """The results file's name: clone (the default 2 000 000 rows), else e.g. clone_20m."""
+    if rows == DEFAULT_ROWS:
+        return "clone"
+    return f"clone_{rows // 1_000_000}m" if rows % 1_000_000 == 0 else f"clone_{rows}"
+
+
 def results_report(args, source_bytes, ctas, clone, growth, clone_as_of, growth_as_of, failed,
                    load_at_start=None):
     """The run as bench/results/clone.json holds it (see bench/results.py): seconds and disk
     growth in bytes of each statement, `source_bytes` the source table's tablet files."""
-    report = Report("clone", f"CREATE TABLE ... CLONE against CTAS on {args.rows:,} rows "
+    report = Report(results_name(args.rows), f"CREATE TABLE ... CLONE against CTAS on {args.rows:,} rows "
                              f"({args.buckets} hash buckets)".replace(",", " "),
                     baseline="CREATE TABLE c1 PRIMARY KEY (o_id) AS SELECT * FROM orders (a copy "
                              "of every row) of the same table, same run",
@@ -352,7 +361,9 @@ def main():
                                 epilog=__doc__.split("\n\n", 2)[2])
     p.add_argument("--bin", default=default_bin,
                    help="the nyala binary to start (default: $NYALA_BIN or %(default)s)")
-    p.add_argument("--rows", type=int, default=2_000_000, help="rows of orders (default 2 000 000)")
+    p.add_argument("--rows", type=int, default=DEFAULT_ROWS,
+                   help="rows of orders (default 2 000 000; other counts write "
+                        "bench/results/clone_<millions>m.json)")
     p.add_argument("--buckets", type=int, default=8, help="hash buckets of orders (default 8)")
     p.add_argument("--settle", type=float, default=90,
                    help="seconds to wait at most for the loaded table to be flushed (default 90; "
@@ -361,8 +372,10 @@ def main():
                    help="percentage of rows updated before the AS OF clone (default 1)")
     p.add_argument("--keep-data-dir", action="store_true",
                    help="keep the server's data directory and log")
-    add_json_argument(p, "clone")
+    add_json_argument(p, None)
     args = p.parse_args()
+    if args.json is None:
+        args.json = default_path(results_name(args.rows))
     args.load_at_start = os.getloadavg()[0]
     if args.rows < 1 or args.buckets < 1 or not 0 <= args.update_percent <= 100:
         p.error("--rows and --buckets must be positive, --update-percent within 0..100")

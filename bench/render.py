@@ -38,6 +38,7 @@ BENCHMARKS = [
     ("queue", "Queue tables, one node", "python3 bench/queue_bench.py"),
     ("queue_cluster", "Queue tables, three replicas", "python3 bench/queue_bench.py --cluster"),
     ("clone", "Table clones", "python3 bench/clone.py"),
+    ("clone_20m", "Table clones, 20 M rows", "python3 bench/clone.py --rows 20000000"),
     ("changes", "Change streams", "python3 bench/changes_bench.py"),
     ("backup", "Backup and restore", "python3 bench/backup_bench.py"),
     ("copy", "COPY from and to files, and bulk ingest", "python3 bench/copy_bench.py"),
