@@ -27,6 +27,9 @@ PAGE = os.path.join(REPO_ROOT, "docs", "benchmarks.md")
 BENCHMARKS = [
     ("tpch", "TPC-H",
      "cargo build --release -p nyala-flight --bin nyala && python3 bench/tpch.py"),
+    ("tpch_sf10", "TPC-H at scale factor 10",
+     "cargo build --release -p nyala-flight --bin nyala && python3 bench/tpch.py --scale 10 "
+     "--runs 1"),
     ("tpch_cluster", "TPC-H on a cluster",
      "cargo build --release -p nyala-flight --bin nyala && python3 bench/tpch_cluster.py"),
     ("fresh_scan", "Scans of fresh rows", "python3 bench/fresh_scan.py"),

@@ -16,7 +16,8 @@ result into Arrow in the client. It checks that the three results agree and prin
 times and ratios, the load rate, and bytes on disk against the Parquet files.
 
 It never asserts timings: the exit code is non-zero only when a query fails or results differ.
-It writes the run's results to bench/results/tpch.json (--json) for docs/benchmarks.md.
+It writes the run's results to bench/results/tpch.json (tpch_sf10.json with --scale 10; --json)
+for docs/benchmarks.md.
 Installs what it needs with pip when missing (tpchgen-cli, duckdb, datafusion, pyarrow,
 adbc-driver-flightsql). The server, the client and the other engines share this machine's CPUs.
 """
@@ -36,7 +37,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from results import Report, add_json_argument  # noqa: E402
+from results import Report, add_json_argument, default_path  # noqa: E402
 
 QUERY_DIR = os.path.join(HERE, "tpch")
 TABLES = ["region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem"]
@@ -566,6 +567,11 @@ def fmt_ratio(a, b):
     return f"{a / b:.2f}x" if isinstance(a, float) and isinstance(b, float) and b > 0 else "-"
 
 
+def results_name(scale):
+    """The results file's name: tpch at scale 1, else e.g. tpch_sf10."""
+    return "tpch" if scale == 1 else f"tpch_sf{scale:g}".replace(".", "_")
+
+
 def results_report(scale, runs, buckets, versions, load_stats, size_rows, query_rows,
                    load_at_start=None):
     """The run as bench/results/tpch.json holds it (see bench/results.py). `versions`:
@@ -580,7 +586,7 @@ def results_report(scale, runs, buckets, versions, load_stats, size_rows, query_
         return round(a / b, 2) if isinstance(a, float) and isinstance(b, float) and b > 0 else None
 
     report = Report(
-        "tpch", f"TPC-H SF{scale:g} over Flight SQL against DataFusion and DuckDB, best of "
+        results_name(scale), f"TPC-H SF{scale:g} over Flight SQL against DataFusion and DuckDB, best of "
                 f"{runs} runs after a warm-up",
         baseline=f"DataFusion {versions[0]} (Python) and DuckDB {versions[1]} reading the same "
                  f"Parquet files, same run", load_at_start=load_at_start)
@@ -643,9 +649,11 @@ def main():
                    help="Nyala statement timeout per statement in seconds (0: none)")
     p.add_argument("--keep-data-dir", action="store_true",
                    help="keep the started server's data directory (and log) after the run")
-    add_json_argument(p, "tpch")
+    add_json_argument(p, None)
     args = p.parse_args()
     args.runs = max(args.runs, 1)
+    if args.json is None:
+        args.json = default_path(results_name(args.scale))
     if args.skip_load and not args.connect:
         p.error("--skip-load needs --connect (a started server begins empty)")
     queries = parse_queries(args.queries)
