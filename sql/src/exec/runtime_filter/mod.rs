@@ -7,13 +7,16 @@
 //! side, `PartitionMode::CollectLeft`, or hash-partitioning both, `Partitioned`) whose
 //! probe-side join keys are columns of a Nyala table reached through projections, filters,
 //! repartitioning, aggregates grouping by them and other hash joins (into a side whose values
-//! reach the join's output unchanged and whose rows the filter may drop). It wraps the build side in a [`RuntimeFilterBuildExec`], which passes
-//! the build rows through to the join and, when those of every partition are seen, publishes
-//! one [`KeyFilter`] per key into a shared [`FilterSlot`]. Each probe-side [`NyalaScanExec`]
-//! waits for the slot before it starts its tablet scan and adds the filters to the scan's
-//! predicates. A join partition polls its probe side only after its build side is complete,
-//! and build sides never read the probe side, so the wait never holds anything up. A plan run again (each step of a
-//! recursive query) empties the slot first: its scans wait for that run's keys.
+//! reach the join's output unchanged and whose rows the filter may drop). It wraps the build
+//! side in a [`RuntimeFilterBuildExec`], which passes the build rows through to the join and,
+//! when those of every partition are seen, publishes one [`KeyFilter`] per key into a shared
+//! [`FilterSlot`]. Each probe-side [`NyalaScanExec`] waits for the slot before it starts its
+//! tablet scan and adds the filters to the scan's predicates. A join partition polls its probe
+//! side only after its build side is complete, and build sides never read the probe side, so
+//! the wait never holds anything up (a scan a `CoalescePartitionsExec` starts at once, below a
+//! lower join's build side, waits for the upper join's build side, which does not need it). A
+//! plan run again (each step of a recursive query) empties the slot first: its scans wait for
+//! that run's keys.
 //!
 //! DataFusion's own dynamic filters (a hash join's keys, a TopK's threshold) reach the scans
 //! through DataFusion's filter pushdown, which in DataFusion 55 finds a filter's column in an

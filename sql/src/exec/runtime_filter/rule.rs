@@ -90,11 +90,11 @@ impl RuntimeFilterRule {
         // when the last of them ends: each builds without reading the probe side, so the
         // probe-side scans can wait for all of them (DataFusion's own dynamic filter of such
         // a join waits for every partition's build side the same way).
-        let collected = matches!(
+        let built_whole = matches!(
             join.partition_mode(),
             PartitionMode::CollectLeft | PartitionMode::Partitioned
         );
-        if !collected
+        if !built_whole
             || !probe_rows_without_match_dropped
             || join.null_aware
             || join.left().is::<RuntimeFilterBuildExec>()
