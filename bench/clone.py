@@ -33,8 +33,7 @@ and c2 equal those of orders, c3's those of orders AS OF that time, none of c3's
 updated): FAILED lines and a non-zero exit code otherwise. The server is stopped on exit, also
 after an error or Ctrl-C. Client and server share this machine's CPUs. Writes the run's
 results to bench/results/clone.json (clone_20m.json with --rows 20000000; --json) for
-docs/benchmarks.md. Needs pyarrow and
-adbc-driver-flightsql (tests/python/requirements.txt).
+docs/benchmarks.md. Needs pyarrow and adbc-driver-flightsql (tests/python/requirements.txt).
 """
 import argparse
 import os
@@ -233,8 +232,9 @@ def results_report(args, source_bytes, ctas, clone, growth, clone_as_of, growth_
                    load_at_start=None):
     """The run as bench/results/clone.json holds it (see bench/results.py): seconds and disk
     growth in bytes of each statement, `source_bytes` the source table's tablet files."""
-    report = Report(results_name(args.rows), f"CREATE TABLE ... CLONE against CTAS on {args.rows:,} rows "
-                             f"({args.buckets} hash buckets)".replace(",", " "),
+    title = (f"CREATE TABLE ... CLONE against CTAS on {args.rows:,} rows "
+             f"({args.buckets} hash buckets)")
+    report = Report(results_name(args.rows), title.replace(",", " "),
                     baseline="CREATE TABLE c1 PRIMARY KEY (o_id) AS SELECT * FROM orders (a copy "
                              "of every row) of the same table, same run",
                     load_at_start=load_at_start)

@@ -586,8 +586,9 @@ def results_report(scale, runs, buckets, versions, load_stats, size_rows, query_
         return round(a / b, 2) if isinstance(a, float) and isinstance(b, float) and b > 0 else None
 
     report = Report(
-        results_name(scale), f"TPC-H SF{scale:g} over Flight SQL against DataFusion and DuckDB, best of "
-                f"{runs} runs after a warm-up",
+        results_name(scale),
+        f"TPC-H SF{scale:g} over Flight SQL against DataFusion and DuckDB, best of {runs} runs "
+        f"after a warm-up",
         baseline=f"DataFusion {versions[0]} (Python) and DuckDB {versions[1]} reading the same "
                  f"Parquet files, same run", load_at_start=load_at_start)
     rows = report.table("Queries (seconds, each including fetching the whole result)",

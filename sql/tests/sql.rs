@@ -468,6 +468,16 @@ async fn queries_beyond_the_running_limit_wait_their_turn() {
     assert!(text(&second, "SELECT 41 + 1").await.contains("42"));
 }
 
+/// A bulk ingest appending to table `table`.
+fn append_to(table: &str) -> nyala_sql::IngestTarget {
+    nyala_sql::IngestTarget {
+        table: table.into(),
+        mode: nyala_sql::IngestMode::Append,
+        primary_key: vec![],
+        buckets: 1,
+    }
+}
+
 /// `batch` as an ingest's stream.
 fn ingest_stream(
     batches: Vec<RecordBatch>,
@@ -480,7 +490,6 @@ fn ingest_stream(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_batch_stops_an_ingest_and_the_error_counts_the_rows_applied() {
     use arrow::array::{ArrayRef, Int64Array};
-    use nyala_sql::{IngestMode, IngestTarget};
     let dir = tempfile::tempdir().unwrap();
     let (_db, s) = open(dir.path()).await;
     run(
@@ -489,12 +498,7 @@ async fn a_failing_batch_stops_an_ingest_and_the_error_counts_the_rows_applied()
     )
     .await;
     run(&s, "INSERT INTO t VALUES (150)").await;
-    let append = IngestTarget {
-        table: "t".into(),
-        mode: IngestMode::Append,
-        primary_key: vec![],
-        buckets: 1,
-    };
+    let append = append_to("t");
     let ids = |from: i64| {
         let ids = Arc::new(Int64Array::from_iter_values(from..from + 100)) as ArrayRef;
         RecordBatch::try_from_iter([("id", ids)]).unwrap()
@@ -544,7 +548,6 @@ async fn a_failing_batch_stops_an_ingest_and_the_error_counts_the_rows_applied()
 async fn ingest_refuses_data_that_does_not_match_the_table() {
     use arrow::array::{ArrayRef, BinaryArray, Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
-    use nyala_sql::{IngestMode, IngestTarget};
 
     let dir = tempfile::tempdir().unwrap();
     let (_db, s) = open(dir.path()).await;
@@ -556,12 +559,7 @@ async fn ingest_refuses_data_that_does_not_match_the_table() {
     .await;
     run(&s, "INSERT INTO t VALUES (1, 'one', false, 0.0)").await;
     let before = text(&s, "SELECT * FROM t ORDER BY id").await;
-    let append = IngestTarget {
-        table: "t".into(),
-        mode: IngestMode::Append,
-        primary_key: vec![],
-        buckets: 1,
-    };
+    let append = append_to("t");
     let batch = |columns: Vec<(&str, ArrayRef)>| RecordBatch::try_from_iter(columns).unwrap();
     let ids = |ids: Vec<i64>| Arc::new(Int64Array::from(ids)) as ArrayRef;
     let bytes = |n: usize| Arc::new(BinaryArray::from(vec![&b"x"[..]; n])) as ArrayRef;
