@@ -16,6 +16,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion_distributed::{display_plan_ascii, DistributedExec};
 use nyala_engine::Client;
 
+use crate::exec::decimal::DecimalArithmeticRule;
 use crate::exec::mutation::ConditionalMutationExec;
 use crate::exec::runtime_filter::RuntimeFilterRule;
 use crate::exec::scan::NyalaScanExec;
@@ -161,7 +162,9 @@ fn travels_and_rows(plan: &Arc<dyn ExecutionPlan>) -> Result<(bool, usize)> {
 /// build side and the scans waiting for its filters may end up on different servers, where
 /// the scans would wait for ever. DataFusion's dynamic filters stay (Nyala's rule would have
 /// replaced them): a hash join and the scans it filters that run in one stage share them on
-/// the worker too (see `codec.rs`).
+/// the worker too (see `codec.rs`). Nor with Nyala's decimal arithmetic: the codec
+/// datafusion-distributed composes of its own and Nyala's passes no expression of Nyala's on
+/// (DataFusion 55's `ComposedPhysicalExtensionCodec` forwards plans and functions only).
 #[derive(Debug)]
 pub(crate) struct UnfilteredPlanner;
 
@@ -178,7 +181,9 @@ impl QueryPlanner for UnfilteredPlanner {
             ));
         };
         let rules = (state.physical_optimizers().iter())
-            .filter(|rule| rule.name() != RuntimeFilterRule::NAME)
+            .filter(|rule| {
+                ![RuntimeFilterRule::NAME, DecimalArithmeticRule::NAME].contains(&rule.name())
+            })
             .cloned()
             .collect();
         let state = SessionStateBuilder::new_from_existing(state.clone())

@@ -1,7 +1,8 @@
 //! Opening a session on a [`Database`]: a DataFusion state of its own (settings, transaction
 //! slot) with Nyala's catalog (`nyala.public`, `nyala.sys`), its table functions (`tail`,
-//! `nyala_as_of`), its optimizer rules (runtime filters, yielding leaves), its physical planner
-//! (DML nodes) and bounded functions registered, over the engine client all sessions share.
+//! `nyala_as_of`), its optimizer rules (runtime filters, decimal arithmetic, yielding leaves),
+//! its physical planner (DML nodes) and bounded functions registered, over the engine client
+//! all sessions share.
 
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use crate::catalog::schema::{view_plan, NyalaSchemaProvider};
 use crate::catalog::sys::SysSchemaProvider;
 use crate::database::Database;
 use crate::distributed;
+use crate::exec::decimal::DecimalArithmeticRule;
 use crate::exec::runtime_filter::rule::RuntimeFilterRule;
 use crate::functions::as_of::{self, AsOfFunction};
 use crate::functions::bounded::bound_growing_functions;
@@ -45,6 +47,7 @@ impl Database {
             .with_config(config)
             .with_default_features()
             .with_physical_optimizer_rule(Arc::new(RuntimeFilterRule::default()))
+            .with_physical_optimizer_rule(Arc::new(DecimalArithmeticRule))
             .with_physical_optimizer_rule(Arc::new(YieldingLeaves))
             .with_query_planner(Arc::new(NyalaQueryPlanner));
         if self.is_cluster() {
