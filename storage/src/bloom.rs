@@ -40,6 +40,9 @@ const BITS_PER_KEY: usize = 12;
 /// A filter of at most this many keys also keeps the keys themselves, which a scan of the
 /// first key column can look up in the key indexes instead of reading every row.
 const MAX_LISTED_KEYS: usize = 1 << 16;
+/// A filter of integer-like keys keeps them sorted when there are at most this many (8 bytes
+/// each), to test a column whose values ascend by a merge instead of the bloom filter.
+const MAX_SORTED_KEYS: usize = 1 << 20;
 
 /// The split-block bloom filter: 256-bit blocks, eight salted bits per key.
 pub(crate) struct SplitBlockFilter {
@@ -140,6 +143,11 @@ pub struct JoinFilter {
     /// (sorted, distinct), made when first asked for.
     listed: Option<Vec<ArrayRef>>,
     encoded: OnceLock<Option<Vec<Vec<u8>>>>,
+    /// The keys' 64-bit integer images, sorted and distinct, when their values order as those
+    /// images (integers, dates, timestamps) and there are at most [`MAX_SORTED_KEYS`]: a
+    /// column whose values ascend (a key column read in key order, several rows per key) is
+    /// tested by a merge with them — exact, and cheaper than hashing and probing each row.
+    sorted: Option<Vec<i64>>,
     pub stats: Arc<FilterStats>,
 }
 
@@ -168,6 +176,7 @@ impl JoinFilter {
             keys: 0,
             listed: None,
             encoded: OnceLock::new(),
+            sorted: None,
             stats: Arc::default(),
         }
     }
@@ -201,6 +210,10 @@ impl JoinFilter {
         self.bloom = Some(filter);
         self.keys = count;
         self.listed = (count <= MAX_LISTED_KEYS).then(|| keys.to_vec());
+        self.sorted = match count <= MAX_SORTED_KEYS && orders_as_i64(&self.data_type) {
+            true => sorted_images(keys),
+            false => None,
+        };
         Ok(())
     }
 
@@ -281,14 +294,18 @@ impl JoinFilter {
             // A run of equal values (a sorted key column's: several rows per order) is
             // checked once: equal hashes, equal answers.
             let mut last: Option<(u64, bool)> = None;
-            let mut hits = map_hashes(column, |hash| match last {
-                Some((previous, hit)) if previous == hash => hit,
-                _ => {
-                    let hit = bloom.check(hash);
-                    last = Some((hash, hit));
-                    hit
-                }
-            })?;
+            let merged = (self.sorted.as_deref()).and_then(|keys| merge_with(column, keys));
+            let mut hits = match merged {
+                Some(hits) => hits,
+                None => map_hashes(column, |hash| match last {
+                    Some((previous, hit)) if previous == hash => hit,
+                    _ => {
+                        let hit = bloom.check(hash);
+                        last = Some((hash, hit));
+                        hit
+                    }
+                })?,
+            };
             if let Some(nulls) = column.logical_nulls() {
                 hits = if self.pass_nulls {
                     &hits | &!nulls.inner()
@@ -310,6 +327,48 @@ impl JoinFilter {
         );
         Ok(BooleanArray::new(keep, None))
     }
+}
+
+/// Whether values of `data_type` order as their 64-bit integer images (as arrow casts them to
+/// `Int64`).
+fn orders_as_i64(data_type: &DataType) -> bool {
+    use DataType::*;
+    matches!(
+        data_type,
+        Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | Date32 | Date64 | Timestamp(..)
+    )
+}
+
+/// The non-null values of `arrays` as `Int64`, sorted and distinct; None if one cannot be cast.
+fn sorted_images(arrays: &[ArrayRef]) -> Option<Vec<i64>> {
+    let mut images = Vec::new();
+    for array in arrays {
+        let cast = arrow::compute::cast(array, &DataType::Int64).ok()?;
+        images.extend(cast.as_primitive::<Int64Type>().iter().flatten());
+    }
+    images.sort_unstable();
+    images.dedup();
+    Some(images)
+}
+
+/// Which slots of `column` hold one of `keys` (sorted, distinct `Int64` images), found by
+/// walking both in order; None unless the column's values (as `Int64`, NULL slots included)
+/// ascend.
+fn merge_with(column: &dyn Array, keys: &[i64]) -> Option<BooleanBuffer> {
+    let cast = arrow::compute::cast(column, &DataType::Int64).ok()?;
+    let values = cast.as_primitive::<Int64Type>().values();
+    if !values.windows(2).all(|pair| pair[0] <= pair[1]) {
+        return None;
+    }
+    let first = values.first().copied().unwrap_or(i64::MAX);
+    let mut next = keys.partition_point(|&k| k < first);
+    Some(BooleanBuffer::collect_bool(values.len(), |i| {
+        let value = values[i];
+        while next < keys.len() && keys[next] < value {
+            next += 1;
+        }
+        next < keys.len() && keys[next] == value
+    }))
 }
 
 /// `f(hash)` for each slot of `array` (whatever a NULL slot holds: callers mask NULLs out),
@@ -452,6 +511,52 @@ mod tests {
         assert!(!keep.value(14_000), "NULL never matches");
         let kept = keep.true_count();
         assert!(kept < 2000 + 12_000 / 20, "{kept} rows kept of 14 000");
+    }
+
+    /// A column whose values ascend (runs of equal values, gaps, values beyond the keys on
+    /// both sides) is tested against the sorted keys by a merge: exactly the keys' rows pass,
+    /// with no false positive; the same values out of order take the bloom filter and keep
+    /// every key's row.
+    #[test]
+    fn ascending_columns_are_merged_with_the_sorted_keys() {
+        let key_values: Vec<i64> = (0..5_000).map(|i| i * 6 - 9_000).collect();
+        let keys: ArrayRef = Arc::new(Int64Array::from(key_values.clone()));
+        let filter = bloom_of(DataType::Int64, keys, false, 1 << 20);
+        let ascending: Vec<i64> = (-12_000..24_000).map(|i| i / 2).collect();
+        let keep = filter
+            .evaluate(&Int64Array::from(ascending.clone()), false)
+            .unwrap();
+        for (i, v) in ascending.iter().enumerate() {
+            assert_eq!(keep.value(i), key_values.binary_search(v).is_ok(), "{v}");
+        }
+        // Out of order: no key's row lost (and some false positives are likely).
+        let mut shuffled = ascending.clone();
+        shuffled.reverse();
+        let keep = filter
+            .evaluate(&Int64Array::from(shuffled.clone()), false)
+            .unwrap();
+        for (i, v) in shuffled.iter().enumerate() {
+            if key_values.binary_search(v).is_ok() {
+                assert!(keep.value(i), "{v}");
+            }
+        }
+        // Dates, and keys given in several unsorted arrays with NULLs and repeats.
+        let days =
+            |v: Vec<Option<i32>>| -> ArrayRef { Arc::new(arrow::array::Date32Array::from(v)) };
+        let mut filter = JoinFilter::new(DataType::Date32, None, false);
+        filter
+            .add_bloom(
+                &[
+                    days(vec![Some(30), None, Some(10)]),
+                    days(vec![Some(20), Some(10)]),
+                ],
+                100,
+            )
+            .unwrap();
+        let probe = arrow::array::Date32Array::from((0..40).collect::<Vec<i32>>());
+        let keep = filter.evaluate(&probe, false).unwrap();
+        let passed: Vec<i32> = (0..40).filter(|&i| keep.value(i as usize)).collect();
+        assert_eq!(passed, vec![10, 20, 30]);
     }
 
     /// Runs of equal values (checked once each) give what each value alone gives, NULLs
