@@ -9,6 +9,10 @@
 //! and the probe column have the same Arrow type (the SQL layer makes sure of it), so equal
 //! values hash equally. Checks run column at a time over the Arrow buffers.
 //!
+//! Integer-like keys (integers, dates, timestamps) are also kept sorted: a column whose values
+//! ascend in a batch (a key column read in key order) is tested by a merge with them instead,
+//! exactly and without hashing each row.
+//!
 //! A filter only ever removes rows that cannot match, so it may be switched off at any time. It
 //! switches itself off when, after a warm-up, it removes less than a tenth of the rows it checks:
 //! then checking costs more than the rows it saves (the heuristic of Kudu's bloom-filter
@@ -291,20 +295,21 @@ impl JoinFilter {
             });
         }
         if let Some(bloom) = &self.bloom {
-            // A run of equal values (a sorted key column's: several rows per order) is
-            // checked once: equal hashes, equal answers.
-            let mut last: Option<(u64, bool)> = None;
             let merged = (self.sorted.as_deref()).and_then(|keys| merge_with(column, keys));
             let mut hits = match merged {
                 Some(hits) => hits,
-                None => map_hashes(column, |hash| match last {
-                    Some((previous, hit)) if previous == hash => hit,
-                    _ => {
-                        let hit = bloom.check(hash);
-                        last = Some((hash, hit));
-                        hit
-                    }
-                })?,
+                None => {
+                    // A run of equal values is checked once: equal hashes, equal answers.
+                    let mut last: Option<(u64, bool)> = None;
+                    map_hashes(column, |hash| match last {
+                        Some((previous, hit)) if previous == hash => hit,
+                        _ => {
+                            let hit = bloom.check(hash);
+                            last = Some((hash, hit));
+                            hit
+                        }
+                    })?
+                }
             };
             if let Some(nulls) = column.logical_nulls() {
                 hits = if self.pass_nulls {
