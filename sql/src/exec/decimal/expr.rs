@@ -91,8 +91,12 @@ impl DecimalArithmetic {
                     return None;
                 }
                 // Each operand rescaled to the result's scale, as arrow's kernel does.
-                let l_mul = 10i128.checked_pow(u32::try_from(scale - l_scale).ok()?)?;
-                let r_mul = 10i128.checked_pow(u32::try_from(scale - r_scale).ok()?)?;
+                // (Scales differ by up to 166 with negative ones: widened before subtracting.)
+                let rescale = |from: i8| {
+                    let digits = u32::try_from(i16::from(scale) - i16::from(from)).ok()?;
+                    10i128.checked_pow(digits)
+                };
+                let (l_mul, r_mul) = (rescale(l_scale)?, rescale(r_scale)?);
                 let l_bound = l.bound().checked_mul(l_mul as u128);
                 let r_bound = r.bound().checked_mul(r_mul as u128);
                 if !fits(l_bound.zip(r_bound).and_then(|(a, b)| a.checked_add(b))) {
@@ -359,6 +363,17 @@ mod tests {
             // 12 * 10^37 is too, but not the bounds (2^123 * 2^4): arrow's kernel computes it.
             (c("huge"), Operator::Multiply, c("b"), false),
         ];
+        // Scales far apart (negative ones too): the fast path declines without overflowing
+        // the scale arithmetic (arrow's own kernel is not asked: it panics on such scales).
+        let n = ColumnarValue::Array(Arc::new(decimals(&[Some(5), Some(-7)], 10, -100)));
+        let p = ColumnarValue::Array(Arc::new(decimals(&[Some(1), Some(2)], 38, 38)));
+        let far = DecimalArithmetic::new(
+            lit(ScalarValue::Decimal128(None, 10, -100)),
+            Operator::Plus,
+            lit(ScalarValue::Decimal128(None, 38, 38)),
+            DataType::Decimal128(38, 38),
+        );
+        assert!(far.without_checks(&n, &p).is_none());
         for (left, op, right, fast) in cases {
             let label = format!("{left} {op} {right}");
             let (expected, got, took_fast) = both(&b, left, op, right);
