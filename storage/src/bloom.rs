@@ -221,6 +221,38 @@ impl JoinFilter {
         Ok(())
     }
 
+    /// The keys the filter keeps as they are (at most [`MAX_LISTED_KEYS`]), NULLs included.
+    pub fn listed(&self) -> Option<&[ArrayRef]> {
+        self.listed.as_deref()
+    }
+
+    /// This filter for the rows of one partition: only the listed keys `keep` marks (one flag
+    /// per row of [`Self::listed`], in order), with a bloom filter and sorted keys of their
+    /// own; bounds, NULL handling and statistics as this filter's. None if it lists no keys.
+    pub fn narrowed(&self, keep: &BooleanArray) -> Result<Option<JoinFilter>, StorageError> {
+        let Some(listed) = &self.listed else {
+            return Ok(None);
+        };
+        if keep.len() != listed.iter().map(|a| a.len()).sum::<usize>() {
+            return Err(StorageError::InvalidPredicate(
+                "a join filter narrowed by flags for another number of keys".into(),
+            ));
+        }
+        let mut offset = 0;
+        let mut kept = Vec::with_capacity(listed.len());
+        for array in listed {
+            let flags = keep.slice(offset, array.len());
+            kept.push(arrow::compute::filter(array, &flags)?);
+            offset += array.len();
+        }
+        let mut narrowed =
+            JoinFilter::new(self.data_type.clone(), self.bounds.clone(), self.pass_nulls);
+        let count = kept.iter().map(|k| k.len() - k.null_count()).sum();
+        narrowed.add_bloom(&kept, count)?;
+        narrowed.stats = self.stats.clone();
+        Ok(Some(narrowed))
+    }
+
     /// The filter's keys as one-column primary keys encode them (sorted, distinct; no NULL),
     /// when it keeps them ([`MAX_LISTED_KEYS`]) and their type can be a key's.
     pub(crate) fn encoded_keys(&self) -> Option<&[Vec<u8>]> {
@@ -562,6 +594,28 @@ mod tests {
         let keep = filter.evaluate(&probe, false).unwrap();
         let passed: Vec<i32> = (0..40).filter(|&i| keep.value(i as usize)).collect();
         assert_eq!(passed, vec![10, 20, 30]);
+    }
+
+    /// A narrowed filter keeps exactly the flagged keys (NULL passing as before) and shares
+    /// the statistics; flags for another number of keys are refused.
+    #[test]
+    fn narrowed_filters_keep_only_the_flagged_keys() {
+        let keys: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(vec![Some(1), None, Some(5)])),
+            Arc::new(Int64Array::from(vec![Some(9), Some(12)])),
+        ];
+        let mut filter = JoinFilter::new(DataType::Int64, None, true);
+        filter.add_bloom(&keys, 100).unwrap();
+        let keep = BooleanArray::from(vec![true, true, false, false, true]);
+        let narrowed = filter.narrowed(&keep).unwrap().unwrap();
+        assert!(Arc::ptr_eq(&narrowed.stats, &filter.stats));
+        let probe = Int64Array::from(vec![Some(1), Some(5), Some(9), Some(12), None]);
+        let passed = narrowed.evaluate(&probe, false).unwrap();
+        assert_eq!(
+            passed,
+            BooleanArray::from(vec![true, false, false, true, true])
+        );
+        assert!(filter.narrowed(&BooleanArray::from(vec![true])).is_err());
     }
 
     /// Runs of equal values (checked once each) give what each value alone gives, NULLs

@@ -37,6 +37,7 @@ use nyala_storage::{ScanSpec, Timestamp};
 
 use crate::catalog::predicate::physical_to_predicates;
 use crate::exec::runtime_filter::filter::RuntimeFilter;
+use crate::exec::runtime_filter::tablet_keys::narrowed_to_tablet;
 use crate::session::settings::RuntimeFilterMode;
 use crate::session::transaction::TxnSlot;
 
@@ -751,6 +752,8 @@ impl ExecutionPlan for NyalaScanExec {
                     (spec, Some((overlay, asked, own)))
                 }
             };
+            // What the tablet reads (the transaction's own rows above match the whole spec).
+            let spec = narrowed_to_tablet(&table, tablet, spec);
             // A long poll's scan opens here, as it waits for rows where the tablet is.
             let waited = match wait_until {
                 Some(deadline) => {

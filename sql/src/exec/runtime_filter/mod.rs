@@ -34,12 +34,14 @@
 //! - [`filter`]: the filters and the slot a build side publishes them into;
 //! - [`build`]: [`RuntimeFilterBuildExec`], which builds them from the build rows;
 //! - [`rule`]: [`RuntimeFilterRule`], which places the build operator and the scans' filters;
-//! - `routing`: DataFusion's dynamic filters kept on the columns they were made for.
+//! - `routing`: DataFusion's dynamic filters kept on the columns they were made for;
+//! - `tablet_keys`: a filter's listed keys narrowed to the tablet a scan reads.
 
 pub mod build;
 pub mod filter;
 mod routing;
 pub mod rule;
+pub(crate) mod tablet_keys;
 
 pub use crate::session::settings::RuntimeFilterMode;
 pub use build::RuntimeFilterBuildExec;
