@@ -247,8 +247,7 @@ impl JoinFilter {
         }
         let mut narrowed =
             JoinFilter::new(self.data_type.clone(), self.bounds.clone(), self.pass_nulls);
-        let count = kept.iter().map(|k| k.len() - k.null_count()).sum();
-        narrowed.add_bloom(&kept, count)?;
+        narrowed.add_bloom(&kept, usize::MAX)?;
         narrowed.stats = self.stats.clone();
         Ok(Some(narrowed))
     }

@@ -322,6 +322,26 @@ mod tests {
         (arrays(&binary), arrays(&decimal), fast)
     }
 
+    /// Both results alike: the same type, NULLs and values (what NULL slots hold aside), or
+    /// the same error.
+    fn assert_same(expected: Result<ArrayRef>, got: Result<ArrayRef>, label: &str) {
+        match (expected, got) {
+            (Ok(expected), Ok(got)) => {
+                assert_eq!(expected.data_type(), got.data_type(), "{label}");
+                assert_eq!(expected.nulls(), got.nulls(), "{label}");
+                let (expected, got) = (
+                    expected.as_primitive::<Decimal128Type>(),
+                    got.as_primitive::<Decimal128Type>(),
+                );
+                for i in (0..expected.len()).filter(|&i| expected.is_valid(i)) {
+                    assert_eq!(expected.value(i), got.value(i), "{label} row {i}");
+                }
+            }
+            (Err(e), Err(g)) => assert_eq!(e.to_string(), g.to_string(), "{label}"),
+            (e, g) => panic!("{label}: {e:?} against {g:?}"),
+        }
+    }
+
     #[test]
     fn results_match_arrows_kernels() {
         let big = 10i128.pow(37);
@@ -378,23 +398,7 @@ mod tests {
             let label = format!("{left} {op} {right}");
             let (expected, got, took_fast) = both(&b, left, op, right);
             assert_eq!(took_fast, fast, "{label}");
-            match (expected, got) {
-                (Ok(expected), Ok(got)) => {
-                    assert_eq!(expected.data_type(), got.data_type(), "{label}");
-                    assert_eq!(expected.nulls(), got.nulls(), "{label}");
-                    let (expected, got) = (
-                        expected.as_primitive::<Decimal128Type>(),
-                        got.as_primitive::<Decimal128Type>(),
-                    );
-                    for i in 0..expected.len() {
-                        if expected.is_valid(i) {
-                            assert_eq!(expected.value(i), got.value(i), "{label} row {i}");
-                        }
-                    }
-                }
-                (Err(e), Err(g)) => assert_eq!(e.to_string(), g.to_string(), "{label}"),
-                (e, g) => panic!("{label}: {e:?} against {g:?}"),
-            }
+            assert_same(expected, got, &label);
         }
     }
 
@@ -436,23 +440,7 @@ mod tests {
                     op,
                     col("b", &schema).unwrap(),
                 );
-                match (expected, got) {
-                    (Ok(e), Ok(g)) => {
-                        assert_eq!(e.data_type(), g.data_type(), "round {round} {op}");
-                        let (e, g) = (
-                            e.as_primitive::<Decimal128Type>(),
-                            g.as_primitive::<Decimal128Type>(),
-                        );
-                        for i in 0..e.len() {
-                            assert_eq!(e.is_valid(i), g.is_valid(i));
-                            if e.is_valid(i) {
-                                assert_eq!(e.value(i), g.value(i), "round {round} {op} row {i}");
-                            }
-                        }
-                    }
-                    (Err(e), Err(g)) => assert_eq!(e.to_string(), g.to_string()),
-                    (e, g) => panic!("round {round} {op}: {e:?} against {g:?}"),
-                }
+                assert_same(expected, got, &format!("round {round} {op}"));
                 paths[usize::from(fast)] += 1;
             }
         }
