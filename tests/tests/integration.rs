@@ -1804,7 +1804,7 @@ mod cluster {
     /// The long fault runs (see the manual's testing page): five minutes with 3 and with 5
     /// tablet servers.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    #[ignore = "ten minutes; run with --ignored"]
+    #[ignore = "five minutes; run with --ignored"]
     async fn reads_writes_and_transfers_stay_correct_under_faults_for_five_minutes() {
         fault_run(3, 300).await;
         fault_run(5, 300).await;
